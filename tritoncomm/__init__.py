@@ -1,0 +1,25 @@
+"""tritoncomm: GPU communication for LLM inference, in Python and Triton.
+
+* ``tritoncomm.kernels``: device primitives (put/get, signal/wait, barrier, LL packets);
+* ``tritoncomm.channels``: symmetric heaps, communicators and channels;
+* ``tritoncomm.collectives``: all-reduce and friends built on the primitives;
+* ``tritoncomm.launch``: start N local ranks (GPUs, or the CPU world).
+"""
+
+from .channels import Channel, Communicator
+from .collectives import AllReduce
+from .config import CommConfig
+from .errors import (
+    CommTimeoutError,
+    InvalidInputError,
+    PeerAccessError,
+    SetupMismatchError,
+    TritonCommError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AllReduce", "Channel", "CommConfig", "CommTimeoutError", "Communicator", "InvalidInputError",
+    "PeerAccessError", "SetupMismatchError", "TritonCommError", "__version__",
+]

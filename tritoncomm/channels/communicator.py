@@ -1,0 +1,152 @@
+"""The communicator: one per process group. It owns the symmetric heap, the peer table, the
+diagnostic record that bounded waits write, and the set-up channel to the other ranks.
+
+Everything collective or allocating happens in the constructor (and in ``Channel``'s). Launching a
+kernel afterwards needs only what ``kernel_args`` and a channel's offsets hand out.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..config import CommConfig
+from ..errors import CommTimeoutError, SetupMismatchError, TritonCommError
+from ..kernels.backend import MAX_WORLD, interpreting
+from ..kernels.diag import DIAG_WORDS, KIND_NAMES, F
+from .bootstrap import Bootstrap, default_bootstrap
+from .cuda_ipc import HostMappedWords
+from .heap import SymmetricHeap
+from .topology import check_topology
+
+__all__ = ["Communicator", "resolve_backend"]
+
+
+def resolve_backend(requested: str) -> str:
+    """``"cuda"`` or ``"cpu"`` for this process (see ``CommConfig.backend``)."""
+    interp = interpreting()
+    if requested == "cpu" and not interp:
+        raise TritonCommError("the CPU world runs kernels in Triton's interpreter: set TRITON_INTERPRET=1 before "
+                              "triton is imported (tritoncomm's launcher does this)")
+    if requested == "cuda" and interp:
+        raise TritonCommError("backend 'cuda' requested but TRITON_INTERPRET=1 is set in this process")
+    if requested == "auto":
+        if interp:
+            return "cpu"
+        if torch.cuda.is_available():
+            return "cuda"
+        raise TritonCommError("no GPU here and TRITON_INTERPRET is not set: start the CPU world through "
+                              "tritoncomm's launcher or set TRITON_INTERPRET=1 before importing triton")
+    return requested
+
+
+class Communicator:
+    """Symmetric memory and signalling for the ranks of one group on one node.
+
+    Args:
+        group: the torch.distributed group to serve (default: the world). Used only to find a
+            bootstrap when ``bootstrap`` is not given.
+        config: ``CommConfig``; every rank must pass an equal one (checked).
+        bootstrap: an explicit set-up channel (``GroupBootstrap`` / ``StoreBootstrap``).
+        device: the CUDA device of this rank (default: the current one). Ignored on CPU.
+
+    Construction is collective over the group, and so is ``close``.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None, *, config: CommConfig | None = None,
+                 bootstrap: Bootstrap | None = None, device: torch.device | int | None = None) -> None:
+        self.config = config or CommConfig()
+        self.bootstrap = bootstrap or default_bootstrap(group)
+        self.rank = self.bootstrap.rank
+        self.world = self.bootstrap.world
+        self.backend = resolve_backend(self.config.backend)
+        if self.backend == "cuda":
+            index = torch.cuda.current_device() if device is None else torch.device("cuda", device).index \
+                if isinstance(device, int) else device.index
+            self.device = torch.device("cuda", index)
+        else:
+            self.device = torch.device("cpu")
+        self._closed = False
+        self._broken: CommTimeoutError | None = None
+
+        seen = self.bootstrap.all_gather((self.world, self.backend, self.config))
+        if any(s != seen[0] for s in seen):
+            raise SetupMismatchError(f"ranks disagree on (world, backend, config): {seen}")
+        if self.world > MAX_WORLD.value:
+            raise TritonCommError(f"world size {self.world} exceeds the supported maximum {MAX_WORLD.value}")
+        self.infos = check_topology(self.bootstrap, self.backend, self.device)
+
+        nbytes = self.config.resolved_heap_bytes(self.backend)
+        if self.backend == "cuda":
+            from .cuda_ipc import CudaIpcPeerMemory
+
+            memory = CudaIpcPeerMemory(nbytes, self.bootstrap, self.device)
+        else:
+            from .shm import ShmPeerMemory
+
+            memory = ShmPeerMemory(nbytes, self.bootstrap)
+        self.heap = SymmetricHeap(memory, self.device, self.bootstrap)
+        self.diag = HostMappedWords(DIAG_WORDS, cuda=self.backend == "cuda")
+        #: Wait bound in kernel units (ns on CUDA, spins on CPU); 0 = unbounded.
+        self.timeout = self.config.timeout_units(self.backend)
+        self.bootstrap.barrier()
+
+    # -- what kernels take -------------------------------------------------------------------
+    def kernel_args(self) -> tuple[torch.Tensor, int, int, int, int]:
+        """``(bases, rank, world, timeout, diag_addr)``: the arguments every kernel built on the
+        primitives takes (see ``kernels``)."""
+        return self.heap.bases, self.rank, self.world, self.timeout, self.diag.device_addr
+
+    # -- health ------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise ``CommTimeoutError`` if a kernel of this communicator gave up waiting.
+
+        Reads host-visible memory only: no synchronisation, safe on the launch path. A kernel
+        that is still running is not yet reflected; ``synchronize`` waits for it first.
+        """
+        if self._closed:
+            raise TritonCommError("communicator is closed")
+        if self._broken is not None:
+            raise self._broken
+        words = self.diag.read()
+        status = words[F.STATUS]
+        if status == 0 or status == -1 and not any(words[1:]):
+            return
+        kind = KIND_NAMES.get(status, f"wait kind {status}")
+        err = CommTimeoutError(
+            f"tritoncomm: {kind} timed out on rank {words[F.RANK]} waiting for peer {words[F.PEER]} "
+            f"(slot {words[F.SLOT]}, program {words[F.PROGRAM]}): expected epoch {words[F.EXPECTED]}, "
+            f"saw {words[F.SEEN]} after {words[F.SPINS]} spins (limit {self.config.timeout_s:g} s). "
+            "The peer is dead, hung, or ran a different sequence of collectives; this communicator is "
+            "no longer usable.",
+            rank=words[F.RANK], peer=words[F.PEER], slot=words[F.SLOT], expected=words[F.EXPECTED],
+            seen=words[F.SEEN], kind=kind, program=words[F.PROGRAM])
+        self._broken = err
+        raise err
+
+    def synchronize(self) -> None:
+        """Wait for this rank's device work, then ``check``."""
+        if self.backend == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.check()
+
+    # -- lifetime ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Collective: release the heap (unmap peers, free, unlink) and the diagnostic record."""
+        if self._closed:
+            return
+        if self.backend == "cuda":
+            torch.cuda.synchronize(self.device)
+        self._closed = True
+        self.heap.close()
+        self.diag.close()
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Communicator(rank={self.rank}, world={self.world}, backend={self.backend}, "
+                f"device={self.device}, heap={self.heap.nbytes >> 20} MiB)")

@@ -1,0 +1,155 @@
+"""GPU world: each rank's heap is one ``cudaMalloc`` block exported with CUDA IPC.
+
+Every rank allocates its heap, exports a legacy IPC handle, gathers everyone's handles over the
+bootstrap and opens them with lazy peer access. The heap is allocated here, not taken from
+PyTorch's caching allocator: IPC handles of ``expandable_segments`` memory do not work, and a heap
+that we own can be freed exactly once, after every peer has closed its mapping.
+
+All CUDA calls go through cuda-python (``cuda.bindings.runtime``). The only raw memory access is
+copying the 64-byte handle structure to and from bytes for the exchange.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import torch
+
+from ..errors import PeerAccessError, TritonCommError
+from .bootstrap import Bootstrap
+
+__all__ = ["CudaIpcPeerMemory", "HostMappedWords", "cuda_check"]
+
+_HANDLE_BYTES = 64
+
+
+def _rt() -> Any:
+    from cuda.bindings import runtime
+
+    return runtime
+
+
+def cuda_check(result: Any, what: str) -> Any:
+    """Unpack a cuda-python ``(err, *values)`` result, raising on error."""
+    rt = _rt()
+    if isinstance(result, tuple):
+        err, values = result[0], result[1:]
+    else:
+        err, values = result, ()
+    if err != rt.cudaError_t.cudaSuccess:
+        _, name = rt.cudaGetErrorName(err)
+        raise TritonCommError(f"{what} failed: {name.decode() if isinstance(name, bytes) else name}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else values
+
+
+class _CudaBytes:
+    """Exposes raw device memory to ``torch.as_tensor`` (no ownership)."""
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3, "strides": None,
+        }
+
+
+class CudaIpcPeerMemory:
+    """``PeerMemory`` over CUDA IPC (collective construction and close)."""
+
+    def __init__(self, nbytes: int, bootstrap: Bootstrap, device: torch.device) -> None:
+        rt = _rt()
+        self.nbytes = nbytes
+        self.bootstrap = bootstrap
+        self.rank = bootstrap.rank
+        self.device = device
+        cuda_check(rt.cudaSetDevice(device.index), "cudaSetDevice")
+        self._own = cuda_check(rt.cudaMalloc(nbytes), f"cudaMalloc({nbytes})")
+        self._opened: list[int] = []
+        try:
+            cuda_check(rt.cudaMemset(self._own, 0, nbytes), "cudaMemset")
+            cuda_check(rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+            handle = cuda_check(rt.cudaIpcGetMemHandle(self._own), "cudaIpcGetMemHandle")
+            raw = ctypes.string_at(handle.getPtr(), _HANDLE_BYTES)
+            handles = bootstrap.all_gather(raw)
+            error = None
+            addrs: list[int] = []
+            for r, h in enumerate(handles):
+                if r == self.rank:
+                    addrs.append(int(self._own))
+                    continue
+                try:
+                    peer_handle = rt.cudaIpcMemHandle_t()
+                    ctypes.memmove(peer_handle.getPtr(), h, _HANDLE_BYTES)
+                    ptr = cuda_check(rt.cudaIpcOpenMemHandle(peer_handle, rt.cudaIpcMemLazyEnablePeerAccess),
+                                     f"cudaIpcOpenMemHandle(rank {r})")
+                    self._opened.append(int(ptr))
+                    addrs.append(int(ptr))
+                except TritonCommError as e:
+                    error = str(e)
+                    break
+            errors = bootstrap.all_gather(error)
+            if any(errors):
+                raise PeerAccessError(
+                    "CUDA IPC mapping failed: " + "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e))
+            self.peer_addrs = addrs
+        except BaseException:
+            self._release()
+            raise
+
+    def view(self, offset: int, nbytes: int) -> torch.Tensor:
+        return torch.as_tensor(_CudaBytes(int(self._own) + offset, nbytes), device=self.device)
+
+    def _release(self) -> None:
+        rt = _rt()
+        for ptr in self._opened:
+            rt.cudaIpcCloseMemHandle(ptr)
+        self._opened = []
+        if self._own is not None:
+            rt.cudaFree(self._own)
+            self._own = None
+
+    def close(self) -> None:
+        if self._own is None:
+            return
+        rt = _rt()
+        cuda_check(rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+        for ptr in self._opened:
+            cuda_check(rt.cudaIpcCloseMemHandle(ptr), "cudaIpcCloseMemHandle")
+        self._opened = []
+        self.bootstrap.barrier()  # every peer has unmapped our heap
+        cuda_check(rt.cudaFree(self._own), "cudaFree")
+        self._own = None
+        self.peer_addrs = []
+
+
+class HostMappedWords:
+    """A few int64 words of pinned host memory that kernels can write and the host can read at any
+    time without synchronising (on the GPU: ``cudaHostAlloc`` mapped; on the CPU: plain memory)."""
+
+    def __init__(self, words: int, cuda: bool) -> None:
+        self.words = words
+        self._cuda = cuda
+        if cuda:
+            rt = _rt()
+            flags = rt.cudaHostAllocMapped | rt.cudaHostAllocPortable
+            self._host = int(cuda_check(rt.cudaHostAlloc(8 * words, flags), "cudaHostAlloc"))
+            self.device_addr = int(cuda_check(rt.cudaHostGetDevicePointer(self._host, 0), "cudaHostGetDevicePointer"))
+            self._array = (ctypes.c_int64 * words).from_address(self._host)
+            ctypes.memset(self._host, 0, 8 * words)
+        else:
+            self._array = (ctypes.c_int64 * words)()
+            self._host = ctypes.addressof(self._array)
+            self.device_addr = self._host
+
+    def read(self) -> list[int]:
+        return list(self._array)
+
+    def clear(self) -> None:
+        ctypes.memset(self._host, 0, 8 * self.words)
+
+    def close(self) -> None:
+        if self._cuda and self._host:
+            self._array = None
+            cuda_check(_rt().cudaFreeHost(self._host), "cudaFreeHost")
+        self._host = 0

@@ -1,0 +1,89 @@
+"""LL one-shot all-reduce: every rank pushes its whole input to every peer as LL8 packets, then
+sums what arrives.
+
+One trip over NVLink and no separate signal: a packet's flag (the launch's epoch) says its data is
+there. Receive buffers alternate by epoch parity: a rank can be at most one launch ahead of a
+peer that is still reading (it cannot finish launch k+1 before that peer has started it), so the
+buffer it writes for launch k+1 is never the one the peer reads for launch k.
+
+Layout of the channel buffer in every rank's heap: ``[parity][source rank][word]`` of uint64
+packets, ``slot_words`` words per (parity, source).
+
+Data moves as 32-bit words: 16-bit inputs are paired into words (an odd tail is padded), fp32
+values are bit-cast. The sum runs in fp32 over ranks 0..W-1 in that order on every rank, so every
+rank gets the same bits.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..kernels import epoch_commit, epoch_next, heap_ptr, ll8_poll, ll8_store
+
+__all__ = ["ll_allreduce_kernel"]
+
+
+@triton.jit
+def _load_words(x_ptr, n, b, BLOCK: tl.constexpr):
+    """Block ``b`` of the input as 32-bit words (BLOCK words)."""
+    if x_ptr.dtype.element_ty.primitive_bitwidth == 16:
+        offs = b * (2 * BLOCK) + tl.arange(0, 2 * BLOCK)
+        v = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+        lo, hi = tl.split(tl.reshape(v.to(tl.uint16, bitcast=True), [BLOCK, 2]))
+        return lo.to(tl.uint32) | (hi.to(tl.uint32) << 16)
+    else:
+        offs = b * BLOCK + tl.arange(0, BLOCK)
+        v = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+        return v.to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _words_to_f32(words, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """Inverse of ``_load_words``, widened to fp32 (2*BLOCK or BLOCK values)."""
+    if DTYPE.primitive_bitwidth == 16:
+        lo = (words & 0xFFFF).to(tl.uint16).to(DTYPE, bitcast=True)
+        hi = (words >> 16).to(tl.uint16).to(DTYPE, bitcast=True)
+        return tl.reshape(tl.join(lo, hi), [2 * BLOCK]).to(tl.float32)
+    else:
+        return words.to(DTYPE, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def ll_allreduce_kernel(x_ptr, out_ptr, n, nwords, bases, rank, timeout, diag_addr, epochs_off, buf_off,
+                        slot_words, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """Sum ``n`` elements of ``x_ptr`` over the ranks into ``out_ptr`` (may equal ``x_ptr``)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    EPB: tl.constexpr = BLOCK * (32 // DTYPE.primitive_bitwidth)  # elements per block
+    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    epoch_ptr = heap_ptr(bases, rank, epochs_off, tl.uint32) + pid
+    e = epoch_next(epoch_ptr)
+    parity = (e & 1).to(tl.int64)
+    nblocks = tl.cdiv(nwords, BLOCK)
+    iters = tl.cdiv(nblocks - pid, nprog)
+    # 1. push packets of my blocks to every peer: slot [parity][rank] of its buffer
+    dst_off = buf_off + ((parity * WORLD + rank) * slot_words) * 8
+    for i in range(0, iters):
+        b = pid + i * nprog
+        w = b * BLOCK + tl.arange(0, BLOCK)
+        words = _load_words(x_ptr, n, b, BLOCK)
+        for p in tl.static_range(WORLD):
+            if p != rank:
+                ll8_store(heap_ptr(bases, p, dst_off, tl.uint64) + w, words, e, mask=w < nwords)
+    # 2. gather the same blocks from every rank, summing in rank order
+    for i in range(0, iters):
+        b = pid + i * nprog
+        w = b * BLOCK + tl.arange(0, BLOCK)
+        acc = tl.zeros([EPB], dtype=tl.float32)
+        for s in tl.static_range(WORLD):
+            if s == rank:
+                words = _load_words(x_ptr, n, b, BLOCK)
+            else:
+                src = heap_ptr(bases, rank, buf_off + ((parity * WORLD + s) * slot_words) * 8, tl.uint64)
+                words = ll8_poll(src + w, w < nwords, e, s, b, rank, timeout, diag)
+            acc += _words_to_f32(words, DTYPE, BLOCK)
+        offs = b * EPB + tl.arange(0, EPB)
+        tl.store(out_ptr + offs, acc.to(DTYPE), mask=offs < n)
+    epoch_commit(epoch_ptr, e)

@@ -1,0 +1,54 @@
+"""Validated configuration of a communicator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["CommConfig"]
+
+_BACKENDS = ("auto", "cuda", "cpu")
+
+
+@dataclass(frozen=True)
+class CommConfig:
+    """Settings fixed at communicator construction. Every rank must pass equal values (checked).
+
+    Attributes:
+        backend: ``"cuda"`` (CUDA IPC heaps, compiled kernels), ``"cpu"`` (POSIX shared memory,
+            kernels under ``TRITON_INTERPRET=1``) or ``"auto"`` (CUDA when this process compiles
+            kernels and has a GPU, else CPU).
+        heap_bytes: size of each rank's symmetric heap. ``None`` picks 512 MiB on CUDA and
+            32 MiB in the CPU world.
+        timeout_s: bound on every wait inside a kernel; ``0`` disables the bound.
+        cpu_spins_per_s: in the CPU world waits count spins instead of time: the bound is
+            ``timeout_s * cpu_spins_per_s`` spins (an interpreted spin takes roughly 0.1-1 ms).
+    """
+
+    backend: str = "auto"
+    heap_bytes: int | None = None
+    timeout_s: float = 60.0
+    cpu_spins_per_s: int = 2000
+
+    def __post_init__(self) -> None:
+        if self.backend not in _BACKENDS:
+            raise ValueError(f"backend must be one of {_BACKENDS}, got {self.backend!r}")
+        if self.heap_bytes is not None and (not isinstance(self.heap_bytes, int) or self.heap_bytes < 1 << 20):
+            raise ValueError(f"heap_bytes must be an int of at least 1 MiB, got {self.heap_bytes!r}")
+        if not (self.timeout_s >= 0):
+            raise ValueError(f"timeout_s must be >= 0, got {self.timeout_s!r}")
+        if self.cpu_spins_per_s <= 0:
+            raise ValueError(f"cpu_spins_per_s must be > 0, got {self.cpu_spins_per_s!r}")
+
+    def resolved_heap_bytes(self, backend: str) -> int:
+        """Heap size to allocate for a resolved backend."""
+        if self.heap_bytes is not None:
+            return self.heap_bytes
+        return (512 << 20) if backend == "cuda" else (32 << 20)
+
+    def timeout_units(self, backend: str) -> int:
+        """The wait bound in the kernels' unit: nanoseconds on CUDA, spins in the CPU world."""
+        if self.timeout_s == 0:
+            return 0
+        if backend == "cuda":
+            return int(self.timeout_s * 1e9)
+        return max(1, int(self.timeout_s * self.cpu_spins_per_s))

@@ -1,0 +1,46 @@
+"""Exceptions raised by tritoncomm. All derive from ``TritonCommError``."""
+
+from __future__ import annotations
+
+__all__ = [
+    "CommTimeoutError",
+    "InvalidInputError",
+    "PeerAccessError",
+    "SetupMismatchError",
+    "TritonCommError",
+]
+
+
+class TritonCommError(RuntimeError):
+    """Base class of every tritoncomm error."""
+
+
+class InvalidInputError(TritonCommError, ValueError):
+    """A collective was called with input it cannot serve (raised before any rank waits)."""
+
+
+class PeerAccessError(TritonCommError):
+    """The ranks of a group cannot map each other's memory (no peer access, or not one node)."""
+
+
+class SetupMismatchError(TritonCommError):
+    """Ranks disagreed during set-up (different heap layouts, world sizes, configs, ...)."""
+
+
+class CommTimeoutError(TritonCommError):
+    """A bounded wait inside a kernel expired: a peer is dead, hung or running other work.
+
+    ``rank``, ``peer``, ``slot``, ``expected`` and ``seen`` come from the kernel's diagnostic
+    record. The communicator is unusable afterwards (ranks' epochs may disagree): destroy it.
+    """
+
+    def __init__(self, message: str, *, rank: int, peer: int, slot: int, expected: int, seen: int,
+                 kind: str, program: int) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.peer = peer
+        self.slot = slot
+        self.expected = expected
+        self.seen = seen
+        self.kind = kind
+        self.program = program

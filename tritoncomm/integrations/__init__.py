@@ -1,0 +1,1 @@
+"""Integrations with the torch ecosystem and inference engines (built on ``collectives``)."""

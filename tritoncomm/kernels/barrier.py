@@ -1,0 +1,40 @@
+"""A barrier across ranks between *matching* programs (same program id on every rank).
+
+Each rank owns, for every barrier slot, one flag per source rank in its heap. Program ``pid`` of
+rank ``r`` signals by storing the epoch into slot ``slot``, lane ``r`` of every peer's flags, then
+waits until all lanes of its own slot reach the epoch.
+
+Contract: when ``barrier`` returns in program ``pid`` of rank ``r``, every write that program
+``pid`` of any rank made before entering the barrier (with the same slot and epoch) is visible to
+all threads of program ``pid`` on rank ``r``. Nothing is said about other programs: a barrier
+between all programs of a grid would need them all resident at once (and the CPU interpreter runs
+programs one after another), so collectives split their work so that program ``pid`` only talks to
+program ``pid``. Epochs must grow from one use of a slot to the next (``signals.epoch_next``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .backend import MAX_WORLD
+from .memory import heap_base
+from .signals import signal, wait
+
+__all__ = ["barrier", "barrier_flag_bytes"]
+
+
+def barrier_flag_bytes(slots: int) -> int:
+    """Bytes of flag storage that ``slots`` barrier slots need in every rank's heap."""
+    return slots * MAX_WORLD.value * 4
+
+
+@triton.jit
+def barrier(bases, rank, world, flags_off, slot, epoch, timeout, diag):
+    """Cross-rank barrier on ``slot`` of the flag table at heap offset ``flags_off``."""
+    lanes = tl.arange(0, MAX_WORLD)
+    peers = tl.where(lanes < world, lanes, rank)
+    remote = (heap_base(bases, peers) + flags_off + (slot * MAX_WORLD + rank) * 4).to(tl.pointer_type(tl.uint32))
+    signal(remote, epoch)
+    local = (heap_base(bases, rank) + flags_off + (slot * MAX_WORLD + peers) * 4).to(tl.pointer_type(tl.uint32))
+    wait(local, epoch, peers, slot, rank, timeout, diag)

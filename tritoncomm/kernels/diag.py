@@ -1,0 +1,57 @@
+"""Diagnostics that a bounded wait leaves behind when it gives up.
+
+Every communicator owns one small record of int64 words that kernels write when a wait expires and
+that the host reads without synchronising (pinned, device-mapped memory on the GPU; plain memory in
+the CPU world). The first expired wait claims the record; later waits in the same or other programs
+see the claim and stop waiting at once instead of each running out its own time limit.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["DIAG_WORDS", "KIND_NAMES", "record_timeout", "F"]
+
+#: Number of int64 words in a diagnostic record.
+DIAG_WORDS = 8
+
+
+class F:
+    """Word offsets in the record."""
+
+    STATUS = 0  # 0: clean, -1: being written, >0: the kind of wait that expired
+    RANK = 1
+    PEER = 2
+    SLOT = 3
+    EXPECTED = 4
+    SEEN = 5
+    PROGRAM = 6
+    SPINS = 7
+
+
+#: STATUS values (>0) and what they name in error messages.
+KIND_NAMES = {1: "signal wait", 2: "LL packet poll"}
+
+
+@triton.jit
+def record_timeout(diag, kind, rank, peer, slot, expected, seen, spins):
+    """Claim the record (first writer wins) and fill it. ``diag`` points at int64 words."""
+    old = tl.atomic_cas(diag, tl.full([], 0, tl.int64), tl.full([], -1, tl.int64), sem="relaxed",
+                        scope="sys")
+    if old == 0:
+        tl.store(diag + F.RANK, rank.to(tl.int64))
+        tl.store(diag + F.PEER, peer.to(tl.int64))
+        tl.store(diag + F.SLOT, slot.to(tl.int64))
+        tl.store(diag + F.EXPECTED, expected.to(tl.int64))
+        tl.store(diag + F.SEEN, seen.to(tl.int64))
+        tl.store(diag + F.PROGRAM, tl.program_id(0).to(tl.int64))
+        tl.store(diag + F.SPINS, spins.to(tl.int64))
+        tl.debug_barrier()
+        tl.atomic_xchg(diag, tl.full([], kind, tl.int64), sem="release", scope="sys")
+
+
+@triton.jit
+def already_failed(diag):
+    """True once any wait of this communicator has given up (relaxed read of the record)."""
+    return tl.load(diag, volatile=True) != 0

@@ -1,0 +1,82 @@
+"""LL8 packets: 4 bytes of data and a 4-byte flag written by one 8-byte store.
+
+Because the packet is a single naturally aligned 8-byte store, a reader that sees the expected flag
+in a packet also sees that packet's data: no fence, no separate signal, one trip over NVLink. The
+price is half the link's bandwidth, so LL suits small messages.
+
+Contract:
+
+* ``ll8_store(ptrs, words, flag)``: plain stores of packets ``(flag << 32) | word``. Each packet is
+  single-copy atomic; there is no ordering between packets or with other writes.
+* ``ll8_poll(ptrs, mask, flag, ...)``: volatile loads until every masked packet carries ``flag``;
+  returns their data words. Only the polled packets' data is guaranteed, nothing else the writer
+  did. Use a fresh flag value per use of a buffer (an epoch), so a stale packet never matches; a
+  buffer may be rewritten only once every reader is known to be done with it (for example by
+  alternating two buffers by epoch parity). Bounded like ``signals.wait`` (kind 2 in ``diag``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .backend import INTERPRET
+from .diag import already_failed, record_timeout
+from .ordering import clock_ns
+
+__all__ = ["ll8_pack", "ll8_poll", "ll8_store", "ll8_unpack"]
+
+
+@triton.jit
+def ll8_pack(words, flag):
+    """Packets (uint64) from 32-bit data words and a flag."""
+    return (flag.to(tl.uint64) << 32) | words.to(tl.uint32).to(tl.uint64)
+
+
+@triton.jit
+def ll8_unpack(packets):
+    """(data word, flag) of packets."""
+    return (packets & 0xFFFFFFFF).to(tl.uint32), (packets >> 32).to(tl.uint32)
+
+
+@triton.jit
+def ll8_store(ptrs, words, flag, mask=None):
+    """Write packets ``(flag, word)`` to ``ptrs`` (uint64 pointers, usually in a peer's heap)."""
+    tl.store(ptrs, ll8_pack(words, flag), mask=mask)
+
+
+@triton.jit
+def _missing(ptrs, mask, flag):
+    pk = tl.load(ptrs, mask=mask, volatile=True)
+    return tl.sum((((pk >> 32).to(tl.uint32) != flag) & mask).to(tl.int32), axis=0)
+
+
+@triton.jit
+def ll8_poll(ptrs, mask, flag, peer, slot, rank, timeout, diag):
+    """Wait for packets with ``flag`` at ``ptrs`` (where ``mask``); return their data words."""
+    flag = flag.to(tl.uint32)
+    pk = tl.load(ptrs, mask=mask, volatile=True)
+    missing = tl.sum((((pk >> 32).to(tl.uint32) != flag) & mask).to(tl.int32), axis=0)
+    if missing > 0:
+        t0 = clock_ns()
+        spins = 0
+        while missing > 0:
+            missing = _missing(ptrs, mask, flag)
+            spins += 1
+            if missing > 0:
+                if (spins % 1024) == 0:
+                    if already_failed(diag):
+                        missing = 0
+                if timeout > 0:
+                    if INTERPRET:
+                        late = spins > timeout
+                    else:
+                        late = (clock_ns() - t0).to(tl.int64) > timeout
+                    if late:
+                        seen = tl.load(ptrs, mask=mask, volatile=True)
+                        bad = (((seen >> 32).to(tl.uint32) != flag) & mask)
+                        first = tl.max(tl.where(bad, (seen >> 32).to(tl.int64), -1), axis=0)
+                        record_timeout(diag, 2, rank, peer, slot, flag.to(tl.int64), first, spins)
+                        missing = 0
+        pk = tl.load(ptrs, mask=mask, volatile=True)
+    return (pk & 0xFFFFFFFF).to(tl.uint32)

@@ -1,0 +1,46 @@
+"""Symmetric-heap addressing: from (peer, byte offset) to a typed pointer.
+
+Every rank owns one heap; every rank maps every peer's heap. A kernel receives ``bases``, an int64
+table in device memory whose entry ``p`` is the address at which *this* rank sees peer ``p``'s
+heap (entry ``rank`` is its own). Allocations have the same offset on every rank, so an offset plus
+a peer index names the same object everywhere. The table is loaded once per use; it lives in device
+memory so kernels stay valid under CUDA-graph replay.
+
+Nothing here orders memory: these functions only compute addresses.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["heap_base", "heap_ptr", "translate"]
+
+
+@triton.jit
+def heap_base(bases, peer):
+    """Address (int64) at which this rank sees ``peer``'s heap; ``peer`` may be a block."""
+    return tl.load(bases + peer)
+
+
+@triton.jit
+def heap_ptr(bases, peer, offset, DTYPE: tl.constexpr, ALIGNED: tl.constexpr = True):
+    """Pointer to ``DTYPE`` at byte ``offset`` of ``peer``'s heap.
+
+    With ``ALIGNED`` (the default) the caller promises that ``offset`` is a multiple of 16 bytes:
+    the pointer is then marked 16-byte aligned, which lets loads and stores through it compile to
+    16-byte vector accesses (an address loaded from a table otherwise loses all alignment facts).
+    Heap allocations are 256-byte aligned, so their offsets qualify.
+    """
+    p = (tl.load(bases + peer) + offset).to(tl.pointer_type(DTYPE))
+    if ALIGNED:
+        p = tl.multiple_of(p, 16)
+    return p
+
+
+@triton.jit
+def translate(ptr, bases, from_rank, to_rank):
+    """Map a pointer into ``from_rank``'s heap (as this rank sees it) to the same object in
+    ``to_rank``'s heap. The pointer's element type is kept."""
+    off = ptr.to(tl.int64) - tl.load(bases + from_rank)
+    return (tl.load(bases + to_rank) + off).to(ptr.dtype)

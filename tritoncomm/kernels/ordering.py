@@ -1,0 +1,94 @@
+"""Memory-ordering building blocks: acquire loads, release stores, fences and the clock.
+
+These are the only places where the GPU and interpreter implementations differ. On the GPU they
+are single PTX instructions at *system* scope (``.sys``), so the ordering holds between GPUs over
+NVLink and towards the host. In the CPU world they are real atomics on the raw addresses (the
+interpreter implements them with C++ atomics on shared memory mapped by every rank process).
+
+All operate elementwise on blocks of pointers; each lane is one independent access.
+
+Contracts (per lane):
+
+* ``ld_acquire(p)``: a load-acquire. Writes that the writer ordered before its release of the
+  value read here are visible to *this thread* afterwards. Other threads of the program need a
+  CTA barrier (``tl.debug_barrier()``) after it before they rely on that.
+* ``st_release(p, v)``: a store-release. Every write made by *this thread* before it is visible to
+  any thread that reads ``v`` with an acquire. To publish writes of other threads of the program,
+  put a CTA barrier before it (``signals.signal`` does this).
+* ``ld_volatile(p)``: a relaxed load that is never cached or hoisted out of a loop; no ordering.
+* ``st_relaxed(p, v)``: a relaxed system-scope store; no ordering.
+* ``fence_sys()``: a full acquire-release fence at system scope for this thread.
+* ``clock_ns()``: ``%globaltimer`` on the GPU (nanoseconds). The interpreter has no clock; it
+  returns 0 and waits bound themselves by counting spins instead.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .backend import INTERPRET
+
+__all__ = ["clock_ns", "fence_sys", "ld_acquire", "ld_volatile", "st_relaxed", "st_release"]
+
+
+@triton.jit
+def ld_acquire(ptrs):
+    """Load-acquire of 32-bit words at system scope (see module docstring)."""
+    if INTERPRET:
+        return tl.atomic_or(ptrs, 0, sem="acquire", scope="sys")
+    else:
+        return tl.inline_asm_elementwise("ld.acquire.sys.global.b32 $0, [$1];", "=r,l", [ptrs],
+                                         dtype=tl.uint32, is_pure=False, pack=1)
+
+
+@triton.jit
+def st_release(ptrs, values):
+    """Store-release of 32-bit words at system scope (see module docstring).
+
+    Idempotent stores only: on the GPU a lane may be executed by several threads that hold a
+    replicated copy of it, so the same value can be stored more than once.
+    """
+    values = values.to(tl.uint32)
+    if INTERPRET:
+        tl.atomic_xchg(ptrs, values, sem="release", scope="sys")
+    else:
+        tl.inline_asm_elementwise("st.release.sys.global.b32 [$1], $2; mov.u32 $0, 0;", "=r,l,r",
+                                  [ptrs, values], dtype=tl.uint32, is_pure=False, pack=1)
+
+
+@triton.jit
+def st_relaxed(ptrs, values):
+    """Relaxed system-scope store of 32-bit words; no ordering with other accesses."""
+    values = values.to(tl.uint32)
+    if INTERPRET:
+        tl.atomic_xchg(ptrs, values, sem="relaxed", scope="sys")
+    else:
+        tl.inline_asm_elementwise("st.relaxed.sys.global.b32 [$1], $2; mov.u32 $0, 0;", "=r,l,r",
+                                  [ptrs, values], dtype=tl.uint32, is_pure=False, pack=1)
+
+
+@triton.jit
+def ld_volatile(ptrs, mask=None):
+    """Relaxed load that is re-issued every time (never cached in registers or hoisted)."""
+    return tl.load(ptrs, mask=mask, volatile=True)
+
+
+@triton.jit
+def fence_sys():
+    """Acquire-release fence at system scope for the calling thread."""
+    if INTERPRET:
+        pass
+    else:
+        tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.uint32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
+def clock_ns():
+    """Global nanosecond timer on the GPU; 0 in the interpreter (which bounds waits by spins)."""
+    if INTERPRET:
+        return tl.full([], 0, tl.uint64)
+    else:
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.uint64,
+                                         is_pure=False, pack=1)

@@ -1,0 +1,146 @@
+"""Signals and waits on 32-bit flags in the symmetric heap, and the epochs that drive them.
+
+A *flag* is a uint32 in some rank's heap. A producer *signals* by storing a value into it (usually
+in a peer's heap); a consumer *waits* on flags in its own heap until each has reached an expected
+value. Values only grow (modulo 2**32): a wait is satisfied by ``flag - expected >= 0`` in
+wrap-around arithmetic, so an old flag can never satisfy a newer wait and counters may wrap.
+
+Epochs give each kernel launch a fresh expected value without touching kernel arguments, so the
+same launch can be captured in a CUDA graph and replayed: a program keeps its epoch in device
+memory, reads it at entry (``epoch_next``) and writes it back at exit (``epoch_commit``). Because
+every rank runs the same sequence of launches, matching programs on different ranks hold the same
+epoch.
+
+Ordering contract (system scope, so across GPUs over NVLink and towards the host):
+
+* ``signal(flags, v)`` first runs a CTA barrier, then store-releases ``v``. Every write that *any
+  thread of this program* made before the call is visible to a reader that observes ``v`` (or a
+  later value) through ``wait``. Writes made after the call are not covered.
+* ``wait(flags, expected, ...)`` returns once every flag ``f`` in the block has ``f >= expected``,
+  read with acquire loads, and then runs a CTA barrier: afterwards every thread of the program sees
+  all writes that the signallers published before their matching ``signal``.
+* ``signal_add(flag, inc)`` is ``signal`` as an atomic add (for counters shared by many writers).
+* ``signal_relaxed`` / ``wait_relaxed`` give no ordering: use them for flags that carry no data
+  dependency (or that are followed by an explicit fence).
+* Waits are bounded. ``timeout`` is in nanoseconds of ``%globaltimer`` on the GPU and in spins in
+  the CPU world; ``timeout <= 0`` waits forever. When it expires the wait records (rank, peer,
+  slot, expected, seen) in ``diag`` and returns without the guarantee above; the host turns the
+  record into an exception. A wait that finds the record already claimed returns at once too.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .backend import INTERPRET
+from .diag import already_failed, record_timeout
+from .ordering import clock_ns, ld_acquire, ld_volatile, st_relaxed, st_release
+
+__all__ = [
+    "epoch_commit",
+    "epoch_next",
+    "signal",
+    "signal_add",
+    "signal_relaxed",
+    "wait",
+    "wait_relaxed",
+]
+
+#: How many spins between looks at the shared diagnostic record (another wait may have failed).
+_CHECK_EVERY = 1024
+
+
+@triton.jit
+def epoch_next(epoch_ptr):
+    """This launch's epoch for the program that owns ``epoch_ptr`` (uint32; never 0)."""
+    e = tl.load(epoch_ptr).to(tl.uint32) + 1
+    return tl.where(e == 0, 1, e).to(tl.uint32)
+
+
+@triton.jit
+def epoch_commit(epoch_ptr, epoch):
+    """Store the epoch back so that the next launch (or graph replay) continues from it."""
+    tl.store(epoch_ptr, epoch.to(tl.uint32))
+
+
+@triton.jit
+def signal(flags, value):
+    """Publish this program's prior writes and set ``flags`` (one or a block) to ``value``."""
+    tl.debug_barrier()
+    st_release(flags, value)
+
+
+@triton.jit
+def signal_relaxed(flags, value):
+    """Set ``flags`` to ``value`` with no ordering guarantee."""
+    st_relaxed(flags, value)
+
+
+@triton.jit
+def signal_add(flag, inc):
+    """Publish this program's prior writes and atomically add ``inc`` to ``flag``."""
+    tl.debug_barrier()
+    tl.atomic_add(flag, inc.to(tl.uint32), sem="release", scope="sys")
+
+
+@triton.jit
+def _behind(seen, expected):
+    return (seen - expected).to(tl.int32, bitcast=True) < 0
+
+
+@triton.jit
+def _expired(t0, spins, timeout):
+    if INTERPRET:
+        return spins > timeout
+    else:
+        return (clock_ns() - t0).to(tl.int64) > timeout
+
+
+@triton.jit
+def _spin(flags, expected, peers, slot, rank, timeout, diag, ACQUIRE: tl.constexpr):
+    if ACQUIRE:
+        pending = tl.sum(_behind(ld_acquire(flags), expected).to(tl.int32), axis=0)
+    else:
+        pending = tl.sum(_behind(ld_volatile(flags), expected).to(tl.int32), axis=0)
+    if pending > 0:
+        t0 = clock_ns()
+        spins = 0
+        while pending > 0:
+            if ACQUIRE:
+                pending = tl.sum(_behind(ld_acquire(flags), expected).to(tl.int32), axis=0)
+            else:
+                pending = tl.sum(_behind(ld_volatile(flags), expected).to(tl.int32), axis=0)
+            spins += 1
+            if pending > 0:
+                if (spins % _CHECK_EVERY) == 0:
+                    if already_failed(diag):
+                        pending = 0
+                if timeout > 0:
+                    if _expired(t0, spins, timeout):
+                        seen = ld_volatile(flags)
+                        late = _behind(seen, expected)
+                        peer = tl.min(tl.where(late, peers, 1 << 30), axis=0)
+                        pick = late & (peers == peer)
+                        exp_b = (expected + tl.zeros_like(seen)).to(tl.int64)
+                        record_timeout(diag, 1, rank, peer, slot,
+                                       tl.max(tl.where(pick, exp_b, -1), axis=0),
+                                       tl.max(tl.where(pick, seen.to(tl.int64), -1), axis=0), spins)
+                        pending = 0
+
+
+@triton.jit
+def wait(flags, expected, peers, slot, rank, timeout, diag):
+    """Wait until every flag in the block ``flags`` reaches ``expected`` (acquire; see module).
+
+    ``peers`` (a block like ``flags``) and ``slot`` only name the flags in a diagnostic. ``rank``
+    is this rank, ``timeout`` the bound, ``diag`` the communicator's record (int64 pointer).
+    """
+    _spin(flags, expected.to(tl.uint32), peers, slot, rank, timeout, diag, True)
+    tl.debug_barrier()
+
+
+@triton.jit
+def wait_relaxed(flags, expected, peers, slot, rank, timeout, diag):
+    """``wait`` without acquire ordering (volatile loads)."""
+    _spin(flags, expected.to(tl.uint32), peers, slot, rank, timeout, diag, False)

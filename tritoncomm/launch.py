@@ -1,0 +1,220 @@
+"""Start N ranks on this machine: one process per GPU when GPUs are there, else the CPU world.
+
+``LocalWorld`` keeps its ranks alive and runs functions in all of them (tests and the demo reuse
+one world for many jobs); ``launch`` is the one-shot form. Each rank gets a ``RankContext`` with
+torch.distributed initialised over loopback: NCCL plus a gloo CPU group on GPUs, gloo alone in the
+CPU world, where ``TRITON_INTERPRET=1`` is set before the rank imports Triton.
+
+A job that raises on any rank raises ``RankError`` here with every failing rank's traceback; a
+job that outlives its timeout kills the world and raises ``TimeoutError``. Nothing hangs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["MULTICAST_OFF", "LocalWorld", "RankContext", "RankError", "detect_backend", "launch"]
+
+#: NVLink multicast must stay off everywhere (it can take a shared host's GPUs out of service).
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@dataclass
+class RankContext:
+    """What a job gets in each rank."""
+
+    rank: int
+    world: int
+    backend: str  # "cuda" or "cpu"
+    device: Any  # torch.device
+    group: Any  # the default torch.distributed group (NCCL on GPUs, gloo on CPU)
+    cpu_group: Any  # a gloo group over the same ranks
+
+
+class RankError(RuntimeError):
+    """One or more ranks raised; the message holds each failing rank's traceback."""
+
+    def __init__(self, failures: dict[int, str]) -> None:
+        self.failures = failures
+        body = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(failures.items()))
+        super().__init__(f"job failed on rank(s) {sorted(failures)}:\n{body}")
+
+
+def detect_backend() -> str:
+    """``"cuda"`` when this machine has at least one CUDA GPU, else ``"cpu"``."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return "cpu"
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except Exception:
+        return "cpu"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, backend: str, setup_timeout: float, conn: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    try:
+        timeout = datetime.timedelta(seconds=setup_timeout)
+        init = f"tcp://127.0.0.1:{port}"
+        if backend == "cuda":
+            torch.cuda.set_device(rank)
+            device = torch.device("cuda", rank)
+            dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world, timeout=timeout,
+                                    device_id=device)
+            cpu_group = dist.new_group(backend="gloo", timeout=timeout)
+        else:
+            device = torch.device("cpu")
+            dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timeout)
+            cpu_group = dist.group.WORLD
+        ctx = RankContext(rank, world, backend, device, dist.group.WORLD, cpu_group)
+        conn.send(("ready", None))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        return
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            break
+        fn, args, kwargs = msg
+        try:
+            conn.send(("ok", fn(ctx, *args, **kwargs)))
+        except BaseException:
+            conn.send(("error", traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+class LocalWorld:
+    """``world`` live ranks on this machine. Use as a context manager, or call ``close``."""
+
+    def __init__(self, world: int, backend: str = "auto", *, setup_timeout: float = 120.0,
+                 env: dict[str, str] | None = None) -> None:
+        if world < 1:
+            raise ValueError("world must be >= 1")
+        self.world = world
+        self.backend = detect_backend() if backend == "auto" else backend
+        if self.backend not in ("cuda", "cpu"):
+            raise ValueError(f"backend must be 'auto', 'cuda' or 'cpu', got {backend!r}")
+        if self.backend == "cuda":
+            import torch
+
+            if torch.cuda.device_count() < world:
+                raise RuntimeError(f"world {world} needs {world} GPUs, found {torch.cuda.device_count()}")
+        ctx = mp.get_context("spawn")
+        port = _free_port()
+        extra = dict(MULTICAST_OFF)
+        extra["TRITON_INTERPRET"] = "1" if self.backend == "cpu" else "0"
+        extra.update(env or {})
+        saved = {k: os.environ.get(k) for k in extra}
+        os.environ.update(extra)
+        self._conns: list[Any] = []
+        self._procs: list[Any] = []
+        try:
+            for r in range(world):
+                parent, child = ctx.Pipe()
+                p = ctx.Process(target=_rank_main, args=(r, world, port, self.backend, setup_timeout, child),
+                                daemon=True, name=f"tritoncomm-rank{r}")
+                p.start()
+                child.close()
+                self._conns.append(parent)
+                self._procs.append(p)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self._collect(setup_timeout + 30, "start-up")
+
+    def _collect(self, timeout: float, what: str) -> list[Any]:
+        deadline = time.monotonic() + timeout
+        results: dict[int, Any] = {}
+        failures: dict[int, str] = {}
+        pending = set(range(self.world))
+        while pending:
+            for r in list(pending):
+                conn, proc = self._conns[r], self._procs[r]
+                if conn.poll(0.01):
+                    try:
+                        status, value = conn.recv()
+                    except EOFError:
+                        status, value = "error", f"rank {r} exited (code {proc.exitcode})"
+                    pending.discard(r)
+                    if status == "error":
+                        failures[r] = value
+                    else:
+                        results[r] = value
+                elif not proc.is_alive():
+                    pending.discard(r)
+                    failures[r] = f"rank {r} died (exit code {proc.exitcode})"
+            if pending and time.monotonic() > deadline:
+                self.kill()
+                raise TimeoutError(f"{what}: rank(s) {sorted(pending)} did not finish within {timeout:.0f} s "
+                                   f"(finished: {sorted(results)}, failed: {sorted(failures)}); world killed")
+        if failures:
+            if any("died" in v or "exited" in v for v in failures.values()):
+                self.kill()
+            raise RankError(failures)
+        return [results[r] for r in range(self.world)]
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.is_alive() for p in self._procs)
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float = 600.0, **kwargs: Any) -> list[Any]:
+        """Run ``fn(ctx, *args, **kwargs)`` on every rank; return the results by rank."""
+        if not self.alive:
+            raise RuntimeError("this LocalWorld is closed or lost a rank")
+        for conn in self._conns:
+            conn.send((fn, args, kwargs))
+        return self._collect(timeout, getattr(fn, "__name__", "job"))
+
+    def kill(self) -> None:
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+        for p in self._procs:
+            p.join(5)
+
+    def close(self) -> None:
+        for conn, p in zip(self._conns, self._procs):
+            if p.is_alive():
+                try:
+                    conn.send(None)
+                except (BrokenPipeError, OSError):
+                    pass
+        for p in self._procs:
+            p.join(30)
+        self.kill()
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns = [], []
+
+    def __enter__(self) -> LocalWorld:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def launch(fn: Callable[..., Any], world: int, *args: Any, backend: str = "auto", timeout: float = 600.0,
+           **kwargs: Any) -> list[Any]:
+    """Start ``world`` ranks, run ``fn(ctx, *args, **kwargs)`` in each, stop them; results by rank."""
+    with LocalWorld(world, backend) as w:
+        return w.run(fn, *args, timeout=timeout, **kwargs)

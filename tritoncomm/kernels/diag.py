@@ -30,6 +30,15 @@ class F:
     SPINS = 7
 
 
+# The same offsets as constexprs, for use inside kernels.
+_RANK = tl.constexpr(F.RANK)
+_PEER = tl.constexpr(F.PEER)
+_SLOT = tl.constexpr(F.SLOT)
+_EXPECTED = tl.constexpr(F.EXPECTED)
+_SEEN = tl.constexpr(F.SEEN)
+_PROGRAM = tl.constexpr(F.PROGRAM)
+_SPINS = tl.constexpr(F.SPINS)
+
 #: STATUS values (>0) and what they name in error messages.
 KIND_NAMES = {1: "signal wait", 2: "LL packet poll"}
 
@@ -40,13 +49,13 @@ def record_timeout(diag, kind, rank, peer, slot, expected, seen, spins):
     old = tl.atomic_cas(diag, tl.full([], 0, tl.int64), tl.full([], -1, tl.int64), sem="relaxed",
                         scope="sys")
     if old == 0:
-        tl.store(diag + F.RANK, rank.to(tl.int64))
-        tl.store(diag + F.PEER, peer.to(tl.int64))
-        tl.store(diag + F.SLOT, slot.to(tl.int64))
-        tl.store(diag + F.EXPECTED, expected.to(tl.int64))
-        tl.store(diag + F.SEEN, seen.to(tl.int64))
-        tl.store(diag + F.PROGRAM, tl.program_id(0).to(tl.int64))
-        tl.store(diag + F.SPINS, spins.to(tl.int64))
+        tl.store(diag + _RANK, tl.cast(rank, tl.int64))
+        tl.store(diag + _PEER, tl.cast(peer, tl.int64))
+        tl.store(diag + _SLOT, tl.cast(slot, tl.int64))
+        tl.store(diag + _EXPECTED, tl.cast(expected, tl.int64))
+        tl.store(diag + _SEEN, tl.cast(seen, tl.int64))
+        tl.store(diag + _PROGRAM, tl.cast(tl.program_id(0), tl.int64))
+        tl.store(diag + _SPINS, tl.cast(spins, tl.int64))
         tl.debug_barrier()
         tl.atomic_xchg(diag, tl.full([], kind, tl.int64), sem="release", scope="sys")
 

@@ -23,6 +23,7 @@ import triton.language as tl
 from .backend import INTERPRET
 from .diag import already_failed, record_timeout
 from .ordering import clock_ns
+from .signals import _CHECK_EVERY
 
 __all__ = ["ll8_pack", "ll8_poll", "ll8_store", "ll8_unpack"]
 
@@ -64,7 +65,7 @@ def ll8_poll(ptrs, mask, flag, peer, slot, rank, timeout, diag):
             missing = _missing(ptrs, mask, flag)
             spins += 1
             if missing > 0:
-                if (spins % 1024) == 0:
+                if (spins % _CHECK_EVERY) == 0:
                     if already_failed(diag):
                         missing = 0
                 if timeout > 0:

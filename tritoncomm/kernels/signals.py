@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 #: How many spins between looks at the shared diagnostic record (another wait may have failed).
-_CHECK_EVERY = 1024
+_CHECK_EVERY = tl.constexpr(1024)
 
 
 @triton.jit

@@ -31,7 +31,7 @@ __all__ = ["ll8_pack", "ll8_poll", "ll8_store", "ll8_unpack"]
 @triton.jit
 def ll8_pack(words, flag):
     """Packets (uint64) from 32-bit data words and a flag."""
-    return (flag.to(tl.uint64) << 32) | words.to(tl.uint32).to(tl.uint64)
+    return (tl.cast(flag, tl.uint64) << 32) | tl.cast(words, tl.uint32).to(tl.uint64)
 
 
 @triton.jit
@@ -55,7 +55,7 @@ def _missing(ptrs, mask, flag):
 @triton.jit
 def ll8_poll(ptrs, mask, flag, peer, slot, rank, timeout, diag):
     """Wait for packets with ``flag`` at ``ptrs`` (where ``mask``); return their data words."""
-    flag = flag.to(tl.uint32)
+    flag = tl.cast(flag, tl.uint32)
     pk = tl.load(ptrs, mask=mask, volatile=True)
     missing = tl.sum((((pk >> 32).to(tl.uint32) != flag) & mask).to(tl.int32), axis=0)
     if missing > 0:

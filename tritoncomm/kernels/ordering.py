@@ -49,7 +49,7 @@ def st_release(ptrs, values):
     Idempotent stores only: on the GPU a lane may be executed by several threads that hold a
     replicated copy of it, so the same value can be stored more than once.
     """
-    values = values.to(tl.uint32)
+    values = tl.cast(values, tl.uint32)
     if INTERPRET:
         tl.atomic_xchg(ptrs, values, sem="release", scope="sys")
     else:
@@ -60,7 +60,7 @@ def st_release(ptrs, values):
 @triton.jit
 def st_relaxed(ptrs, values):
     """Relaxed system-scope store of 32-bit words; no ordering with other accesses."""
-    values = values.to(tl.uint32)
+    values = tl.cast(values, tl.uint32)
     if INTERPRET:
         tl.atomic_xchg(ptrs, values, sem="relaxed", scope="sys")
     else:

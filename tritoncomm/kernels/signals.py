@@ -61,7 +61,7 @@ def epoch_next(epoch_ptr):
 @triton.jit
 def epoch_commit(epoch_ptr, epoch):
     """Store the epoch back so that the next launch (or graph replay) continues from it."""
-    tl.store(epoch_ptr, epoch.to(tl.uint32))
+    tl.store(epoch_ptr, tl.cast(epoch, tl.uint32))
 
 
 @triton.jit
@@ -81,7 +81,7 @@ def signal_relaxed(flags, value):
 def signal_add(flag, inc):
     """Publish this program's prior writes and atomically add ``inc`` to ``flag``."""
     tl.debug_barrier()
-    tl.atomic_add(flag, inc.to(tl.uint32), sem="release", scope="sys")
+    tl.atomic_add(flag, tl.cast(inc, tl.uint32), sem="release", scope="sys")
 
 
 @triton.jit
@@ -131,16 +131,27 @@ def _spin(flags, expected, peers, slot, rank, timeout, diag, ACQUIRE: tl.constex
 
 @triton.jit
 def wait(flags, expected, peers, slot, rank, timeout, diag):
-    """Wait until every flag in the block ``flags`` reaches ``expected`` (acquire; see module).
+    """Wait until every flag in ``flags`` (one pointer or a block) reaches ``expected`` (acquire;
+    see the module docstring).
 
-    ``peers`` (a block like ``flags``) and ``slot`` only name the flags in a diagnostic. ``rank``
+    ``peers`` (an int, or a block like ``flags``) and ``slot`` only name the flags in a diagnostic. ``rank``
     is this rank, ``timeout`` the bound, ``diag`` the communicator's record (int64 pointer).
     """
-    _spin(flags, expected.to(tl.uint32), peers, slot, rank, timeout, diag, True)
+    if len(flags.shape) == 0:
+        _spin(flags + tl.zeros([1], tl.int32), tl.cast(expected, tl.uint32), peers + tl.zeros([1], tl.int32), slot, rank,
+              timeout, diag, True)
+    else:
+        _spin(flags, tl.cast(expected, tl.uint32), peers + tl.zeros(flags.shape, tl.int32), slot, rank, timeout, diag,
+              True)
     tl.debug_barrier()
 
 
 @triton.jit
 def wait_relaxed(flags, expected, peers, slot, rank, timeout, diag):
     """``wait`` without acquire ordering (volatile loads)."""
-    _spin(flags, expected.to(tl.uint32), peers, slot, rank, timeout, diag, False)
+    if len(flags.shape) == 0:
+        _spin(flags + tl.zeros([1], tl.int32), tl.cast(expected, tl.uint32), peers + tl.zeros([1], tl.int32), slot, rank,
+              timeout, diag, False)
+    else:
+        _spin(flags, tl.cast(expected, tl.uint32), peers + tl.zeros(flags.shape, tl.int32), slot, rank, timeout, diag,
+              False)

@@ -1,0 +1,43 @@
+"""Helpers that run inside ranks."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+import torch.distributed as dist
+
+import tritoncomm as tc
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def make_comm(ctx, **config) -> tc.Communicator:
+    config.setdefault("timeout_s", 30.0)
+    return tc.Communicator(ctx.cpu_group, config=tc.CommConfig(**config))
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha1(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def same_on_all_ranks(ctx, t: torch.Tensor) -> bool:
+    out: list = [None] * ctx.world
+    dist.all_gather_object(out, digest(t), group=ctx.cpu_group)
+    return all(d == out[0] for d in out)
+
+
+def reference_sum(ctx, x: torch.Tensor) -> torch.Tensor:
+    """torch.distributed all-reduce of ``x`` in fp32 on the CPU group (gloo)."""
+    ref = x.detach().float().cpu().clone()
+    dist.all_reduce(ref, group=ctx.cpu_group)
+    return ref
+
+
+def check_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> float:
+    """Max error relative to max |ref|; raises AssertionError when above the dtype's tolerance."""
+    o = out.detach().float().cpu()
+    assert not torch.isnan(o).any(), "output has NaN (unwritten poison?)"
+    err = ((o - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
+    assert err <= TOL[dtype], f"relative error {err:.3g} > {TOL[dtype]} for {dtype}"
+    return err

@@ -1,0 +1,55 @@
+"""The local launcher reports failures by rank and never hangs."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tritoncomm.launch import LocalWorld, RankError
+
+from .conftest import BACKEND
+
+
+def _job_fail_on_rank1(ctx):
+    if ctx.rank == 1:
+        raise ValueError("boom on rank 1")
+    return ctx.rank
+
+
+def _job_hang(ctx):
+    if ctx.rank == 0:
+        time.sleep(3600)
+    return ctx.rank
+
+
+def _job_env(ctx):
+    import os
+
+    return {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+                                           "NVSHMEM_DISABLE_NVLS", "TRITON_INTERPRET")}
+
+
+def test_failure_names_the_rank(worlds):
+    with pytest.raises(RankError) as info:
+        worlds(2).run(_job_fail_on_rank1)
+    assert info.value.failures.keys() == {1}
+    assert "boom on rank 1" in str(info.value)
+    assert worlds(2).run(_job_env)[0]["NCCL_NVLS_ENABLE"] == "0"  # the world is still usable
+
+
+def test_hung_job_times_out_and_kills_the_world():
+    with LocalWorld(2, BACKEND) as w:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="rank"):
+            w.run(_job_hang, timeout=5)
+        assert time.monotonic() - t0 < 30
+        assert not w.alive
+
+
+def test_ranks_have_multicast_off(worlds):
+    for env in worlds(2).run(_job_env):
+        assert env["NCCL_NVLS_ENABLE"] == "0"
+        assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+        assert env["NVSHMEM_DISABLE_NVLS"] == "1"
+        assert env["TRITON_INTERPRET"] == ("1" if BACKEND == "cpu" else "0")

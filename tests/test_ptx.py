@@ -1,0 +1,96 @@
+"""Compile the kernels for sm_90 without a GPU and check the instructions that matter:
+system-scope acquire/release, the global timer for bounded waits, and 16-byte vector accesses."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+
+from tritoncomm.kernels import interpreting
+
+pytestmark = pytest.mark.skipif(interpreting(), reason="PTX checks need compiled (not interpreted) kernels")
+
+
+def compile_ptx(fn, sig: dict[str, str], constexprs: dict[str, int], aligned: set[str], num_warps: int = 4) -> str:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(sig)
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    full = dict(sig, **{k: "constexpr" for k in constexprs})
+    src = ASTSource(fn=fn, signature=full, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps}).asm["ptx"]
+
+
+def ops(ptx: str) -> Counter:
+    return Counter(re.findall(r"\b((?:ld|st|atom|red|fence|mov)\.[\w.]+)", ptx))
+
+
+COMMON = {"bases": "*i64", "rank": "i32", "timeout": "i64", "diag_addr": "i64"}
+
+
+@pytest.fixture(scope="module")
+def oneshot_ptx() -> str:
+    from tritoncomm.collectives.allreduce_oneshot import oneshot_allreduce_kernel
+
+    sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", **COMMON, "flags_off": "i64", "epochs_off": "i64",
+           "buf_off": "i64", "slot_bytes": "i64"}
+    return compile_ptx(oneshot_allreduce_kernel, sig, {"WORLD": 4, "BLOCK": 4096},
+                       {"x_ptr", "out_ptr", "n", "bases", "flags_off", "epochs_off", "buf_off", "slot_bytes"}, 8)
+
+
+@pytest.fixture(scope="module")
+def ll_ptx() -> str:
+    from tritoncomm.collectives.allreduce_ll import ll_allreduce_kernel
+
+    sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "nwords": "i32", **COMMON, "epochs_off": "i64",
+           "buf_off": "i64", "slot_words": "i64"}
+    return compile_ptx(ll_allreduce_kernel, sig, {"WORLD": 4, "BLOCK": 1024},
+                       {"x_ptr", "out_ptr", "n", "nwords", "bases", "epochs_off", "buf_off", "slot_words"})
+
+
+def test_barrier_uses_system_scope_release_and_acquire(oneshot_ptx):
+    o = ops(oneshot_ptx)
+    assert o["st.release.sys.global.b32"] >= 1, o
+    assert o["ld.acquire.sys.global.b32"] >= 1, o
+    assert "%globaltimer" in oneshot_ptx
+    assert "bar.sync" in oneshot_ptx  # CTA barrier before the release and after the acquire
+
+
+def test_oneshot_moves_data_in_16_byte_vectors(oneshot_ptx):
+    o = ops(oneshot_ptx)
+    assert o["ld.global.v4.b32"] >= 1 and o["st.global.v4.b32"] >= 1, o
+
+
+def test_ll_packets_are_16_byte_stores_and_volatile_polls(ll_ptx):
+    o = ops(ll_ptx)
+    assert o["st.global.v2.b64"] >= 1, o  # two 8-byte packets per store
+    assert o["ld.volatile.global.v2.b64"] >= 1, o
+    assert "%globaltimer" in ll_ptx
+
+
+def test_user_primitives_compile_with_their_ordering():
+    from tests.test_primitives import _counter_kernel, _handshake_kernel, _put_get_kernel
+
+    hs = compile_ptx(_handshake_kernel, {"out_bad": "*i32", "rounds": "i32", "n": "i32", "bases": "*i64",
+                                         "rank": "i32", "world": "i32", "timeout": "i64", "diag_addr": "i64",
+                                         "flags_off": "i64", "epochs_off": "i64", "buf_off": "i64"},
+                     {"BLOCK": 512}, {"bases", "flags_off", "epochs_off", "buf_off"})
+    o = ops(hs)
+    assert o["st.release.sys.global.b32"] >= 1 and o["ld.acquire.sys.global.b32"] >= 1, o
+    assert o["st.relaxed.sys.global.b32"] >= 1, o  # signal_relaxed
+    assert "fence.acq_rel.sys" in hs
+    cnt = compile_ptx(_counter_kernel, {"out": "*i32", "bases": "*i64", "rank": "i32", "world": "i32",
+                                        "timeout": "i64", "diag_addr": "i64", "flags_off": "i64",
+                                        "epochs_off": "i64"}, {}, {"bases", "flags_off", "epochs_off"})
+    assert re.search(r"atom\.global\.(sys\.release|release\.sys)\.add", cnt), ops(cnt)  # signal_add
+    pg = compile_ptx(_put_get_kernel, {"src": "*fp32", "out_put": "*fp32", "out_get": "*fp32", "n": "i32",
+                                       "bases": "*i64", "rank": "i32", "world": "i32", "timeout": "i64",
+                                       "diag_addr": "i64", "flags_off": "i64", "epochs_off": "i64",
+                                       "buf_off": "i64", "half_bytes": "i64"}, {"BLOCK": 512},
+                     {"src", "out_put", "out_get", "n", "bases", "flags_off", "epochs_off", "buf_off", "half_bytes"})
+    o = ops(pg)
+    assert o["ld.global.v4.b32"] >= 2 and o["st.global.v4.b32"] >= 2, o  # put and get vectorise

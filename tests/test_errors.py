@@ -123,7 +123,7 @@ def _job_dead_peer(ctx, algo):
             err = (e.rank, e.peer, e.slot, e.expected, e.seen, str(e))
         try:  # the communicator stays failed
             ar(x, algo=algo)
-            err = err + ("second call did not raise",)
+            err = (*err, "second call did not raise")
         except tc.CommTimeoutError:
             pass
     elapsed = time.monotonic() - t0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -20,7 +21,7 @@ def test_allocations_are_aligned_and_disjoint():
     for r in regions:
         assert r.offset % 256 == 0
     spans = sorted((r.offset, r.offset + r.nbytes) for r in regions)
-    assert all(e0 <= s1 for (_, e0), (s1, _) in zip(spans, spans[1:]))
+    assert all(e0 <= s1 for (_, e0), (s1, _) in itertools.pairwise(spans))
 
 
 def test_free_space_is_reused_and_coalesced():
@@ -68,10 +69,16 @@ def _job_lifecycle(ctx, rounds):
     def fds() -> int:
         return len(os.listdir("/proc/self/fd"))
 
-    before = (_segments(), fds(), threading.active_count())
+    def free_device_memory() -> int:
+        if ctx.backend != "cuda":
+            return 0
+        torch.cuda.synchronize()
+        return torch.cuda.mem_get_info(ctx.device)[0]
+
     names = []
-    for i in range(rounds):
-        comm = make_comm(ctx)
+
+    def one_round(i: int) -> None:
+        comm = make_comm(ctx, heap_bytes=64 << 20)
         names.append(getattr(comm.heap.memory, "name", ""))
         assert not (_segments() & set(names)), "segment left in /dev/shm after set-up"
         ch = Channel(comm, f"c{i}", programs=2, barrier_slots=2, buffer_bytes=4096)
@@ -82,7 +89,12 @@ def _job_lifecycle(ctx, rounds):
         ch.close()
         assert comm.heap.allocator.used_bytes == 0
         comm.close()
-    after = (_segments(), fds(), threading.active_count())
+
+    one_round(0)  # first use may start driver threads or caches; measure after it
+    before = (_segments(), fds(), threading.active_count(), free_device_memory())
+    for i in range(1, rounds + 1):
+        one_round(i)
+    after = (_segments(), fds(), threading.active_count(), free_device_memory())
     return before, after
 
 
@@ -91,6 +103,7 @@ def test_create_and_destroy_leaks_nothing(worlds):
         assert after[0] <= before[0], "shared-memory segments leaked"
         assert after[1] <= before[1], f"file descriptors leaked: {before[1]} -> {after[1]}"
         assert after[2] <= before[2], "threads leaked"
+        assert before[3] - after[3] < 32 << 20, f"device memory leaked: {before[3] - after[3]} bytes"
 
 
 def _job_layout_mismatch(ctx):

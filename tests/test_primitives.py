@@ -210,7 +210,7 @@ def _job_ll(ctx, launches, nwords):
     bases, rank, world, timeout, diag = comm.kernel_args()
     ok = []
     for k in range(launches):
-        def data(r: int) -> torch.Tensor:
+        def data(r: int, k: int = k) -> torch.Tensor:
             g = torch.Generator().manual_seed(k * 1009 + r)
             return torch.randint(-2**31, 2**31 - 1, (nwords,), generator=g, dtype=torch.int64).to(torch.int32)
         src = data(rank).to(ctx.device)

@@ -193,7 +193,7 @@ class LocalWorld:
             p.join(5)
 
     def close(self) -> None:
-        for conn, p in zip(self._conns, self._procs):
+        for conn, p in zip(self._conns, self._procs, strict=True):
             if p.is_alive():
                 try:
                     conn.send(None)

@@ -110,7 +110,7 @@ class Communicator:
             raise self._broken
         words = self.diag.read()
         status = words[F.STATUS]
-        if status == 0 or status == -1 and not any(words[1:]):
+        if status == 0 or (status == -1 and not any(words[1:])):
             return
         kind = KIND_NAMES.get(status, f"wait kind {status}")
         err = CommTimeoutError(

@@ -6,12 +6,12 @@ even if a process dies later; the memory goes away with the last mapping.
 
 from __future__ import annotations
 
+import _posixshmem
 import ctypes
 import mmap
 import os
 import uuid
 
-import _posixshmem
 import torch
 
 from .bootstrap import Bootstrap

@@ -98,7 +98,7 @@ class AllReduce:
         """Return the sum of ``x`` over all ranks, in ``out`` if given (``out=x``: in place)."""
         comm = self.comm
         check_reduce_args(x, out, op, comm.device, self.max_bytes, "all_reduce")
-        if algo is not None and (algo not in ALGORITHMS or algo == "ll" and self.ll is None):
+        if algo is not None and (algo not in ALGORITHMS or (algo == "ll" and self.ll is None)):
             raise InvalidInputError(f"all_reduce: algorithm {algo!r} is not available here")
         nbytes = x.numel() * x.element_size()
         algo = algo or self.select(nbytes)

@@ -130,28 +130,26 @@ def _spin(flags, expected, peers, slot, rank, timeout, diag, ACQUIRE: tl.constex
 
 
 @triton.jit
+def _wait(flags, expected, peers, slot, rank, timeout, diag, ACQUIRE: tl.constexpr):
+    if len(flags.shape) == 0:  # one flag: make it a block of one
+        flags = flags + tl.zeros([1], tl.int32)
+    _spin(flags, tl.cast(expected, tl.uint32), peers + tl.zeros(flags.shape, tl.int32), slot, rank, timeout, diag,
+          ACQUIRE)
+
+
+@triton.jit
 def wait(flags, expected, peers, slot, rank, timeout, diag):
     """Wait until every flag in ``flags`` (one pointer or a block) reaches ``expected`` (acquire;
     see the module docstring).
 
-    ``peers`` (an int, or a block like ``flags``) and ``slot`` only name the flags in a diagnostic. ``rank``
-    is this rank, ``timeout`` the bound, ``diag`` the communicator's record (int64 pointer).
+    ``peers`` (an int, or a block like ``flags``) and ``slot`` only name the flags in a diagnostic.
+    ``rank`` is this rank, ``timeout`` the bound, ``diag`` the communicator's record (int64 pointer).
     """
-    if len(flags.shape) == 0:
-        _spin(flags + tl.zeros([1], tl.int32), tl.cast(expected, tl.uint32), peers + tl.zeros([1], tl.int32), slot, rank,
-              timeout, diag, True)
-    else:
-        _spin(flags, tl.cast(expected, tl.uint32), peers + tl.zeros(flags.shape, tl.int32), slot, rank, timeout, diag,
-              True)
+    _wait(flags, expected, peers, slot, rank, timeout, diag, True)
     tl.debug_barrier()
 
 
 @triton.jit
 def wait_relaxed(flags, expected, peers, slot, rank, timeout, diag):
-    """``wait`` without acquire ordering (volatile loads)."""
-    if len(flags.shape) == 0:
-        _spin(flags + tl.zeros([1], tl.int32), tl.cast(expected, tl.uint32), peers + tl.zeros([1], tl.int32), slot, rank,
-              timeout, diag, False)
-    else:
-        _spin(flags, tl.cast(expected, tl.uint32), peers + tl.zeros(flags.shape, tl.int32), slot, rank, timeout, diag,
-              False)
+    """``wait`` without acquire ordering (volatile loads) and without the closing CTA barrier."""
+    _wait(flags, expected, peers, slot, rank, timeout, diag, False)

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The tests: set up, lint, run the suite (the CPU world unless TRITONCOMM_TEST_BACKEND=cuda).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+bash scripts/setup.sh
+PY=${PYTHON:-python3}
+"$PY" -m ruff check .
+exec "$PY" -m pytest -q -p no:cacheprovider "$@"

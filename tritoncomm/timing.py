@@ -1,0 +1,57 @@
+"""Timing the way the benchmarks report it: per call, inside CUDA graphs on GPUs.
+
+GPU: ``calls`` calls are captured in one CUDA graph; each timed replay is preceded by an untimed
+one (it absorbs the ranks' start skew, since a collective cannot finish before every rank has
+joined); the per-call time is the median replay time over ``calls``. CPU world: the median
+wall-clock time of synchronous calls (the interpreter runs kernels synchronously).
+Callers combine ranks by taking the max of the ranks' medians.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["time_per_call_us"]
+
+
+def time_per_call_us(fn: Callable[[], object], device: torch.device, barrier: Callable[[], None], *,
+                     calls: int = 32, replays: int = 20, warmup: int = 3) -> float:
+    """Median microseconds per call of ``fn`` on this rank (see module docstring)."""
+    if device.type == "cuda":
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                fn()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        torch.cuda.synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        samples = []
+        for _ in range(replays):
+            torch.cuda.synchronize(device)
+            barrier()
+            graph.replay()
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3 / calls)
+        del graph
+        return statistics.median(samples)
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(replays):
+        barrier()
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(samples)

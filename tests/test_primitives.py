@@ -112,19 +112,28 @@ def _barrier_kernel(out_bad, iters, bases, rank, world, timeout, diag_addr, flag
 @triton.jit
 def _ll_kernel(src, out, out_check, nwords, bases, rank, world, timeout, diag_addr, epochs_off, buf_off, slot_words,
                BLOCK: tl.constexpr):
+    """Every rank sends its words to every peer as packets (slot [parity][source]) and polls what
+    every peer sent; ``out`` gets the words of the previous rank. Exchanging with every peer is what
+    makes two buffers (by epoch parity) enough: nobody can finish launch k+1 before every peer has
+    started it, so nobody overwrites a buffer that a peer still reads (the LL contract)."""
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     ep = heap_ptr(bases, rank, epochs_off, tl.uint32)
     e = epoch_next(ep)
     parity = (e & 1).to(tl.int64)
-    nxt = (rank + 1) % world
     prv = (rank + world - 1) % world
     w = tl.arange(0, BLOCK)
     m = w < nwords
     words = tl.load(src + w, mask=m)
-    ll8_store(heap_ptr(bases, nxt, buf_off + parity * slot_words * 8, tl.uint64) + w, words, e, mask=m)
-    got = ll8_poll(heap_ptr(bases, rank, buf_off + parity * slot_words * 8, tl.uint64) + w, m, e, prv, 0, rank,
-                   timeout, diag)
-    tl.store(out + w, got, mask=m)
+    for p in range(0, world):
+        if p != rank:
+            dst = heap_ptr(bases, p, buf_off + (parity * MAX_WORLD + rank) * slot_words * 8, tl.uint64)
+            ll8_store(dst + w, words, e, mask=m)
+    for p in range(0, world):
+        if p != rank:
+            mine = heap_ptr(bases, rank, buf_off + (parity * MAX_WORLD + p) * slot_words * 8, tl.uint64)
+            got = ll8_poll(mine + w, m, e, p, 0, rank, timeout, diag)
+            if p == prv:
+                tl.store(out + w, got, mask=m)
     d, f = ll8_unpack(ll8_pack(words, e))
     ok = tl.sum(((d != words.to(tl.uint32)) | (f != e)).to(tl.int32) * m.to(tl.int32), axis=0)
     tl.store(out_check, ok)
@@ -206,7 +215,7 @@ def _job_barrier(ctx, iters, launches):
 def _job_ll(ctx, launches, nwords):
     comm = make_comm(ctx)
     slot_words = 1024
-    ch = Channel(comm, "t.ll", programs=1, buffer_bytes=2 * slot_words * 8)
+    ch = Channel(comm, "t.ll", programs=1, buffer_bytes=2 * MAX_WORLD.value * slot_words * 8)
     bases, rank, world, timeout, diag = comm.kernel_args()
     ok = []
     for k in range(launches):

@@ -1,20 +1,32 @@
-"""All-reduce against torch.distributed on random data, at world 2, 3 and 4."""
+"""Collectives against torch.distributed on random data, at world 2, 3 and 4."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import tritoncomm as tc
+from tritoncomm.collectives import Choice, SelectionTable
 
 from .helpers import check_close, make_comm, reference_sum, same_on_all_ranks
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+ALGOS = ["ll", "oneshot", "twoshot"]
+
+
+def small_table(world: int) -> SelectionTable:
+    """Boundaries at 4 KiB and 16 KiB, so short tests cross every algorithm."""
+    rows = {}
+    for dtype in ("bf16", "fp16", "fp32"):
+        rows[("allreduce", world, dtype)] = [(4096, Choice("ll", 2, 256, 1)), (16384, Choice("oneshot", 2, 512, 1)),
+                                             (1 << 40, Choice("twoshot", 2, 512, 1))]
+    return SelectionTable(rows, "test")
 
 
 def _job_sizes(ctx, algo, dtype, sizes, inplace):
     comm = make_comm(ctx)
-    ar = tc.AllReduce(comm, max_bytes=1 << 20, ll_max_bytes=256 << 10)
+    ar = tc.AllReduce(comm, max_bytes=1 << 20, algos=(algo,))
     rows = []
     for n in sizes:
         g = torch.Generator().manual_seed(7919 * n + ctx.rank)
@@ -34,10 +46,59 @@ def _job_sizes(ctx, algo, dtype, sizes, inplace):
     return rows
 
 
-def _job_repeated(ctx, calls, dtype):
-    """Back-to-back calls of changing sizes and algorithms; each checked."""
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_allreduce_matches_torch_distributed(worlds, world, algo, dtype):
+    sizes = [1, 2, 3, 127, 1001, 4099, 20011 if algo == "ll" else 65537]
+    for rows in worlds(world).run(_job_sizes, algo, dtype, sizes, False):
+        for n, _err, identical in rows:
+            assert identical, f"rank results differ at n={n}"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("algo", ALGOS)
+def test_allreduce_in_place(worlds, world, algo):
+    results = worlds(world).run(_job_sizes, algo, torch.bfloat16, [1, 33, 5003], True)
+    assert all(identical for rows in results for _, _, identical in rows)
+
+
+def _job_table_driven(ctx, sizes, dtype):
+    """Sizes on both sides of every boundary of ``small_table``; the algorithm comes from the table."""
     comm = make_comm(ctx)
-    ar = tc.AllReduce(comm, max_bytes=1 << 20, ll_max_bytes=16 << 10)
+    ar = tc.AllReduce(comm, max_bytes=1 << 18, table=small_table(ctx.world))
+    picks, bad = [], []
+    for n in sizes:
+        x = torch.randn(n, generator=torch.Generator().manual_seed(n + 17 * ctx.rank)).to(dtype).to(ctx.device)
+        out = torch.full_like(x, float("nan"))
+        ar(x, out=out)
+        comm.synchronize()
+        picks.append(ar.select(x.numel() * x.element_size(), dtype))
+        try:
+            check_close(out, reference_sum(ctx, x), dtype)
+        except AssertionError as e:
+            bad.append((n, str(e)))
+        if not same_on_all_ranks(ctx, out):
+            bad.append((n, "ranks differ"))
+    ar.close()
+    comm.close()
+    return picks, bad
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_odd_sizes_at_every_algorithm_boundary(worlds, world):
+    sizes = [2047, 2048, 2049, 8191, 8192, 8193, 40001]  # bf16: boundaries at 2048 and 8192 elements
+    results = worlds(world).run(_job_table_driven, sizes, torch.bfloat16)
+    picks = results[0][0]
+    assert picks == ["ll", "ll", "oneshot", "oneshot", "oneshot", "twoshot", "twoshot"]
+    for p, bad in results:
+        assert p == picks and bad == []
+
+
+def _job_repeated(ctx, calls, dtype):
+    """Back-to-back calls of changing sizes (hence algorithms); each checked."""
+    comm = make_comm(ctx)
+    ar = tc.AllReduce(comm, max_bytes=1 << 18, table=small_table(ctx.world))
     g = torch.Generator().manual_seed(12345 + ctx.rank)
     sizes = torch.Generator().manual_seed(99)  # same sequence on every rank
     bad = []
@@ -47,34 +108,15 @@ def _job_repeated(ctx, calls, dtype):
         out = torch.full_like(x, float("nan"))
         ar(x, out=out)
         comm.synchronize()
-        ref = reference_sum(ctx, x)
         try:
-            check_close(out, ref, dtype)
+            check_close(out, reference_sum(ctx, x), dtype)
         except AssertionError as e:
-            bad.append((i, n, ar.select(n * x.element_size()), str(e)))
+            bad.append((i, n, ar.select(n * x.element_size(), dtype), str(e)))
         if not same_on_all_ranks(ctx, out):
             bad.append((i, n, "ranks differ"))
     ar.close()
     comm.close()
     return bad
-
-
-@pytest.mark.parametrize("world", [2, 3, 4])
-@pytest.mark.parametrize("algo", ["ll", "oneshot"])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_allreduce_matches_torch_distributed(worlds, world, algo, dtype):
-    sizes = [1, 2, 3, 127, 1001, 4099, 65537 if algo == "oneshot" else 20011]
-    results = worlds(world).run(_job_sizes, algo, dtype, sizes, False)
-    for rows in results:
-        for n, _err, identical in rows:
-            assert identical, f"rank results differ at n={n}"
-
-
-@pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("algo", ["ll", "oneshot"])
-def test_allreduce_in_place(worlds, world, algo):
-    results = worlds(world).run(_job_sizes, algo, torch.bfloat16, [1, 33, 5003], True)
-    assert all(identical for rows in results for _, _, identical in rows)
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -85,8 +127,8 @@ def test_allreduce_100_repeated_calls(worlds, world):
 
 def _job_selection(ctx):
     comm = make_comm(ctx)
-    ar = tc.AllReduce(comm, max_bytes=1 << 20, ll_max_bytes=8 << 10)
-    picks = [ar.select(b) for b in (2, 8 << 10, (8 << 10) + 2, 1 << 20)]
+    ar = tc.AllReduce(comm, max_bytes=1 << 20)
+    picks = [ar.select(b) for b in (2, 8 << 10, (64 << 10) + 2, 1 << 20, (1 << 20) + 2)]
     ar.close()
     comm.close()
     return picks
@@ -94,14 +136,115 @@ def _job_selection(ctx):
 
 def test_selection_is_the_same_on_every_rank(worlds):
     picks = worlds(3).run(_job_selection)
-    assert picks[0] == ["ll", "ll", "oneshot", "oneshot"]
+    assert picks[0][-1] == "fallback"
     assert all(p == picks[0] for p in picks)
+
+
+def _job_fallback(ctx):
+    comm = make_comm(ctx)
+    ar = tc.AllReduce(comm, max_bytes=4096, fallback_group=ctx.group)
+    x = torch.randn(5000, generator=torch.Generator().manual_seed(ctx.rank)).to(ctx.device)
+    out = ar(x)
+    comm.synchronize()
+    check_close(out, reference_sum(ctx, x), torch.float32)
+    picked = ar.select(x.numel() * 4)
+    ar.close()
+    comm.close()
+    return picked
+
+
+def test_too_large_falls_back_to_torch_distributed(worlds, caplog):
+    assert worlds(2).run(_job_fallback) == ["fallback", "fallback"]
+
+
+def _job_gather_scatter(ctx, dtype, ms):
+    comm = make_comm(ctx)
+    ag = tc.AllGather(comm, max_bytes=1 << 20)
+    rs = tc.ReduceScatter(comm, max_bytes=1 << 20)
+    w = ctx.world
+    bad = []
+    for m in ms:
+        x = torch.randn(m, generator=torch.Generator().manual_seed(m + 101 * ctx.rank)).to(dtype).to(ctx.device)
+        out = torch.full((w * m,), float("nan"), dtype=dtype, device=ctx.device)
+        ag(x, out)
+        comm.synchronize()
+        ref = [torch.empty_like(x.cpu()) for _ in range(w)]
+        dist.all_gather(ref, x.cpu(), group=ctx.cpu_group)
+        if not torch.equal(out.cpu(), torch.cat(ref)):
+            bad.append(("allgather", m))
+        big = torch.randn(w * m, generator=torch.Generator().manual_seed(m + 7 * ctx.rank)).to(dtype).to(ctx.device)
+        red = torch.full((m,), float("nan"), dtype=dtype, device=ctx.device)
+        rs(big, red)
+        comm.synchronize()
+        full = reference_sum(ctx, big)
+        try:
+            check_close(red, full[ctx.rank * m:(ctx.rank + 1) * m], dtype)
+        except AssertionError as e:
+            bad.append(("reducescatter", m, str(e)))
+        if not same_on_all_ranks(ctx, out):
+            bad.append(("allgather differs between ranks", m))
+    ag.close()
+    rs.close()
+    comm.close()
+    return bad
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_allgather_and_reducescatter(worlds, world, dtype):
+    for bad in worlds(world).run(_job_gather_scatter, dtype, [1, 7, 1000, 4097]):
+        assert bad == []
+
+
+def _job_two_groups_two_streams(ctx, rounds):
+    """Two communicators (two groups over the same ranks) and two all-reduces on one of them,
+    used alternately; each result checked. Signal slots are never shared, so nothing mixes up."""
+    group_b = dist.new_group(backend="gloo")
+    comm_a = make_comm(ctx)
+    comm_b = tc.Communicator(group_b, config=tc.CommConfig(timeout_s=30))
+    ar_a1 = tc.AllReduce(comm_a, max_bytes=1 << 18, table=small_table(ctx.world))
+    ar_a2 = tc.AllReduce(comm_a, max_bytes=1 << 18, table=small_table(ctx.world), name="second")
+    ar_b = tc.AllReduce(comm_b, max_bytes=1 << 18, table=small_table(ctx.world))
+    cuda = ctx.backend == "cuda"
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()] if cuda else [None, None]
+    bad = []
+    for i in range(rounds):
+        n = [100, 3000, 9000][i % 3]
+        xs = [torch.randn(n, generator=torch.Generator().manual_seed(i * 10 + k + 100 * ctx.rank)).to(ctx.device)
+              for k in range(3)]
+        outs = [torch.full_like(x, float("nan")) for x in xs]
+        for k, (ar, x, out) in enumerate(zip((ar_a1, ar_a2, ar_b), xs, outs, strict=True)):
+            if cuda:
+                s = streams[k % 2]
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    ar(x, out=out)
+            else:
+                ar(x, out=out)
+        if cuda:
+            torch.cuda.synchronize()
+        for k, (x, out) in enumerate(zip(xs, outs, strict=True)):
+            try:
+                check_close(out, reference_sum(ctx, x), torch.float32)
+            except AssertionError as e:
+                bad.append((i, k, str(e)))
+    comm_a.check()
+    comm_b.check()
+    for obj in (ar_a1, ar_a2, ar_b, comm_a, comm_b):
+        obj.close()
+    return bad
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_two_groups_and_two_streams_do_not_share_slots(worlds, world):
+    for bad in worlds(world).run(_job_two_groups_two_streams, 12):
+        assert bad == []
 
 
 def _job_graph_replay(ctx, algo, n, replays):
     """Capture three calls in a CUDA graph; replay with fresh data in the same buffers."""
     comm = make_comm(ctx)
-    ar = tc.AllReduce(comm, max_bytes=1 << 22)
+    ar = tc.AllReduce(comm, max_bytes=1 << 22, algos=(algo,))
     x = torch.randn(n, device=ctx.device).to(torch.bfloat16)
     out = torch.empty_like(x)
     s = torch.cuda.Stream()
@@ -131,7 +274,7 @@ def _job_graph_replay(ctx, algo, n, replays):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("algo", ["ll", "oneshot"])
+@pytest.mark.parametrize("algo", ALGOS)
 def test_graph_capture_and_replay_with_fresh_data(worlds, world, algo):
     n = 4099 if algo == "ll" else 1_000_003
     for rows in worlds(world).run(_job_graph_replay, algo, n, 10):

@@ -15,7 +15,7 @@ from .helpers import make_comm
 
 def _job_bad_inputs(ctx):
     comm = make_comm(ctx)
-    ar = tc.AllReduce(comm, max_bytes=4096, ll_max_bytes=1024)
+    ar = tc.AllReduce(comm, max_bytes=4096)
     dev = ctx.device
     cases = {
         "dtype": lambda: ar(torch.ones(8, dtype=torch.int32, device=dev)),
@@ -111,7 +111,7 @@ def test_config_mismatch_raises_on_every_rank(worlds):
 
 def _job_dead_peer(ctx, algo):
     comm = make_comm(ctx, timeout_s=1.0)
-    ar = tc.AllReduce(comm, max_bytes=1 << 16, ll_max_bytes=1 << 12)
+    ar = tc.AllReduce(comm, max_bytes=1 << 16, algos=("ll", "oneshot", "twoshot"))
     err = None
     t0 = time.monotonic()
     if ctx.rank == 0:  # rank 1 never joins this all-reduce
@@ -132,7 +132,7 @@ def _job_dead_peer(ctx, algo):
     return err, elapsed
 
 
-@pytest.mark.parametrize("algo", ["ll", "oneshot"])
+@pytest.mark.parametrize("algo", ["ll", "oneshot", "twoshot"])
 def test_dead_peer_turns_into_timeout_error(worlds, algo):
     (err, elapsed), _ = worlds(2).run(_job_dead_peer, algo, timeout=300)
     assert err is not None, "no CommTimeoutError on rank 0"

@@ -7,7 +7,7 @@
 """
 
 from .channels import Channel, Communicator
-from .collectives import AllReduce
+from .collectives import AllGather, AllReduce, ReduceScatter
 from .config import CommConfig
 from .errors import (
     CommTimeoutError,
@@ -20,6 +20,6 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "AllReduce", "Channel", "CommConfig", "CommTimeoutError", "Communicator", "InvalidInputError",
+    "AllGather", "AllReduce", "Channel", "CommConfig", "ReduceScatter", "CommTimeoutError", "Communicator", "InvalidInputError",
     "PeerAccessError", "SetupMismatchError", "TritonCommError", "__version__",
 ]

@@ -45,7 +45,7 @@ def demo_rank(ctx: RankContext, sizes: list[int], dtype_name: str, timing: bool 
     """Runs on every rank; rank 0 returns the report."""
     dtype = DTYPES[dtype_name]
     comm = Communicator(ctx.cpu_group, config=CommConfig(timeout_s=60.0))
-    ar = AllReduce(comm, max_bytes=max(sizes))
+    ar = AllReduce(comm, max_bytes=max(sizes), algos=("ll", "oneshot", "twoshot"))
     esize = torch.tensor([], dtype=dtype).element_size()
 
     def cpu_barrier() -> None:
@@ -62,7 +62,7 @@ def demo_rank(ctx: RankContext, sizes: list[int], dtype_name: str, timing: bool 
         base_buf = x.clone()
         base_us = time_per_call_us(lambda b=base_buf: dist.all_reduce(b, group=ctx.group), ctx.device,
                                    cpu_barrier) if timing else float("nan")
-        algos = ["ll", "oneshot"] if ar.ll is not None and n * esize <= ar.ll_max_bytes else ["oneshot"]
+        algos = [a for a in ar.algorithms if n * esize <= ar.capacity[a]]
         for algo in algos:
             out = torch.full_like(x, float("nan"))
             ar(x, out=out, algo=algo)
@@ -78,7 +78,7 @@ def demo_rank(ctx: RankContext, sizes: list[int], dtype_name: str, timing: bool 
             times: list[Any] = [None] * ctx.world
             dist.all_gather_object(times, (us, base_us), group=ctx.cpu_group)
             rows.append({
-                "bytes": n * esize, "dtype": dtype_name, "algo": algo, "selected": algo == ar.select(n * esize),
+                "bytes": n * esize, "dtype": dtype_name, "algo": algo, "selected": algo == ar.select(n * esize, dtype),
                 "correct": ok, "identical": all(d == digests[0] for d in digests), "max_rel_err": err,
                 "tritoncomm_us": max(t[0] for t in times), "baseline_us": max(t[1] for t in times),
             })

@@ -1,6 +1,11 @@
 """Collective algorithms written with the public primitives of ``tritoncomm.kernels``."""
 
-from .allreduce import ALGORITHMS, AllReduce, AllReduceLaunch
+from .allgather import AllGather, ReduceScatter
+from .allreduce import ALGORITHMS, LL_MAX_BYTES, AllReduce
+from .tuning import Choice, SelectionTable, default_table, load_table
 from .validation import SUPPORTED_DTYPES, SUPPORTED_OPS
 
-__all__ = ["ALGORITHMS", "AllReduce", "AllReduceLaunch", "SUPPORTED_DTYPES", "SUPPORTED_OPS"]
+__all__ = [
+    "ALGORITHMS", "LL_MAX_BYTES", "AllGather", "AllReduce", "Choice", "ReduceScatter", "SUPPORTED_DTYPES",
+    "SUPPORTED_OPS", "SelectionTable", "default_table", "load_table",
+]

@@ -1,4 +1,4 @@
-"""All-reduce: host side. Owns the channels the kernels synchronise through and picks an algorithm.
+"""All-reduce: host side. Owns one channel per algorithm and picks the algorithm by table.
 
 ``AllReduce`` is created once per (communicator, stream) at set-up; calling it only validates
 (host-only checks), reads the diagnostic record (host memory, no sync) and launches one kernel.
@@ -6,127 +6,123 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
+import torch.distributed as dist
 
-from ..channels import Channel, Communicator
+from ..channels import Communicator
 from ..errors import InvalidInputError
 from .allreduce_ll import ll_allreduce_kernel
 from .allreduce_oneshot import oneshot_allreduce_kernel
-from .validation import check_reduce_args
+from .allreduce_twoshot import twoshot_allreduce_kernel
+from .common import CollectiveBase, round_up
+from .tuning import SelectionTable
+from .validation import DTYPE_NAMES, check_reduce_args
 
-__all__ = ["ALGORITHMS", "AllReduce", "AllReduceLaunch"]
+__all__ = ["ALGORITHMS", "LL_MAX_BYTES", "AllReduce"]
 
-ALGORITHMS = ("ll", "oneshot")
-
-
-@dataclass(frozen=True)
-class AllReduceLaunch:
-    """Launch shape of one algorithm: programs in the (fixed) grid, block size, warps."""
-
-    programs: int
-    block: int
-    num_warps: int
+ALGORITHMS = ("ll", "oneshot", "twoshot")
+#: LL packets double the bytes on the wire; past this size LL never pays.
+LL_MAX_BYTES = 1 << 20
 
 
-def _default_launches(backend: str) -> dict[str, AllReduceLaunch]:
-    if backend == "cuda":
-        # ll: BLOCK words per program step (8 packets of 8 B per thread at 4 warps);
-        # oneshot: BLOCK elements per step.
-        return {"ll": AllReduceLaunch(programs=16, block=1024, num_warps=4),
-                "oneshot": AllReduceLaunch(programs=32, block=4096, num_warps=8)}
-    # The interpreter runs programs one after another; few programs, large blocks.
-    return {"ll": AllReduceLaunch(programs=2, block=1024, num_warps=1),
-            "oneshot": AllReduceLaunch(programs=2, block=2048, num_warps=1)}
-
-
-class AllReduce:
+class AllReduce(CollectiveBase):
     """Sum all-reduce over a communicator's ranks.
 
     Args:
         comm: the communicator.
-        max_bytes: the largest input served (heap space: 2 x ``max_bytes`` for one-shot staging).
-        ll_max_bytes: inputs up to this size use the LL algorithm (heap space:
-            2 x world x 2 x ``ll_max_bytes`` for packets). ``0`` disables LL.
-        launches: per-algorithm launch shapes (default: per backend).
+        max_bytes: the largest input served by tritoncomm kernels (default: a quarter of the heap
+            on GPUs, 1 MiB in the CPU world).
+        table: algorithm/launch-shape table (default: the measured one for this device, else rules
+            of thumb).
+        algos: the algorithms to set up, each for every size up to ``max_bytes`` (default: those the
+            table uses up to ``max_bytes``, each sized for the largest message it serves).
+        fallback_group: a torch.distributed group that serves inputs larger than ``max_bytes``
+            (for example the NCCL group); without it such inputs raise ``InvalidInputError``.
         name: prefix of the heap allocations.
 
-    Construction and ``close`` are collective; every rank must create its all-reduces in the
-    same order with the same arguments. One instance per stream: two launches from one instance
-    on two streams at once would share signal slots.
+    Workspace per rank (``workspace_bytes``): LL 4 x world x its largest message, one-shot 2 x its
+    largest message, two-shot 2 x its largest message. Construction and ``close`` are collective;
+    every rank must create its collectives in the same order with the same arguments. One instance
+    per stream: two launches from one instance on two streams at once would share signal slots.
     """
 
-    def __init__(self, comm: Communicator, *, max_bytes: int | None = None, ll_max_bytes: int | None = None,
-                 launches: dict[str, AllReduceLaunch] | None = None, name: str = "allreduce") -> None:
-        self.comm = comm
-        cuda = comm.backend == "cuda"
+    op = "allreduce"
+
+    def __init__(self, comm: Communicator, max_bytes: int | None = None, *, table: SelectionTable | None = None,
+                 algos: tuple[str, ...] | None = None, fallback_group: dist.ProcessGroup | None = None,
+                 name: str = "allreduce") -> None:
+        super().__init__(comm, table=table, fallback_group=fallback_group, name=name)
         if max_bytes is None:
-            max_bytes = min(64 << 20, comm.heap.nbytes // 4) if cuda else 1 << 20
-        if ll_max_bytes is None:
-            ll_max_bytes = min(256 << 10, max_bytes) if cuda else min(64 << 10, max_bytes)
+            max_bytes = comm.heap.nbytes // 4 if comm.backend == "cuda" else 1 << 20
         self.max_bytes = max_bytes
-        self.ll_max_bytes = min(ll_max_bytes, max_bytes)
-        self.launches = {**_default_launches(comm.backend), **(launches or {})}
-        w = comm.world
-        self._closed = False
-        ll = self.launches["ll"]
-        os_ = self.launches["oneshot"]
-        self._ll_slot_words = -(-((self.ll_max_bytes + 3) // 4) // 2) * 2  # even: 16-byte aligned slots
-        self.ll = Channel(comm, f"{name}.ll", programs=ll.programs,
-                          buffer_bytes=2 * w * self._ll_slot_words * 8) if self.ll_max_bytes else None
-        self._stage_bytes = -(-max_bytes // 256) * 256
-        try:
-            self.oneshot = Channel(comm, f"{name}.oneshot", programs=os_.programs, barrier_slots=os_.programs,
-                                   buffer_bytes=2 * self._stage_bytes)
-        except BaseException:
-            if self.ll is not None:
-                self.ll.close()
-            raise
+        if algos is not None and any(a not in ALGORITHMS for a in algos):
+            raise InvalidInputError(f"unknown all-reduce algorithm in {algos}; known: {ALGORITHMS}")
+        caps = self._capacities(max_bytes, algos)
+        w = self.world
+        self.capacity = {a: (min(c, LL_MAX_BYTES) if a == "ll" else c) for a, c in caps.items()}
+        if "ll" in caps:
+            self._ll_slot_words = round_up((self.capacity["ll"] + 3) // 4, 2)  # even: 16-byte aligned slots
+            grid = self._grid_for("ll")
+            self._add_channel("ll", programs=grid, barrier_slots=0, buffer_bytes=2 * w * self._ll_slot_words * 8)
+        if "oneshot" in caps:
+            self._stage_bytes = round_up(self.capacity["oneshot"], 256)
+            grid = self._grid_for("oneshot")
+            self._add_channel("oneshot", programs=grid, barrier_slots=grid, buffer_bytes=2 * self._stage_bytes)
+        if "twoshot" in caps:
+            self._shard_cap = round_up(-(-self.capacity["twoshot"] // w) + 128, 256)  # bytes per rank slot
+            grid = self._grid_for("twoshot")
+            self._add_channel("twoshot", programs=grid, barrier_slots=2 * grid, buffer_bytes=2 * w * self._shard_cap)
+        comm.bootstrap.barrier()
 
-    @property
-    def workspace_bytes(self) -> int:
-        """Heap bytes this all-reduce holds on each rank."""
-        return (self.ll.heap_bytes if self.ll else 0) + self.oneshot.heap_bytes
-
-    def select(self, nbytes: int) -> str:
-        """The algorithm for an input of ``nbytes`` (the same on every rank for the same size)."""
-        return "ll" if nbytes <= self.ll_max_bytes else "oneshot"
+    def select(self, nbytes: int, dtype: torch.dtype = torch.bfloat16) -> str:
+        """The algorithm for an input of ``nbytes`` (the same on every rank), or ``"fallback"``."""
+        if nbytes > self.max_bytes:
+            return "fallback"
+        return self.table.lookup(self.op, self.world, DTYPE_NAMES[dtype], nbytes).algo
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, *, op: str = "sum",
                  algo: str | None = None) -> torch.Tensor:
         """Return the sum of ``x`` over all ranks, in ``out`` if given (``out=x``: in place)."""
         comm = self.comm
-        check_reduce_args(x, out, op, comm.device, self.max_bytes, "all_reduce")
-        if algo is not None and (algo not in ALGORITHMS or (algo == "ll" and self.ll is None)):
-            raise InvalidInputError(f"all_reduce: algorithm {algo!r} is not available here")
+        limit = self.max_bytes if self.fallback_group is None else 1 << 62
+        check_reduce_args(x, out, op, comm.device, limit, "all_reduce")
         nbytes = x.numel() * x.element_size()
-        algo = algo or self.select(nbytes)
-        if algo == "ll" and nbytes > self.ll_max_bytes:
-            raise InvalidInputError(f"all_reduce: {nbytes} bytes exceed ll_max_bytes={self.ll_max_bytes}")
+        if algo is not None and algo not in self._channels:
+            raise InvalidInputError(f"all_reduce: algorithm {algo!r} is not set up here (have {self.algorithms})")
+        if algo is not None and nbytes > self.capacity[algo]:
+            raise InvalidInputError(f"all_reduce: {nbytes} bytes exceed {algo}'s capacity {self.capacity[algo]}")
         comm.check()
         if out is None:
             out = torch.empty_like(x)
         if x.numel() == 0:
             return out
+        if nbytes > self.max_bytes:
+            self._note_fallback(nbytes, self.max_bytes)
+            if out.data_ptr() != x.data_ptr():
+                out.copy_(x)
+            dist.all_reduce(out, group=self.fallback_group)
+            return out
+        dtype = DTYPE_NAMES[x.dtype]
+        if algo is None:
+            algo = self.table.lookup(self.op, self.world, dtype, nbytes).algo
+            if algo not in self._channels or nbytes > self.capacity[algo]:  # a table/algos mismatch
+                algo = next(a for a in ALGORITHMS if a in self._channels and nbytes <= self.capacity[a])
+        c = self._choice(algo, dtype, nbytes)
+        ch = self._channels[c.algo]
         bases, rank, world, timeout, diag = comm.kernel_args()
-        if algo == "ll":
-            lc, ch = self.launches["ll"], self.ll
-            ll_allreduce_kernel[(lc.programs,)](
+        grid = (self._grids[c.algo],)
+        if c.algo == "ll":
+            ll_allreduce_kernel[grid](
                 x, out, x.numel(), (nbytes + 3) // 4, bases, rank, timeout, diag, ch.epochs_off, ch.buffer_off,
-                self._ll_slot_words, WORLD=world, BLOCK=lc.block, num_warps=lc.num_warps)
-        else:
-            lc, ch = self.launches["oneshot"], self.oneshot
-            oneshot_allreduce_kernel[(lc.programs,)](
+                self._ll_slot_words, c.programs, WORLD=world, BLOCK=c.block, num_warps=c.num_warps)
+        elif c.algo == "oneshot":
+            oneshot_allreduce_kernel[grid](
                 x, out, x.numel(), bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off,
-                self._stage_bytes, WORLD=world, BLOCK=lc.block, num_warps=lc.num_warps)
+                self._stage_bytes, c.programs, WORLD=world, BLOCK=c.block, num_warps=c.num_warps)
+        else:
+            shard = round_up(-(-x.numel() // world), 16)
+            twoshot_allreduce_kernel[grid](
+                x, out, x.numel(), shard, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off,
+                ch.buffer_off + world * self._shard_cap, c.programs, WORLD=world, BLOCK=c.block,
+                num_warps=c.num_warps)
         return out
-
-    def close(self) -> None:
-        """Collective: return the workspace to the heap."""
-        if self._closed:
-            return
-        self._closed = True
-        if self.ll is not None:
-            self.ll.close()
-        self.oneshot.close()

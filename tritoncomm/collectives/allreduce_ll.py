@@ -51,10 +51,11 @@ def _words_to_f32(words, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def ll_allreduce_kernel(x_ptr, out_ptr, n, nwords, bases, rank, timeout, diag_addr, epochs_off, buf_off,
-                        slot_words, WORLD: tl.constexpr, BLOCK: tl.constexpr):
-    """Sum ``n`` elements of ``x_ptr`` over the ranks into ``out_ptr`` (may equal ``x_ptr``)."""
+                        slot_words, active, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """Sum ``n`` elements of ``x_ptr`` over the ranks into ``out_ptr`` (may equal ``x_ptr``).
+    Programs ``>= active`` only keep their epoch in step with the others."""
     pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
+    nprog = active
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     EPB: tl.constexpr = BLOCK * (32 // DTYPE.primitive_bitwidth)  # elements per block
     diag = diag_addr.to(tl.pointer_type(tl.int64))

@@ -7,18 +7,23 @@ import torch
 
 from ..errors import InvalidInputError
 
-__all__ = ["SUPPORTED_DTYPES", "SUPPORTED_OPS", "check_reduce_args"]
+__all__ = ["DTYPE_NAMES", "SUPPORTED_DTYPES", "SUPPORTED_OPS", "check_input", "check_op", "check_out",
+           "check_reduce_args"]
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 SUPPORTED_OPS = ("sum",)
 
 
-def check_reduce_args(x: object, out: object, op: str, device: torch.device, max_bytes: int, what: str) -> None:
-    """Raise ``InvalidInputError`` unless ``x`` (and ``out``) can be served."""
-    if not isinstance(x, torch.Tensor):
-        raise InvalidInputError(f"{what}: expected a torch.Tensor, got {type(x).__name__}")
+def check_op(op: str, what: str) -> None:
     if op not in SUPPORTED_OPS:
         raise InvalidInputError(f"{what}: op {op!r} is not supported (supported: {', '.join(SUPPORTED_OPS)})")
+
+
+def check_input(x: object, device: torch.device, what: str) -> None:
+    """``x`` is a contiguous tensor of a supported dtype on ``device``."""
+    if not isinstance(x, torch.Tensor):
+        raise InvalidInputError(f"{what}: expected a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in SUPPORTED_DTYPES:
         raise InvalidInputError(f"{what}: dtype {x.dtype} is not supported "
                                 f"(supported: {', '.join(str(d) for d in SUPPORTED_DTYPES)})")
@@ -27,20 +32,36 @@ def check_reduce_args(x: object, out: object, op: str, device: torch.device, max
     if not x.is_contiguous():
         raise InvalidInputError(f"{what}: tensor is not contiguous (shape {tuple(x.shape)}, "
                                 f"stride {x.stride()}); call .contiguous() first")
+
+
+def check_out(out: object, x: torch.Tensor, numel: int, what: str, *, may_alias: bool) -> None:
+    """``out`` holds ``numel`` elements of ``x``'s dtype on its device; it may be ``x`` itself only
+    when ``may_alias`` (and never overlap it partially)."""
+    if not isinstance(out, torch.Tensor):
+        raise InvalidInputError(f"{what}: out must be a torch.Tensor, got {type(out).__name__}")
+    if out.numel() != numel or out.dtype != x.dtype or out.device != x.device:
+        raise InvalidInputError(f"{what}: out has {out.numel()} x {out.dtype} on {out.device}, expected {numel} x "
+                                f"{x.dtype} on {x.device}")
+    if not out.is_contiguous():
+        raise InvalidInputError(f"{what}: out is not contiguous")
+    same = out.data_ptr() == x.data_ptr()
+    if (same and not may_alias) or (not same and _overlap(x, out)):
+        raise InvalidInputError(f"{what}: out overlaps the input" + (" (use out=x for in-place)" if may_alias else ""))
+
+
+def check_reduce_args(x: object, out: object, op: str, device: torch.device, max_bytes: int, what: str) -> None:
+    """Raise ``InvalidInputError`` unless an all-reduce can serve ``x`` (and ``out``)."""
+    check_input(x, device, what)
+    check_op(op, what)
     nbytes = x.numel() * x.element_size()
     if nbytes > max_bytes:
-        raise InvalidInputError(f"{what}: {nbytes} bytes exceed the {max_bytes} bytes this all-reduce was set "
-                                "up for (max_bytes at construction, bounded by the heap)")
+        raise InvalidInputError(f"{what}: {nbytes} bytes exceed the {max_bytes} bytes this collective was set "
+                                "up for (max_bytes at construction, bounded by the heap), and no fallback group "
+                                "was given")
     if out is not None:
-        if not isinstance(out, torch.Tensor):
-            raise InvalidInputError(f"{what}: out must be a torch.Tensor, got {type(out).__name__}")
-        if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
-            raise InvalidInputError(f"{what}: out {tuple(out.shape)} {out.dtype} {out.device} does not match "
-                                    f"input {tuple(x.shape)} {x.dtype} {x.device}")
-        if not out.is_contiguous():
-            raise InvalidInputError(f"{what}: out is not contiguous")
-        if out.data_ptr() != x.data_ptr() and _overlap(x, out):
-            raise InvalidInputError(f"{what}: out partially overlaps the input (use out=x for in-place)")
+        check_out(out, x, x.numel(), what, may_alias=True)
+        if out.shape != x.shape:
+            raise InvalidInputError(f"{what}: out shape {tuple(out.shape)} differs from input {tuple(x.shape)}")
 
 
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:

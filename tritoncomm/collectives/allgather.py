@@ -1,0 +1,110 @@
+"""All-gather and reduce-scatter into tensors: host side (kernels in ``allgather_push`` and
+``reducescatter_push``)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..channels import Communicator
+from ..errors import InvalidInputError
+from .allgather_push import allgather_kernel
+from .common import CollectiveBase, round_up
+from .reducescatter_push import reducescatter_kernel
+from .tuning import SelectionTable
+from .validation import DTYPE_NAMES, check_input, check_op, check_out
+
+__all__ = ["AllGather", "ReduceScatter"]
+
+
+class _PushCollective(CollectiveBase):
+    """Shared set-up: one ``push`` channel whose buffer holds two halves of ``world`` slots."""
+
+    def __init__(self, comm: Communicator, max_bytes: int | None, table: SelectionTable | None,
+                 fallback_group: dist.ProcessGroup | None, name: str) -> None:
+        super().__init__(comm, table=table, fallback_group=fallback_group, name=name)
+        if max_bytes is None:
+            max_bytes = comm.heap.nbytes // 8 if comm.backend == "cuda" else 1 << 20
+        self.max_bytes = max_bytes
+        self._half = self.world * round_up(-(-max_bytes // self.world) + 128, 256)
+        grid = self._grid_for("push")
+        self._add_channel("push", programs=grid, barrier_slots=grid, buffer_bytes=2 * self._half)
+        comm.bootstrap.barrier()
+
+    def _launch(self, kernel, x: torch.Tensor, out: torch.Tensor, m: int, full_bytes: int) -> None:
+        c = self._choice("push", DTYPE_NAMES[x.dtype], full_bytes)
+        ch = self._channels["push"]
+        bases, rank, world, timeout, diag = self.comm.kernel_args()
+        kernel[(self._grids["push"],)](
+            x, out, m, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off, self._half,
+            round_up(m, 16), c.programs, WORLD=world, BLOCK=c.block, num_warps=c.num_warps)
+
+    def _too_large(self, nbytes: int, what: str) -> bool:
+        if nbytes <= self.max_bytes:
+            return False
+        if self.fallback_group is None:
+            raise InvalidInputError(f"{what}: {nbytes} bytes exceed max_bytes={self.max_bytes} and no fallback "
+                                    "group was given")
+        self._note_fallback(nbytes, self.max_bytes)
+        return True
+
+
+class AllGather(_PushCollective):
+    """``out = cat([x of rank 0, ..., x of rank W-1])`` along dim 0 (``all_gather_into_tensor``).
+
+    ``max_bytes`` bounds the *output* size. Workspace: about 2 x ``max_bytes`` per rank.
+    """
+
+    op = "allgather"
+
+    def __init__(self, comm: Communicator, max_bytes: int | None = None, *, table: SelectionTable | None = None,
+                 fallback_group: dist.ProcessGroup | None = None, name: str = "allgather") -> None:
+        super().__init__(comm, max_bytes, table, fallback_group, name)
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        check_input(x, self.comm.device, "all_gather")
+        w = self.world
+        if out is not None:
+            check_out(out, x, w * x.numel(), "all_gather", may_alias=False)
+        self.comm.check()
+        if out is None:
+            out = x.new_empty((w * x.shape[0], *x.shape[1:]) if x.dim() else (w,))
+        if x.numel() == 0:
+            return out
+        if self._too_large(out.numel() * out.element_size(), "all_gather"):
+            dist.all_gather_into_tensor(out, x, group=self.fallback_group)
+            return out
+        self._launch(allgather_kernel, x, out, x.numel(), out.numel() * out.element_size())
+        return out
+
+
+class ReduceScatter(_PushCollective):
+    """``out = (sum over ranks of x)[rank * m : (rank + 1) * m]`` with ``m = x.numel() / world``
+    (``reduce_scatter_tensor``). ``max_bytes`` bounds the *input* size. Sum in fp32, ranks in order.
+    Workspace: about 2 x ``max_bytes`` per rank."""
+
+    op = "reducescatter"
+
+    def __init__(self, comm: Communicator, max_bytes: int | None = None, *, table: SelectionTable | None = None,
+                 fallback_group: dist.ProcessGroup | None = None, name: str = "reducescatter") -> None:
+        super().__init__(comm, max_bytes, table, fallback_group, name)
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, *, op: str = "sum") -> torch.Tensor:
+        check_input(x, self.comm.device, "reduce_scatter")
+        check_op(op, "reduce_scatter")
+        w = self.world
+        if x.numel() % w:
+            raise InvalidInputError(f"reduce_scatter: {x.numel()} elements do not split into {w} equal shards")
+        m = x.numel() // w
+        if out is not None:
+            check_out(out, x, m, "reduce_scatter", may_alias=False)
+        self.comm.check()
+        if out is None:
+            out = x.new_empty((x.shape[0] // w, *x.shape[1:]) if x.dim() and x.shape[0] % w == 0 else (m,))
+        if m == 0:
+            return out
+        if self._too_large(x.numel() * x.element_size(), "reduce_scatter"):
+            dist.reduce_scatter_tensor(out, x, group=self.fallback_group)
+            return out
+        self._launch(reducescatter_kernel, x, out, m, x.numel() * x.element_size())
+        return out

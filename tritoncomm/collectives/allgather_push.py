@@ -1,0 +1,49 @@
+"""All-gather into a tensor: every rank pushes its shard into slot [my rank] of every peer's buffer,
+meets them at a barrier, then copies the other shards out.
+
+Buffers alternate by epoch parity (halves of the channel buffer, each sized for the largest
+output): a rank cannot finish launch k+1 before every peer has started it, so the half it writes
+for launch k+1 is never the one a peer still reads for launch k. Program ``pid`` handles blocks
+``pid, pid + active, ...`` of every shard on every rank (barriers between matching programs).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..kernels import barrier, epoch_commit, epoch_next, heap_ptr
+
+__all__ = ["allgather_kernel"]
+
+
+@triton.jit
+def allgather_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, flags_off, epochs_off, buf_off, half_bytes,
+                     stride, active, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """``out[r*m:(r+1)*m] = x`` of rank ``r``, for every rank."""
+    pid = tl.program_id(0)
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
+    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    epoch_ptr = heap_ptr(bases, rank, epochs_off, tl.uint32) + pid
+    e = epoch_next(epoch_ptr)
+    if pid < active:
+        base = buf_off + (e & 1).to(tl.int64) * half_bytes
+        iters = tl.cdiv(tl.cdiv(m, BLOCK) - pid, active)
+        for i in range(0, iters):
+            j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
+            mask = j < m
+            v = tl.load(x_ptr + j, mask=mask)
+            for s in tl.static_range(WORLD):
+                if s != rank:
+                    tl.store(heap_ptr(bases, s, base + rank * stride * ESIZE, DTYPE) + j, v, mask=mask)
+            tl.store(out_ptr + rank * m + j, v, mask=mask)
+        barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
+        for i in range(0, iters):
+            j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
+            mask = j < m
+            for s in tl.static_range(WORLD):
+                if s != rank:
+                    v = tl.load(heap_ptr(bases, rank, base + s * stride * ESIZE, DTYPE) + j, mask=mask)
+                    tl.store(out_ptr + s * m + j, v, mask=mask)
+    epoch_commit(epoch_ptr, e)

@@ -1,0 +1,79 @@
+"""Two-shot all-reduce: reduce-scatter then all-gather, both pushed over NVLink, in one kernel.
+
+The input is cut into ``W`` shards of ``S`` elements; rank ``s`` owns shard ``s``.
+
+1. Every rank pushes block ``b`` of shard ``s`` to rank ``s`` (slot [my rank] of its ``rs`` buffer).
+2. Barrier between matching programs (release/acquire: the pushes are visible).
+3. Every rank sums its shard's block over ranks 0..W-1 in that order (its own part read locally),
+   writes it to its output and pushes it to every peer (slot [my rank] of their ``ag`` buffer).
+4. Second barrier; then every rank copies the other shards' blocks from its ``ag`` buffer.
+
+Program ``pid`` handles blocks ``pid, pid + P, ...`` of every shard on every rank, so each barrier
+is between matching programs. No buffer needs a second copy by parity: a rank's pushes of launch
+k+1 into a peer's ``rs`` (``ag``) buffer come after the second (first) barrier of launch k+1's
+predecessor chain has shown that peer to be past its reads of launch k. Workspace: 2 x W x S
+elements (about twice the largest input).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..kernels import barrier, epoch_commit, epoch_next, heap_ptr
+
+__all__ = ["twoshot_allreduce_kernel"]
+
+
+@triton.jit
+def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_addr, flags_off, epochs_off,
+                             rs_off, ag_off, active, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """Sum ``n`` elements over the ranks into ``out_ptr`` (may equal ``x_ptr``); ``shard`` elements
+    per rank (a multiple of 16); programs ``>= active`` only keep their epoch in step. Barrier slots:
+    ``pid`` and ``pid + grid``, so the channel needs twice the grid's slots."""
+    pid = tl.program_id(0)
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
+    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    epoch_ptr = heap_ptr(bases, rank, epochs_off, tl.uint32) + pid
+    e = epoch_next(epoch_ptr)
+    if pid < active:
+        iters = tl.cdiv(tl.cdiv(shard, BLOCK) - pid, active)
+        slot_bytes = shard * ESIZE
+        # 1. reduce-scatter push: block b of shard s -> rank s, rs slot [rank]
+        for i in range(0, iters):
+            j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
+            for s in tl.static_range(WORLD):
+                if s != rank:
+                    idx = s * shard + j
+                    m = (j < shard) & (idx < n)
+                    v = tl.load(x_ptr + idx, mask=m)
+                    tl.store(heap_ptr(bases, s, rs_off + rank * slot_bytes, DTYPE) + j, v, mask=m)
+        barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
+        # 2. reduce my shard in rank order; write it out and push it to every peer's ag slot [rank]
+        for i in range(0, iters):
+            j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
+            idx = rank * shard + j
+            m = (j < shard) & (idx < n)
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            for s in tl.static_range(WORLD):
+                if s == rank:
+                    acc += tl.load(x_ptr + idx, mask=m).to(tl.float32)
+                else:
+                    acc += tl.load(heap_ptr(bases, rank, rs_off + s * slot_bytes, DTYPE) + j, mask=m).to(tl.float32)
+            red = acc.to(DTYPE)
+            for s in tl.static_range(WORLD):
+                if s != rank:
+                    tl.store(heap_ptr(bases, s, ag_off + rank * slot_bytes, DTYPE) + j, red, mask=m)
+            tl.store(out_ptr + idx, red, mask=m)
+        barrier(bases, rank, WORLD, flags_off, pid + tl.num_programs(0), e, timeout, diag)
+        # 3. gather the other shards from my ag buffer
+        for i in range(0, iters):
+            j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
+            for s in tl.static_range(WORLD):
+                if s != rank:
+                    idx = s * shard + j
+                    m = (j < shard) & (idx < n)
+                    v = tl.load(heap_ptr(bases, rank, ag_off + s * slot_bytes, DTYPE) + j, mask=m)
+                    tl.store(out_ptr + idx, v, mask=m)
+    epoch_commit(epoch_ptr, e)

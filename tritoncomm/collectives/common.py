@@ -1,0 +1,105 @@
+"""What every collective's host side shares: its channels, its table, and the NCCL fallback."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.distributed as dist
+
+from ..channels import Channel, Communicator
+from ..errors import SetupMismatchError
+from .tuning import Choice, SelectionTable, default_table, load_table
+
+__all__ = ["CollectiveBase", "round_up"]
+
+log = logging.getLogger("tritoncomm")
+
+
+def round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+class CollectiveBase:
+    """Owns channels in the communicator's heap; creation and ``close`` are collective."""
+
+    op = ""
+
+    def __init__(self, comm: Communicator, *, table: SelectionTable | None, fallback_group: dist.ProcessGroup | None,
+                 name: str) -> None:
+        self.comm = comm
+        self.name = name
+        self.world = comm.world
+        device_name = torch.cuda.get_device_name(comm.device) if comm.backend == "cuda" else ""
+        self.table = table or load_table(comm.backend, device_name)
+        self.fallback_group = fallback_group
+        self._channels: dict[str, Channel] = {}
+        self._grids: dict[str, int] = {}
+        self._closed = False
+        self._warned_fallback = False
+        digests = comm.bootstrap.all_gather(self.table.digest())
+        if any(d != digests[0] for d in digests):
+            raise SetupMismatchError(f"{name}: ranks loaded different selection tables ({digests}); every rank "
+                                     "must make the same algorithm choice")
+
+    def _add_channel(self, algo: str, *, programs: int, barrier_slots: int, buffer_bytes: int) -> None:
+        try:
+            self._channels[algo] = Channel(self.comm, f"{self.name}.{algo}", programs=programs,
+                                           barrier_slots=barrier_slots, buffer_bytes=buffer_bytes)
+            self._grids[algo] = programs
+        except BaseException:
+            self.close()
+            raise
+
+    def _grid_for(self, algo: str) -> int:
+        """Programs in ``algo``'s (fixed) grid: the most that any row of the table asks for."""
+        rows = self.table.choices(self.op, self.world) + default_table(self.comm.backend).choices(self.op, self.world)
+        return max(c.programs for _, c in rows if c.algo == algo)
+
+    def _capacities(self, max_bytes: int, algos: tuple[str, ...] | None) -> dict[str, int]:
+        """Largest message each algorithm must serve: what the table routes to it up to ``max_bytes``,
+        or ``max_bytes`` for every algorithm named in ``algos``."""
+        if algos is not None:
+            return {a: max_bytes for a in algos}
+        caps: dict[str, int] = {}
+        for dtype in ("bf16", "fp16", "fp32"):
+            lo = 0
+            for hi, c in self.table.rows.get((self.op, self.world, dtype)) or \
+                    default_table(self.comm.backend).rows[(self.op, min(self.world, 8), dtype)]:
+                if lo < max_bytes:
+                    caps[c.algo] = max(caps.get(c.algo, 0), min(hi, max_bytes))
+                lo = hi
+        return caps
+
+    def _choice(self, algo: str, dtype: str, nbytes: int) -> Choice:
+        """The table's launch shape for ``algo`` at this size, or the nearest row that uses ``algo``."""
+        c = self.table.lookup(self.op, self.world, dtype, nbytes)
+        if c.algo != algo:
+            rows = [ch for _, ch in self.table.choices(self.op, self.world) if ch.algo == algo]
+            rows += [ch for _, ch in default_table(self.comm.backend).choices(self.op, self.world) if ch.algo == algo]
+            c = rows[0]
+        return Choice(c.algo, min(c.programs, self._grids[algo]), c.block, c.num_warps)
+
+    def _note_fallback(self, nbytes: int, limit: int) -> None:
+        if not self._warned_fallback:
+            self._warned_fallback = True
+            log.warning("tritoncomm %s: %d bytes exceed max_bytes=%d; using torch.distributed (%s) for such sizes",
+                        self.op, nbytes, limit, dist.get_backend(self.fallback_group))
+
+    @property
+    def algorithms(self) -> tuple[str, ...]:
+        return tuple(self._channels)
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Heap bytes this collective holds on each rank."""
+        return sum(ch.heap_bytes for ch in self._channels.values())
+
+    def close(self) -> None:
+        """Collective: return the workspace to the heap."""
+        if self._closed:
+            return
+        self._closed = True
+        for ch in self._channels.values():
+            ch.close()
+        self._channels.clear()

@@ -1,0 +1,50 @@
+"""Reduce-scatter into a tensor: every rank pushes shard ``s`` of its input into slot [my rank] of
+rank ``s``'s buffer, meets its peers at a barrier, then sums its own shard over ranks 0..W-1 in that
+order (fp32 accumulation; every rank's result is bitwise what a single fixed order gives).
+
+Buffers alternate by epoch parity as in ``allgather_push``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..kernels import barrier, epoch_commit, epoch_next, heap_ptr
+
+__all__ = ["reducescatter_kernel"]
+
+
+@triton.jit
+def reducescatter_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, flags_off, epochs_off, buf_off,
+                         half_bytes, stride, active, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """``out = sum over ranks r of x_r[rank*m:(rank+1)*m]``."""
+    pid = tl.program_id(0)
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
+    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    epoch_ptr = heap_ptr(bases, rank, epochs_off, tl.uint32) + pid
+    e = epoch_next(epoch_ptr)
+    if pid < active:
+        base = buf_off + (e & 1).to(tl.int64) * half_bytes
+        iters = tl.cdiv(tl.cdiv(m, BLOCK) - pid, active)
+        for i in range(0, iters):
+            j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
+            mask = j < m
+            for s in tl.static_range(WORLD):
+                if s != rank:
+                    v = tl.load(x_ptr + s * m + j, mask=mask)
+                    tl.store(heap_ptr(bases, s, base + rank * stride * ESIZE, DTYPE) + j, v, mask=mask)
+        barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
+        for i in range(0, iters):
+            j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
+            mask = j < m
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            for s in tl.static_range(WORLD):
+                if s == rank:
+                    acc += tl.load(x_ptr + rank * m + j, mask=mask).to(tl.float32)
+                else:
+                    acc += tl.load(heap_ptr(bases, rank, base + s * stride * ESIZE, DTYPE) + j,
+                                   mask=mask).to(tl.float32)
+            tl.store(out_ptr + j, acc.to(DTYPE), mask=mask)
+    epoch_commit(epoch_ptr, e)

@@ -20,6 +20,6 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "AllGather", "AllReduce", "Channel", "CommConfig", "ReduceScatter", "CommTimeoutError", "Communicator", "InvalidInputError",
-    "PeerAccessError", "SetupMismatchError", "TritonCommError", "__version__",
+    "AllGather", "AllReduce", "Channel", "CommConfig", "CommTimeoutError", "Communicator", "InvalidInputError",
+    "PeerAccessError", "ReduceScatter", "SetupMismatchError", "TritonCommError", "__version__",
 ]

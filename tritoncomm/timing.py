@@ -1,6 +1,6 @@
 """Timing the way the benchmarks report it: per call, inside CUDA graphs on GPUs.
 
-GPU: ``calls`` calls are captured in one CUDA graph; each timed replay is preceded by an untimed
+GPU (``mode="graph"``): ``calls`` calls are captured in one CUDA graph; each timed replay is preceded by an untimed
 one (it absorbs the ranks' start skew, since a collective cannot finish before every rank has
 joined); the per-call time is the median replay time over ``calls``. CPU world: the median
 wall-clock time of synchronous calls (the interpreter runs kernels synchronously).
@@ -19,8 +19,25 @@ __all__ = ["time_per_call_us"]
 
 
 def time_per_call_us(fn: Callable[[], object], device: torch.device, barrier: Callable[[], None], *,
-                     calls: int = 32, replays: int = 20, warmup: int = 3) -> float:
-    """Median microseconds per call of ``fn`` on this rank (see module docstring)."""
+                     calls: int = 32, replays: int = 20, warmup: int = 3, mode: str = "graph") -> float:
+    """Median microseconds per call of ``fn`` on this rank (see module docstring). ``mode="eager"``
+    times ``calls`` plain launches back to back between two events instead of a graph replay."""
+    if device.type == "cuda" and mode == "eager":
+        for _ in range(warmup):
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        samples = []
+        for _ in range(replays):
+            torch.cuda.synchronize(device)
+            barrier()
+            fn()
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3 / calls)
+        return statistics.median(samples)
     if device.type == "cuda":
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))

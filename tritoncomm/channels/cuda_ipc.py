@@ -100,6 +100,9 @@ class CudaIpcPeerMemory:
     def view(self, offset: int, nbytes: int) -> torch.Tensor:
         return torch.as_tensor(_CudaBytes(int(self._own) + offset, nbytes), device=self.device)
 
+    def peer_view(self, peer: int, offset: int, nbytes: int) -> torch.Tensor:
+        return torch.as_tensor(_CudaBytes(self.peer_addrs[peer] + offset, nbytes), device=self.device)
+
     def _release(self) -> None:
         rt = _rt()
         for ptr in self._opened:

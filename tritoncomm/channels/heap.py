@@ -99,6 +99,9 @@ class PeerMemory(Protocol):
     def view(self, offset: int, nbytes: int) -> torch.Tensor:
         """A uint8 tensor over bytes of this rank's own heap."""
 
+    def peer_view(self, peer: int, offset: int, nbytes: int) -> torch.Tensor:
+        """A uint8 tensor over bytes of ``peer``'s heap as this rank maps it (for copy-engine use)."""
+
     def close(self) -> None:
         """Unmap peers and release this rank's heap. Collective."""
 
@@ -138,6 +141,11 @@ class SymmetricHeap:
     def view(self, region: Region, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
         """A tensor over ``region`` of this rank's heap (valid until the heap is closed)."""
         return self.memory.view(region.offset, region.nbytes).view(dtype)
+
+    def peer_view(self, peer: int, region: Region, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+        """A tensor over ``region`` of ``peer``'s heap, as mapped here. Plain torch copies through it
+        use the copy engine; they are not ordered with any kernel's signals."""
+        return self.memory.peer_view(peer, region.offset, region.nbytes).view(dtype)
 
     def peer_addr(self, peer: int, region: Region) -> int:
         return self.memory.peer_addrs[peer] + region.offset

@@ -59,6 +59,9 @@ class ShmPeerMemory:
     def view(self, offset: int, nbytes: int) -> torch.Tensor:
         return torch.frombuffer(self._anchors[self.rank], dtype=torch.uint8, count=nbytes, offset=offset)
 
+    def peer_view(self, peer: int, offset: int, nbytes: int) -> torch.Tensor:
+        return torch.frombuffer(self._anchors[peer], dtype=torch.uint8, count=nbytes, offset=offset)
+
     def close(self) -> None:
         if not self._maps:
             return

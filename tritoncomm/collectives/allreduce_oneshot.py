@@ -7,7 +7,8 @@ next launch never overwrites a buffer that a slower peer is still reading (see `
 
 Program ``pid`` stages, waits for and reads only blocks ``pid, pid + P, ...`` on every rank, so
 the barrier is between matching programs only. Programs ``>= active`` skip the work and the
-barrier but still advance their epoch, so every program's epoch counts launches. The sum runs in fp32 over ranks 0..W-1 in order.
+barrier but still advance their epoch, so every program's epoch counts launches. The sum runs in
+fp32 over ranks 0..W-1 in order.
 """
 
 from __future__ import annotations

@@ -127,5 +127,6 @@ def load_table(backend: str, device_name: str = "") -> SelectionTable:
         return base
     path = table_path(device_name)
     if path.exists():
-        return base.merged(SelectionTable.from_json(json.loads(path.read_text()), str(path)))
+        data = json.loads(path.read_text())
+        return base.merged(SelectionTable.from_json(data.get("table", data), str(path)))
     return base

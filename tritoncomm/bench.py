@@ -1,0 +1,259 @@
+"""Benchmarks in the style of nccl-tests: tritoncomm next to NCCL and torch symmetric memory.
+
+For every size: the algorithm tritoncomm picks, its time, algbw and busbw, and the baselines'
+times measured in the same run on the same data, in graph mode (32 calls captured in a CUDA graph,
+median of replays) and eager mode (32 launches back to back); each rank's median, max over ranks.
+Each size is first checked against torch.distributed on random data (and across ranks).
+
+Baselines: NCCL through torch.distributed; for all-reduce also torch's symmetric-memory one-shot
+and two-shot (``torch.ops.symm_mem``, on buffers already in symmetric memory; multicast off).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .channels import Communicator
+from .collectives import AllGather, AllReduce, ReduceScatter, SelectionTable
+from .config import CommConfig
+from .launch import RankContext
+from .timing import time_per_call_us
+
+__all__ = ["bench_rank", "format_bench", "plot_bench"]
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def _symm_mem_ops(ctx: RankContext, n: int, dtype: torch.dtype) -> dict[str, Any]:
+    """torch symmetric-memory one-shot / two-shot all-reduce callables on a fresh symmetric buffer."""
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        name = ctx.group.group_name
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):
+            try:
+                symm_mem.enable_symm_mem_for_group(name)
+            except Exception:
+                pass
+        buf = symm_mem.empty(n, dtype=dtype, device=ctx.device)
+        symm_mem.rendezvous(buf, name)
+    except Exception as e:  # not available in this torch / on this device
+        return {"error": f"{type(e).__name__}: {e}"}
+    ops: dict[str, Any] = {"buf": buf}
+    ops["one_shot"] = lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", name)
+    ops["two_shot"] = lambda: torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", name)
+    return ops
+
+
+def _max_over_ranks(ctx: RankContext, values: dict[str, float | None]) -> dict[str, float | None]:
+    gathered: list[Any] = [None] * ctx.world
+    dist.all_gather_object(gathered, values, group=ctx.cpu_group)
+    out: dict[str, float | None] = {}
+    for k in values:
+        vs = [g[k] for g in gathered]
+        out[k] = None if any(v is None or math.isnan(v) for v in vs) else max(vs)
+    return out
+
+
+def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, modes: list[str],
+               table_json: dict | None = None) -> dict[str, Any] | None:
+    dtype = DTYPES[dtype_name]
+    esize = torch.tensor([], dtype=dtype).element_size()
+    w = ctx.world
+    max_bytes = max(sizes)
+    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=3 * max_bytes + (64 << 20), timeout_s=60))
+    table = None
+    if table_json is not None:
+        from .collectives import load_table
+
+        base = load_table(comm.backend, torch.cuda.get_device_name(ctx.device) if comm.backend == "cuda" else "")
+        table = base.merged(SelectionTable.from_json(table_json, "bench --table"))
+    coll: Any
+    if op == "allreduce":
+        coll = AllReduce(comm, max_bytes=max_bytes, table=table)
+    elif op == "allgather":
+        coll = AllGather(comm, max_bytes=max_bytes, table=table)
+    else:
+        coll = ReduceScatter(comm, max_bytes=max_bytes, table=table)
+
+    def barrier() -> None:
+        dist.barrier(group=ctx.cpu_group)
+
+    rows = []
+    for nbytes in sizes:
+        n = max(w, nbytes // esize // w * w)  # divisible by the world for allgather/reducescatter
+        gen = torch.Generator().manual_seed(7 * n + ctx.rank)
+        if op == "allreduce":
+            x = torch.randn(n, generator=gen).to(dtype).to(ctx.device)
+            out = torch.full_like(x, float("nan"))
+            ref = x.float().clone()
+            dist.all_reduce(ref, group=ctx.group)
+            coll(x, out)
+            algo = coll.select(n * esize, dtype)
+            nccl_buf = x.clone()
+
+            def nccl(b=nccl_buf) -> None:
+                dist.all_reduce(b, group=ctx.group)
+        elif op == "allgather":
+            x = torch.randn(n // w, generator=gen).to(dtype).to(ctx.device)
+            out = torch.full((n,), float("nan"), dtype=dtype, device=ctx.device)
+            ref = torch.empty(n, dtype=torch.float32, device=ctx.device)
+            dist.all_gather_into_tensor(ref, x.float(), group=ctx.group)
+            coll(x, out)
+            algo = "push" if n * esize <= coll.max_bytes else "fallback"
+            nccl_out = torch.empty_like(out)
+
+            def nccl(x=x, o=nccl_out) -> None:
+                dist.all_gather_into_tensor(o, x, group=ctx.group)
+        else:
+            x = torch.randn(n, generator=gen).to(dtype).to(ctx.device)
+            out = torch.full((n // w,), float("nan"), dtype=dtype, device=ctx.device)
+            full = x.float().clone()
+            dist.all_reduce(full, group=ctx.group)
+            ref = full[ctx.rank * (n // w):(ctx.rank + 1) * (n // w)]
+            coll(x, out)
+            algo = "push" if n * esize <= coll.max_bytes else "fallback"
+            nccl_out = torch.empty_like(out)
+
+            def nccl(x=x, o=nccl_out) -> None:
+                dist.reduce_scatter_tensor(o, x, group=ctx.group)
+        comm.synchronize()
+        o = out.float()
+        err = ((o - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
+        correct = bool(not torch.isnan(o).any().item() and err <= TOL[dtype])
+        digests: list[Any] = [None] * w
+        dist.all_gather_object(digests, hashlib.sha1(out.cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
+                               if op != "reducescatter" else 0,
+                               group=ctx.cpu_group)
+        times: dict[str, float | None] = {}
+        for mode in modes:
+            times[f"tritoncomm_{mode}"] = time_per_call_us(lambda x=x, out=out: coll(x, out), ctx.device, barrier,
+                                                           mode=mode)
+            times[f"nccl_{mode}"] = time_per_call_us(nccl, ctx.device, barrier, mode=mode)
+        if op == "allreduce" and ctx.backend == "cuda":
+            sm = _symm_mem_ops(ctx, n, dtype)
+            for kind in ("one_shot", "two_shot"):
+                if kind in sm:
+                    try:
+                        sm["buf"].copy_(x)
+                        times[f"symm_{kind}"] = time_per_call_us(sm[kind], ctx.device, barrier, mode="graph")
+                    except Exception:
+                        times[f"symm_{kind}"] = None
+                else:
+                    times[f"symm_{kind}"] = None
+            del sm
+        comm.synchronize()
+        t = _max_over_ranks(ctx, times)
+        mode0 = modes[0]
+        us = t[f"tritoncomm_{mode0}"]
+        full_bytes = n * esize
+        algbw = full_bytes / (us * 1e3) if us else None  # GB/s
+        factor = 2 * (w - 1) / w if op == "allreduce" else (w - 1) / w
+        symm = [v for k, v in t.items() if k.startswith("symm_") and v is not None]
+        rows.append({
+            "bytes": full_bytes, "dtype": dtype_name, "algo": algo, "correct": correct,
+            "identical": all(d == digests[0] for d in digests), "max_rel_err": err,
+            "tritoncomm_us": us, "nccl_us": t[f"nccl_{mode0}"], "symm_mem_us": min(symm) if symm else None,
+            "symm_one_shot_us": t.get("symm_one_shot"), "symm_two_shot_us": t.get("symm_two_shot"),
+            "algbw_GBps": algbw, "busbw_GBps": algbw * factor if algbw else None,
+            **{f"{k}_us": v for k, v in t.items() if k.endswith("_eager")},
+        })
+    workspace = coll.workspace_bytes
+    coll.close()
+    comm.close()
+    if ctx.rank != 0:
+        return None
+    import triton
+
+    return {
+        "op": op, "device": torch.cuda.get_device_name(ctx.device) if ctx.backend == "cuda" else "CPU world",
+        "date": datetime.date.today().isoformat(), "torch": torch.__version__, "triton": triton.__version__,
+        "world": w, "dtype": dtype_name, "backend": ctx.backend, "modes": modes, "workspace_bytes": workspace,
+        "workspace_over_largest_message": workspace / max(r["bytes"] for r in rows),
+        "method": f"{modes[0]} mode: per call, 32 calls, median of 20 samples per rank, max over ranks",
+        "rows": rows,
+    }
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+def _f(v: float | None, spec: str = "9.1f") -> str:
+    return format(v, spec) if v is not None else format("-", spec.split(".")[0].rstrip("f") or "9")
+
+
+def format_bench(rep: dict[str, Any]) -> str:
+    ar = rep["op"] == "allreduce"
+    lines = [f"{rep['op']}: world={rep['world']} device={rep['device']} date={rep['date']} torch={rep['torch']} "
+             f"triton={rep['triton']}; {rep['method']}; workspace {rep['workspace_bytes'] / 2**20:.0f} MiB "
+             f"({rep['workspace_over_largest_message']:.2f}x the largest message)",
+             f"{'bytes':>6} {'algo':>8} {'ok':>3} {'us':>8} {'algbw':>7} {'busbw':>7} {'nccl_us':>8} {'xNCCL':>6}"
+             + (f" {'symm1_us':>8} {'symm2_us':>8} {'xSYMM':>6}" if ar else "")
+             + (f" {'eager_us':>8} {'nccl_eg':>8}" if "tritoncomm_eager_us" in rep["rows"][0] else "")]
+    speedups = []
+    for r in rep["rows"]:
+        sp = r["nccl_us"] / r["tritoncomm_us"] if r["nccl_us"] and r["tritoncomm_us"] else None
+        if sp and r["bytes"] >= 8192:
+            speedups.append(sp)
+        line = (f"{_fmt_bytes(r['bytes']):>6} {r['algo']:>8} {'yes' if r['correct'] and r['identical'] else 'NO':>3} "
+                f"{_f(r['tritoncomm_us'], '8.1f')} {_f(r['algbw_GBps'], '7.1f')} {_f(r['busbw_GBps'], '7.1f')} "
+                f"{_f(r['nccl_us'], '8.1f')} {_f(sp, '6.2f')}")
+        if ar:
+            ssp = r["symm_mem_us"] / r["tritoncomm_us"] if r["symm_mem_us"] and r["tritoncomm_us"] else None
+            line += f" {_f(r['symm_one_shot_us'], '8.1f')} {_f(r['symm_two_shot_us'], '8.1f')} {_f(ssp, '6.2f')}"
+        if "tritoncomm_eager_us" in r:
+            line += f" {_f(r['tritoncomm_eager_us'], '8.1f')} {_f(r.get('nccl_eager_us'), '8.1f')}"
+        lines.append(line)
+    if speedups:
+        geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+        lines.append(f"geomean speedup over NCCL (>= 8 KB): {geo:.2f}x; min {min(speedups):.2f}x")
+    return "\n".join(lines)
+
+
+def plot_bench(reports: list[dict[str, Any]], path: str) -> None:
+    """Latency against size, one line per system, one panel per report (needs matplotlib)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib is not installed: no plot written to {path}")
+        return
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(reports), figsize=(6 * len(reports), 4.5), squeeze=False)
+    for ax, rep in zip(axes[0], reports, strict=True):
+        xs = [r["bytes"] for r in rep["rows"]]
+        series = [("tritoncomm", "tritoncomm_us"), ("NCCL", "nccl_us")]
+        if rep["op"] == "allreduce":
+            series += [("symm_mem one-shot", "symm_one_shot_us"), ("symm_mem two-shot", "symm_two_shot_us")]
+        for label, key in series:
+            pts = [(x, r[key]) for x, r in zip(xs, rep["rows"], strict=True) if r.get(key)]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("bytes")
+        ax.set_ylabel("µs per call (CUDA graph)")
+        ax.set_title(f"{rep['op']} {rep['dtype'] if 'dtype' in rep else ''} TP{rep['world']} {rep['device']}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def write_json(rep: dict[str, Any], path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(rep, f, indent=1)

@@ -37,7 +37,7 @@ def oneshot_ptx() -> str:
     from tritoncomm.collectives.allreduce_oneshot import oneshot_allreduce_kernel
 
     sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", **COMMON, "flags_off": "i64", "epochs_off": "i64",
-           "buf_off": "i64", "slot_bytes": "i64"}
+           "buf_off": "i64", "slot_bytes": "i64", "active": "i32"}
     return compile_ptx(oneshot_allreduce_kernel, sig, {"WORLD": 4, "BLOCK": 4096},
                        {"x_ptr", "out_ptr", "n", "bases", "flags_off", "epochs_off", "buf_off", "slot_bytes"}, 8)
 
@@ -47,7 +47,7 @@ def ll_ptx() -> str:
     from tritoncomm.collectives.allreduce_ll import ll_allreduce_kernel
 
     sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "nwords": "i32", **COMMON, "epochs_off": "i64",
-           "buf_off": "i64", "slot_words": "i64"}
+           "buf_off": "i64", "slot_words": "i64", "active": "i32"}
     return compile_ptx(ll_allreduce_kernel, sig, {"WORLD": 4, "BLOCK": 1024},
                        {"x_ptr", "out_ptr", "n", "nwords", "bases", "epochs_off", "buf_off", "slot_words"})
 
@@ -94,3 +94,35 @@ def test_user_primitives_compile_with_their_ordering():
                      {"src", "out_put", "out_get", "n", "bases", "flags_off", "epochs_off", "buf_off", "half_bytes"})
     o = ops(pg)
     assert o["ld.global.v4.b32"] >= 2 and o["st.global.v4.b32"] >= 2, o  # put and get vectorise
+
+
+def test_twoshot_and_push_collectives_compile_vectorised():
+    from tritoncomm.collectives.allgather_push import allgather_kernel
+    from tritoncomm.collectives.allreduce_twoshot import twoshot_allreduce_kernel
+    from tritoncomm.collectives.reducescatter_push import reducescatter_kernel
+
+    sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "shard": "i32", **COMMON, "flags_off": "i64",
+           "epochs_off": "i64", "rs_off": "i64", "ag_off": "i64", "active": "i32"}
+    o = ops(compile_ptx(twoshot_allreduce_kernel, sig, {"WORLD": 4, "BLOCK": 4096},
+                        {"x_ptr", "out_ptr", "n", "shard", "bases", "flags_off", "epochs_off", "rs_off", "ag_off"}, 8))
+    assert o["ld.global.v4.b32"] >= 3 and o["st.global.v4.b32"] >= 3, o
+    assert o["st.release.sys.global.b32"] >= 2 and o["ld.acquire.sys.global.b32"] >= 2, o  # two barriers
+    sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "m": "i32", **COMMON, "flags_off": "i64", "epochs_off": "i64",
+           "buf_off": "i64", "half_bytes": "i64", "stride": "i64", "active": "i32"}
+    aligned = {"x_ptr", "out_ptr", "m", "bases", "flags_off", "epochs_off", "buf_off", "half_bytes", "stride"}
+    for kernel in (allgather_kernel, reducescatter_kernel):
+        o = ops(compile_ptx(kernel, sig, {"WORLD": 4, "BLOCK": 4096}, aligned, 8))
+        assert o["ld.global.v4.b32"] >= 2 and o["st.global.v4.b32"] >= 2, (kernel, o)
+
+
+def test_microbenchmark_kernels_compile():
+    from tritoncomm.microbench import _ll_exchange_kernel, _pingpong_kernel, _put_kernel
+
+    o = ops(compile_ptx(_put_kernel, {"src": "*u8", "bases": "*i64", "peer": "i32", "dst_off": "i64", "n": "i64"},
+                        {"BLOCK": 8192}, {"src", "bases", "dst_off", "n"}, 4))
+    assert o["ld.global.v4.b32"] >= 1 and o["st.global.v4.b32"] >= 1, o
+    compile_ptx(_pingpong_kernel, {"bases": "*i64", "rank": "i32", "flags_off": "i64", "epochs_off": "i64",
+                                   "rounds": "i32", "timeout": "i64", "diag_addr": "i64"}, {}, {"bases"})
+    compile_ptx(_ll_exchange_kernel, {"out_bad": "*i32", "bases": "*i64", "rank": "i32", "epochs_off": "i64",
+                                      "buf_off": "i64", "slot_words": "i64", "nwords": "i32", "timeout": "i64",
+                                      "diag_addr": "i64"}, {"BLOCK": 1024}, {"bases", "epochs_off", "buf_off"})

@@ -12,7 +12,7 @@ from tritoncomm.collectives import Choice, SelectionTable
 from .helpers import check_close, make_comm, reference_sum, same_on_all_ranks
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-ALGOS = ["ll", "oneshot", "twoshot"]
+ALGOS = ["ll", "oneshot", "twoshot", "pipelined"]
 
 
 def small_table(world: int) -> SelectionTable:
@@ -20,7 +20,8 @@ def small_table(world: int) -> SelectionTable:
     rows = {}
     for dtype in ("bf16", "fp16", "fp32"):
         rows[("allreduce", world, dtype)] = [(4096, Choice("ll", 2, 256, 1)), (16384, Choice("oneshot", 2, 512, 1)),
-                                             (1 << 40, Choice("twoshot", 2, 512, 1))]
+                                             (65536, Choice("twoshot", 2, 512, 1)),
+                                             (1 << 40, Choice("pipelined", 2, 1024, 1))]
     return SelectionTable(rows, "test")
 
 
@@ -87,10 +88,11 @@ def _job_table_driven(ctx, sizes, dtype):
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_odd_sizes_at_every_algorithm_boundary(worlds, world):
-    sizes = [2047, 2048, 2049, 8191, 8192, 8193, 40001]  # bf16: boundaries at 2048 and 8192 elements
+    sizes = [2047, 2048, 2049, 8191, 8192, 8193, 32767, 32768, 32769, 40001]  # bf16 boundaries: 2K, 8K, 32K
     results = worlds(world).run(_job_table_driven, sizes, torch.bfloat16)
     picks = results[0][0]
-    assert picks == ["ll", "ll", "oneshot", "oneshot", "oneshot", "twoshot", "twoshot"]
+    assert picks == ["ll", "ll", "oneshot", "oneshot", "oneshot", "twoshot", "twoshot", "twoshot", "pipelined",
+                     "pipelined"]
     for p, bad in results:
         assert p == picks and bad == []
 

@@ -138,8 +138,9 @@ def _tune(args: argparse.Namespace) -> int:
         if os.path.exists(args.out):
             old = json.load(open(args.out))
             table = SelectionTable.from_json(old["table"]).merged(table)
-            rep["measured"] = [m for m in old.get("measured", []) if m.get("world") != rep["world"]] + \
-                [dict(m, world=rep["world"]) for m in rep["measured"]]
+            tuned = {(m["op"], m["world"]) for m in rep["measured"]}
+            rep["measured"] = [m for m in old.get("measured", []) if (m["op"], m.get("world")) not in tuned] + \
+                rep["measured"]
         rep["table"] = table.to_json()
         with open(args.out, "w") as f:
             json.dump(rep, f, indent=1)

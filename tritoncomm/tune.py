@@ -31,7 +31,7 @@ def candidates(op: str, nbytes: int, backend: str) -> list[Choice]:
     """Launch shapes worth trying for a message of ``nbytes``."""
     if backend != "cuda":
         if op == "allreduce":
-            out = [Choice("oneshot", 2, 2048, 1), Choice("twoshot", 2, 2048, 1)]
+            out = [Choice("oneshot", 2, 2048, 1), Choice("twoshot", 2, 2048, 1), Choice("pipelined", 2, 1024, 1)]
             return ([Choice("ll", 2, 1024, 1)] if nbytes <= 64 << 10 else []) + out
         return [Choice("push", 2, 2048, 1)]
     out: list[Choice] = []
@@ -50,6 +50,10 @@ def candidates(op: str, nbytes: int, backend: str) -> list[Choice]:
             for block in (2048, 8192):
                 for progs in (32, 64, 128):
                     out.append(Choice("twoshot", min(progs, max(1, nbytes // 2 // block)), block, 8))
+        if nbytes >= 1 << 20:
+            for block in (2048, 8192):
+                for progs in (32, 64, 128):
+                    out.append(Choice("pipelined", min(progs, max(1, nbytes // 2 // block)), block, 8))
     else:
         for block in (1024, 4096):
             for progs in (8, 32, 64):
@@ -100,7 +104,7 @@ def tune_rank(ctx: RankContext, ops: list[str], sizes: list[int], dtype_name: st
             worst = {c: max(g[repr(c)] for g in gathered) for c in times}
             best = min(worst, key=lambda c: worst[c])
             picks.append((nbytes, best))
-            measured.append({"op": op, "bytes": nbytes, "best": repr(best), "best_us": worst[best],
+            measured.append({"op": op, "world": w, "bytes": nbytes, "best": repr(best), "best_us": worst[best],
                              "candidates": {repr(c): t for c, t in worst.items()}})
         coll.table = grid_table
         coll.close()

@@ -13,6 +13,7 @@ from ..channels import Communicator
 from ..errors import InvalidInputError
 from .allreduce_ll import ll_allreduce_kernel
 from .allreduce_oneshot import oneshot_allreduce_kernel
+from .allreduce_pipelined import pipelined_allreduce_kernel
 from .allreduce_twoshot import twoshot_allreduce_kernel
 from .common import CollectiveBase, round_up
 from .tuning import SelectionTable
@@ -20,9 +21,11 @@ from .validation import DTYPE_NAMES, check_reduce_args
 
 __all__ = ["ALGORITHMS", "LL_MAX_BYTES", "AllReduce"]
 
-ALGORITHMS = ("ll", "oneshot", "twoshot")
+ALGORITHMS = ("ll", "oneshot", "twoshot", "pipelined")
 #: LL packets double the bytes on the wire; past this size LL never pays.
 LL_MAX_BYTES = 1 << 20
+#: The pipelined two-shot keeps one flag row per block; blocks are at least this many elements.
+PIPE_MIN_BLOCK = 1024
 
 
 class AllReduce(CollectiveBase):
@@ -41,7 +44,7 @@ class AllReduce(CollectiveBase):
         name: prefix of the heap allocations.
 
     Workspace per rank (``workspace_bytes``): LL 4 x world x its largest message, one-shot 2 x its
-    largest message, two-shot 2 x its largest message. Construction and ``close`` are collective;
+    largest message, two-shot and pipelined two-shot 2 x their largest message each. Construction and ``close`` are collective;
     every rank must create its collectives in the same order with the same arguments. One instance
     per stream: two launches from one instance on two streams at once would share signal slots.
     """
@@ -72,6 +75,12 @@ class AllReduce(CollectiveBase):
             self._shard_cap = round_up(-(-self.capacity["twoshot"] // w) + 128, 256)  # bytes per rank slot
             grid = self._grid_for("twoshot")
             self._add_channel("twoshot", programs=grid, barrier_slots=2 * grid, buffer_bytes=2 * w * self._shard_cap)
+        if "pipelined" in caps:
+            self._pipe_shard_cap = round_up(-(-self.capacity["pipelined"] // w) + 128, 256)
+            self._pipe_rows = -(-self._pipe_shard_cap // (2 * PIPE_MIN_BLOCK))  # blocks per shard, at most
+            grid = self._grid_for("pipelined")
+            self._add_channel("pipelined", programs=grid, barrier_slots=2 * self._pipe_rows,
+                              buffer_bytes=2 * w * self._pipe_shard_cap)
         comm.bootstrap.barrier()
 
     def select(self, nbytes: int, dtype: torch.dtype = torch.bfloat16) -> str:
@@ -119,6 +128,12 @@ class AllReduce(CollectiveBase):
             oneshot_allreduce_kernel[grid](
                 x, out, x.numel(), bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off,
                 self._stage_bytes, c.programs, WORLD=world, BLOCK=c.block, num_warps=c.num_warps)
+        elif c.algo == "pipelined":
+            shard = round_up(-(-x.numel() // world), 16)
+            pipelined_allreduce_kernel[grid](
+                x, out, x.numel(), shard, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off,
+                ch.buffer_off + world * self._pipe_shard_cap, self._pipe_rows, c.programs, WORLD=world,
+                BLOCK=max(c.block, PIPE_MIN_BLOCK), num_warps=c.num_warps)
         else:
             shard = round_up(-(-x.numel() // world), 16)
             twoshot_allreduce_kernel[grid](

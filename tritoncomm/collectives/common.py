@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from ..channels import Channel, Communicator
 from ..errors import SetupMismatchError
-from .tuning import Choice, SelectionTable, default_table, load_table
+from .tuning import Choice, SelectionTable, default_choice, default_table, load_table
 
 __all__ = ["CollectiveBase", "round_up"]
 
@@ -54,7 +54,7 @@ class CollectiveBase:
     def _grid_for(self, algo: str) -> int:
         """Programs in ``algo``'s (fixed) grid: the most that any row of the table asks for."""
         rows = self.table.choices(self.op, self.world) + default_table(self.comm.backend).choices(self.op, self.world)
-        return max(c.programs for _, c in rows if c.algo == algo)
+        return max([default_choice(algo, self.comm.backend).programs, *(c.programs for _, c in rows if c.algo == algo)])
 
     def _capacities(self, max_bytes: int, algos: tuple[str, ...] | None) -> dict[str, int]:
         """Largest message each algorithm must serve: what the table routes to it up to ``max_bytes``,
@@ -76,8 +76,7 @@ class CollectiveBase:
         c = self.table.lookup(self.op, self.world, dtype, nbytes)
         if c.algo != algo:
             rows = [ch for _, ch in self.table.choices(self.op, self.world) if ch.algo == algo]
-            rows += [ch for _, ch in default_table(self.comm.backend).choices(self.op, self.world) if ch.algo == algo]
-            c = rows[0]
+            c = rows[0] if rows else default_choice(algo, self.comm.backend)
         return Choice(c.algo, min(c.programs, self._grids[algo]), c.block, c.num_warps)
 
     def _note_fallback(self, nbytes: int, limit: int) -> None:

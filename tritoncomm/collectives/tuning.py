@@ -15,10 +15,10 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["OPS", "Choice", "SelectionTable", "default_table", "load_table", "table_path"]
+__all__ = ["OPS", "Choice", "SelectionTable", "default_choice", "default_table", "load_table", "table_path"]
 
 OPS = ("allreduce", "allgather", "reducescatter")
-ALGOS = {"allreduce": ("ll", "oneshot", "twoshot"), "allgather": ("push",), "reducescatter": ("push",)}
+ALGOS = {"allreduce": ("ll", "oneshot", "twoshot", "pipelined"), "allgather": ("push",), "reducescatter": ("push",)}
 DTYPE_NAMES = ("bf16", "fp16", "fp32")
 TABLE_DIR = Path(__file__).with_name("tables")
 
@@ -93,6 +93,19 @@ class SelectionTable:
 
     def merged(self, other: SelectionTable) -> SelectionTable:
         return SelectionTable({**self.rows, **other.rows}, other.source or self.source)
+
+
+_DEFAULT_SHAPES = {
+    "cuda": {"ll": (16, 1024, 4), "oneshot": (32, 4096, 8), "twoshot": (64, 4096, 8), "pipelined": (64, 8192, 8),
+             "push": (32, 4096, 8)},
+    "cpu": {"ll": (2, 1024, 1), "oneshot": (2, 2048, 1), "twoshot": (2, 2048, 1), "pipelined": (2, 1024, 1),
+            "push": (2, 2048, 1)},
+}
+
+
+def default_choice(algo: str, backend: str) -> Choice:
+    """A reasonable launch shape for ``algo`` when no table row names it."""
+    return Choice(algo, *_DEFAULT_SHAPES["cuda" if backend == "cuda" else "cpu"][algo])
 
 
 def default_table(backend: str = "cuda") -> SelectionTable:

@@ -5,7 +5,7 @@ The public surface (each module's docstring states its memory-ordering contract)
 * addressing (``memory``): ``heap_base``, ``heap_ptr``, ``translate``;
 * data movement (``copy``): ``put``, ``get``, ``copy_block``;
 * synchronisation (``signals``, ``barrier``): ``signal``, ``signal_add``, ``signal_relaxed``,
-  ``wait``, ``wait_relaxed``, ``barrier``, ``epoch_next``, ``epoch_commit``;
+  ``wait``, ``wait_relaxed``, ``barrier`` (and its halves ``barrier_arrive``/``barrier_wait``), ``epoch_next``, ``epoch_commit``;
 * LL packets (``ll``): ``ll8_store``, ``ll8_poll``, ``ll8_pack``, ``ll8_unpack``;
 * ordering building blocks (``ordering``): ``ld_acquire``, ``st_release``, ``fence_sys``, ...
 
@@ -13,7 +13,7 @@ The library's collectives are written with exactly these functions.
 """
 
 from .backend import INTERPRET, MAX_WORLD, interpreting
-from .barrier import barrier, barrier_flag_bytes
+from .barrier import barrier, barrier_arrive, barrier_flag_bytes, barrier_wait
 from .copy import copy_block, get, put
 from .diag import DIAG_WORDS, KIND_NAMES, already_failed, record_timeout
 from .ll import ll8_pack, ll8_poll, ll8_store, ll8_unpack
@@ -22,8 +22,8 @@ from .ordering import clock_ns, fence_sys, ld_acquire, ld_volatile, st_relaxed, 
 from .signals import epoch_commit, epoch_next, signal, signal_add, signal_relaxed, wait, wait_relaxed
 
 __all__ = [
-    "DIAG_WORDS", "INTERPRET", "KIND_NAMES", "MAX_WORLD", "already_failed", "barrier",
-    "barrier_flag_bytes", "clock_ns", "copy_block", "epoch_commit", "epoch_next", "fence_sys", "get",
+    "DIAG_WORDS", "INTERPRET", "KIND_NAMES", "MAX_WORLD", "already_failed", "barrier", "barrier_arrive",
+    "barrier_flag_bytes", "barrier_wait", "clock_ns", "copy_block", "epoch_commit", "epoch_next", "fence_sys", "get",
     "heap_base", "heap_ptr", "interpreting", "ld_acquire", "ld_volatile", "ll8_pack", "ll8_poll",
     "ll8_store", "ll8_unpack", "put", "record_timeout", "signal", "signal_add", "signal_relaxed",
     "st_relaxed", "st_release", "translate", "wait", "wait_relaxed",

@@ -10,6 +10,9 @@ all threads of program ``pid`` on rank ``r``. Nothing is said about other progra
 between all programs of a grid would need them all resident at once (and the CPU interpreter runs
 programs one after another), so collectives split their work so that program ``pid`` only talks to
 program ``pid``. Epochs must grow from one use of a slot to the next (``signals.epoch_next``).
+
+``barrier_arrive`` and ``barrier_wait`` are the two halves, for pipelines that arrive at one slot,
+do other work, and wait on it (or on another slot) later.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from .backend import MAX_WORLD
 from .memory import heap_base
 from .signals import signal, wait
 
-__all__ = ["barrier", "barrier_flag_bytes"]
+__all__ = ["barrier", "barrier_arrive", "barrier_flag_bytes", "barrier_wait"]
 
 
 def barrier_flag_bytes(slots: int) -> int:
@@ -30,11 +33,27 @@ def barrier_flag_bytes(slots: int) -> int:
 
 
 @triton.jit
-def barrier(bases, rank, world, flags_off, slot, epoch, timeout, diag):
-    """Cross-rank barrier on ``slot`` of the flag table at heap offset ``flags_off``."""
+def barrier_arrive(bases, rank, world, flags_off, slot, epoch):
+    """First half of ``barrier``: publish this program's writes and mark slot ``slot`` as reached
+    (epoch ``epoch``) in every rank's flag table, this rank's included. Does not wait."""
     lanes = tl.arange(0, MAX_WORLD)
     peers = tl.where(lanes < world, lanes, rank)
     remote = (heap_base(bases, peers) + flags_off + (slot * MAX_WORLD + rank) * 4).to(tl.pointer_type(tl.uint32))
     signal(remote, epoch)
+
+
+@triton.jit
+def barrier_wait(bases, rank, world, flags_off, slot, epoch, timeout, diag):
+    """Second half of ``barrier``: wait until every rank has arrived at ``slot`` with ``epoch``;
+    afterwards their writes made before arriving are visible to this program (acquire)."""
+    lanes = tl.arange(0, MAX_WORLD)
+    peers = tl.where(lanes < world, lanes, rank)
     local = (heap_base(bases, rank) + flags_off + (slot * MAX_WORLD + peers) * 4).to(tl.pointer_type(tl.uint32))
     wait(local, epoch, peers, slot, rank, timeout, diag)
+
+
+@triton.jit
+def barrier(bases, rank, world, flags_off, slot, epoch, timeout, diag):
+    """Cross-rank barrier on ``slot`` of the flag table at heap offset ``flags_off``."""
+    barrier_arrive(bases, rank, world, flags_off, slot, epoch)
+    barrier_wait(bases, rank, world, flags_off, slot, epoch, timeout, diag)

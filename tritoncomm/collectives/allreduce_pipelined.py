@@ -1,0 +1,83 @@
+"""Pipelined two-shot all-reduce: the two-shot of ``allreduce_twoshot`` with a barrier per block
+instead of per program, skewed so that NVLink traffic never waits for local work.
+
+Each program walks its blocks ``b = pid, pid + P, ...`` (a block is ``BLOCK`` elements of every
+shard). Iteration ``i`` does three stages on three different blocks:
+
+* A: push block ``i`` of every shard to its owner (``rs`` slot [my rank]), then
+  ``barrier_arrive`` on flag row (0, b): this rank's part of block b is out;
+* B: ``barrier_wait`` on row (0, block i-1); sum that block of my shard over ranks 0..W-1 in order;
+  write it out, push it to every peer (``ag`` slot [my rank]); ``barrier_arrive`` on row (1, i-1);
+* C: ``barrier_wait`` on row (1, block i-2); copy the other shards' block from ``ag`` to the output.
+
+The stores of stage A are in flight while stages B and C of older blocks run, so the links stay
+busy. Buffers need no second copy by parity (the argument of ``allreduce_twoshot`` holds per block):
+a rank pushes into a peer's ``rs``/``ag`` for launch k+1 only after a row that the peer arrives at
+in launch k+1, i.e. after the peer has finished launch k. Flag rows: 2 x (blocks per shard).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..kernels import barrier_arrive, barrier_wait, epoch_commit, epoch_next, heap_ptr
+
+__all__ = ["pipelined_allreduce_kernel"]
+
+
+@triton.jit
+def pipelined_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_addr, flags_off, epochs_off,
+                               rs_off, ag_off, row1, active, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """Sum ``n`` elements over the ranks into ``out_ptr`` (may equal ``x_ptr``); ``shard`` elements
+    per rank (a multiple of 16); flag rows ``b`` (phase 0) and ``row1 + b`` (phase 1)."""
+    pid = tl.program_id(0)
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
+    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    epoch_ptr = heap_ptr(bases, rank, epochs_off, tl.uint32) + pid
+    e = epoch_next(epoch_ptr)
+    if pid < active:
+        iters = tl.cdiv(tl.cdiv(shard, BLOCK) - pid, active)
+        slot_bytes = shard * ESIZE
+        for i in range(0, iters + 2):
+            if i < iters:  # A: reduce-scatter push of block i
+                b = pid + i * active
+                j = b * BLOCK + tl.arange(0, BLOCK)
+                for s in tl.static_range(WORLD):
+                    if s != rank:
+                        idx = s * shard + j
+                        m = (j < shard) & (idx < n)
+                        v = tl.load(x_ptr + idx, mask=m)
+                        tl.store(heap_ptr(bases, s, rs_off + rank * slot_bytes, DTYPE) + j, v, mask=m)
+                barrier_arrive(bases, rank, WORLD, flags_off, b, e)
+            if i >= 1 and i <= iters:  # B: reduce block i-1, push the result
+                b = pid + (i - 1) * active
+                j = b * BLOCK + tl.arange(0, BLOCK)
+                idx = rank * shard + j
+                m = (j < shard) & (idx < n)
+                barrier_wait(bases, rank, WORLD, flags_off, b, e, timeout, diag)
+                acc = tl.zeros([BLOCK], dtype=tl.float32)
+                for s in tl.static_range(WORLD):
+                    if s == rank:
+                        acc += tl.load(x_ptr + idx, mask=m).to(tl.float32)
+                    else:
+                        acc += tl.load(heap_ptr(bases, rank, rs_off + s * slot_bytes, DTYPE) + j,
+                                       mask=m).to(tl.float32)
+                red = acc.to(DTYPE)
+                for s in tl.static_range(WORLD):
+                    if s != rank:
+                        tl.store(heap_ptr(bases, s, ag_off + rank * slot_bytes, DTYPE) + j, red, mask=m)
+                tl.store(out_ptr + idx, red, mask=m)
+                barrier_arrive(bases, rank, WORLD, flags_off, row1 + b, e)
+            if i >= 2:  # C: gather block i-2
+                b = pid + (i - 2) * active
+                j = b * BLOCK + tl.arange(0, BLOCK)
+                barrier_wait(bases, rank, WORLD, flags_off, row1 + b, e, timeout, diag)
+                for s in tl.static_range(WORLD):
+                    if s != rank:
+                        idx = s * shard + j
+                        m = (j < shard) & (idx < n)
+                        v = tl.load(heap_ptr(bases, rank, ag_off + s * slot_bytes, DTYPE) + j, mask=m)
+                        tl.store(out_ptr + idx, v, mask=m)
+    epoch_commit(epoch_ptr, e)

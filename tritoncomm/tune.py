@@ -66,7 +66,13 @@ def tune_rank(ctx: RankContext, ops: list[str], sizes: list[int], dtype_name: st
     esize = torch.tensor([], dtype=dtype).element_size()
     w = ctx.world
     max_bytes = max(sizes)
-    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=4 * max_bytes + (64 << 20), timeout_s=60))
+    caps: dict[str, int] = {}
+    for s in sizes:
+        for c in candidates("allreduce", s, "cuda" if ctx.backend == "cuda" else "cpu"):
+            caps[c.algo] = max(caps.get(c.algo, 0), s)
+    need = 2 * sum(caps.values()) + 8 * w * (1 << 20) if "allreduce" in ops else 0
+    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=max(need, 3 * max_bytes) + (64 << 20),
+                                                         timeout_s=60))
     all_cands = {op: sorted({c for s in sizes for c in candidates(op, s, comm.backend)},
                             key=lambda c: (c.algo, c.programs, c.block, c.num_warps)) for op in ops}
 
@@ -80,8 +86,7 @@ def tune_rank(ctx: RankContext, ops: list[str], sizes: list[int], dtype_name: st
         grid_table = SelectionTable({(op, w, d): [(i + 1, c) for i, c in enumerate(all_cands[op])]
                                      for d in DTYPE_NAMES}, "tune candidates")
         if op == "allreduce":
-            coll: Any = AllReduce(comm, max_bytes=max_bytes, table=grid_table,
-                                  algos=tuple(sorted({c.algo for c in all_cands[op]})))
+            coll: Any = AllReduce(comm, max_bytes=max_bytes, table=grid_table, algos=caps)
         elif op == "allgather":
             coll = AllGather(comm, max_bytes=max_bytes, table=grid_table)
         else:

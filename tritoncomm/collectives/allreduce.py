@@ -37,8 +37,9 @@ class AllReduce(CollectiveBase):
             on GPUs, 1 MiB in the CPU world).
         table: algorithm/launch-shape table (default: the measured one for this device, else rules
             of thumb).
-        algos: the algorithms to set up, each for every size up to ``max_bytes`` (default: those the
-            table uses up to ``max_bytes``, each sized for the largest message it serves).
+        algos: the algorithms to set up, each for every size up to ``max_bytes``, or a mapping from
+            algorithm to the largest size it must serve (default: those the table uses up to
+            ``max_bytes``, each sized for the largest message it serves).
         fallback_group: a torch.distributed group that serves inputs larger than ``max_bytes``
             (for example the NCCL group); without it such inputs raise ``InvalidInputError``.
         name: prefix of the heap allocations.
@@ -52,7 +53,7 @@ class AllReduce(CollectiveBase):
     op = "allreduce"
 
     def __init__(self, comm: Communicator, max_bytes: int | None = None, *, table: SelectionTable | None = None,
-                 algos: tuple[str, ...] | None = None, fallback_group: dist.ProcessGroup | None = None,
+                 algos: tuple[str, ...] | dict[str, int] | None = None, fallback_group: dist.ProcessGroup | None = None,
                  name: str = "allreduce") -> None:
         super().__init__(comm, table=table, fallback_group=fallback_group, name=name)
         if max_bytes is None:

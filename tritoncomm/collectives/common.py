@@ -56,9 +56,12 @@ class CollectiveBase:
         rows = self.table.choices(self.op, self.world) + default_table(self.comm.backend).choices(self.op, self.world)
         return max([default_choice(algo, self.comm.backend).programs, *(c.programs for _, c in rows if c.algo == algo)])
 
-    def _capacities(self, max_bytes: int, algos: tuple[str, ...] | None) -> dict[str, int]:
-        """Largest message each algorithm must serve: what the table routes to it up to ``max_bytes``,
-        or ``max_bytes`` for every algorithm named in ``algos``."""
+    def _capacities(self, max_bytes: int, algos: tuple[str, ...] | dict[str, int] | None) -> dict[str, int]:
+        """Largest message each algorithm must serve: what the table routes to it up to ``max_bytes``;
+        or ``max_bytes`` for every algorithm named in ``algos``; or, if ``algos`` maps algorithms to
+        sizes, those sizes (capped at ``max_bytes``)."""
+        if isinstance(algos, dict):
+            return {a: min(c, max_bytes) for a, c in algos.items()}
         if algos is not None:
             return {a: max_bytes for a in algos}
         caps: dict[str, int] = {}

@@ -45,9 +45,10 @@ class AllReduce(CollectiveBase):
         name: prefix of the heap allocations.
 
     Workspace per rank (``workspace_bytes``): LL 4 x world x its largest message, one-shot 2 x its
-    largest message, two-shot and pipelined two-shot 2 x their largest message each. Construction and ``close`` are collective;
-    every rank must create its collectives in the same order with the same arguments. One instance
-    per stream: two launches from one instance on two streams at once would share signal slots.
+    largest message, two-shot and pipelined two-shot 2 x their largest message each. Construction
+    and ``close`` are collective; every rank must create its collectives in the same order with the
+    same arguments. One instance per stream: two launches from one instance on two streams at once
+    would share signal slots.
     """
 
     op = "allreduce"

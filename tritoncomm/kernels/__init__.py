@@ -5,7 +5,8 @@ The public surface (each module's docstring states its memory-ordering contract)
 * addressing (``memory``): ``heap_base``, ``heap_ptr``, ``translate``;
 * data movement (``copy``): ``put``, ``get``, ``copy_block``;
 * synchronisation (``signals``, ``barrier``): ``signal``, ``signal_add``, ``signal_relaxed``,
-  ``wait``, ``wait_relaxed``, ``barrier`` (and its halves ``barrier_arrive``/``barrier_wait``), ``epoch_next``, ``epoch_commit``;
+  ``wait``, ``wait_relaxed``, ``barrier`` (and its halves ``barrier_arrive``/``barrier_wait``),
+  ``epoch_next``, ``epoch_commit``;
 * LL packets (``ll``): ``ll8_store``, ``ll8_poll``, ``ll8_pack``, ``ll8_unpack``;
 * ordering building blocks (``ordering``): ``ld_acquire``, ``st_release``, ``fence_sys``, ...
 

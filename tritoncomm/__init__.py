@@ -10,6 +10,7 @@ from .channels import Channel, Communicator
 from .collectives import AllGather, AllReduce, ReduceScatter
 from .config import CommConfig
 from .errors import (
+    CollectiveMismatchError,
     CommTimeoutError,
     InvalidInputError,
     PeerAccessError,
@@ -20,6 +21,7 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "AllGather", "AllReduce", "Channel", "CommConfig", "CommTimeoutError", "Communicator", "InvalidInputError",
+    "AllGather", "AllReduce", "Channel", "CollectiveMismatchError", "CommConfig", "CommTimeoutError",
+    "Communicator", "InvalidInputError",
     "PeerAccessError", "ReduceScatter", "SetupMismatchError", "TritonCommError", "__version__",
 ]

@@ -22,12 +22,16 @@ class CommConfig:
         timeout_s: bound on every wait inside a kernel; ``0`` disables the bound.
         cpu_spins_per_s: in the CPU world waits count spins instead of time: the bound is
             ``timeout_s * cpu_spins_per_s`` spins (an interpreted spin takes roughly 0.1-1 ms).
+        debug: before every collective, the ranks compare (op, dtype, element count, algorithm)
+            through the heap and raise ``CollectiveMismatchError`` on every rank if they differ
+            (one small kernel and, outside graph capture, one stream synchronisation per call).
     """
 
     backend: str = "auto"
     heap_bytes: int | None = None
     timeout_s: float = 60.0
     cpu_spins_per_s: int = 2000
+    debug: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in _BACKENDS:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "CollectiveMismatchError",
     "CommTimeoutError",
     "InvalidInputError",
     "PeerAccessError",
@@ -44,3 +45,18 @@ class CommTimeoutError(TritonCommError):
         self.seen = seen
         self.kind = kind
         self.program = program
+
+
+class CollectiveMismatchError(TritonCommError):
+    """Debug mode: the ranks called a collective with different arguments (op, dtype, element
+    count or algorithm). Raised on every rank before the collective runs; the communicator stays
+    usable. ``field`` names the first differing word, ``mine``/``theirs`` its values here and on
+    ``peer``."""
+
+    def __init__(self, message: str, *, rank: int, peer: int, field: str, mine: int, theirs: int) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.peer = peer
+        self.field = field
+        self.mine = mine
+        self.theirs = theirs

@@ -81,11 +81,16 @@ class Channel:
         return sum(r.nbytes for r in self._regions)
 
     def close(self) -> None:
-        """Collective: wait until no rank uses the channel, then return its memory to the heap."""
+        """Collective: wait until no rank uses the channel, then return its memory to the heap.
+        Local only once the communicator is closed or broken (a dead peer must not hang it)."""
         if not self._regions:
             return
-        self.comm.synchronize() if not self.comm._closed else None
-        self.comm.bootstrap.barrier()
+        if not (self.comm._closed or self.comm.broken):
+            if self.comm.backend == "cuda":
+                import torch
+
+                torch.cuda.synchronize(self.comm.device)
+            self.comm.bootstrap.barrier()
         for region in self._regions:
             self.comm.heap.free(region)
         self._regions = []

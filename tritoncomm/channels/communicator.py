@@ -11,8 +11,9 @@ import torch
 import torch.distributed as dist
 
 from ..config import CommConfig
-from ..errors import CommTimeoutError, SetupMismatchError, TritonCommError
+from ..errors import CollectiveMismatchError, CommTimeoutError, SetupMismatchError, TritonCommError
 from ..kernels.backend import MAX_WORLD, interpreting
+from ..kernels.consistency import check_signatures, signature_table_bytes
 from ..kernels.diag import DIAG_WORDS, KIND_NAMES, F
 from .bootstrap import Bootstrap, default_bootstrap
 from .cuda_ipc import HostMappedWords
@@ -89,6 +90,12 @@ class Communicator:
         self.diag = HostMappedWords(DIAG_WORDS, cuda=self.backend == "cuda")
         #: Wait bound in kernel units (ns on CUDA, spins on CPU); 0 = unbounded.
         self.timeout = self.config.timeout_units(self.backend)
+        self._debug_channel = None
+        if self.config.debug:
+            from .channel import Channel
+
+            self._debug_channel = Channel(self, "debug", programs=1, barrier_slots=1,
+                                          buffer_bytes=signature_table_bytes())
         self.bootstrap.barrier()
 
     # -- what kernels take -------------------------------------------------------------------
@@ -96,6 +103,24 @@ class Communicator:
         """``(bases, rank, world, timeout, diag_addr)``: the arguments every kernel built on the
         primitives takes (see ``kernels``)."""
         return self.heap.bases, self.rank, self.world, self.timeout, self.diag.device_addr
+
+    # -- debug mode --------------------------------------------------------------------------
+    @property
+    def debug(self) -> bool:
+        return self._debug_channel is not None
+
+    def debug_check(self, op: int, dtype: int, count: int, algo: int) -> None:
+        """Debug mode: compare this call's signature with every rank's (see ``kernels.consistency``);
+        raise ``CollectiveMismatchError`` on every rank if they differ. Outside CUDA-graph capture
+        this synchronises the stream; under capture the mismatch surfaces at the next ``check``."""
+        ch = self._debug_channel
+        check_signatures[(1,)](op, dtype, count, algo, self.heap.bases, self.rank, self.world, self.timeout,
+                               self.diag.device_addr, ch.flags_off, ch.epochs_off, ch.buffer_off)
+        if self.backend == "cuda":
+            if torch.cuda.is_current_stream_capturing():
+                return
+            torch.cuda.current_stream(self.device).synchronize()
+        self.check()
 
     # -- health ------------------------------------------------------------------------------
     def check(self) -> None:
@@ -113,6 +138,15 @@ class Communicator:
         if status == 0 or (status == -1 and not any(words[1:])):
             return
         kind = KIND_NAMES.get(status, f"wait kind {status}")
+        if status == 3:  # consistency check: nothing ran, epochs agree; clear and stay usable
+            fields = ("op", "dtype", "element count", "algorithm")
+            field = fields[words[F.SLOT]] if 0 <= words[F.SLOT] < 4 else str(words[F.SLOT])
+            self.diag.clear()
+            raise CollectiveMismatchError(
+                f"tritoncomm debug: rank {words[F.RANK]} and rank {words[F.PEER]} called different collectives: "
+                f"{field} {words[F.EXPECTED]} here, {words[F.SEEN]} there (codes: op 1 all-reduce, 2 all-gather, "
+                "3 reduce-scatter; dtype 1 bf16, 2 fp16, 3 fp32)",
+                rank=words[F.RANK], peer=words[F.PEER], field=field, mine=words[F.EXPECTED], theirs=words[F.SEEN])
         err = CommTimeoutError(
             f"tritoncomm: {kind} timed out on rank {words[F.RANK]} waiting for peer {words[F.PEER]} "
             f"(slot {words[F.SLOT]}, program {words[F.PROGRAM]}): expected epoch {words[F.EXPECTED]}, "
@@ -131,14 +165,28 @@ class Communicator:
         self.check()
 
     # -- lifetime ----------------------------------------------------------------------------
+    @property
+    def broken(self) -> bool:
+        """True once a wait has expired (a peer may be dead): ``close`` then releases this rank's
+        resources without waiting for the others."""
+        return self._broken is not None
+
     def close(self) -> None:
-        """Collective: release the heap (unmap peers, free, unlink) and the diagnostic record."""
+        """Release the heap (unmap peers, free, unlink) and the diagnostic record. Collective,
+        unless the communicator is broken (then local only, so that a dead peer cannot hang it)."""
         if self._closed:
             return
-        if self.backend == "cuda":
+        if self._broken is None:
+            try:
+                self.check()
+            except CommTimeoutError:
+                pass
+        if self.backend == "cuda" and self._broken is None:
             torch.cuda.synchronize(self.device)
         self._closed = True
-        self.heap.close()
+        if self._debug_channel is not None and self._broken is None:
+            self._debug_channel.close()
+        self.heap.close(collective=self._broken is None)
         self.diag.close()
 
     def __enter__(self) -> Communicator:

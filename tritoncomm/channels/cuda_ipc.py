@@ -112,15 +112,17 @@ class CudaIpcPeerMemory:
             rt.cudaFree(self._own)
             self._own = None
 
-    def close(self) -> None:
+    def close(self, collective: bool = True) -> None:
         if self._own is None:
             return
         rt = _rt()
-        cuda_check(rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+        if collective:
+            cuda_check(rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
         for ptr in self._opened:
-            cuda_check(rt.cudaIpcCloseMemHandle(ptr), "cudaIpcCloseMemHandle")
+            rt.cudaIpcCloseMemHandle(ptr)
         self._opened = []
-        self.bootstrap.barrier()  # every peer has unmapped our heap
+        if collective:
+            self.bootstrap.barrier()  # every peer has unmapped our heap
         cuda_check(rt.cudaFree(self._own), "cudaFree")
         self._own = None
         self.peer_addrs = []

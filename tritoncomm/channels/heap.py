@@ -102,8 +102,8 @@ class PeerMemory(Protocol):
     def peer_view(self, peer: int, offset: int, nbytes: int) -> torch.Tensor:
         """A uint8 tensor over bytes of ``peer``'s heap as this rank maps it (for copy-engine use)."""
 
-    def close(self) -> None:
-        """Unmap peers and release this rank's heap. Collective."""
+    def close(self, collective: bool = True) -> None:
+        """Unmap peers and release this rank's heap. Collective unless ``collective=False``."""
 
 
 class SymmetricHeap:
@@ -150,5 +150,5 @@ class SymmetricHeap:
     def peer_addr(self, peer: int, region: Region) -> int:
         return self.memory.peer_addrs[peer] + region.offset
 
-    def close(self) -> None:
-        self.memory.close()
+    def close(self, collective: bool = True) -> None:
+        self.memory.close(collective)

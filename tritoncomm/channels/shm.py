@@ -62,10 +62,11 @@ class ShmPeerMemory:
     def peer_view(self, peer: int, offset: int, nbytes: int) -> torch.Tensor:
         return torch.frombuffer(self._anchors[peer], dtype=torch.uint8, count=nbytes, offset=offset)
 
-    def close(self) -> None:
+    def close(self, collective: bool = True) -> None:
         if not self._maps:
             return
-        self.bootstrap.barrier()  # no rank still runs kernels on our memory
+        if collective:
+            self.bootstrap.barrier()  # no rank still runs kernels on our memory
         self._anchors.clear()
         self.peer_addrs = []
         for mm in self._maps:

@@ -33,15 +33,17 @@ class _PushCollective(CollectiveBase):
 
     def _launch(self, kernel, x: torch.Tensor, out: torch.Tensor, m: int, full_bytes: int) -> None:
         c = self._choice("push", DTYPE_NAMES[x.dtype], full_bytes)
+        self._debug_check(x.dtype, m, "push")
         ch = self._channels["push"]
         bases, rank, world, timeout, diag = self.comm.kernel_args()
         kernel[(self._grids["push"],)](
             x, out, m, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off, self._half,
             round_up(m, 16), c.programs, WORLD=world, BLOCK=c.block, num_warps=c.num_warps)
 
-    def _too_large(self, nbytes: int, what: str) -> bool:
+    def _too_large(self, x: torch.Tensor, m: int, nbytes: int, what: str) -> bool:
         if nbytes <= self.max_bytes:
             return False
+        self._debug_check(x.dtype, m, "fallback")
         if self.fallback_group is None:
             raise InvalidInputError(f"{what}: {nbytes} bytes exceed max_bytes={self.max_bytes} and no fallback "
                                     "group was given")
@@ -71,7 +73,7 @@ class AllGather(_PushCollective):
             out = x.new_empty((w * x.shape[0], *x.shape[1:]) if x.dim() else (w,))
         if x.numel() == 0:
             return out
-        if self._too_large(out.numel() * out.element_size(), "all_gather"):
+        if self._too_large(x, x.numel(), out.numel() * out.element_size(), "all_gather"):
             dist.all_gather_into_tensor(out, x, group=self.fallback_group)
             return out
         self._launch(allgather_kernel, x, out, x.numel(), out.numel() * out.element_size())
@@ -103,7 +105,7 @@ class ReduceScatter(_PushCollective):
             out = x.new_empty((x.shape[0] // w, *x.shape[1:]) if x.dim() and x.shape[0] % w == 0 else (m,))
         if m == 0:
             return out
-        if self._too_large(x.numel() * x.element_size(), "reduce_scatter"):
+        if self._too_large(x, m, x.numel() * x.element_size(), "reduce_scatter"):
             dist.reduce_scatter_tensor(out, x, group=self.fallback_group)
             return out
         self._launch(reducescatter_kernel, x, out, m, x.numel() * x.element_size())

@@ -108,6 +108,7 @@ class AllReduce(CollectiveBase):
         if x.numel() == 0:
             return out
         if nbytes > self.max_bytes:
+            self._debug_check(x.dtype, x.numel(), "fallback")
             self._note_fallback(nbytes, self.max_bytes)
             if out.data_ptr() != x.data_ptr():
                 out.copy_(x)
@@ -119,6 +120,7 @@ class AllReduce(CollectiveBase):
             if algo not in self._channels or nbytes > self.capacity[algo]:  # a table/algos mismatch
                 algo = next(a for a in ALGORITHMS if a in self._channels and nbytes <= self.capacity[a])
         c = self._choice(algo, dtype, nbytes)
+        self._debug_check(x.dtype, x.numel(), c.algo)
         ch = self._channels[c.algo]
         bases, rank, world, timeout, diag = comm.kernel_args()
         grid = (self._grids[c.algo],)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import epoch_commit, epoch_next, heap_ptr, ll8_poll, ll8_store
+from ..kernels import epoch_commit, epoch_next, heap_ptr, ll8_poll, ll8_store, round_to
 
 __all__ = ["ll_allreduce_kernel"]
 
@@ -86,5 +86,5 @@ def ll_allreduce_kernel(x_ptr, out_ptr, n, nwords, bases, rank, timeout, diag_ad
                 words = ll8_poll(src + w, w < nwords, e, s, b, rank, timeout, diag)
             acc += _words_to_f32(words, DTYPE, BLOCK)
         offs = b * EPB + tl.arange(0, EPB)
-        tl.store(out_ptr + offs, acc.to(DTYPE), mask=offs < n)
+        tl.store(out_ptr + offs, round_to(acc, DTYPE), mask=offs < n)
     epoch_commit(epoch_ptr, e)

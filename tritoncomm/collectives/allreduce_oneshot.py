@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import barrier, copy_block, epoch_commit, epoch_next, heap_ptr
+from ..kernels import barrier, copy_block, epoch_commit, epoch_next, heap_ptr, round_to
 
 __all__ = ["oneshot_allreduce_kernel"]
 
@@ -46,5 +46,5 @@ def oneshot_allreduce_kernel(x_ptr, out_ptr, n, bases, rank, timeout, diag_addr,
             acc = tl.zeros([BLOCK], dtype=tl.float32)
             for s in tl.static_range(WORLD):
                 acc += tl.load(heap_ptr(bases, s, stage_off, DTYPE) + offs, mask=mask).to(tl.float32)
-            tl.store(out_ptr + offs, acc.to(DTYPE), mask=mask)
+            tl.store(out_ptr + offs, round_to(acc, DTYPE), mask=mask)
     epoch_commit(epoch_ptr, e)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import barrier, epoch_commit, epoch_next, heap_ptr
+from ..kernels import barrier, epoch_commit, epoch_next, heap_ptr, round_to
 
 __all__ = ["twoshot_allreduce_kernel"]
 
@@ -61,7 +61,7 @@ def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, dia
                     acc += tl.load(x_ptr + idx, mask=m).to(tl.float32)
                 else:
                     acc += tl.load(heap_ptr(bases, rank, rs_off + s * slot_bytes, DTYPE) + j, mask=m).to(tl.float32)
-            red = acc.to(DTYPE)
+            red = round_to(acc, DTYPE)
             for s in tl.static_range(WORLD):
                 if s != rank:
                     tl.store(heap_ptr(bases, s, ag_off + rank * slot_bytes, DTYPE) + j, red, mask=m)

@@ -16,6 +16,11 @@ __all__ = ["CollectiveBase", "round_up"]
 log = logging.getLogger("tritoncomm")
 
 
+_OP_CODES = {"allreduce": 1, "allgather": 2, "reducescatter": 3}
+_DTYPE_CODES = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
+_ALGO_CODES = {"ll": 1, "oneshot": 2, "twoshot": 3, "pipelined": 4, "push": 5, "fallback": 99}
+
+
 def round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
@@ -81,6 +86,11 @@ class CollectiveBase:
             rows = [ch for _, ch in self.table.choices(self.op, self.world) if ch.algo == algo]
             c = rows[0] if rows else default_choice(algo, self.comm.backend)
         return Choice(c.algo, min(c.programs, self._grids[algo]), c.block, c.num_warps)
+
+    def _debug_check(self, dtype: torch.dtype, count: int, algo: str) -> None:
+        """Debug mode: all ranks must call with the same (op, dtype, count, algorithm)."""
+        if self.comm.debug:
+            self.comm.debug_check(_OP_CODES[self.op], _DTYPE_CODES[dtype], count, _ALGO_CODES.get(algo, 99))
 
     def _note_fallback(self, nbytes: int, limit: int) -> None:
         if not self._warned_fallback:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import barrier, epoch_commit, epoch_next, heap_ptr
+from ..kernels import barrier, epoch_commit, epoch_next, heap_ptr, round_to
 
 __all__ = ["reducescatter_kernel"]
 
@@ -46,5 +46,5 @@ def reducescatter_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, fla
                 else:
                     acc += tl.load(heap_ptr(bases, rank, base + s * stride * ESIZE, DTYPE) + j,
                                    mask=mask).to(tl.float32)
-            tl.store(out_ptr + j, acc.to(DTYPE), mask=mask)
+            tl.store(out_ptr + j, round_to(acc, DTYPE), mask=mask)
     epoch_commit(epoch_ptr, e)

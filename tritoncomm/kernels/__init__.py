@@ -15,17 +15,19 @@ The library's collectives are written with exactly these functions.
 
 from .backend import INTERPRET, MAX_WORLD, interpreting
 from .barrier import barrier, barrier_arrive, barrier_flag_bytes, barrier_wait
+from .consistency import check_signatures, signature_table_bytes
 from .copy import copy_block, get, put
 from .diag import DIAG_WORDS, KIND_NAMES, already_failed, record_timeout
 from .ll import ll8_pack, ll8_poll, ll8_store, ll8_unpack
 from .memory import heap_base, heap_ptr, translate
+from .numerics import round_to
 from .ordering import clock_ns, fence_sys, ld_acquire, ld_volatile, st_relaxed, st_release
 from .signals import epoch_commit, epoch_next, signal, signal_add, signal_relaxed, wait, wait_relaxed
 
 __all__ = [
     "DIAG_WORDS", "INTERPRET", "KIND_NAMES", "MAX_WORLD", "already_failed", "barrier", "barrier_arrive",
-    "barrier_flag_bytes", "barrier_wait", "clock_ns", "copy_block", "epoch_commit", "epoch_next", "fence_sys", "get",
-    "heap_base", "heap_ptr", "interpreting", "ld_acquire", "ld_volatile", "ll8_pack", "ll8_poll",
-    "ll8_store", "ll8_unpack", "put", "record_timeout", "signal", "signal_add", "signal_relaxed",
-    "st_relaxed", "st_release", "translate", "wait", "wait_relaxed",
+    "barrier_flag_bytes", "barrier_wait", "check_signatures", "clock_ns", "copy_block", "epoch_commit",
+    "epoch_next", "fence_sys", "get", "heap_base", "heap_ptr", "interpreting", "ld_acquire", "ld_volatile",
+    "ll8_pack", "ll8_poll", "ll8_store", "ll8_unpack", "put", "record_timeout", "round_to", "signal", "signal_add",
+    "signal_relaxed", "signature_table_bytes", "st_relaxed", "st_release", "translate", "wait", "wait_relaxed",
 ]

@@ -20,7 +20,7 @@ DIAG_WORDS = 8
 class F:
     """Word offsets in the record."""
 
-    STATUS = 0  # 0: clean, -1: being written, >0: the kind of wait that expired
+    STATUS = 0  # 0: clean, -1: being written, >0: the kind of failure (KIND_NAMES)
     RANK = 1
     PEER = 2
     SLOT = 3
@@ -40,7 +40,7 @@ _PROGRAM = tl.constexpr(F.PROGRAM)
 _SPINS = tl.constexpr(F.SPINS)
 
 #: STATUS values (>0) and what they name in error messages.
-KIND_NAMES = {1: "signal wait", 2: "LL packet poll"}
+KIND_NAMES = {1: "signal wait", 2: "LL packet poll", 3: "cross-rank consistency check"}
 
 
 @triton.jit

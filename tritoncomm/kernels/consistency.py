@@ -1,0 +1,51 @@
+"""Debug mode: do all ranks call the same collective with the same arguments?
+
+``check_signatures`` runs as a tiny kernel before a collective. Every rank writes its signature
+(four int64 words, e.g. op, dtype, element count, algorithm) into slot [my rank] of every rank's
+table, meets them at a barrier, and compares every rank's signature with its own. The first
+difference is recorded in the diagnostic record as kind 3 (``slot`` = the differing word,
+``expected`` = mine, ``seen`` = the peer's); since every rank compares all signatures, every rank
+finds the mismatch. Tables alternate by epoch parity, like one-shot staging.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .backend import MAX_WORLD
+from .barrier import barrier
+from .diag import record_timeout
+from .memory import heap_ptr
+from .signals import epoch_commit, epoch_next
+
+__all__ = ["SIGNATURE_WORDS", "check_signatures", "signature_table_bytes"]
+
+SIGNATURE_WORDS = tl.constexpr(4)
+KIND_MISMATCH = tl.constexpr(3)
+
+
+def signature_table_bytes() -> int:
+    """Heap bytes the signature table needs (two parities x MAX_WORLD x 4 int64)."""
+    return 2 * MAX_WORLD.value * SIGNATURE_WORDS.value * 8
+
+
+@triton.jit
+def check_signatures(w0, w1, w2, w3, bases, rank, world, timeout, diag_addr, flags_off, epochs_off, table_off):
+    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    ep = heap_ptr(bases, rank, epochs_off, tl.uint32)
+    e = epoch_next(ep)
+    base = table_off + (e & 1).to(tl.int64) * (MAX_WORLD * SIGNATURE_WORDS * 8)
+    k = tl.arange(0, SIGNATURE_WORDS)
+    mine = tl.where(k == 0, w0, tl.where(k == 1, w1, tl.where(k == 2, w2, w3))).to(tl.int64)
+    for p in range(0, world):
+        tl.store(heap_ptr(bases, p, base + rank * SIGNATURE_WORDS * 8, tl.int64) + k, mine)
+    barrier(bases, rank, world, flags_off, 0, e, timeout, diag)
+    for p in range(0, world):
+        theirs = tl.load(heap_ptr(bases, rank, base + p * SIGNATURE_WORDS * 8, tl.int64) + k)
+        differ = theirs != mine
+        if tl.sum(differ.to(tl.int32), axis=0) > 0:
+            first = tl.min(tl.where(differ, k, SIGNATURE_WORDS), axis=0)
+            record_timeout(diag, KIND_MISMATCH, rank, p, first, tl.sum(tl.where(k == first, mine, 0), axis=0),
+                           tl.sum(tl.where(k == first, theirs, 0), axis=0), 0)
+    epoch_commit(ep, e)

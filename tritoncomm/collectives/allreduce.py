@@ -118,7 +118,10 @@ class AllReduce(CollectiveBase):
         if algo is None:
             algo = self.table.lookup(self.op, self.world, dtype, nbytes).algo
             if algo not in self._channels or nbytes > self.capacity[algo]:  # a table/algos mismatch
-                algo = next(a for a in ALGORITHMS if a in self._channels and nbytes <= self.capacity[a])
+                algo = next((a for a in ALGORITHMS if a in self._channels and nbytes <= self.capacity[a]), None)
+                if algo is None:
+                    raise InvalidInputError(f"all_reduce: no algorithm of this instance serves {nbytes} bytes "
+                                            f"(capacities {self.capacity})")
         c = self._choice(algo, dtype, nbytes)
         self._debug_check(x.dtype, x.numel(), c.algo)
         ch = self._channels[c.algo]

@@ -72,10 +72,12 @@ class CollectiveBase:
         caps: dict[str, int] = {}
         for dtype in ("bf16", "fp16", "fp32"):
             lo = 0
-            for hi, c in self.table.rows.get((self.op, self.world, dtype)) or \
-                    default_table(self.comm.backend).rows[(self.op, min(self.world, 8), dtype)]:
+            rows = self.table.rows.get((self.op, self.world, dtype)) or \
+                default_table(self.comm.backend).rows[(self.op, min(self.world, 8), dtype)]
+            for i, (hi, c) in enumerate(rows):
                 if lo < max_bytes:
-                    caps[c.algo] = max(caps.get(c.algo, 0), min(hi, max_bytes))
+                    top = max_bytes if i == len(rows) - 1 else min(hi, max_bytes)  # the last row serves the rest
+                    caps[c.algo] = max(caps.get(c.algo, 0), top)
                 lo = hi
         return caps
 

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--json", default=None, help="also write the report here")
     demo.add_argument("--no-timing", action="store_true", help="check correctness only")
     bench = sub.add_parser("bench", help="nccl-tests style benchmark against NCCL and torch symmetric memory")
-    bench.add_argument("--op", default="allreduce", help="allreduce, allgather, reducescatter or primitives "
+    bench.add_argument("--op", default="allreduce", help="allreduce, allgather, reducescatter, primitives or costs "
                        "(comma-separated)")
     bench.add_argument("--world", type=int, default=None)
     bench.add_argument("--backend", choices=["auto", "cuda", "cpu"], default="auto")
@@ -87,7 +87,7 @@ BENCH_SIZES = {
 def _bench(args: argparse.Namespace) -> int:
     import json
 
-    from .bench import bench_rank, format_bench, plot_bench, write_json
+    from .bench import bench_rank, format_bench, format_cost, plot_bench, reliability_cost_rank, write_json
     from .demo import parse_size
     from .launch import LocalWorld
     from .microbench import format_micro, micro_rank
@@ -101,6 +101,9 @@ def _bench(args: argparse.Namespace) -> int:
             if op == "primitives":
                 rep = world.run(micro_rank, timeout=1800)[0]
                 print(format_micro(rep), flush=True)
+            elif op == "costs":
+                rep = world.run(reliability_cost_rank, sizes if args.sizes else None, timeout=1800)[0]
+                print(format_cost(rep), flush=True)
             else:
                 rep = world.run(bench_rank, op, sizes, args.dtype, args.modes.split(","), table, timeout=3600)[0]
                 print(format_bench(rep), flush=True)

@@ -9,6 +9,7 @@ Two implementations of one small interface:
 
 from __future__ import annotations
 
+import datetime
 import pickle
 from typing import Any, Protocol
 
@@ -26,8 +27,9 @@ class Bootstrap(Protocol):
     def all_gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, indexed by rank (picklable objects)."""
 
-    def barrier(self) -> None:
-        """Return once every rank has called it."""
+    def barrier(self, timeout: float | None = None) -> None:
+        """Return once every rank has called it; with ``timeout`` (seconds), raise if that takes
+        longer. Ranks must agree on whether they pass a timeout (it selects the protocol)."""
 
 
 class GroupBootstrap:
@@ -43,8 +45,11 @@ class GroupBootstrap:
         dist.all_gather_object(out, obj, group=self.group)
         return out
 
-    def barrier(self) -> None:
-        self.all_gather(None)
+    def barrier(self, timeout: float | None = None) -> None:
+        if timeout is None:
+            self.all_gather(None)
+        else:
+            dist.monitored_barrier(self.group, timeout=datetime.timedelta(seconds=timeout), wait_all_ranks=True)
 
 
 class StoreBootstrap:
@@ -61,16 +66,19 @@ class StoreBootstrap:
         self.prefix = prefix
         self._round = 0
 
-    def all_gather(self, obj: Any) -> list[Any]:
+    def all_gather(self, obj: Any, timeout: float | None = None) -> list[Any]:
         r = self._round
         self._round += 1
         self.store.set(f"{self.prefix}/{r}/{self.rank}", pickle.dumps(obj))
         keys = [f"{self.prefix}/{r}/{i}" for i in range(self.world)]
-        self.store.wait(keys)
+        if timeout is None:
+            self.store.wait(keys)
+        else:
+            self.store.wait(keys, datetime.timedelta(seconds=timeout))
         return [pickle.loads(self.store.get(k)) for k in keys]
 
-    def barrier(self) -> None:
-        self.all_gather(None)
+    def barrier(self, timeout: float | None = None) -> None:
+        self.all_gather(None, timeout)
 
 
 def default_bootstrap(group: dist.ProcessGroup | None = None) -> Bootstrap:

@@ -82,15 +82,16 @@ class Channel:
 
     def close(self) -> None:
         """Collective: wait until no rank uses the channel, then return its memory to the heap.
-        Local only once the communicator is closed or broken (a dead peer must not hang it)."""
+        The wait is bounded (``Communicator.close_barrier``); once the communicator is closed the
+        memory is gone anyway and nothing is waited for."""
         if not self._regions:
             return
-        if not (self.comm._closed or self.comm.broken):
-            if self.comm.backend == "cuda":
+        if not self.comm._closed:
+            if self.comm.backend == "cuda" and not self.comm.broken:
                 import torch
 
                 torch.cuda.synchronize(self.comm.device)
-            self.comm.bootstrap.barrier()
+            self.comm.close_barrier()
         for region in self._regions:
             self.comm.heap.free(region)
         self._regions = []

@@ -171,9 +171,26 @@ class Communicator:
         resources without waiting for the others."""
         return self._broken is not None
 
+    #: How long ``close`` waits for the other ranks when this communicator is broken (seconds).
+    BROKEN_CLOSE_WAIT_S = 5.0
+
+    def close_barrier(self) -> None:
+        """The barrier of the close path: every rank calls it, healthy or broken. A healthy rank
+        waits up to the wait bound plus a minute; a broken one (a peer may be dead) at most
+        ``BROKEN_CLOSE_WAIT_S`` and then goes on alone. Never hangs."""
+        if self._broken is None:
+            limit = (self.config.timeout_s or 600.0) + 60.0
+            self.bootstrap.barrier(timeout=limit)
+            return
+        try:
+            self.bootstrap.barrier(timeout=self.BROKEN_CLOSE_WAIT_S)
+        except Exception:
+            pass
+
     def close(self) -> None:
-        """Release the heap (unmap peers, free, unlink) and the diagnostic record. Collective,
-        unless the communicator is broken (then local only, so that a dead peer cannot hang it)."""
+        """Release the heap (unmap peers, free, unlink) and the diagnostic record. Collective, with
+        a bounded wait: a broken communicator (a peer dead or hung) releases its own resources
+        after ``BROKEN_CLOSE_WAIT_S`` even if the others never arrive."""
         if self._closed:
             return
         if self._broken is None:
@@ -183,10 +200,10 @@ class Communicator:
                 pass
         if self.backend == "cuda" and self._broken is None:
             torch.cuda.synchronize(self.device)
-        self._closed = True
-        if self._debug_channel is not None and self._broken is None:
+        if self._debug_channel is not None:
             self._debug_channel.close()
-        self.heap.close(collective=self._broken is None)
+        self._closed = True
+        self.heap.close(barrier=self.close_barrier)
         self.diag.close()
 
     def __enter__(self) -> Communicator:

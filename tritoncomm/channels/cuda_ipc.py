@@ -12,6 +12,7 @@ copying the 64-byte handle structure to and from bytes for the exchange.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -112,17 +113,15 @@ class CudaIpcPeerMemory:
             rt.cudaFree(self._own)
             self._own = None
 
-    def close(self, collective: bool = True) -> None:
+    def close(self, barrier: Callable[[], None] | None = None) -> None:
         if self._own is None:
             return
         rt = _rt()
-        if collective:
-            cuda_check(rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+        rt.cudaDeviceSynchronize()
         for ptr in self._opened:
             rt.cudaIpcCloseMemHandle(ptr)
         self._opened = []
-        if collective:
-            self.bootstrap.barrier()  # every peer has unmapped our heap
+        (barrier or self.bootstrap.barrier)()  # every peer has unmapped our heap
         cuda_check(rt.cudaFree(self._own), "cudaFree")
         self._own = None
         self.peer_addrs = []

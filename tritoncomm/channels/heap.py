@@ -9,6 +9,7 @@ offsets; ``SymmetricHeap.verify`` checks that they did. ``SymmetricHeap`` joins 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -102,8 +103,8 @@ class PeerMemory(Protocol):
     def peer_view(self, peer: int, offset: int, nbytes: int) -> torch.Tensor:
         """A uint8 tensor over bytes of ``peer``'s heap as this rank maps it (for copy-engine use)."""
 
-    def close(self, collective: bool = True) -> None:
-        """Unmap peers and release this rank's heap. Collective unless ``collective=False``."""
+    def close(self, barrier: Callable[[], None] | None = None) -> None:
+        """Unmap peers, call ``barrier`` (every rank has unmapped), release this rank's heap."""
 
 
 class SymmetricHeap:
@@ -150,5 +151,7 @@ class SymmetricHeap:
     def peer_addr(self, peer: int, region: Region) -> int:
         return self.memory.peer_addrs[peer] + region.offset
 
-    def close(self, collective: bool = True) -> None:
-        self.memory.close(collective)
+    def close(self, barrier: Callable[[], None] | None = None) -> None:
+        """Release the heap; ``barrier`` (default: the bootstrap's) runs between unmapping the
+        peers and freeing this rank's memory."""
+        self.memory.close(barrier or self.bootstrap.barrier)

@@ -11,6 +11,7 @@ import ctypes
 import mmap
 import os
 import uuid
+from collections.abc import Callable
 
 import torch
 
@@ -62,11 +63,10 @@ class ShmPeerMemory:
     def peer_view(self, peer: int, offset: int, nbytes: int) -> torch.Tensor:
         return torch.frombuffer(self._anchors[peer], dtype=torch.uint8, count=nbytes, offset=offset)
 
-    def close(self, collective: bool = True) -> None:
+    def close(self, barrier: Callable[[], None] | None = None) -> None:
         if not self._maps:
             return
-        if collective:
-            self.bootstrap.barrier()  # no rank still runs kernels on our memory
+        (barrier or self.bootstrap.barrier)()  # no rank still runs kernels on our memory
         self._anchors.clear()
         self.peer_addrs = []
         for mm in self._maps:

@@ -69,6 +69,7 @@ class Communicator:
             self.device = torch.device("cpu")
         self._closed = False
         self._broken: CommTimeoutError | None = None
+        self._peers_gone = False
 
         seen = self.bootstrap.all_gather((self.world, self.backend, self.config))
         if any(s != seen[0] for s in seen):
@@ -182,10 +183,12 @@ class Communicator:
             limit = (self.config.timeout_s or 600.0) + 60.0
             self.bootstrap.barrier(timeout=limit)
             return
+        if self._peers_gone:
+            return
         try:
             self.bootstrap.barrier(timeout=self.BROKEN_CLOSE_WAIT_S)
         except Exception:
-            pass
+            self._peers_gone = True  # a peer is dead: later close steps go on alone at once
 
     def close(self) -> None:
         """Release the heap (unmap peers, free, unlink) and the diagnostic record. Collective, with

@@ -26,6 +26,9 @@ def _job_bad_inputs(ctx):
         "out_shape": lambda: ar(torch.ones(8, device=dev), out=torch.ones(9, device=dev)),
         "algo": lambda: ar(torch.ones(8, device=dev), algo="ring"),
         "not_tensor": lambda: ar([1.0, 2.0]),
+        # torch itself refuses misaligned views; a buffer at an odd address makes one (CPU world only)
+        "misaligned": lambda: ar(torch.frombuffer(bytearray(64), dtype=torch.float16, offset=1, count=8)
+                                 if dev.type == "cpu" else torch.ones(8, dtype=torch.int32, device=dev)),
     }
     caught = {}
     for name, fn in cases.items():
@@ -51,6 +54,7 @@ def test_bad_inputs_raise_before_waiting(worlds):
         assert "contiguous" in caught["contiguous"]
         assert "exceed" in caught["too_large"]
         assert "meta" in caught["device"]
+        assert "aligned" in caught["misaligned"] or "not supported" in caught["misaligned"]
         assert ok
 
 

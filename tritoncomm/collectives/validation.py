@@ -32,6 +32,9 @@ def check_input(x: object, device: torch.device, what: str) -> None:
     if not x.is_contiguous():
         raise InvalidInputError(f"{what}: tensor is not contiguous (shape {tuple(x.shape)}, "
                                 f"stride {x.stride()}); call .contiguous() first")
+    if x.data_ptr() % x.element_size():
+        raise InvalidInputError(f"{what}: tensor data at {x.data_ptr():#x} is not aligned to its "
+                                f"{x.element_size()}-byte elements")
 
 
 def check_out(out: object, x: torch.Tensor, numel: int, what: str, *, may_alias: bool) -> None:
@@ -44,6 +47,8 @@ def check_out(out: object, x: torch.Tensor, numel: int, what: str, *, may_alias:
                                 f"{x.dtype} on {x.device}")
     if not out.is_contiguous():
         raise InvalidInputError(f"{what}: out is not contiguous")
+    if out.data_ptr() % out.element_size():
+        raise InvalidInputError(f"{what}: out is not aligned to its {out.element_size()}-byte elements")
     same = out.data_ptr() == x.data_ptr()
     if (same and not may_alias) or (not same and _overlap(x, out)):
         raise InvalidInputError(f"{what}: out overlaps the input" + (" (use out=x for in-place)" if may_alias else ""))

@@ -47,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "tune":
         return _tune(args)
 
-    from .demo import demo_rank, format_table, parse_size, write_json
+    from .demo import demo_rank, format_table, write_json
     from .launch import launch
+    from .units import parse_size
 
     backend = detect_backend() if args.backend == "auto" else args.backend
     world = args.world
@@ -88,9 +89,9 @@ def _bench(args: argparse.Namespace) -> int:
     import json
 
     from .bench import bench_rank, format_bench, format_cost, plot_bench, reliability_cost_rank, write_json
-    from .demo import parse_size
     from .launch import LocalWorld
     from .microbench import format_micro, micro_rank
+    from .units import parse_size
 
     backend = detect_backend() if args.backend == "auto" else args.backend
     sizes = sorted({parse_size(s) for s in (args.sizes or BENCH_SIZES[backend]).split(",")})
@@ -125,9 +126,9 @@ def _tune(args: argparse.Namespace) -> int:
     import os
 
     from .collectives import SelectionTable
-    from .demo import parse_size
     from .launch import launch
     from .tune import tune_rank
+    from .units import parse_size
 
     backend = detect_backend() if args.backend == "auto" else args.backend
     default = ",".join(str(1 << k) for k in range(11, 28)) if backend == "cuda" else "1K,16K,64K"

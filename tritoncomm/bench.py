@@ -25,6 +25,7 @@ from .collectives import AllGather, AllReduce, ReduceScatter, SelectionTable
 from .config import CommConfig
 from .launch import RankContext
 from .timing import time_per_call_us
+from .units import format_bytes
 
 __all__ = ["bench_rank", "format_bench", "plot_bench"]
 
@@ -183,11 +184,6 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
     }
 
 
-def _fmt_bytes(n: int) -> str:
-    for unit, size in (("M", 1 << 20), ("K", 1 << 10)):
-        if n >= size and n % size == 0:
-            return f"{n // size}{unit}"
-    return str(n)
 
 
 def _f(v: float | None, spec: str = "9.1f") -> str:
@@ -207,7 +203,7 @@ def format_bench(rep: dict[str, Any]) -> str:
         sp = r["nccl_us"] / r["tritoncomm_us"] if r["nccl_us"] and r["tritoncomm_us"] else None
         if sp and r["bytes"] >= 8192:
             speedups.append(sp)
-        line = (f"{_fmt_bytes(r['bytes']):>6} {r['algo']:>8} {'yes' if r['correct'] and r['identical'] else 'NO':>3} "
+        line = (f"{format_bytes(r['bytes']):>6} {r['algo']:>8} {'yes' if r['correct'] and r['identical'] else 'NO':>3} "
                 f"{_f(r['tritoncomm_us'], '8.1f')} {_f(r['algbw_GBps'], '7.1f')} {_f(r['busbw_GBps'], '7.1f')} "
                 f"{_f(r['nccl_us'], '8.1f')} {_f(sp, '6.2f')}")
         if ar:

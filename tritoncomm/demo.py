@@ -22,17 +22,14 @@ from .collectives import AllReduce
 from .config import CommConfig
 from .launch import RankContext
 from .timing import time_per_call_us
+from .units import format_bytes
 
-__all__ = ["DTYPES", "demo_rank", "format_table", "parse_size"]
+__all__ = ["DTYPES", "demo_rank", "format_table"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
-def parse_size(text: str) -> int:
-    text = text.strip().upper().removesuffix("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    return int(float(text.rstrip("KMG")) * mult)
 
 
 def _digest(t: torch.Tensor) -> int:
@@ -103,11 +100,6 @@ def demo_rank(ctx: RankContext, sizes: list[int], dtype_name: str, timing: bool 
     }
 
 
-def _fmt_bytes(n: int) -> str:
-    for unit, size in (("M", 1 << 20), ("K", 1 << 10)):
-        if n >= size and n % size == 0:
-            return f"{n // size}{unit}"
-    return str(n)
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -122,7 +114,7 @@ def format_table(report: dict[str, Any]) -> str:
     for r in report["rows"]:
         sp = r["baseline_us"] / r["tritoncomm_us"] if r["tritoncomm_us"] > 0 else float("nan")
         lines.append(
-            f"{_fmt_bytes(r['bytes']):>8} {r['dtype']:>5} {r['algo']:>8} {'*' if r['selected'] else '':>3} "
+            f"{format_bytes(r['bytes']):>8} {r['dtype']:>5} {r['algo']:>8} {'*' if r['selected'] else '':>3} "
             f"{'yes' if r['correct'] else 'NO':>7} {'yes' if r['identical'] else 'NO':>4} {r['max_rel_err']:8.1e} "
             f"{r['tritoncomm_us']:13.1f} {r['baseline_us']:10.1f} {sp:7.2f}")
     bad = [r for r in report["rows"] if not (r["correct"] and r["identical"])]

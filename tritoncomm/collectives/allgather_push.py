@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import barrier, epoch_commit, epoch_next, heap_ptr
+from ..kernels import barrier, epoch_commit, heap_ptr, program_epoch
 
 __all__ = ["allgather_kernel"]
 
@@ -25,8 +25,7 @@ def allgather_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, flags_o
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
     diag = diag_addr.to(tl.pointer_type(tl.int64))
-    epoch_ptr = heap_ptr(bases, rank, epochs_off, tl.uint32) + pid
-    e = epoch_next(epoch_ptr)
+    epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     if pid < active:
         base = buf_off + (e & 1).to(tl.int64) * half_bytes
         iters = tl.cdiv(tl.cdiv(m, BLOCK) - pid, active)

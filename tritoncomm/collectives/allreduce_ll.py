@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import epoch_commit, epoch_next, heap_ptr, ll8_poll, ll8_store, round_to
+from ..kernels import epoch_commit, heap_ptr, ll8_poll, ll8_store, program_epoch, round_to
 
 __all__ = ["ll_allreduce_kernel"]
 
@@ -59,8 +59,7 @@ def ll_allreduce_kernel(x_ptr, out_ptr, n, nwords, bases, rank, timeout, diag_ad
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     EPB: tl.constexpr = BLOCK * (32 // DTYPE.primitive_bitwidth)  # elements per block
     diag = diag_addr.to(tl.pointer_type(tl.int64))
-    epoch_ptr = heap_ptr(bases, rank, epochs_off, tl.uint32) + pid
-    e = epoch_next(epoch_ptr)
+    epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     parity = (e & 1).to(tl.int64)
     nblocks = tl.cdiv(nwords, BLOCK)
     iters = tl.cdiv(nblocks - pid, nprog)

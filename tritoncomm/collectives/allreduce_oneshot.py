@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import barrier, copy_block, epoch_commit, epoch_next, heap_ptr, round_to
+from ..kernels import barrier, copy_block, epoch_commit, heap_ptr, program_epoch, round_to
 
 __all__ = ["oneshot_allreduce_kernel"]
 
@@ -30,8 +30,7 @@ def oneshot_allreduce_kernel(x_ptr, out_ptr, n, bases, rank, timeout, diag_addr,
     nprog = active
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     diag = diag_addr.to(tl.pointer_type(tl.int64))
-    epoch_ptr = heap_ptr(bases, rank, epochs_off, tl.uint32) + pid
-    e = epoch_next(epoch_ptr)
+    epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     stage_off = buf_off + (e & 1).to(tl.int64) * slot_bytes
     if pid < nprog:
         iters = tl.cdiv(tl.cdiv(n, BLOCK) - pid, nprog)

@@ -21,7 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import barrier_arrive, barrier_wait, epoch_commit, epoch_next, heap_ptr, round_to
+from ..kernels import barrier_arrive, barrier_wait, epoch_commit, program_epoch
+from .allreduce_twoshot import twoshot_gather_block, twoshot_reduce_block, twoshot_scatter_block
 
 __all__ = ["pipelined_allreduce_kernel"]
 
@@ -32,52 +33,22 @@ def pipelined_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, d
     """Sum ``n`` elements over the ranks into ``out_ptr`` (may equal ``x_ptr``); ``shard`` elements
     per rank (a multiple of 16); flag rows ``b`` (phase 0) and ``row1 + b`` (phase 1)."""
     pid = tl.program_id(0)
-    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
-    ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
     diag = diag_addr.to(tl.pointer_type(tl.int64))
-    epoch_ptr = heap_ptr(bases, rank, epochs_off, tl.uint32) + pid
-    e = epoch_next(epoch_ptr)
+    epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     if pid < active:
         iters = tl.cdiv(tl.cdiv(shard, BLOCK) - pid, active)
-        slot_bytes = shard * ESIZE
         for i in range(0, iters + 2):
             if i < iters:  # A: reduce-scatter push of block i
                 b = pid + i * active
-                j = b * BLOCK + tl.arange(0, BLOCK)
-                for s in tl.static_range(WORLD):
-                    if s != rank:
-                        idx = s * shard + j
-                        m = (j < shard) & (idx < n)
-                        v = tl.load(x_ptr + idx, mask=m)
-                        tl.store(heap_ptr(bases, s, rs_off + rank * slot_bytes, DTYPE) + j, v, mask=m)
+                twoshot_scatter_block(x_ptr, n, shard, b, bases, rank, rs_off, WORLD, BLOCK)
                 barrier_arrive(bases, rank, WORLD, flags_off, b, e)
             if i >= 1 and i <= iters:  # B: reduce block i-1, push the result
                 b = pid + (i - 1) * active
-                j = b * BLOCK + tl.arange(0, BLOCK)
-                idx = rank * shard + j
-                m = (j < shard) & (idx < n)
                 barrier_wait(bases, rank, WORLD, flags_off, b, e, timeout, diag)
-                acc = tl.zeros([BLOCK], dtype=tl.float32)
-                for s in tl.static_range(WORLD):
-                    if s == rank:
-                        acc += tl.load(x_ptr + idx, mask=m).to(tl.float32)
-                    else:
-                        acc += tl.load(heap_ptr(bases, rank, rs_off + s * slot_bytes, DTYPE) + j,
-                                       mask=m).to(tl.float32)
-                red = round_to(acc, DTYPE)
-                for s in tl.static_range(WORLD):
-                    if s != rank:
-                        tl.store(heap_ptr(bases, s, ag_off + rank * slot_bytes, DTYPE) + j, red, mask=m)
-                tl.store(out_ptr + idx, red, mask=m)
+                twoshot_reduce_block(x_ptr, out_ptr, n, shard, b, bases, rank, rs_off, ag_off, WORLD, BLOCK)
                 barrier_arrive(bases, rank, WORLD, flags_off, row1 + b, e)
             if i >= 2:  # C: gather block i-2
                 b = pid + (i - 2) * active
-                j = b * BLOCK + tl.arange(0, BLOCK)
                 barrier_wait(bases, rank, WORLD, flags_off, row1 + b, e, timeout, diag)
-                for s in tl.static_range(WORLD):
-                    if s != rank:
-                        idx = s * shard + j
-                        m = (j < shard) & (idx < n)
-                        v = tl.load(heap_ptr(bases, rank, ag_off + s * slot_bytes, DTYPE) + j, mask=m)
-                        tl.store(out_ptr + idx, v, mask=m)
+                twoshot_gather_block(out_ptr, n, shard, b, bases, rank, ag_off, WORLD, BLOCK)
     epoch_commit(epoch_ptr, e)

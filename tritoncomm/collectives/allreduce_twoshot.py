@@ -20,9 +20,60 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import barrier, epoch_commit, epoch_next, heap_ptr, round_to
+from ..kernels import barrier, epoch_commit, heap_ptr, program_epoch, round_to
 
-__all__ = ["twoshot_allreduce_kernel"]
+__all__ = ["twoshot_allreduce_kernel", "twoshot_gather_block", "twoshot_reduce_block", "twoshot_scatter_block"]
+
+
+@triton.jit
+def twoshot_scatter_block(x_ptr, n, shard, b, bases, rank, rs_off, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """Push block ``b`` of every other rank's shard of ``x`` to that rank (``rs`` slot [rank])."""
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    j = b * BLOCK + tl.arange(0, BLOCK)
+    slot_bytes = shard * (DTYPE.primitive_bitwidth // 8)
+    for s in tl.static_range(WORLD):
+        if s != rank:
+            idx = s * shard + j
+            m = (j < shard) & (idx < n)
+            v = tl.load(x_ptr + idx, mask=m)
+            tl.store(heap_ptr(bases, s, rs_off + rank * slot_bytes, DTYPE) + j, v, mask=m)
+
+
+@triton.jit
+def twoshot_reduce_block(x_ptr, out_ptr, n, shard, b, bases, rank, rs_off, ag_off, WORLD: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    """Sum block ``b`` of my shard over ranks 0..W-1 (mine from ``x``, the others from ``rs``),
+    write it to ``out`` and push it to every peer (``ag`` slot [rank])."""
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    j = b * BLOCK + tl.arange(0, BLOCK)
+    slot_bytes = shard * (DTYPE.primitive_bitwidth // 8)
+    idx = rank * shard + j
+    m = (j < shard) & (idx < n)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in tl.static_range(WORLD):
+        if s == rank:
+            acc += tl.load(x_ptr + idx, mask=m).to(tl.float32)
+        else:
+            acc += tl.load(heap_ptr(bases, rank, rs_off + s * slot_bytes, DTYPE) + j, mask=m).to(tl.float32)
+    red = round_to(acc, DTYPE)
+    for s in tl.static_range(WORLD):
+        if s != rank:
+            tl.store(heap_ptr(bases, s, ag_off + rank * slot_bytes, DTYPE) + j, red, mask=m)
+    tl.store(out_ptr + idx, red, mask=m)
+
+
+@triton.jit
+def twoshot_gather_block(out_ptr, n, shard, b, bases, rank, ag_off, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """Copy block ``b`` of every other rank's reduced shard from ``ag`` into ``out``."""
+    DTYPE: tl.constexpr = out_ptr.dtype.element_ty
+    j = b * BLOCK + tl.arange(0, BLOCK)
+    slot_bytes = shard * (DTYPE.primitive_bitwidth // 8)
+    for s in tl.static_range(WORLD):
+        if s != rank:
+            idx = s * shard + j
+            m = (j < shard) & (idx < n)
+            v = tl.load(heap_ptr(bases, rank, ag_off + s * slot_bytes, DTYPE) + j, mask=m)
+            tl.store(out_ptr + idx, v, mask=m)
 
 
 @triton.jit
@@ -32,48 +83,17 @@ def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, dia
     per rank (a multiple of 16); programs ``>= active`` only keep their epoch in step. Barrier slots:
     ``pid`` and ``pid + grid``, so the channel needs twice the grid's slots."""
     pid = tl.program_id(0)
-    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
-    ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
     diag = diag_addr.to(tl.pointer_type(tl.int64))
-    epoch_ptr = heap_ptr(bases, rank, epochs_off, tl.uint32) + pid
-    e = epoch_next(epoch_ptr)
+    epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     if pid < active:
         iters = tl.cdiv(tl.cdiv(shard, BLOCK) - pid, active)
-        slot_bytes = shard * ESIZE
-        # 1. reduce-scatter push: block b of shard s -> rank s, rs slot [rank]
-        for i in range(0, iters):
-            j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
-            for s in tl.static_range(WORLD):
-                if s != rank:
-                    idx = s * shard + j
-                    m = (j < shard) & (idx < n)
-                    v = tl.load(x_ptr + idx, mask=m)
-                    tl.store(heap_ptr(bases, s, rs_off + rank * slot_bytes, DTYPE) + j, v, mask=m)
+        for i in range(0, iters):  # 1. reduce-scatter push
+            twoshot_scatter_block(x_ptr, n, shard, pid + i * active, bases, rank, rs_off, WORLD, BLOCK)
         barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
-        # 2. reduce my shard in rank order; write it out and push it to every peer's ag slot [rank]
-        for i in range(0, iters):
-            j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
-            idx = rank * shard + j
-            m = (j < shard) & (idx < n)
-            acc = tl.zeros([BLOCK], dtype=tl.float32)
-            for s in tl.static_range(WORLD):
-                if s == rank:
-                    acc += tl.load(x_ptr + idx, mask=m).to(tl.float32)
-                else:
-                    acc += tl.load(heap_ptr(bases, rank, rs_off + s * slot_bytes, DTYPE) + j, mask=m).to(tl.float32)
-            red = round_to(acc, DTYPE)
-            for s in tl.static_range(WORLD):
-                if s != rank:
-                    tl.store(heap_ptr(bases, s, ag_off + rank * slot_bytes, DTYPE) + j, red, mask=m)
-            tl.store(out_ptr + idx, red, mask=m)
+        for i in range(0, iters):  # 2. reduce my shard, write it out, push it to every peer
+            twoshot_reduce_block(x_ptr, out_ptr, n, shard, pid + i * active, bases, rank, rs_off, ag_off, WORLD,
+                                 BLOCK)
         barrier(bases, rank, WORLD, flags_off, pid + tl.num_programs(0), e, timeout, diag)
-        # 3. gather the other shards from my ag buffer
-        for i in range(0, iters):
-            j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
-            for s in tl.static_range(WORLD):
-                if s != rank:
-                    idx = s * shard + j
-                    m = (j < shard) & (idx < n)
-                    v = tl.load(heap_ptr(bases, rank, ag_off + s * slot_bytes, DTYPE) + j, mask=m)
-                    tl.store(out_ptr + idx, v, mask=m)
+        for i in range(0, iters):  # 3. gather the other shards
+            twoshot_gather_block(out_ptr, n, shard, pid + i * active, bases, rank, ag_off, WORLD, BLOCK)
     epoch_commit(epoch_ptr, e)

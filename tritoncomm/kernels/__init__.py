@@ -22,12 +22,22 @@ from .ll import ll8_pack, ll8_poll, ll8_store, ll8_unpack
 from .memory import heap_base, heap_ptr, translate
 from .numerics import round_to
 from .ordering import clock_ns, fence_sys, ld_acquire, ld_volatile, st_relaxed, st_release
-from .signals import epoch_commit, epoch_next, signal, signal_add, signal_relaxed, wait, wait_relaxed
+from .signals import (
+    epoch_commit,
+    epoch_next,
+    program_epoch,
+    signal,
+    signal_add,
+    signal_relaxed,
+    wait,
+    wait_relaxed,
+)
 
 __all__ = [
     "DIAG_WORDS", "INTERPRET", "KIND_NAMES", "MAX_WORLD", "already_failed", "barrier", "barrier_arrive",
     "barrier_flag_bytes", "barrier_wait", "check_signatures", "clock_ns", "copy_block", "epoch_commit",
     "epoch_next", "fence_sys", "get", "heap_base", "heap_ptr", "interpreting", "ld_acquire", "ld_volatile",
-    "ll8_pack", "ll8_poll", "ll8_store", "ll8_unpack", "put", "record_timeout", "round_to", "signal", "signal_add",
-    "signal_relaxed", "signature_table_bytes", "st_relaxed", "st_release", "translate", "wait", "wait_relaxed",
+    "ll8_pack", "ll8_poll", "ll8_store", "ll8_unpack", "program_epoch", "put", "record_timeout", "round_to",
+    "signal", "signal_add", "signal_relaxed", "signature_table_bytes", "st_relaxed", "st_release", "translate",
+    "wait", "wait_relaxed",
 ]

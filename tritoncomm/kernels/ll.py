@@ -20,10 +20,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .backend import INTERPRET
 from .diag import already_failed, record_timeout
 from .ordering import clock_ns
-from .signals import _CHECK_EVERY
+from .signals import _CHECK_EVERY, _expired
 
 __all__ = ["ll8_pack", "ll8_poll", "ll8_store", "ll8_unpack"]
 
@@ -69,11 +68,7 @@ def ll8_poll(ptrs, mask, flag, peer, slot, rank, timeout, diag):
                     if already_failed(diag):
                         missing = 0
                 if timeout > 0:
-                    if INTERPRET:
-                        late = spins > timeout
-                    else:
-                        late = (clock_ns() - t0).to(tl.int64) > timeout
-                    if late:
+                    if _expired(t0, spins, timeout):
                         seen = tl.load(ptrs, mask=mask, volatile=True)
                         bad = (((seen >> 32).to(tl.uint32) != flag) & mask)
                         first = tl.max(tl.where(bad, (seen >> 32).to(tl.int64), -1), axis=0)

@@ -35,11 +35,13 @@ import triton.language as tl
 
 from .backend import INTERPRET
 from .diag import already_failed, record_timeout
+from .memory import heap_ptr
 from .ordering import clock_ns, ld_acquire, ld_volatile, st_relaxed, st_release
 
 __all__ = [
     "epoch_commit",
     "epoch_next",
+    "program_epoch",
     "signal",
     "signal_add",
     "signal_relaxed",
@@ -56,6 +58,14 @@ def epoch_next(epoch_ptr):
     """This launch's epoch for the program that owns ``epoch_ptr`` (uint32; never 0)."""
     e = tl.load(epoch_ptr).to(tl.uint32) + 1
     return tl.where(e == 0, 1, e).to(tl.uint32)
+
+
+@triton.jit
+def program_epoch(bases, rank, epochs_off):
+    """``(epoch_ptr, epoch)`` for the calling program: its counter in the epochs table at heap offset
+    ``epochs_off`` of this rank, and this launch's epoch (``epoch_next``)."""
+    epoch_ptr = heap_ptr(bases, rank, epochs_off, tl.uint32) + tl.program_id(0)
+    return epoch_ptr, epoch_next(epoch_ptr)
 
 
 @triton.jit

@@ -1,0 +1,146 @@
+"""A torch.distributed-style API over an existing ProcessGroup, set up from it once.
+
+``GroupCollectives(group)`` probes the group (one collective vote), and, if tritoncomm can serve
+it, builds a communicator and one all-reduce, all-gather and reduce-scatter on it; otherwise (or for
+sizes past ``max_bytes``) every call goes to torch.distributed on ``group``. ``Registry`` holds one
+``GroupCollectives`` per group name, so that custom ops (``integrations.ops``), which can only carry
+strings, find theirs; ``tritoncomm.all_reduce(t, group)`` uses the registry ``default_registry``.
+Setting up is collective and happens at the first call for a group (or at ``Registry.setup``):
+call it on every rank in the same order, and before CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..channels import Communicator
+from ..collectives import AllGather, AllReduce, ReduceScatter
+from ..config import CommConfig
+from .capability import Verdict, probe
+
+__all__ = ["GroupCollectives", "Registry", "all_gather_into_tensor", "all_reduce", "default_registry",
+           "reduce_scatter_tensor", "shutdown"]
+
+
+def _cpu_group_for(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    if dist.get_backend(group) == "gloo":
+        return group or dist.group.WORLD
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+    return dist.new_group(ranks=ranks, backend="gloo")  # collective over the default group
+
+
+class GroupCollectives:
+    """tritoncomm's collectives for one process group, with torch.distributed as the fallback."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None, *, cpu_group: dist.ProcessGroup | None = None,
+                 device: torch.device | None = None, max_bytes: int = 64 << 20,
+                 config: CommConfig | None = None) -> None:
+        self.group = group or dist.group.WORLD
+        self.cpu_group = cpu_group or _cpu_group_for(group)
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() and \
+                dist.get_backend(self.group) == "nccl" else torch.device("cpu")
+        self.device = device
+        self.verdict: Verdict = probe(self.cpu_group, device, config)
+        self.comm: Communicator | None = None
+        if self.verdict.ok:
+            self.comm = Communicator(self.cpu_group, config=config, device=device)
+            self.ar = AllReduce(self.comm, max_bytes=max_bytes, fallback_group=self.group)
+            self.ag = AllGather(self.comm, max_bytes=max_bytes, fallback_group=self.group)
+            self.rs = ReduceScatter(self.comm, max_bytes=max_bytes, fallback_group=self.group)
+        else:
+            self.verdict.log_once()
+        self.world = dist.get_world_size(self.group)
+
+    @property
+    def enabled(self) -> bool:
+        return self.comm is not None
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """In place, like ``dist.all_reduce(t, group)``; returns ``t``."""
+        if self.comm is None:
+            dist.all_reduce(t, group=self.group)
+            return t
+        return self.ar(t, out=t)
+
+    def all_reduce_out(self, t: torch.Tensor) -> torch.Tensor:
+        """Out of place: a new tensor with the sum."""
+        if self.comm is None:
+            out = t.clone()
+            dist.all_reduce(out, group=self.group)
+            return out
+        return self.ar(t)
+
+    def all_gather_into_tensor(self, out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if self.comm is None:
+            dist.all_gather_into_tensor(out, t, group=self.group)
+            return out
+        return self.ag(t, out)
+
+    def reduce_scatter_tensor(self, out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if self.comm is None:
+            dist.reduce_scatter_tensor(out, t, group=self.group)
+            return out
+        return self.rs(t, out)
+
+    def close(self) -> None:
+        if self.comm is not None:
+            for c in (self.ar, self.ag, self.rs):
+                c.close()
+            self.comm.close()
+            self.comm = None
+
+
+class Registry:
+    """``GroupCollectives`` by group name. Explicit state: ``setup``, ``get``, ``close``."""
+
+    def __init__(self) -> None:
+        self._groups: dict[str, GroupCollectives] = {}
+
+    @staticmethod
+    def name_of(group: dist.ProcessGroup | None) -> str:
+        return (group or dist.group.WORLD).group_name
+
+    def setup(self, group: dist.ProcessGroup | None = None, **kwargs) -> GroupCollectives:
+        """Collective: set up tritoncomm for ``group`` (once; later calls return the same)."""
+        name = self.name_of(group)
+        if name not in self._groups:
+            self._groups[name] = GroupCollectives(group, **kwargs)
+        return self._groups[name]
+
+    def get(self, name: str) -> GroupCollectives:
+        try:
+            return self._groups[name]
+        except KeyError:
+            raise KeyError(f"tritoncomm has not been set up for group {name!r}: call "
+                           "tritoncomm.integrations.default_registry.setup(group) on every rank first") from None
+
+    def close(self) -> None:
+        for g in self._groups.values():
+            g.close()
+        self._groups.clear()
+
+
+#: The registry behind ``tritoncomm.all_reduce`` & co. and the custom ops.
+default_registry = Registry()
+
+
+def all_reduce(t: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """``dist.all_reduce(t, group=group)`` (sum, in place) through tritoncomm when it can serve."""
+    return default_registry.setup(group).all_reduce(t)
+
+
+def all_gather_into_tensor(out: torch.Tensor, t: torch.Tensor,
+                           group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    return default_registry.setup(group).all_gather_into_tensor(out, t)
+
+
+def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor,
+                          group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    return default_registry.setup(group).reduce_scatter_tensor(out, t)
+
+
+def shutdown() -> None:
+    """Collective: close everything ``default_registry`` set up."""
+    default_registry.close()

@@ -53,3 +53,19 @@ def test_ranks_have_multicast_off(worlds):
         assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
         assert env["NVSHMEM_DISABLE_NVLS"] == "1"
         assert env["TRITON_INTERPRET"] == ("1" if BACKEND == "cpu" else "0")
+
+
+def test_torchrun_launches_the_cpu_world(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tritoncomm.launch import _free_port
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--master-port", str(_free_port()), os.path.join(root, "examples", "torchrun_allreduce.py")],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("matches torch.distributed") == 2

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MULTICAST_OFF", "LocalWorld", "RankContext", "RankError", "detect_backend", "launch"]
+__all__ = ["MULTICAST_OFF", "LocalWorld", "RankContext", "RankError", "detect_backend", "init_from_env", "launch"]
 
 #: NVLink multicast must stay off everywhere (it can take a shared host's GPUs out of service).
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -218,3 +218,31 @@ def launch(fn: Callable[..., Any], world: int, *args: Any, backend: str = "auto"
     """Start ``world`` ranks, run ``fn(ctx, *args, **kwargs)`` in each, stop them; results by rank."""
     with LocalWorld(world, backend) as w:
         return w.run(fn, *args, timeout=timeout, **kwargs)
+
+
+def init_from_env(backend: str = "auto", timeout_s: float = 600.0) -> RankContext:
+    """Join a job started by torchrun, or by anything that sets ``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK`` (optional) and ``MASTER_ADDR``/``MASTER_PORT``: initialise torch.distributed
+    (NCCL plus a gloo CPU group on GPUs; gloo in the CPU world, which needs ``TRITON_INTERPRET=1``
+    exported before Python starts) and return this rank's context."""
+    import torch
+    import torch.distributed as dist
+
+    for k, v in MULTICAST_OFF.items():
+        os.environ.setdefault(k, v)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    backend = detect_backend() if backend == "auto" else backend
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if backend == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl", rank=rank, world_size=world, timeout=timeout, device_id=device)
+        cpu_group = dist.new_group(backend="gloo", timeout=timeout)
+    else:
+        device = torch.device("cpu")
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
+        cpu_group = dist.group.WORLD
+    return RankContext(rank, world, backend, device, dist.group.WORLD, cpu_group)

@@ -137,3 +137,16 @@ def test_pipelined_twoshot_compiles_with_split_barriers():
                         {"x_ptr", "out_ptr", "n", "shard", "bases", "flags_off", "epochs_off", "rs_off", "ag_off"}, 8))
     assert o["ld.global.v4.b32"] >= 3 and o["st.global.v4.b32"] >= 3, o
     assert o["st.release.sys.global.b32"] >= 2 and o["ld.acquire.sys.global.b32"] >= 2, o
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_fused_allreduce_rmsnorm_compiles(fp8):
+    from tritoncomm.collectives.fused_norm import allreduce_add_rmsnorm_kernel
+
+    sig = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*fp8e4nv" if fp8 else "*bf16",
+           "scale_ptr": "*fp32", "T": "i32", "H": "i32", "eps": "fp32", **COMMON, "flags_off": "i64",
+           "epochs_off": "i64", "buf_off": "i64", "slot_bytes": "i64"}
+    o = ops(compile_ptx(allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "BLOCK_H": 8192, "GEMMA": False, "FP8": fp8},
+                        {"x_ptr", "res_ptr", "w_ptr", "out_ptr", "H", "bases", "flags_off", "epochs_off",
+                         "buf_off", "slot_bytes"}, 8))
+    assert o["st.release.sys.global.b32"] >= 1 and o["ld.acquire.sys.global.b32"] >= 1, o

@@ -14,8 +14,19 @@ from .functional import (
     shutdown,
 )
 from .hierarchical import HierarchicalAllReduce, NodeGroups, node_groups
+from .tp import (
+    ColumnParallelLinear,
+    FusedAddRMSNorm,
+    LlamaDecoderLayer,
+    RowParallelLinear,
+    TorchReducer,
+    TritonCommReducer,
+    VocabParallelEmbedding,
+)
 
 __all__ = [
+    "ColumnParallelLinear", "FusedAddRMSNorm", "LlamaDecoderLayer", "RowParallelLinear", "TorchReducer",
+    "TritonCommReducer", "VocabParallelEmbedding",
     "GroupCollectives", "HierarchicalAllReduce", "NodeGroups", "Registry", "SGLangCustomAllreduce",
     "TritonCommCustomAllreduce", "Verdict", "all_gather_into_tensor", "all_reduce", "default_registry", "node_groups",
     "ops", "probe", "reduce_scatter_tensor", "shutdown",

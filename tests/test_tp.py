@@ -1,0 +1,85 @@
+"""Tensor-parallel layers and decoder against a single-process reference with the full weights."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tritoncomm.integrations.tp import (
+    LlamaDecoderLayer,
+    TorchReducer,
+    TritonCommReducer,
+    VocabParallelEmbedding,
+    rms_norm,
+)
+
+from .helpers import make_comm, same_on_all_ranks
+
+H, HEADS, KV, INTER, VOCAB, LAYERS, T = 64, 8, 4, 128, 96, 2, 5
+
+
+def _weights(layer: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + layer)
+    d = H // HEADS
+
+    def r(*shape, scale=None):
+        return (torch.randn(*shape, generator=g) * (scale or 1 / math.sqrt(shape[-1]))).to(torch.bfloat16)
+
+    return {"wq": r(HEADS * d, H), "wk": r(KV * d, H), "wv": r(KV * d, H), "wo": r(H, HEADS * d),
+            "gate": r(INTER, H), "up": r(INTER, H), "down": r(H, INTER),
+            "input_norm": (1 + 0.1 * torch.randn(H, generator=g)).to(torch.bfloat16),
+            "post_norm": (1 + 0.1 * torch.randn(H, generator=g)).to(torch.bfloat16)}
+
+
+def _reference(ids: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+    """Single process, full weights, the same computation order as the TP model."""
+    x = F.embedding(ids, emb)
+    residual = torch.zeros_like(x)
+    partial = x
+    d = H // HEADS
+    for layer in range(LAYERS):
+        w = _weights(layer)
+        residual = residual + partial
+        h = rms_norm(residual, w["input_norm"], 1e-6)
+        b, t, _ = h.shape
+        q = F.linear(h, w["wq"]).view(b, t, HEADS, d).transpose(1, 2)
+        k = F.linear(h, w["wk"]).view(b, t, KV, d).transpose(1, 2).repeat_interleave(HEADS // KV, dim=1)
+        v = F.linear(h, w["wv"]).view(b, t, KV, d).transpose(1, 2).repeat_interleave(HEADS // KV, dim=1)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1 / math.sqrt(d))
+        residual = residual + F.linear(a.transpose(1, 2).reshape(b, t, HEADS * d), w["wo"])
+        h = rms_norm(residual, w["post_norm"], 1e-6)
+        partial = F.linear(F.silu(F.linear(h, w["gate"])) * F.linear(h, w["up"]), w["down"])
+    return (residual + partial).float()
+
+
+def _job_decoder(ctx, which):
+    comm = make_comm(ctx)
+    reducer = TritonCommReducer(comm, max_tokens=64, hidden=H) if which == "tritoncomm" else TorchReducer(ctx.cpu_group)
+    emb_w = (torch.randn(VOCAB, H, generator=torch.Generator().manual_seed(7)) * 0.5).to(torch.bfloat16)
+    embed = VocabParallelEmbedding(emb_w, reducer)
+    layers = [LlamaDecoderLayer(_weights(i), HEADS, KV, reducer) for i in range(LAYERS)]
+    ids = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        residual = embed(ids)  # already summed over ranks: it starts the residual stream
+        partial = torch.zeros_like(residual)
+        for layer in layers:
+            partial = layer(partial, residual)
+        out = residual + reducer.all_reduce(partial.contiguous())
+    ref = _reference(ids, emb_w)
+    err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+    same = same_on_all_ranks(ctx, out)
+    if which == "tritoncomm":
+        reducer.close()
+    comm.close()
+    return err, same
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("which", ["tritoncomm", "torch"])
+def test_tp_decoder_matches_single_process_reference(worlds, world, which):
+    for err, same in worlds(world).run(_job_decoder, which):
+        assert err < 3e-2, f"relative error {err}"
+        assert same

@@ -73,9 +73,10 @@ def _handshake_kernel(out_bad, rounds, n, bases, rank, world, timeout, diag_addr
     bad = 0
     for k in range(1, rounds + 1):
         r = base + k
-        if k > 1:
-            wait_relaxed(ack_flag_mine, r - 1, nxt, 1, rank, timeout, diag)  # next has consumed r-1
-            fence_sys()
+        # next has consumed round r-1, also across launches (for k = 1 that is the previous launch's
+        # last round; 0 on a fresh channel)
+        wait_relaxed(ack_flag_mine, r - 1, nxt, 1, rank, timeout, diag)
+        fence_sys()
         tl.store(heap_ptr(bases, nxt, buf_off, tl.int32) + offs, (r * 1000 + rank * 7 + offs).to(tl.int32), mask=m)
         signal(data_flag_at_next, r)
         wait(data_flag_mine, r, prv, 0, rank, timeout, diag)

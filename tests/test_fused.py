@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tritoncomm as tc
-from tritoncomm.collectives import FusedAllReduceAddRMSNorm
+from tritoncomm.collectives import FUSED_ALGOS, FusedAllReduceAddRMSNorm
 
 from .helpers import make_comm, reference_sum, same_on_all_ranks
 
@@ -19,21 +19,22 @@ def _reference(ctx, x, residual, weight, eps, gemma):
     return new_res, y
 
 
-def _job_fused(ctx, shapes, dtype, gemma, fp8):
+def _job_fused(ctx, shapes, dtype, gemma, fp8, algos=(None,)):
     comm = make_comm(ctx)
-    fused = FusedAllReduceAddRMSNorm(comm, max_tokens=64, max_hidden=4200)
+    fused = FusedAllReduceAddRMSNorm(comm, max_tokens=64, max_hidden=4200, algos=FUSED_ALGOS)
     bad = []
-    for t, h in shapes:
+    for (t, h), algo in [(sh, a) for sh in shapes for a in algos]:
         g = torch.Generator().manual_seed(1000 * t + h + ctx.rank)
         x = torch.randn(t, h, generator=g).to(dtype).to(ctx.device)
         residual = torch.randn(t, h, generator=torch.Generator().manual_seed(t * h)).to(dtype).to(ctx.device)
         weight = (torch.rand(h, generator=torch.Generator().manual_seed(h)) + 0.5).to(dtype).to(ctx.device)
         exp_res, exp_y = _reference(ctx, x, residual, weight, 1e-6, gemma)
         scale = torch.tensor([0.05], device=ctx.device) if fp8 else None
-        out = fused(x, residual, weight, gemma=gemma, fp8_scale=scale)
+        out = torch.full((t, h), float("nan"), device=ctx.device).to(torch.float8_e4m3fn if fp8 else dtype)
+        fused(x, residual, weight, gemma=gemma, fp8_scale=scale, out=out, algo=algo)
         comm.synchronize()
         if not torch.allclose(residual.float().cpu(), exp_res.float(), rtol=1e-2, atol=1e-2):
-            bad.append((t, h, "residual"))
+            bad.append((t, h, algo, "residual"))
         if fp8:
             got = out.float().cpu() * 0.05
             want = (exp_y / 0.05).clamp(-448, 448) * 0.05
@@ -41,19 +42,49 @@ def _job_fused(ctx, shapes, dtype, gemma, fp8):
         else:
             ok = torch.allclose(out.float().cpu(), exp_y, rtol=2e-2, atol=2e-2)
         if not ok:
-            bad.append((t, h, "output"))
+            bad.append((t, h, algo, "output"))
         if not (same_on_all_ranks(ctx, residual) and same_on_all_ranks(ctx, out.view(torch.uint8))):
-            bad.append((t, h, "ranks differ"))
+            bad.append((t, h, algo, "ranks differ"))
     fused.close()
     comm.close()
     return bad
 
 
-@pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fused_matches_unfused(worlds, world, dtype):
-    for bad in worlds(world).run(_job_fused, [(1, 1000), (7, 4097), (33, 64)], dtype, False, False):
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_fused_every_variant_matches_unfused(worlds, world):
+    """LL, one-shot and two-shot (rows not a multiple of the world, odd hidden) give the reference."""
+    for bad in worlds(world).run(_job_fused, [(1, 1000), (7, 4097), (33, 64)], torch.bfloat16, False, False,
+                                 FUSED_ALGOS):
         assert bad == []
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fused_fp16_selected_variant(worlds, world):
+    for bad in worlds(world).run(_job_fused, [(3, 1001), (64, 130)], torch.float16, False, False):
+        assert bad == []
+
+
+def _job_variants_agree(ctx):
+    """The three variants give the same bits as each other (same order, same single rounding)."""
+    comm = make_comm(ctx)
+    fused = FusedAllReduceAddRMSNorm(comm, max_tokens=16, max_hidden=300, algos=FUSED_ALGOS)
+    g = torch.Generator().manual_seed(7 + ctx.rank)
+    x = torch.randn(9, 300, generator=g).to(torch.bfloat16).to(ctx.device)
+    res0 = torch.randn(9, 300, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16).to(ctx.device)
+    w = torch.rand(300, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16).to(ctx.device)
+    outs = []
+    for algo in FUSED_ALGOS:
+        r = res0.clone()
+        o = fused(x, r, w, algo=algo)
+        comm.synchronize()
+        outs.append((r.view(torch.int16).cpu(), o.view(torch.int16).cpu()))
+    fused.close()
+    comm.close()
+    return all(torch.equal(a[0], outs[0][0]) and torch.equal(a[1], outs[0][1]) for a in outs)
+
+
+def test_fused_variants_bitwise_equal(worlds):
+    assert all(worlds(4).run(_job_variants_agree))
 
 
 @pytest.mark.parametrize("gemma,fp8", [(True, False), (False, True)])

@@ -2,11 +2,11 @@
 
 from .allgather import AllGather, ReduceScatter
 from .allreduce import ALGORITHMS, LL_MAX_BYTES, AllReduce
-from .fused import MAX_HIDDEN, FusedAllReduceAddRMSNorm
+from .fused import FUSED_ALGOS, MAX_HIDDEN, FusedAllReduceAddRMSNorm
 from .tuning import Choice, SelectionTable, default_table, load_table
 from .validation import SUPPORTED_DTYPES, SUPPORTED_OPS
 
 __all__ = [
-    "ALGORITHMS", "LL_MAX_BYTES", "MAX_HIDDEN", "SUPPORTED_DTYPES", "SUPPORTED_OPS", "AllGather", "AllReduce",
+    "ALGORITHMS", "FUSED_ALGOS", "LL_MAX_BYTES", "MAX_HIDDEN", "SUPPORTED_DTYPES", "SUPPORTED_OPS", "AllGather", "AllReduce",
     "Choice", "FusedAllReduceAddRMSNorm", "ReduceScatter", "SelectionTable", "default_table", "load_table",
 ]

@@ -21,11 +21,11 @@ import triton.language as tl
 
 from ..kernels import epoch_commit, heap_ptr, ll8_poll, ll8_store, program_epoch, round_to
 
-__all__ = ["ll_allreduce_kernel"]
+__all__ = ["ll_allreduce_kernel", "load_words", "words_to_f32"]
 
 
 @triton.jit
-def _load_words(x_ptr, n, b, BLOCK: tl.constexpr):
+def load_words(x_ptr, n, b, BLOCK: tl.constexpr):
     """Block ``b`` of the input as 32-bit words (BLOCK words)."""
     if x_ptr.dtype.element_ty.primitive_bitwidth == 16:
         offs = b * (2 * BLOCK) + tl.arange(0, 2 * BLOCK)
@@ -39,8 +39,8 @@ def _load_words(x_ptr, n, b, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _words_to_f32(words, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
-    """Inverse of ``_load_words``, widened to fp32 (2*BLOCK or BLOCK values)."""
+def words_to_f32(words, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """Inverse of ``load_words``, widened to fp32 (2*BLOCK or BLOCK values)."""
     if DTYPE.primitive_bitwidth == 16:
         lo = (words & 0xFFFF).to(tl.uint16).to(DTYPE, bitcast=True)
         hi = (words >> 16).to(tl.uint16).to(DTYPE, bitcast=True)
@@ -68,7 +68,7 @@ def ll_allreduce_kernel(x_ptr, out_ptr, n, nwords, bases, rank, timeout, diag_ad
     for i in range(0, iters):
         b = pid + i * nprog
         w = b * BLOCK + tl.arange(0, BLOCK)
-        words = _load_words(x_ptr, n, b, BLOCK)
+        words = load_words(x_ptr, n, b, BLOCK)
         for p in tl.static_range(WORLD):
             if p != rank:
                 ll8_store(heap_ptr(bases, p, dst_off, tl.uint64) + w, words, e, mask=w < nwords)
@@ -79,11 +79,11 @@ def ll_allreduce_kernel(x_ptr, out_ptr, n, nwords, bases, rank, timeout, diag_ad
         acc = tl.zeros([EPB], dtype=tl.float32)
         for s in tl.static_range(WORLD):
             if s == rank:
-                words = _load_words(x_ptr, n, b, BLOCK)
+                words = load_words(x_ptr, n, b, BLOCK)
             else:
                 src = heap_ptr(bases, rank, buf_off + ((parity * WORLD + s) * slot_words) * 8, tl.uint64)
                 words = ll8_poll(src + w, w < nwords, e, s, b, rank, timeout, diag)
-            acc += _words_to_f32(words, DTYPE, BLOCK)
+            acc += words_to_f32(words, DTYPE, BLOCK)
         offs = b * EPB + tl.arange(0, EPB)
         tl.store(out_ptr + offs, round_to(acc, DTYPE), mask=offs < n)
     epoch_commit(epoch_ptr, e)

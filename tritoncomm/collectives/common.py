@@ -16,7 +16,7 @@ __all__ = ["CollectiveBase", "round_up"]
 log = logging.getLogger("tritoncomm")
 
 
-_OP_CODES = {"allreduce": 1, "allgather": 2, "reducescatter": 3}
+_OP_CODES = {"allreduce": 1, "allgather": 2, "reducescatter": 3, "fused_add_rmsnorm": 4, "gemm_allreduce": 5}
 _DTYPE_CODES = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
 _ALGO_CODES = {"ll": 1, "oneshot": 2, "twoshot": 3, "pipelined": 4, "push": 5, "fallback": 99}
 
@@ -28,7 +28,8 @@ def round_up(x: int, m: int) -> int:
 class CollectiveBase:
     """Owns channels in the communicator's heap; creation and ``close`` are collective."""
 
-    op = ""
+    op = ""  #: the table's op
+    debug_op = ""  #: the op named in debug-mode signatures (default: ``op``)
 
     def __init__(self, comm: Communicator, *, table: SelectionTable | None, fallback_group: dist.ProcessGroup | None,
                  name: str) -> None:
@@ -92,7 +93,8 @@ class CollectiveBase:
     def _debug_check(self, dtype: torch.dtype, count: int, algo: str) -> None:
         """Debug mode: all ranks must call with the same (op, dtype, count, algorithm)."""
         if self.comm.debug:
-            self.comm.debug_check(_OP_CODES[self.op], _DTYPE_CODES[dtype], count, _ALGO_CODES.get(algo, 99))
+            op = _OP_CODES[self.debug_op or self.op]
+            self.comm.debug_check(op, _DTYPE_CODES[dtype], count, _ALGO_CODES.get(algo, 99))
 
     def _note_fallback(self, nbytes: int, limit: int) -> None:
         if not self._warned_fallback:

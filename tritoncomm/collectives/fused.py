@@ -1,48 +1,102 @@
-"""Fused tensor-parallel epilogues: host side (kernel in ``fused_norm``)."""
+"""Fused tensor-parallel epilogue: all-reduce + residual add + RMSNorm (+ FP8), host side.
+
+Three kernels, one per all-reduce shape, picked by the all-reduce table for the same bytes: LL
+packets (``fused_norm_ll``) where the table picks LL, the one-shot (``fused_norm``) where it picks
+the one-shot, the two-shot by rows (``fused_norm_twoshot``) where it picks a two-shot. All three
+sum the ranks in order 0..W-1 in fp32, add the residual in fp32 and round once, so they give the
+same bits as each other and on every rank.
+"""
 
 from __future__ import annotations
 
 import torch
 import triton
 
-from ..channels import Channel, Communicator
+from ..channels import Communicator
 from ..errors import InvalidInputError
+from .allreduce import LL_MAX_BYTES
+from .common import CollectiveBase, round_up
 from .fused_norm import allreduce_add_rmsnorm_kernel
-from .validation import check_input
+from .fused_norm_ll import ll_allreduce_add_rmsnorm_kernel
+from .fused_norm_twoshot import twoshot_allreduce_add_rmsnorm_kernel
+from .tuning import SelectionTable
+from .validation import DTYPE_NAMES, check_input
 
-__all__ = ["MAX_HIDDEN", "FusedAllReduceAddRMSNorm"]
+__all__ = ["FUSED_ALGOS", "MAX_HIDDEN", "FusedAllReduceAddRMSNorm"]
 
 #: Largest hidden size one program normalises in one step.
 MAX_HIDDEN = 16384
+FUSED_ALGOS = ("ll", "oneshot", "twoshot")
+_FROM_TABLE = {"ll": "ll", "oneshot": "oneshot", "twoshot": "twoshot", "pipelined": "twoshot"}
 
 
-class FusedAllReduceAddRMSNorm:
+class FusedAllReduceAddRMSNorm(CollectiveBase):
     """``residual += all_reduce(x)`` in place; returns ``rmsnorm(residual) * weight`` (or
-    ``* (1 + weight)`` with ``gemma=True``), in ``x``'s dtype or, given ``fp8_scale``, FP8 e4m3.
+    ``* (1 + weight)`` with ``gemma=True``), in ``x``'s dtype or, given ``fp8_scale``, FP8 e4m3
+    (``clamp(y / scale, -448, 448)``).
 
     Args:
         comm: the communicator.
         max_tokens, max_hidden: the largest ``x`` (tokens x hidden) served; ``max_hidden <= 16384``.
         eps: the RMSNorm epsilon.
-        programs: the (fixed) grid; each program handles whole rows.
+        table: the all-reduce selection table that picks the variant by bytes (default: this device's).
+        algos: the variants to set up (default: those the table uses up to the largest input).
+        programs: the (fixed) grid of every variant; each program handles whole rows.
 
-    Inputs are bf16 or fp16, contiguous, ``(tokens, hidden)``. Accumulation is fp32, ranks in order,
-    so every rank gets the same bits. Collective to create and close.
+    Inputs are bf16 or fp16, contiguous, ``(tokens, hidden)``; ``residual`` must be equal on every
+    rank (as in a tensor-parallel model). Every rank gets the same bits. Collective to create and
+    close; one instance per stream.
     """
 
+    op = "allreduce"
+    debug_op = "fused_add_rmsnorm"
+
     def __init__(self, comm: Communicator, max_tokens: int, max_hidden: int, *, eps: float = 1e-6,
+                 table: SelectionTable | None = None, algos: tuple[str, ...] | None = None,
                  programs: int | None = None, name: str = "fused_add_rmsnorm") -> None:
         if not 0 < max_hidden <= MAX_HIDDEN:
             raise InvalidInputError(f"max_hidden must be in 1..{MAX_HIDDEN}, got {max_hidden}")
-        self.comm = comm
+        if max_tokens <= 0:
+            raise InvalidInputError(f"max_tokens must be positive, got {max_tokens}")
+        if algos is not None and any(a not in FUSED_ALGOS for a in algos):
+            raise InvalidInputError(f"unknown fused variant in {algos}; known: {FUSED_ALGOS}")
+        super().__init__(comm, table=table, fallback_group=None, name=name)
         self.max_tokens, self.max_hidden, self.eps = max_tokens, max_hidden, eps
-        self.programs = programs or (64 if comm.backend == "cuda" else 2)
-        self._slot = -(-(max_tokens * max_hidden * 2) // 256) * 256
-        self.channel = Channel(comm, name, programs=self.programs, barrier_slots=self.programs,
-                               buffer_bytes=2 * self._slot)
+        self.max_bytes = max_tokens * max_hidden * 2
+        caps: dict[str, int] = {}
+        for a, c in self._capacities(self.max_bytes, algos).items():
+            caps[_FROM_TABLE[a]] = max(caps.get(_FROM_TABLE[a], 0), c)
+        if "ll" in caps:
+            caps["ll"] = min(caps["ll"], LL_MAX_BYTES)
+        self.capacity = caps
+        p = programs or (64 if comm.backend == "cuda" else 2)
+        w, h = self.world, max_hidden
+        if "ll" in caps:
+            rows = min(max_tokens, -(-caps["ll"] // (2 * h)))
+            self._ll_slot_words = rows * ((h + 1) // 2)
+            self._add_channel("ll", programs=min(p, 32), barrier_slots=0,
+                              buffer_bytes=2 * w * self._ll_slot_words * 8)
+        if "oneshot" in caps:
+            rows = min(max_tokens, -(-caps["oneshot"] // (2 * h)))
+            self._stage_bytes = round_up(rows * h * 2, 256)
+            self._add_channel("oneshot", programs=p, barrier_slots=p, buffer_bytes=2 * self._stage_bytes)
+        if "twoshot" in caps:
+            rows = min(max_tokens, -(-caps["twoshot"] // (2 * h)))
+            self._shard_bytes = round_up(-(-rows // w) * h * 2, 256)
+            self._add_channel("twoshot", programs=p, barrier_slots=2 * p, buffer_bytes=2 * w * self._shard_bytes)
+        comm.bootstrap.barrier()
+
+    def select(self, tokens: int, hidden: int, dtype: torch.dtype = torch.bfloat16) -> str:
+        """The variant for ``(tokens, hidden)`` (the same on every rank)."""
+        nbytes = tokens * hidden * 2
+        algo = _FROM_TABLE[self.table.lookup(self.op, self.world, DTYPE_NAMES[dtype], nbytes).algo]
+        if algo not in self._channels or nbytes > self.capacity[algo]:
+            algo = next(a for a in FUSED_ALGOS if a in self._channels and nbytes <= self.capacity[a])
+        return algo
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, gemma: bool = False,
-                 fp8_scale: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                 fp8_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                 algo: str | None = None) -> torch.Tensor:
         what = "fused all-reduce + add + RMSNorm"
         check_input(x, self.comm.device, what)
         check_input(residual, self.comm.device, what + " (residual)")
@@ -67,17 +121,35 @@ class FusedAllReduceAddRMSNorm:
             out = torch.empty((t, h), dtype=out_dtype, device=x.device)
         elif out.shape != x.shape or out.dtype != out_dtype or not out.is_contiguous():
             raise InvalidInputError(f"{what}: out must be a contiguous ({t}, {h}) {out_dtype} tensor")
+        nbytes = t * h * 2
+        if algo is None:
+            algo = self.select(t, h, x.dtype)
+        elif algo not in self._channels or nbytes > self.capacity[algo]:
+            raise InvalidInputError(f"{what}: variant {algo!r} is not set up for {nbytes} bytes "
+                                    f"(capacities {self.capacity})")
         self.comm.check()
         if t == 0:
             return out
+        self._debug_check(x.dtype, x.numel(), algo)
         bases, rank, world, timeout, diag = self.comm.kernel_args()
-        ch = self.channel
+        ch = self._channels[algo]
+        grid = (self._grids[algo],)
         scale = fp8_scale.float() if fp8_scale is not None else weight  # any pointer when unused
-        allreduce_add_rmsnorm_kernel[(self.programs,)](
-            x, residual, weight, out, scale, t, h, self.eps, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off,
-            ch.buffer_off, self._slot, WORLD=world, BLOCK_H=triton.next_power_of_2(h), GEMMA=gemma,
-            FP8=fp8_scale is not None, num_warps=8 if h >= 4096 else 4)
+        fp8 = fp8_scale is not None
+        warps = 8 if h >= 4096 else 4
+        if algo == "ll":
+            ll_allreduce_add_rmsnorm_kernel[grid](
+                x, residual, weight, out, scale, t, h, self.eps, bases, rank, timeout, diag, ch.epochs_off,
+                ch.buffer_off, self._ll_slot_words, WORLD=world, BLOCK_W=triton.next_power_of_2((h + 1) // 2),
+                GEMMA=gemma, FP8=fp8, num_warps=warps)
+        elif algo == "oneshot":
+            allreduce_add_rmsnorm_kernel[grid](
+                x, residual, weight, out, scale, t, h, self.eps, bases, rank, timeout, diag, ch.flags_off,
+                ch.epochs_off, ch.buffer_off, self._stage_bytes, WORLD=world, BLOCK_H=triton.next_power_of_2(h),
+                GEMMA=gemma, FP8=fp8, num_warps=warps)
+        else:
+            twoshot_allreduce_add_rmsnorm_kernel[grid](
+                x, residual, weight, out, scale, t, h, self.eps, bases, rank, timeout, diag, ch.flags_off,
+                ch.epochs_off, ch.buffer_off, ch.buffer_off + world * self._shard_bytes, self._shard_bytes,
+                WORLD=world, BLOCK_H=triton.next_power_of_2(h), GEMMA=gemma, FP8=fp8, num_warps=warps)
         return out
-
-    def close(self) -> None:
-        self.channel.close()

@@ -150,3 +150,41 @@ def test_fused_allreduce_rmsnorm_compiles(fp8):
                         {"x_ptr", "res_ptr", "w_ptr", "out_ptr", "H", "bases", "flags_off", "epochs_off",
                          "buf_off", "slot_bytes"}, 8))
     assert o["st.release.sys.global.b32"] >= 1 and o["ld.acquire.sys.global.b32"] >= 1, o
+
+
+FUSED_SIG = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "scale_ptr": "*fp32",
+             "T": "i32", "H": "i32", "eps": "fp32", **COMMON}
+
+
+def test_fused_ll_and_twoshot_compile():
+    from tritoncomm.collectives.fused_norm_ll import ll_allreduce_add_rmsnorm_kernel
+    from tritoncomm.collectives.fused_norm_twoshot import twoshot_allreduce_add_rmsnorm_kernel
+
+    sig = dict(FUSED_SIG, epochs_off="i64", buf_off="i64", slot_words="i64")
+    o = ops(compile_ptx(ll_allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "BLOCK_W": 4096, "GEMMA": False,
+                                                               "FP8": False},
+                        {"x_ptr", "res_ptr", "w_ptr", "out_ptr", "H", "bases", "epochs_off", "buf_off"}, 8))
+    assert any(k.startswith("ld.volatile") for k in o), o  # LL polls
+    assert o["ld.global.v4.b32"] >= 1 or o["ld.global.nc.v4.b32"] >= 1, o  # wide row loads (H % 8 == 0)
+    sig = dict(FUSED_SIG, flags_off="i64", epochs_off="i64", rs_off="i64", ag_off="i64", slot_bytes="i64")
+    o = ops(compile_ptx(twoshot_allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "BLOCK_H": 8192, "GEMMA": False,
+                                                                    "FP8": False},
+                        {"x_ptr", "res_ptr", "w_ptr", "out_ptr", "H", "bases", "flags_off", "epochs_off", "rs_off",
+                         "ag_off", "slot_bytes"}, 8))
+    assert o["st.release.sys.global.b32"] >= 2 and o["ld.acquire.sys.global.b32"] >= 2, o
+    assert o["st.global.v4.b32"] >= 1, o
+
+
+def test_gemm_overlap_uses_wgmma_and_system_scope_flags():
+    from tritoncomm.collectives.gemm_overlap import gemm_allreduce_kernel
+
+    sig = {"a_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", **COMMON,
+           "flags_off": "i64", "epochs_off": "i64", "buf_off": "i64", "slot_bytes": "i64", "WORKERS": "i32"}
+    ptx = compile_ptx(gemm_allreduce_kernel, sig, {"WORLD": 4, "BM": 128, "BN": 256, "BK": 64, "GROUP_M": 8,
+                                                   "RB": 16, "EVEN_K": True},
+                      {"a_ptr", "w_ptr", "out_ptr", "N", "K", "bases", "flags_off", "epochs_off", "buf_off",
+                       "slot_bytes"}, 8)
+    o = ops(ptx)
+    assert "wgmma.mma_async" in ptx  # Hopper tensor cores
+    assert o["st.release.sys.global.b32"] >= 1 and o["ld.acquire.sys.global.b32"] >= 1, o
+    assert o["ld.global.v4.b32"] >= 1 or o["ld.global.nc.v4.b32"] >= 1, o  # wide tile pulls

@@ -1,0 +1,92 @@
+"""Row-parallel GEMM + all-reduce: both paths against torch.distributed on random data."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tritoncomm as tc
+from tritoncomm.collectives import GemmAllReduce
+
+from .helpers import make_comm, reference_sum, same_on_all_ranks
+
+
+def _inputs(ctx, m, k, n, dtype, seed):
+    g = torch.Generator().manual_seed(seed * 100 + ctx.rank)
+    x = (torch.randn(m, k, generator=g) / k ** 0.5).to(dtype).to(ctx.device)
+    w = torch.randn(n, k, generator=g).to(dtype).to(ctx.device)
+    return x, w
+
+
+def _job_gemm(ctx, shapes, dtype, paths):
+    comm = make_comm(ctx)
+    n = shapes[0][2]
+    op = GemmAllReduce(comm, max_tokens=48, n=n, overlap_min_tokens=8)
+    bad = []
+    for i, (m, k, _) in enumerate(shapes):
+        x, w = _inputs(ctx, m, k, n, dtype, i)
+        ref = reference_sum(ctx, (x.float() @ w.float().t()))
+        for path in paths:
+            out = torch.full((m, n), float("nan"), dtype=dtype, device=ctx.device)
+            op(x, w, out=out, path=path)
+            comm.synchronize()
+            o = out.float().cpu()
+            err = ((o - ref).abs().max() / ref.abs().max()).item()
+            if not torch.isfinite(o).all() or err > 2e-2:
+                bad.append((m, k, path, err))
+            if not same_on_all_ranks(ctx, out):
+                bad.append((m, k, path, "ranks differ"))
+    if paths == (None,):
+        bad += [("select", op.select(1), op.select(8))] if (op.select(1), op.select(8)) != ("plain", "overlap") else []
+    op.close()
+    comm.close()
+    return bad
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_gemm_allreduce_both_paths(worlds, world):
+    # M not a multiple of the tile, K not a multiple of BK, N not a multiple of BN; repeated calls
+    # with different M alternate the tile buffers.
+    shapes = [(17, 40, 40), (1, 32, 40), (33, 48, 40), (8, 24, 40)]
+    for bad in worlds(world).run(_job_gemm, shapes, torch.bfloat16, ("overlap", "plain")):
+        assert bad == []
+
+
+def test_gemm_allreduce_fp16_selected(worlds):
+    for bad in worlds(2).run(_job_gemm, [(5, 32, 48), (20, 32, 48)], torch.float16, (None,)):
+        assert bad == []
+
+
+def _job_gemm_bad(ctx):
+    comm = make_comm(ctx)
+    op = GemmAllReduce(comm, max_tokens=16, n=32)
+    d = ctx.device
+    x = torch.ones(4, 16, dtype=torch.bfloat16, device=d)
+    w = torch.ones(32, 16, dtype=torch.bfloat16, device=d)
+    cases = {
+        "k": lambda: op(x, torch.ones(32, 8, dtype=torch.bfloat16, device=d)),
+        "n": lambda: op(x, torch.ones(48, 16, dtype=torch.bfloat16, device=d)),
+        "tokens": lambda: op(torch.ones(17, 16, dtype=torch.bfloat16, device=d), w),
+        "dtype": lambda: op(x, w.half()),
+        "strided": lambda: op(torch.ones(16, 4, dtype=torch.bfloat16, device=d).t(), w),
+        "path": lambda: op(x, w, path="magic"),
+    }
+    caught = {}
+    for key, fn in cases.items():
+        try:
+            fn()
+            caught[key] = None
+        except tc.InvalidInputError as e:
+            caught[key] = str(e)
+    out = op(x, w, path="overlap")  # still works after the refusals
+    comm.synchronize()
+    ok = bool((out.float().cpu() == 16 * ctx.world).all())
+    op.close()
+    comm.close()
+    return caught, ok
+
+
+def test_gemm_allreduce_bad_input(worlds):
+    for caught, ok in worlds(2).run(_job_gemm_bad):
+        assert all(caught.values()), caught
+        assert ok

@@ -1,0 +1,148 @@
+"""Row-parallel linear with its all-reduce: ``sum over ranks of x @ w.T``, host side.
+
+Two paths, chosen by the number of tokens (rows of ``x``):
+
+* ``"overlap"``: one persistent Triton kernel (``gemm_overlap``) whose reducer programs pull and
+  sum finished output tiles from every rank while its worker programs compute the next ones;
+* ``"plain"``: ``torch.nn.functional.linear`` (cuBLAS on GPUs), then tritoncomm's ``AllReduce``.
+
+The plain path serves decode-sized inputs, where there is too little compute to hide anything
+behind; ``overlap_min_tokens`` (measured, see ``benchmarks/NOTES.md``) sets the switch, and
+``path=`` forces one. Both paths give the same bits on every rank; they round differently from
+each other (cuBLAS's and Triton's GEMMs sum K in different orders).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..channels import Channel, Communicator
+from ..errors import InvalidInputError
+from .allreduce import AllReduce
+from .common import round_up
+from .gemm_overlap import gemm_allreduce_kernel
+from .validation import check_input
+
+__all__ = ["GEMM_PATHS", "GemmAllReduce", "GemmConfig"]
+
+GEMM_PATHS = ("overlap", "plain")
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Launch shape of the overlapped kernel: tile sizes, programs per role, pipelining."""
+
+    bm: int = 128
+    bn: int = 256
+    bk: int = 64
+    group_m: int = 8
+    workers: int = 116
+    reducers: int = 16
+    rows_per_step: int = 16
+    num_warps: int = 8
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("bm", "bn", "bk", "rows_per_step"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"GemmConfig.{name} must be a power of two >= 16, got {v}")
+        if self.rows_per_step > self.bm or self.workers < 1 or self.reducers < 1 or self.group_m < 1:
+            raise ValueError(f"bad GemmConfig {self}")
+
+    @classmethod
+    def for_backend(cls, backend: str) -> GemmConfig:
+        if backend == "cuda":
+            return cls()
+        return cls(bm=16, bn=16, bk=16, group_m=2, workers=2, reducers=2, rows_per_step=16, num_warps=1,
+                   num_stages=1)
+
+
+class GemmAllReduce:
+    """``out = all_reduce(x @ w.T)`` for ``x`` (tokens x K) and ``w`` (N x K), bf16 or fp16.
+
+    Args:
+        comm: the communicator.
+        max_tokens: the most rows ``x`` may have.
+        n: the output features ``N`` (rows of every ``w`` passed).
+        overlap_min_tokens: inputs with at least this many rows take the overlapped kernel.
+        config: the overlapped kernel's launch shape (default: per backend).
+        allreduce: an ``AllReduce`` for the plain path (default: one of its own, sized for the
+            largest output).
+
+    Workspace: ``2 x max_tokens x N`` elements of tiles plus one flag row per tile. Collective to
+    create and close; one instance per stream.
+    """
+
+    def __init__(self, comm: Communicator, max_tokens: int, n: int, *, overlap_min_tokens: int = 256,
+                 config: GemmConfig | None = None, allreduce: AllReduce | None = None,
+                 name: str = "gemm_allreduce") -> None:
+        if max_tokens <= 0 or n <= 0:
+            raise InvalidInputError(f"max_tokens and n must be positive, got {max_tokens}, {n}")
+        self.comm, self.max_tokens, self.n = comm, max_tokens, n
+        self.overlap_min_tokens = overlap_min_tokens
+        self.cfg = config or GemmConfig.for_backend(comm.backend)
+        self._own_ar = allreduce is None
+        self.allreduce = allreduce or AllReduce(comm, max_bytes=max_tokens * n * 4, name=f"{name}.ar")
+        c = self.cfg
+        max_tiles = -(-max_tokens // c.bm) * -(-n // c.bn)
+        self._slot_bytes = round_up(max_tokens * n * 2, 256)
+        try:
+            self.channel = Channel(comm, name, programs=c.workers + c.reducers, barrier_slots=max_tiles,
+                                   buffer_bytes=2 * self._slot_bytes)
+        except BaseException:
+            if self._own_ar:
+                self.allreduce.close()
+            raise
+        comm.bootstrap.barrier()
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self.channel.heap_bytes + (self.allreduce.workspace_bytes if self._own_ar else 0)
+
+    def select(self, tokens: int) -> str:
+        return "overlap" if tokens >= self.overlap_min_tokens else "plain"
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None,
+                 path: str | None = None) -> torch.Tensor:
+        what = "gemm + all_reduce"
+        check_input(x, self.comm.device, what)
+        check_input(w, self.comm.device, what + " (weight)")
+        if x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype:
+            raise InvalidInputError(f"{what}: x and w must both be bf16 or both fp16, got {x.dtype} and {w.dtype}")
+        if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+            raise InvalidInputError(f"{what}: x (tokens, K) and w (N, K) do not match: {tuple(x.shape)} and "
+                                    f"{tuple(w.shape)}")
+        m, k = x.shape
+        if w.shape[0] != self.n or m > self.max_tokens:
+            raise InvalidInputError(f"{what}: output ({m}, {w.shape[0]}) exceeds the ({self.max_tokens}, {self.n}) "
+                                    "this instance was set up for")
+        if path is not None and path not in GEMM_PATHS:
+            raise InvalidInputError(f"{what}: unknown path {path!r}; known: {GEMM_PATHS}")
+        if out is None:
+            out = torch.empty((m, self.n), dtype=x.dtype, device=x.device)
+        elif out.shape != (m, self.n) or out.dtype != x.dtype or not out.is_contiguous():
+            raise InvalidInputError(f"{what}: out must be a contiguous ({m}, {self.n}) {x.dtype} tensor")
+        path = path or self.select(m)
+        if path == "plain" or m == 0 or k == 0:
+            torch.matmul(x, w.t(), out=out)
+            return self.allreduce(out, out=out)
+        self.comm.check()
+        if self.comm.debug:
+            self.comm.debug_check(5, 1 if x.dtype == torch.bfloat16 else 2, m * self.n * k, 6)
+        c = self.cfg
+        bases, rank, world, timeout, diag = self.comm.kernel_args()
+        ch = self.channel
+        gemm_allreduce_kernel[(c.workers + c.reducers,)](
+            x, w, out, m, self.n, k, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off,
+            self._slot_bytes, c.workers, WORLD=world, BM=c.bm, BN=c.bn, BK=c.bk, GROUP_M=c.group_m,
+            RB=c.rows_per_step, EVEN_K=k % c.bk == 0, num_warps=c.num_warps, num_stages=c.num_stages)
+        return out
+
+    def close(self) -> None:
+        """Collective: return the workspace to the heap."""
+        self.channel.close()
+        if self._own_ar:
+            self.allreduce.close()

@@ -133,3 +133,37 @@ def test_fused_bad_input(worlds):
         assert all(caught.values()), caught
         assert "does not match" in caught["shape"] and "weight" in caught["weight"]
         assert ok
+
+
+def _job_aliasing(ctx):
+    """vLLM's two conventions: the norm written over the input (residual in place), and the new
+    residual written over the input (norm to a separate tensor, residual untouched)."""
+    comm = make_comm(ctx)
+    fused = FusedAllReduceAddRMSNorm(comm, max_tokens=16, max_hidden=260, algos=FUSED_ALGOS)
+    bad = []
+    for algo in FUSED_ALGOS:
+        g = torch.Generator().manual_seed(11 + ctx.rank)
+        x0 = torch.randn(6, 260, generator=g).to(torch.bfloat16).to(ctx.device)
+        res0 = torch.randn(6, 260, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).to(ctx.device)
+        w = torch.rand(260, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16).to(ctx.device)
+        exp_res, exp_y = _reference(ctx, x0, res0, w, 1e-6, False)
+        x, r = x0.clone(), res0.clone()
+        fused(x, r, w, out=x, algo=algo)  # norm over the input, residual in place
+        comm.synchronize()
+        if not (torch.allclose(x.float().cpu(), exp_y, rtol=2e-2, atol=2e-2) and
+                torch.allclose(r.float().cpu(), exp_res.float(), rtol=1e-2, atol=1e-2)):
+            bad.append((algo, "out=x"))
+        x, r, y = x0.clone(), res0.clone(), torch.empty_like(x0)
+        fused(x, r, w, out=y, residual_out=x, algo=algo)  # new residual over the input
+        comm.synchronize()
+        if not (torch.allclose(y.float().cpu(), exp_y, rtol=2e-2, atol=2e-2) and
+                torch.allclose(x.float().cpu(), exp_res.float(), rtol=1e-2, atol=1e-2) and torch.equal(r, res0)):
+            bad.append((algo, "residual_out=x"))
+    fused.close()
+    comm.close()
+    return bad
+
+
+def test_fused_output_aliasing(worlds):
+    for bad in worlds(2).run(_job_aliasing):
+        assert bad == []

@@ -143,16 +143,18 @@ def test_pipelined_twoshot_compiles_with_split_barriers():
 def test_fused_allreduce_rmsnorm_compiles(fp8):
     from tritoncomm.collectives.fused_norm import allreduce_add_rmsnorm_kernel
 
-    sig = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*fp8e4nv" if fp8 else "*bf16",
+    sig = {"x_ptr": "*bf16", "res_ptr": "*bf16", "res_out_ptr": "*bf16", "w_ptr": "*bf16",
+           "out_ptr": "*fp8e4nv" if fp8 else "*bf16",
            "scale_ptr": "*fp32", "T": "i32", "H": "i32", "eps": "fp32", **COMMON, "flags_off": "i64",
            "epochs_off": "i64", "buf_off": "i64", "slot_bytes": "i64"}
     o = ops(compile_ptx(allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "BLOCK_H": 8192, "GEMMA": False, "FP8": fp8},
-                        {"x_ptr", "res_ptr", "w_ptr", "out_ptr", "H", "bases", "flags_off", "epochs_off",
+                        {"x_ptr", "res_ptr", "res_out_ptr", "w_ptr", "out_ptr", "H", "bases", "flags_off", "epochs_off",
                          "buf_off", "slot_bytes"}, 8))
     assert o["st.release.sys.global.b32"] >= 1 and o["ld.acquire.sys.global.b32"] >= 1, o
 
 
-FUSED_SIG = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "scale_ptr": "*fp32",
+FUSED_SIG = {"x_ptr": "*bf16", "res_ptr": "*bf16", "res_out_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
+             "scale_ptr": "*fp32",
              "T": "i32", "H": "i32", "eps": "fp32", **COMMON}
 
 
@@ -163,14 +165,15 @@ def test_fused_ll_and_twoshot_compile():
     sig = dict(FUSED_SIG, epochs_off="i64", buf_off="i64", slot_words="i64")
     o = ops(compile_ptx(ll_allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "BLOCK_W": 4096, "GEMMA": False,
                                                                "FP8": False},
-                        {"x_ptr", "res_ptr", "w_ptr", "out_ptr", "H", "bases", "epochs_off", "buf_off"}, 8))
+                        {"x_ptr", "res_ptr", "res_out_ptr", "w_ptr", "out_ptr", "H", "bases", "epochs_off",
+                         "buf_off"}, 8))
     assert any(k.startswith("ld.volatile") for k in o), o  # LL polls
     assert o["ld.global.v4.b32"] >= 1 or o["ld.global.nc.v4.b32"] >= 1, o  # wide row loads (H % 8 == 0)
     sig = dict(FUSED_SIG, flags_off="i64", epochs_off="i64", rs_off="i64", ag_off="i64", slot_bytes="i64")
     o = ops(compile_ptx(twoshot_allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "BLOCK_H": 8192, "GEMMA": False,
                                                                     "FP8": False},
-                        {"x_ptr", "res_ptr", "w_ptr", "out_ptr", "H", "bases", "flags_off", "epochs_off", "rs_off",
-                         "ag_off", "slot_bytes"}, 8))
+                        {"x_ptr", "res_ptr", "res_out_ptr", "w_ptr", "out_ptr", "H", "bases", "flags_off", "epochs_off",
+                         "rs_off", "ag_off", "slot_bytes"}, 8))
     assert o["st.release.sys.global.b32"] >= 2 and o["ld.acquire.sys.global.b32"] >= 2, o
     assert o["st.global.v4.b32"] >= 1, o
 

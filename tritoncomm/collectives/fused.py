@@ -20,7 +20,7 @@ from .fused_norm import allreduce_add_rmsnorm_kernel
 from .fused_norm_ll import ll_allreduce_add_rmsnorm_kernel
 from .fused_norm_twoshot import twoshot_allreduce_add_rmsnorm_kernel
 from .tuning import SelectionTable
-from .validation import DTYPE_NAMES, check_input
+from .validation import DTYPE_NAMES, _overlap, check_input
 
 __all__ = ["FUSED_ALGOS", "MAX_HIDDEN", "FusedAllReduceAddRMSNorm"]
 
@@ -96,7 +96,10 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, gemma: bool = False,
                  fp8_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                 algo: str | None = None) -> torch.Tensor:
+                 residual_out: torch.Tensor | None = None, algo: str | None = None) -> torch.Tensor:
+        """Run it. ``residual_out`` (default ``residual``: in place) receives the new residual; it may
+        be ``residual`` or ``x`` itself, as may ``out`` be ``x`` (every kernel reads a row of ``x``
+        before it writes that row)."""
         what = "fused all-reduce + add + RMSNorm"
         check_input(x, self.comm.device, what)
         check_input(residual, self.comm.device, what + " (residual)")
@@ -121,6 +124,16 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
             out = torch.empty((t, h), dtype=out_dtype, device=x.device)
         elif out.shape != x.shape or out.dtype != out_dtype or not out.is_contiguous():
             raise InvalidInputError(f"{what}: out must be a contiguous ({t}, {h}) {out_dtype} tensor")
+        if residual_out is None:
+            residual_out = residual
+        elif residual_out.shape != x.shape or residual_out.dtype != x.dtype or not residual_out.is_contiguous():
+            raise InvalidInputError(f"{what}: residual_out must be a contiguous ({t}, {h}) {x.dtype} tensor")
+        for name, a, b in (("out", out, residual_out), ("out", out, residual), ("residual_out", residual_out, residual),
+                           ("out", out, weight), ("residual_out", residual_out, weight)):
+            if a.data_ptr() != b.data_ptr() and _overlap(a, b):
+                raise InvalidInputError(f"{what}: {name} partly overlaps another argument")
+        if out.data_ptr() == residual_out.data_ptr() and out.numel():
+            raise InvalidInputError(f"{what}: out and residual_out must be different tensors")
         nbytes = t * h * 2
         if algo is None:
             algo = self.select(t, h, x.dtype)
@@ -137,19 +150,20 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
         scale = fp8_scale.float() if fp8_scale is not None else weight  # any pointer when unused
         fp8 = fp8_scale is not None
         warps = 8 if h >= 4096 else 4
+        common = (x, residual, residual_out, weight, out, scale, t, h, self.eps, bases, rank, timeout, diag)
         if algo == "ll":
             ll_allreduce_add_rmsnorm_kernel[grid](
-                x, residual, weight, out, scale, t, h, self.eps, bases, rank, timeout, diag, ch.epochs_off,
+                *common, ch.epochs_off,
                 ch.buffer_off, self._ll_slot_words, WORLD=world, BLOCK_W=triton.next_power_of_2((h + 1) // 2),
                 GEMMA=gemma, FP8=fp8, num_warps=warps)
         elif algo == "oneshot":
             allreduce_add_rmsnorm_kernel[grid](
-                x, residual, weight, out, scale, t, h, self.eps, bases, rank, timeout, diag, ch.flags_off,
+                *common, ch.flags_off,
                 ch.epochs_off, ch.buffer_off, self._stage_bytes, WORLD=world, BLOCK_H=triton.next_power_of_2(h),
                 GEMMA=gemma, FP8=fp8, num_warps=warps)
         else:
             twoshot_allreduce_add_rmsnorm_kernel[grid](
-                x, residual, weight, out, scale, t, h, self.eps, bases, rank, timeout, diag, ch.flags_off,
+                *common, ch.flags_off,
                 ch.epochs_off, ch.buffer_off, ch.buffer_off + world * self._shard_bytes, self._shard_bytes,
                 WORLD=world, BLOCK_H=triton.next_power_of_2(h), GEMMA=gemma, FP8=fp8, num_warps=warps)
         return out

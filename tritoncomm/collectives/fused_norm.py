@@ -36,12 +36,13 @@ def norm_row(resid, row, H, cols, cmask, w, out_ptr, scale_ptr, eps, FP8: tl.con
 
 
 @triton.jit
-def add_norm_row(acc, res_ptr, row, H, cols, cmask, w, out_ptr, scale_ptr, eps, FP8: tl.constexpr):
-    """Given ``acc``, the fp32 sum over ranks of row ``row``: add the residual in fp32, round once,
-    store the new residual and normalise it (``norm_row``). Returns the new residual row."""
+def add_norm_row(acc, res_ptr, res_out_ptr, row, H, cols, cmask, w, out_ptr, scale_ptr, eps, FP8: tl.constexpr):
+    """Given ``acc``, the fp32 sum over ranks of row ``row``: add the residual (from ``res_ptr``) in
+    fp32, round once, store the new residual (to ``res_out_ptr``, which may be ``res_ptr`` or the
+    input) and normalise it (``norm_row``). Returns the new residual row."""
     acc += tl.load(res_ptr + row * H + cols, mask=cmask, other=0.0).to(tl.float32)
     resid = round_to(acc, res_ptr.dtype.element_ty)
-    tl.store(res_ptr + row * H + cols, resid, mask=cmask)
+    tl.store(res_out_ptr + row * H + cols, resid, mask=cmask)
     norm_row(resid, row, H, cols, cmask, w, out_ptr, scale_ptr, eps, FP8)
     return resid
 
@@ -56,9 +57,9 @@ def load_weight(w_ptr, cols, cmask, GEMMA: tl.constexpr):
 
 
 @triton.jit
-def allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, scale_ptr, T, H, eps, bases, rank, timeout,
-                                 diag_addr, flags_off, epochs_off, buf_off, slot_bytes, WORLD: tl.constexpr,
-                                 BLOCK_H: tl.constexpr, GEMMA: tl.constexpr, FP8: tl.constexpr):
+def allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, scale_ptr, T, H, eps,
+                                 bases, rank, timeout, diag_addr, flags_off, epochs_off, buf_off, slot_bytes,
+                                 WORLD: tl.constexpr, BLOCK_H: tl.constexpr, GEMMA: tl.constexpr, FP8: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
@@ -80,5 +81,5 @@ def allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, scale_ptr, T, H
         for s in tl.static_range(WORLD):
             acc += tl.load(heap_ptr(bases, s, stage_off, DTYPE, False) + row * H + cols, mask=cmask,
                            other=0.0).to(tl.float32)
-        add_norm_row(acc, res_ptr, row, H, cols, cmask, w, out_ptr, scale_ptr, eps, FP8)
+        add_norm_row(acc, res_ptr, res_out_ptr, row, H, cols, cmask, w, out_ptr, scale_ptr, eps, FP8)
     epoch_commit(epoch_ptr, e)

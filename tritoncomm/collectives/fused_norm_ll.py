@@ -24,9 +24,9 @@ __all__ = ["ll_allreduce_add_rmsnorm_kernel"]
 
 
 @triton.jit
-def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, scale_ptr, T, H, eps, bases, rank, timeout,
-                                    diag_addr, epochs_off, buf_off, slot_words, WORLD: tl.constexpr,
-                                    BLOCK_W: tl.constexpr, GEMMA: tl.constexpr, FP8: tl.constexpr):
+def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, scale_ptr, T, H, eps,
+                                    bases, rank, timeout, diag_addr, epochs_off, buf_off, slot_words,
+                                    WORLD: tl.constexpr, BLOCK_W: tl.constexpr, GEMMA: tl.constexpr, FP8: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
@@ -57,5 +57,5 @@ def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, scale_ptr, T
                 src = heap_ptr(bases, rank, buf_off + ((parity * WORLD + s) * slot_words) * 8, tl.uint64)
                 words = ll8_poll(src + row * row_words + wds, wmask, e, s, row, rank, timeout, diag)
             acc += words_to_f32(words, DTYPE, BLOCK_W)
-        add_norm_row(acc, res_ptr, row, H, cols, cmask, w, out_ptr, scale_ptr, eps, FP8)
+        add_norm_row(acc, res_ptr, res_out_ptr, row, H, cols, cmask, w, out_ptr, scale_ptr, eps, FP8)
     epoch_commit(epoch_ptr, e)

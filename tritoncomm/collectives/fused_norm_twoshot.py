@@ -28,9 +28,9 @@ __all__ = ["twoshot_allreduce_add_rmsnorm_kernel"]
 
 
 @triton.jit
-def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, scale_ptr, T, H, eps, bases, rank, timeout,
-                                         diag_addr, flags_off, epochs_off, rs_off, ag_off, slot_bytes,
-                                         WORLD: tl.constexpr, BLOCK_H: tl.constexpr, GEMMA: tl.constexpr,
+def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, scale_ptr, T, H, eps,
+                                         bases, rank, timeout, diag_addr, flags_off, epochs_off, rs_off, ag_off,
+                                         slot_bytes, WORLD: tl.constexpr, BLOCK_H: tl.constexpr, GEMMA: tl.constexpr,
                                          FP8: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -62,7 +62,7 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, scale_p
                 else:
                     src = heap_ptr(bases, rank, rs_off + s * slot_bytes, DTYPE) + r * H
                     acc += tl.load(src + cols, mask=m, other=0.0).to(tl.float32)
-            resid = add_norm_row(acc, res_ptr, row, H, cols, m, w, out_ptr, scale_ptr, eps, FP8)
+            resid = add_norm_row(acc, res_ptr, res_out_ptr, row, H, cols, m, w, out_ptr, scale_ptr, eps, FP8)
             for s in tl.static_range(WORLD):
                 if s != rank:
                     tl.store(heap_ptr(bases, s, ag_off + rank * slot_bytes, DTYPE) + r * H + cols, resid, mask=m)
@@ -75,6 +75,6 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, scale_p
                 m = cmask & (row < T)
                 if row < T:
                     resid = tl.load(heap_ptr(bases, rank, ag_off + s * slot_bytes, DTYPE) + r * H + cols, mask=m)
-                    tl.store(res_ptr + row * H + cols, resid, mask=m)
+                    tl.store(res_out_ptr + row * H + cols, resid, mask=m)
                     norm_row(resid, row, H, cols, m, w, out_ptr, scale_ptr, eps, FP8)
     epoch_commit(epoch_ptr, e)

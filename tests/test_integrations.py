@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import tritoncomm as tc
 import tritoncomm.integrations as ti
 from tritoncomm.integrations import SGLangCustomAllreduce, TritonCommCustomAllreduce
 
@@ -123,6 +124,31 @@ def _job_functional_and_ops(ctx, compile_backend):
     expect = reference_sum(ctx, torch.relu(x) * 2.0) * w + 1.0
     check_close(compiled(x), expect, torch.float32)
     check_close(compiled(x), expect, torch.float32)  # cached graph, second call
+
+    # the fused ops: add + RMSNorm after the reduction, and the row-parallel linear
+    gc.setup_fused_norm(max_tokens=8, hidden=64)
+    gc.setup_gemm(max_tokens=16, n=32, overlap_min_tokens=4)
+    gen = torch.Generator().manual_seed(9 + ctx.rank)
+    a = torch.randn(6, 48, generator=gen).to(torch.bfloat16).to(ctx.device)
+    wl = torch.randn(32, 48, generator=gen).to(torch.bfloat16).to(ctx.device)
+    wn = torch.rand(32, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16).to(ctx.device)
+    res0 = torch.randn(6, 32, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16).to(ctx.device)
+
+    def block(a: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+        p = torch.ops.tritoncomm.linear_all_reduce(a, wl, name) * 0.5
+        return torch.ops.tritoncomm.fused_add_rms_norm(p, res, wn, 1e-6, name)
+
+    lin = reference_sum(ctx, a.float() @ wl.float().t())
+    part = (lin.to(torch.bfloat16).float() * 0.5).to(torch.bfloat16).float()  # already reduced: equal everywhere
+    new_res = (w * part + res0.float()).to(torch.bfloat16).float()  # the fused op sums it over ranks again
+    want = new_res * torch.rsqrt(new_res.pow(2).mean(-1, keepdim=True) + 1e-6) * wn.float()
+    cblock = torch.compile(block, fullgraph=True, backend=compile_backend)
+    for fn in (block, cblock):
+        res = res0.clone()
+        got = fn(a, res)
+        assert torch.allclose(res.float().cpu(), new_res, rtol=3e-2, atol=3e-2), "residual"
+        assert torch.allclose(got.float().cpu(), want, rtol=3e-2, atol=3e-2), "normed"
+        assert same_on_all_ranks(ctx, got)
     enabled = gc.enabled
     return enabled
 
@@ -155,3 +181,93 @@ def test_hierarchical_allreduce_2x2(worlds):
     results = worlds(4).run(_job_hierarchical)
     assert [r[0] for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert all(r[1] == [] for r in results)
+
+
+# ---------------------------------------------------------------------------- vLLM device communicator
+
+VLLM_FUSED_PARAMS = ["self", "allreduce_in", "residual", "rms_gamma", "rms_eps", "world_size", "launch_with_pdl",
+                     "fp32_acc", "max_token_num", "pattern_code", "norm_out", "quant_out", "scale_out", "scale_factor",
+                     "weight_bias"]
+
+
+class _StandInCudaCommunicator:
+    """vLLM's ``CudaCommunicator`` constructor and the two methods we override (from its source);
+    ``all_reduce`` here is gloo, so that falling through to the base is visible."""
+
+    def __init__(self, cpu_group, device=None, device_group=None, unique_name=""):
+        self.cpu_group, self.device, self.device_group, self.unique_name = cpu_group, device, device_group, unique_name
+        self.world_size = dist.get_world_size(cpu_group)
+        self.base_calls = 0
+        self.destroyed = False
+
+    def all_reduce(self, input_):
+        self.base_calls += 1
+        out = input_.clone()
+        dist.all_reduce(out, group=self.cpu_group)
+        return out
+
+    def destroy(self):
+        self.destroyed = True
+
+
+def test_vllm_device_communicator_and_fused_entry_contracts_are_pinned():
+    from tritoncomm.integrations.vllm import VllmFusedAllReduceNorm, make_device_communicator
+
+    cls = make_device_communicator(_StandInCudaCommunicator)
+    assert issubclass(cls, _StandInCudaCommunicator)
+    assert list(inspect.signature(cls.__init__).parameters) == ["self", "cpu_group", "device", "device_group",
+                                                               "unique_name"]
+    assert list(inspect.signature(cls.all_reduce).parameters) == ["self", "input_"]
+    sig = inspect.signature(VllmFusedAllReduceNorm.__call__)
+    assert list(sig.parameters) == VLLM_FUSED_PARAMS
+    assert sig.parameters["weight_bias"].default == 0.0 and sig.parameters["norm_out"].default is None
+
+
+def _job_vllm_communicator(ctx):
+    from tritoncomm.integrations.vllm import make_device_communicator
+
+    cls = make_device_communicator(_StandInCudaCommunicator)
+    tp = cls(ctx.cpu_group, ctx.device, None, unique_name="tp:0")
+    pp = cls(ctx.cpu_group, ctx.device, None, unique_name="pp:0")
+    x = torch.randn(3000, generator=torch.Generator().manual_seed(ctx.rank)).to(ctx.device)
+    ref = reference_sum(ctx, x)
+    res = {"tp_served": tp.tc_comm is not None, "pp_served": pp.tc_comm is not None}
+    check_close(tp.all_reduce(x), ref, torch.float32)
+    check_close(pp.all_reduce(x), ref, torch.float32)
+    res["tp_base_calls"], res["pp_base_calls"] = tp.base_calls, pp.base_calls
+    # the fused entry, both of vLLM's conventions and Gemma's weight bias
+    res["fused_ready"] = tp.setup_fused_allreduce_norm(max_token_num=8, hidden_size=96)
+    g = torch.Generator().manual_seed(40 + ctx.rank)
+    a0 = torch.randn(5, 96, generator=g).to(torch.bfloat16).to(ctx.device)
+    r0 = torch.randn(5, 96, generator=torch.Generator().manual_seed(41)).to(torch.bfloat16).to(ctx.device)
+    w = torch.rand(96, generator=torch.Generator().manual_seed(42)).to(torch.bfloat16).to(ctx.device)
+    summed = reference_sum(ctx, a0)
+    new_res = (summed + r0.float()).to(torch.bfloat16).float()
+    normed = new_res * torch.rsqrt(new_res.pow(2).mean(-1, keepdim=True) + 1e-6)
+    a, r = a0.clone(), r0.clone()
+    tp.fused_allreduce_norm(a, r, w, 1e-6, ctx.world, True, True, 8, 1)
+    res["in_place"] = bool(torch.allclose(a.float().cpu(), normed * w.float(), rtol=2e-2, atol=2e-2)
+                           and torch.allclose(r.float().cpu(), new_res, rtol=1e-2, atol=1e-2))
+    a, r, y = a0.clone(), r0.clone(), torch.empty_like(a0)
+    tp.fused_allreduce_norm(allreduce_in=a, residual=r, rms_gamma=w, rms_eps=1e-6, world_size=ctx.world,
+                            launch_with_pdl=False, fp32_acc=True, max_token_num=8, pattern_code=1, norm_out=y,
+                            weight_bias=1.0)
+    res["norm_out_gemma"] = bool(torch.allclose(y.float().cpu(), normed * (1 + w.float()), rtol=2e-2, atol=2e-2)
+                                 and torch.allclose(a.float().cpu(), new_res, rtol=1e-2, atol=1e-2)
+                                 and torch.equal(r, r0))
+    try:
+        tp.fused_allreduce_norm(a, r, w, 1e-6, ctx.world, True, True, 8, 3)
+        res["fp4_refused"] = False
+    except tc.InvalidInputError:
+        res["fp4_refused"] = True
+    tp.destroy()
+    pp.destroy()
+    res["destroyed"] = tp.destroyed and tp.tc_comm is None
+    return res
+
+
+def test_vllm_device_communicator_serves_tp_and_falls_through(worlds):
+    for r in worlds(2).run(_job_vllm_communicator):
+        assert r == {"tp_served": True, "pp_served": False, "tp_base_calls": 0, "pp_base_calls": 1,
+                     "fused_ready": True, "in_place": True, "norm_out_gemma": True, "fp4_refused": True,
+                     "destroyed": True}

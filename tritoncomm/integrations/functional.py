@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..channels import Communicator
-from ..collectives import AllGather, AllReduce, ReduceScatter
+from ..collectives import AllGather, AllReduce, FusedAllReduceAddRMSNorm, GemmAllReduce, ReduceScatter
 from ..config import CommConfig
 from .capability import Verdict, probe
 
@@ -52,6 +52,34 @@ class GroupCollectives:
         else:
             self.verdict.log_once()
         self.world = dist.get_world_size(self.group)
+        self.fused: FusedAllReduceAddRMSNorm | None = None
+        self.gemm: dict[int, GemmAllReduce] = {}
+
+    def setup_fused_norm(self, max_tokens: int, hidden: int, eps: float = 1e-6) -> None:
+        """Collective: set up the fused all-reduce + add + RMSNorm for inputs up to ``max_tokens`` x ``hidden``."""
+        if self.comm is not None and self.fused is None:
+            self.fused = FusedAllReduceAddRMSNorm(self.comm, max_tokens=max_tokens, max_hidden=hidden, eps=eps)
+
+    def setup_gemm(self, max_tokens: int, n: int, **kwargs) -> None:
+        """Collective: set up GEMM + all-reduce for outputs up to ``max_tokens`` x ``n``."""
+        if self.comm is not None and n not in self.gemm:
+            self.gemm[n] = GemmAllReduce(self.comm, max_tokens, n, allreduce=self.ar, **kwargs)
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """``residual += all_reduce(x)`` (in place); returns ``rmsnorm(residual) * weight``."""
+        fused = self.fused
+        if fused is None or x.shape[0] > fused.max_tokens or x.shape[-1] > fused.max_hidden or eps != fused.eps:
+            residual.add_(self.all_reduce_out(x))
+            v = residual.float()
+            return (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+        return fused(x, residual, weight)
+
+    def linear_all_reduce(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``all_reduce(x @ w.T)`` (row-parallel linear), overlapped where set up and worthwhile."""
+        g = self.gemm.get(w.shape[0])
+        if g is None or x.shape[0] > g.max_tokens:
+            return self.all_reduce(torch.matmul(x, w.t()))
+        return g(x, w)
 
     @property
     def enabled(self) -> bool:
@@ -86,10 +114,12 @@ class GroupCollectives:
 
     def close(self) -> None:
         if self.comm is not None:
-            for c in (self.ar, self.ag, self.rs):
+            for c in (*self.gemm.values(), *([self.fused] if self.fused else []), self.ar, self.ag, self.rs):
                 c.close()
             self.comm.close()
             self.comm = None
+            self.gemm.clear()
+            self.fused = None
 
 
 class Registry:

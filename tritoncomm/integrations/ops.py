@@ -7,7 +7,12 @@ Ops carry the group by name and find its ``GroupCollectives`` in ``functional.de
 * ``tritoncomm::all_reduce(Tensor x, str group) -> Tensor`` (new tensor);
 * ``tritoncomm::all_reduce_(Tensor(a!) x, str group) -> ()`` (in place);
 * ``tritoncomm::all_gather(Tensor x, str group, int world) -> Tensor`` (dim 0 grows ``world`` times);
-* ``tritoncomm::reduce_scatter(Tensor x, str group, int world) -> Tensor`` (dim 0 shrinks).
+* ``tritoncomm::reduce_scatter(Tensor x, str group, int world) -> Tensor`` (dim 0 shrinks);
+* ``tritoncomm::fused_add_rms_norm(Tensor x, Tensor(a!) residual, Tensor weight, float eps, str group)
+  -> Tensor`` (``residual += all_reduce(x)``; returns the normalised rows; set up with
+  ``GroupCollectives.setup_fused_norm``, else the unfused torch path);
+* ``tritoncomm::linear_all_reduce(Tensor x, Tensor w, str group) -> Tensor`` (``all_reduce(x @ w.T)``;
+  set up with ``GroupCollectives.setup_gemm``, else matmul then all-reduce).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import torch
 
 from .functional import default_registry
 
-__all__ = ["all_gather", "all_reduce", "all_reduce_", "reduce_scatter"]
+__all__ = ["all_gather", "all_reduce", "all_reduce_", "fused_add_rms_norm", "linear_all_reduce", "reduce_scatter"]
 
 
 @torch.library.custom_op("tritoncomm::all_reduce", mutates_args=())
@@ -60,3 +65,30 @@ def reduce_scatter(x: torch.Tensor, group: str, world: int) -> torch.Tensor:
 def _(x: torch.Tensor, group: str, world: int) -> torch.Tensor:
     torch._check(x.shape[0] % world == 0, lambda: "reduce_scatter: dim 0 must split into world equal parts")
     return x.new_empty((x.shape[0] // world, *x.shape[1:]))
+
+
+@torch.library.custom_op("tritoncomm::fused_add_rms_norm", mutates_args=("residual",))
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                       group: str) -> torch.Tensor:
+    h = x.shape[-1]
+    out = default_registry.get(group).add_rms_norm(x.reshape(-1, h).contiguous(), residual.view(-1, h), weight, eps)
+    return out.view(x.shape)
+
+
+@fused_add_rms_norm.register_fake
+def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, group: str) -> torch.Tensor:
+    torch._check(residual.shape == x.shape, lambda: "fused_add_rms_norm: residual must match x")
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("tritoncomm::linear_all_reduce", mutates_args=())
+def linear_all_reduce(x: torch.Tensor, w: torch.Tensor, group: str) -> torch.Tensor:
+    k = x.shape[-1]
+    out = default_registry.get(group).linear_all_reduce(x.reshape(-1, k).contiguous(), w)
+    return out.view(*x.shape[:-1], w.shape[0])
+
+
+@linear_all_reduce.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, group: str) -> torch.Tensor:
+    torch._check(x.shape[-1] == w.shape[1], lambda: "linear_all_reduce: x and w disagree on K")
+    return x.new_empty((*x.shape[:-1], w.shape[0]))

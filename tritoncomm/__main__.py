@@ -34,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--table", default=None, help="a table JSON from `tune` to use instead of the packaged one")
     bench.add_argument("--json", default=None, help="write the report(s) here (one file per op: {op} in the name)")
     bench.add_argument("--plot", default=None, help="write a PNG plot here")
+    layers = sub.add_parser("layers", help="fused TP layers vs their baselines: norm, gemm, decoder, hier (2x2)")
+    layers.add_argument("--parts", default="norm,gemm,decoder,hier")
+    layers.add_argument("--world", type=int, default=None)
+    layers.add_argument("--backend", choices=["auto", "cuda", "cpu"], default="auto")
+    layers.add_argument("--json", default=None, help="write each part's report here ({part} in the name)")
     tune = sub.add_parser("tune", help="measure candidates under CUDA graphs and write the selection table")
     tune.add_argument("--world", type=int, default=None)
     tune.add_argument("--backend", choices=["auto", "cuda", "cpu"], default="auto")
@@ -46,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(args)
     if args.cmd == "tune":
         return _tune(args)
+    if args.cmd == "layers":
+        return _layers(args)
 
     from .demo import demo_rank, format_table, write_json
     from .launch import launch
@@ -118,6 +125,25 @@ def _bench(args: argparse.Namespace) -> int:
             json.dump({"reports": all_reports}, f, indent=1)
     if args.plot and reports:
         plot_bench(reports, args.plot)
+    return 0 if ok else 1
+
+
+def _layers(args: argparse.Namespace) -> int:
+    import json
+
+    from .launch import LocalWorld
+    from .layerbench import format_layers, layers_rank
+
+    backend = detect_backend() if args.backend == "auto" else args.backend
+    ok = True
+    with LocalWorld(_world(args, backend), backend) as world:
+        for part in args.parts.split(","):  # one part per job: a failure in one keeps the others' results
+            rep = world.run(layers_rank, [part], timeout=3600)[0][part]
+            print(format_layers(rep), flush=True)
+            ok &= all(r["correct"] for r in rep["rows"])
+            if args.json:
+                with open(args.json.replace("{part}", part), "w") as f:
+                    json.dump(rep, f, indent=1)
     return 0 if ok else 1
 
 

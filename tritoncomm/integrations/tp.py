@@ -171,17 +171,24 @@ class LlamaDecoderLayer(nn.Module):
         self.up = ColumnParallelLinear(weights["up"], reducer)
         self.down = RowParallelLinear(weights["down"], reducer, reduce=False)
 
-    def attention(self, h: torch.Tensor) -> torch.Tensor:
+    def attention(self, h: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         b, t, _ = h.shape
         q = self.wq(h).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.wk(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        if past is not None:  # decode: one new token per sequence attends to the cache and itself
+            if t != 1:
+                raise ValueError(f"a KV cache serves decode steps (one new token per sequence), got {t} tokens")
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
         rep = self.heads // self.kv_heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1 / math.sqrt(self.head_dim))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=past is None, scale=1 / math.sqrt(self.head_dim))
         return self.wo(a.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
-    def forward(self, partial: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    def forward(self, partial: torch.Tensor, residual: torch.Tensor,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """``past``: this rank's KV cache ``(k, v)``, each (batch, local KV heads, context, head_dim),
+        read only (the new token's K/V are not appended: a fixed-shape step for benchmarks)."""
         h = self.input_norm(partial, residual)
-        h = self.post_norm(self.attention(h), residual)
+        h = self.post_norm(self.attention(h, past), residual)
         return self.down(F.silu(self.gate(h)) * self.up(h))

@@ -1,0 +1,166 @@
+"""GPU only: the fused ops, the TP decoder and the engine adapters captured in CUDA graphs and
+replayed with fresh data in the same buffers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tritoncomm.collectives import FUSED_ALGOS, FusedAllReduceAddRMSNorm, GemmAllReduce
+from tritoncomm.integrations import TritonCommCustomAllreduce
+from tritoncomm.integrations.tp import LlamaDecoderLayer, TritonCommReducer
+
+from .helpers import make_comm, reference_sum, same_on_all_ranks
+from .test_tp import HEADS, KV, LAYERS, H, _weights
+
+pytestmark = pytest.mark.gpu
+
+
+def _capture(fn):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
+def _job_fused_graph(ctx, t, h):
+    comm = make_comm(ctx)
+    fused = FusedAllReduceAddRMSNorm(comm, max_tokens=t, max_hidden=h, algos=FUSED_ALGOS)
+    dev = ctx.device
+    x = torch.empty(t, h, dtype=torch.bfloat16, device=dev)
+    res = torch.empty_like(x)
+    w = torch.rand(h, device=dev).to(torch.bfloat16) + 0.5
+    outs = {a: torch.empty_like(x) for a in FUSED_ALGOS}
+    bad = []
+    for algo in FUSED_ALGOS:
+        graph = _capture(lambda algo=algo: fused(x, res, w, out=outs[algo], algo=algo))
+        for it in range(5):
+            g = torch.Generator().manual_seed(100 * it + ctx.rank)
+            x.copy_(torch.randn(t, h, generator=g).to(torch.bfloat16))
+            r0 = torch.randn(t, h, generator=torch.Generator().manual_seed(it)).to(torch.bfloat16)
+            res.copy_(r0)
+            outs[algo].fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            new_res = (reference_sum(ctx, x) + r0.float()).to(torch.bfloat16).float()
+            want = new_res * torch.rsqrt(new_res.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float().cpu()
+            if not (torch.allclose(res.float().cpu(), new_res, rtol=1e-2, atol=1e-2)
+                    and torch.allclose(outs[algo].float().cpu(), want, rtol=2e-2, atol=2e-2)
+                    and same_on_all_ranks(ctx, outs[algo])):
+                bad.append((algo, it))
+        del graph
+    fused.close()
+    comm.close()
+    return bad
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fused_norm_graph_replay_fresh_data(worlds, world):
+    for bad in worlds(world).run(_job_fused_graph, 37, 8192):
+        assert bad == []
+
+
+def _job_gemm_graph(ctx, m, k, n):
+    comm = make_comm(ctx)
+    op = GemmAllReduce(comm, max_tokens=m, n=n)
+    dev = ctx.device
+    x = torch.empty(m, k, dtype=torch.bfloat16, device=dev)
+    w = (torch.randn(n, k, device=dev) / k ** 0.5).to(torch.bfloat16)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
+    bad = []
+    for path in ("overlap", "plain"):
+        graph = _capture(lambda path=path: op(x, w, out=out, path=path))
+        for it in range(4):
+            x.copy_(torch.randn(m, k, generator=torch.Generator().manual_seed(it * 10 + ctx.rank)).to(torch.bfloat16))
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            ref = reference_sum(ctx, x.float().cpu() @ w.float().cpu().t())
+            err = ((out.float().cpu() - ref).abs().max() / ref.abs().max()).item()
+            if not (err < 2e-2 and same_on_all_ranks(ctx, out)):
+                bad.append((path, it, err))
+        del graph
+    op.close()
+    comm.close()
+    return bad
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_gemm_allreduce_graph_replay_fresh_data(worlds, world):
+    for bad in worlds(world).run(_job_gemm_graph, 300, 1000, 1536):
+        assert bad == []
+
+
+def _job_adapter_graph(ctx):
+    ca = TritonCommCustomAllreduce(ctx.cpu_group, ctx.device, max_size=4 << 20)
+    assert not ca.disabled
+    x = torch.empty(300_001, dtype=torch.bfloat16, device=ctx.device)
+    holder = {}
+
+    def call():
+        holder["y"] = ca.custom_all_reduce(x)
+
+    with ca.capture():
+        graph = _capture(call)
+    bad = []
+    for it in range(5):
+        x.copy_(torch.randn(x.numel(), generator=torch.Generator().manual_seed(it + 7 * ctx.rank)).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = reference_sum(ctx, x)
+        err = ((holder["y"].float().cpu() - ref).abs().max() / ref.abs().max()).item()
+        if not (err < 2e-2 and same_on_all_ranks(ctx, holder["y"])):
+            bad.append((it, err))
+    del graph
+    ca.close()
+    return bad
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_vllm_adapter_graph_replay_fresh_data(worlds, world):
+    for bad in worlds(world).run(_job_adapter_graph):
+        assert bad == []
+
+
+def _job_decoder_graph(ctx):
+    comm = make_comm(ctx)
+    red = TritonCommReducer(comm, max_tokens=64, hidden=H)
+    layers = [LlamaDecoderLayer({k: v.to(ctx.device) for k, v in _weights(i).items()}, HEADS, KV, red).to(ctx.device)
+              for i in range(LAYERS)]
+    x = torch.empty(2, 5, H, dtype=torch.bfloat16, device=ctx.device)
+    residual = torch.empty_like(x)
+
+    def step():
+        residual.zero_()
+        p = x
+        for layer in layers:
+            p = layer(p, residual)
+        return p
+
+    bad = []
+    with torch.no_grad():
+        graph = _capture(step)
+        for it in range(3):
+            x.copy_(torch.randn(2, 5, H, generator=torch.Generator().manual_seed(it)).to(torch.bfloat16))
+            graph.replay()
+            torch.cuda.synchronize()
+            replayed = residual.clone()
+            step()
+            torch.cuda.synchronize()
+            if not (torch.equal(replayed, residual) and same_on_all_ranks(ctx, replayed)):
+                bad.append(it)
+    del graph
+    red.close()
+    comm.close()
+    return bad
+
+
+def test_tp_decoder_graph_replay_equals_eager(worlds):
+    for bad in worlds(2).run(_job_decoder_graph):
+        assert bad == []

@@ -1,0 +1,299 @@
+"""Benchmarks of the tensor-parallel building blocks, each against its baseline in the same run:
+
+* ``norm``: fused all-reduce + residual add + RMSNorm vs our bare all-reduce of the same bytes and
+  vs NCCL all-reduce followed by torch's add and ``F.rms_norm``;
+* ``gemm``: row-parallel GEMM + all-reduce (overlapped kernel, and cuBLAS + our all-reduce) vs
+  ``torch.matmul`` followed by NCCL all-reduce (Llama-70B MLP down-projection shapes);
+* ``decoder``: a decode step (batch 1-64, KV cache) and a 2048-token prefill through Llama-70B-shaped
+  decoder layers, tritoncomm vs NCCL for every reduction;
+* ``hier``: hierarchical all-reduce as 2 "nodes" x 2 GPUs vs NCCL over the same 4 GPUs.
+
+Method: per call inside CUDA graphs (``timing.time_per_call_us``), each rank's median, max over
+ranks. Every part checks its result against the baseline's before timing. The CPU world runs
+small shapes (a smoke test of the code, not a measurement).
+"""
+
+# ruff: noqa: B023  (the closures below are timed at once, inside the iteration that made them)
+
+from __future__ import annotations
+
+import datetime
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .bench import _max_over_ranks
+from .channels import Communicator
+from .collectives import AllReduce, FusedAllReduceAddRMSNorm, GemmAllReduce, GemmConfig
+from .config import CommConfig
+from .launch import RankContext
+from .timing import time_per_call_us
+
+__all__ = ["format_layers", "layers_rank"]
+
+
+def _shapes(cuda: bool, world: int) -> dict[str, Any]:
+    if cuda:
+        return {"hidden": 8192, "tokens": [1, 8, 32, 128, 512], "k": 28672 // world, "n": 8192,
+                "gemm_m": [1, 16, 64, 512, 2048, 8192], "heads": 64, "kv_heads": 8, "inter": 28672, "layers": 4,
+                "batches": [1, 4, 16, 64], "context": 1024, "prefill": 2048,
+                "hier_sizes": [8 << 10, 128 << 10, 1 << 20, 8 << 20, 32 << 20, 128 << 20]}
+    return {"hidden": 256, "tokens": [1, 5], "k": 64, "n": 48, "gemm_m": [3, 20], "heads": 4, "kv_heads": 4,
+            "inter": 128, "layers": 1, "batches": [1, 2], "context": 8, "prefill": 8, "hier_sizes": [4096]}
+
+
+class _Timer:
+    def __init__(self, ctx: RankContext, cuda: bool) -> None:
+        self.ctx, self.cuda = ctx, cuda
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.ctx.cpu_group)
+
+    def __call__(self, fn, *, calls: int = 32, replays: int = 20) -> float:
+        if not self.cuda:
+            calls, replays = 1, 2
+        return time_per_call_us(fn, self.ctx.device, self.barrier, calls=calls, replays=replays)
+
+
+def _agree(ctx: RankContext, t: torch.Tensor) -> bool:
+    import hashlib
+
+    d = hashlib.sha1(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+    out: list[Any] = [None] * ctx.world
+    dist.all_gather_object(out, d, group=ctx.cpu_group)
+    return all(o == out[0] for o in out)
+
+
+def _all_true(ctx: RankContext, ok: bool) -> bool:
+    out: list[Any] = [None] * ctx.world
+    dist.all_gather_object(out, bool(ok), group=ctx.cpu_group)
+    return all(out)
+
+
+def _norm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) -> list[dict]:
+    h, dev = sh["hidden"], ctx.device
+    ar = AllReduce(comm, max_bytes=max(sh["tokens"]) * h * 2, name="bench.norm.ar")
+    fused = FusedAllReduceAddRMSNorm(comm, max_tokens=max(sh["tokens"]), max_hidden=h, name="bench.norm")
+    rows = []
+    for t in sh["tokens"]:
+        g = torch.Generator(device=dev).manual_seed(t + 17 * ctx.rank)
+        x = torch.randn(t, h, device=dev, generator=g).to(torch.bfloat16)
+        res0 = torch.randn(t, h, device=dev, generator=torch.Generator(device=dev).manual_seed(t)).to(torch.bfloat16)
+        w = torch.rand(h, device=dev, generator=torch.Generator(device=dev).manual_seed(1)).to(torch.bfloat16) + 0.5
+        # correctness: fused vs NCCL + torch
+        res_a, res_b, xb = res0.clone(), res0.clone(), x.clone()
+        y = fused(x, res_a, w)
+        dist.all_reduce(xb, group=ctx.group)
+        res_b.add_(xb)
+        yb = F.rms_norm(res_b, (h,), w, 1e-6)
+        ok = bool(torch.allclose(y.float(), yb.float(), rtol=3e-2, atol=3e-2)) and _agree(ctx, y)
+        res, out, xo = res0.clone(), torch.empty_like(x), torch.empty_like(x)
+        t_fused = timer(lambda: fused(x, res, w, out=out))
+        t_bare = timer(lambda: ar(x, out=xo))
+
+        def base(xb=xb, res_b=res_b) -> None:
+            dist.all_reduce(xb, group=ctx.group)
+            res_b.add_(xb)
+            F.rms_norm(res_b, (h,), w, 1e-6)
+        t_base = timer(base)
+        v = _max_over_ranks(ctx, {"f": t_fused, "b": t_bare, "n": t_base})
+        rows.append({"op": "allreduce_add_rmsnorm", "shape": [t, h], "dtype": "bf16", "variant": fused.select(t, h),
+                     "tritoncomm_us": v["f"], "baseline_us": v["n"],
+                     "baseline": "NCCL all_reduce + torch add + F.rms_norm", "bare_allreduce_us": v["b"],
+                     "ratio_to_bare": v["f"] / v["b"], "speedup": v["n"] / v["f"], "correct": _all_true(ctx, ok)})
+    fused.close()
+    ar.close()
+    return rows
+
+
+def _gemm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) -> list[dict]:
+    dev, k, n, ms = ctx.device, sh["k"], sh["n"], sh["gemm_m"]
+    cuda = comm.backend == "cuda"
+    ar = AllReduce(comm, max_bytes=max(ms) * n * 2, name="bench.gemm.ar")
+    configs = {"overlap": GemmConfig.for_backend(comm.backend)}
+    if cuda:
+        configs["overlap_32r"] = GemmConfig(workers=100, reducers=32)
+    ops = {name: GemmAllReduce(comm, max(ms), n, config=c, allreduce=ar, name=f"bench.gemm.{name}")
+           for name, c in configs.items()}
+    w = (torch.randn(n, k, device=dev, generator=torch.Generator(device=dev).manual_seed(3 + ctx.rank)) /
+         math.sqrt(k)).to(torch.bfloat16)
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k, device=dev, generator=torch.Generator(device=dev).manual_seed(m + ctx.rank))
+        x = x.to(torch.bfloat16)
+        ref = torch.matmul(x, w.t())
+        dist.all_reduce(ref, group=ctx.group)
+        outs = {name: op(x, w, path="overlap") for name, op in ops.items()}
+        outs["plain"] = ops["overlap"](x, w, path="plain")
+        scale = ref.float().abs().max().item()
+        ok = all(bool(((o.float() - ref.float()).abs().max() / scale) < 2e-2) and _agree(ctx, o)
+                 for o in outs.values())
+        big = m * k * n >= 1 << 34
+        kw = {"calls": 4, "replays": 6} if big else {"calls": 16, "replays": 10}
+        o = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
+        t: dict[str, float | None] = {}
+        for name, op in ops.items():
+            t[name] = timer(lambda op=op: op(x, w, out=o, path="overlap"), **kw)
+        t["plain"] = timer(lambda: ops["overlap"](x, w, out=o, path="plain"), **kw)
+        t["gemm_only"] = timer(lambda: torch.matmul(x, w.t(), out=o), **kw)
+
+        def base() -> None:
+            torch.matmul(x, w.t(), out=o)
+            dist.all_reduce(o, group=ctx.group)
+        t["base"] = timer(base, **kw)
+        v = _max_over_ranks(ctx, t)
+        best = min(("plain", *configs), key=lambda p: v[p] or math.inf)
+        rows.append({"op": "gemm_allreduce", "shape": [m, k, n], "dtype": "bf16", "best_path": best,
+                     "tritoncomm_us": v[best], "baseline_us": v["base"], "baseline": "torch.matmul + NCCL all_reduce",
+                     **{f"{p}_us": v[p] for p in (*configs, "plain", "gemm_only")},
+                     "speedup": v["base"] / v[best], "correct": _all_true(ctx, ok)})
+    for op in ops.values():
+        op.close()
+    ar.close()
+    return rows
+
+
+def _layer_weights(sh: dict, layer: int, dev: torch.device) -> dict[str, torch.Tensor]:
+    g = torch.Generator(device=dev).manual_seed(1000 + layer)
+    h, d = sh["hidden"], sh["hidden"] // sh["heads"]
+
+    def r(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, device=dev, generator=g) / math.sqrt(shape[-1])).to(torch.bfloat16)
+
+    return {"wq": r(sh["heads"] * d, h), "wk": r(sh["kv_heads"] * d, h), "wv": r(sh["kv_heads"] * d, h),
+            "wo": r(h, sh["heads"] * d), "gate": r(sh["inter"], h), "up": r(sh["inter"], h), "down": r(h, sh["inter"]),
+            "input_norm": torch.ones(h, device=dev, dtype=torch.bfloat16),
+            "post_norm": torch.ones(h, device=dev, dtype=torch.bfloat16)}
+
+
+def _decoder_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) -> list[dict]:
+    from .integrations.tp import LlamaDecoderLayer, TorchReducer, TritonCommReducer
+
+    dev, h, w = ctx.device, sh["hidden"], ctx.world
+    reducers = {"tritoncomm": TritonCommReducer(comm, max_tokens=sh["prefill"], hidden=h),
+                "nccl": TorchReducer(ctx.group)}
+    models = {}
+    for name, red in reducers.items():
+        layers = []
+        for i in range(sh["layers"]):
+            layers.append(LlamaDecoderLayer(_layer_weights(sh, i, dev), sh["heads"], sh["kv_heads"], red).to(dev))
+            torch.cuda.empty_cache() if comm.backend == "cuda" else None
+        models[name] = layers
+    d = h // sh["heads"]
+    kvl = sh["kv_heads"] // w
+    cases = [("decode_step", b, 1, sh["context"]) for b in sh["batches"]] + [("prefill", 1, sh["prefill"], 0)]
+    rows = []
+    for op, b, t, ctx_len in cases:
+        g = torch.Generator(device=dev).manual_seed(b * 7 + t)
+        x0 = torch.randn(b, t, h, device=dev, generator=g).to(torch.bfloat16)
+        pasts = [(torch.randn(b, kvl, ctx_len, d, device=dev, generator=g).to(torch.bfloat16),
+                  torch.randn(b, kvl, ctx_len, d, device=dev, generator=g).to(torch.bfloat16))
+                 for _ in range(sh["layers"])] if ctx_len else [None] * sh["layers"]
+        res, outs, times = {}, {}, {}
+        for name, layers in models.items():
+            residual = torch.zeros_like(x0)
+
+            def step(layers=layers, residual=residual) -> torch.Tensor:
+                residual.zero_()
+                p = x0
+                for layer, past in zip(layers, pasts, strict=True):
+                    p = layer(p, residual, past)
+                return p
+
+            with torch.no_grad():
+                outs[name] = step().clone()
+                res[name] = residual.clone()
+                kw = {"calls": 2, "replays": 8} if t > 1 else {"calls": 4, "replays": 10}
+                times[name] = timer(step, **kw)
+        ok = bool(torch.allclose(res["tritoncomm"].float(), res["nccl"].float(), rtol=5e-2, atol=5e-2)) and \
+            _agree(ctx, res["tritoncomm"])
+        v = _max_over_ranks(ctx, times)
+        tokens = b * t
+        rows.append({"op": op, "shape": {"batch": b, "tokens": t, "hidden": h, "layers": sh["layers"],
+                                          "context": ctx_len}, "tritoncomm_us": v["tritoncomm"],
+                     "baseline_us": v["nccl"], "baseline": "NCCL (torch.distributed) + torch add/RMSNorm",
+                     "tritoncomm_tok_s": tokens / (v["tritoncomm"] * 1e-6),
+                     "baseline_tok_s": tokens / (v["nccl"] * 1e-6),
+                     "speedup": v["nccl"] / v["tritoncomm"], "correct": _all_true(ctx, ok)})
+    reducers["tritoncomm"].close()
+    return rows
+
+
+def _hier_part(ctx: RankContext, sh: dict, timer: _Timer) -> list[dict]:
+    from .integrations.hierarchical import HierarchicalAllReduce, node_groups
+
+    if ctx.world != 4:
+        return []
+    groups = node_groups(local_world=2, backend=dist.get_backend(ctx.group))
+    har = HierarchicalAllReduce(groups, max_bytes=max(sh["hier_sizes"]), device=ctx.device,
+                                config=CommConfig(heap_bytes=4 * max(sh["hier_sizes"]) + (64 << 20)))
+    rows = []
+    for nbytes in sh["hier_sizes"]:
+        x = torch.randn(nbytes // 2, device=ctx.device,
+                        generator=torch.Generator(device=ctx.device).manual_seed(nbytes + ctx.rank)).to(torch.bfloat16)
+        ref = x.float()
+        dist.all_reduce(ref, group=ctx.group)
+        got = har(x)
+        ok = bool(((got.float() - ref).abs().max() / ref.abs().max()) < 2e-2) and _agree(ctx, got)
+        xb = x.clone()
+        v = _max_over_ranks(ctx, {"h": timer(lambda: har(x)),
+                                  "n": timer(lambda: dist.all_reduce(xb, group=ctx.group))})
+        rows.append({"op": "hier_allreduce_2x2", "bytes": nbytes, "dtype": "bf16", "tritoncomm_us": v["h"],
+                     "baseline_us": v["n"], "baseline": "NCCL all_reduce over the 4 GPUs", "speedup": v["n"] / v["h"],
+                     "correct": _all_true(ctx, ok)})
+    har.close()
+    return rows
+
+
+def layers_rank(ctx: RankContext, parts: list[str]) -> dict[str, Any] | None:
+    """Run the named parts (``norm``, ``gemm``, ``decoder``, ``hier``) on every rank; rank 0 returns
+    ``{part: report}``."""
+    cuda = ctx.backend == "cuda"
+    sh = _shapes(cuda, ctx.world)
+    timer = _Timer(ctx, cuda)
+    heap = (3 << 30) if cuda else (48 << 20)
+    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=heap, timeout_s=60))
+    reports: dict[str, Any] = {}
+    meta = {"device": torch.cuda.get_device_name(ctx.device) if cuda else "CPU world (smoke test, not a measurement)",
+            "date": datetime.date.today().isoformat(), "torch": torch.__version__, "world": ctx.world,
+            "method": "per call in CUDA graphs (norm: 32 calls, gemm: 4-16, decoder: 2-4 steps per graph), median "
+                      "of 6-20 replays per rank, max over ranks; baseline in the same run"}
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+        for part in parts:
+            if part == "norm":
+                rows = _norm_part(ctx, comm, sh, timer)
+            elif part == "gemm":
+                rows = _gemm_part(ctx, comm, sh, timer)
+            elif part == "decoder":
+                rows = _decoder_part(ctx, comm, sh, timer)
+            elif part == "hier":
+                rows = _hier_part(ctx, sh, timer)
+            else:
+                raise ValueError(f"unknown part {part!r} (norm, gemm, decoder, hier)")
+            reports[part] = {**meta, "part": part, "rows": rows}
+    finally:
+        comm.close()
+    return reports if ctx.rank == 0 else None
+
+
+def format_layers(rep: dict[str, Any]) -> str:
+    lines = [f"{rep['part']}: world={rep['world']} device={rep['device']} date={rep['date']}"]
+    for r in rep["rows"]:
+        shape = r.get("shape", r.get("bytes"))
+        extra = ""
+        if "ratio_to_bare" in r:
+            extra = f" bare_ar={r['bare_allreduce_us']:.1f}us ratio_to_bare={r['ratio_to_bare']:.2f} [{r['variant']}]"
+        elif "best_path" in r:
+            extra = (f" [{r['best_path']}] overlap={r['overlap_us']:.1f} plain={r['plain_us']:.1f} "
+                     f"gemm_only={r['gemm_only_us']:.1f}")
+        elif "tritoncomm_tok_s" in r:
+            extra = f" tok/s {r['tritoncomm_tok_s']:.0f} vs {r['baseline_tok_s']:.0f}"
+        lines.append(f"  {r['op']:22s} {shape!s:42s} tritoncomm {r['tritoncomm_us']:9.1f} us  baseline "
+                     f"{r['baseline_us']:9.1f} us  x{r['speedup']:.2f}  correct={r['correct']}{extra}")
+    return "\n".join(lines)

@@ -12,10 +12,11 @@ from .helpers import make_comm, reference_sum, same_on_all_ranks
 
 
 def _reference(ctx, x, residual, weight, eps, gemma):
-    summed = reference_sum(ctx, x).view(x.shape)  # fp32 sum over ranks
-    new_res = (summed + residual.float()).to(x.dtype)
+    summed = reference_sum(ctx, x).view(x.shape)  # fp32 sum over ranks, on the CPU
+    new_res = (summed + residual.float().cpu()).to(x.dtype)
     v = new_res.float()
-    y = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * ((1 + weight.float()) if gemma else weight.float())
+    wf = weight.float().cpu()
+    y = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * ((1 + wf) if gemma else wf)
     return new_res, y
 
 

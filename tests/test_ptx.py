@@ -139,41 +139,40 @@ def test_pipelined_twoshot_compiles_with_split_barriers():
     assert o["st.release.sys.global.b32"] >= 2 and o["ld.acquire.sys.global.b32"] >= 2, o
 
 
+FUSED_SIG = {"x_ptr": "*bf16", "res_ptr": "*bf16", "res_out_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
+             "scale_ptr": "*fp32", "T": "i32", "H": "i32", "CW": "i32", "eps": "fp32", **COMMON}
+FUSED_ALIGNED = {"x_ptr", "res_ptr", "res_out_ptr", "w_ptr", "out_ptr", "H", "CW", "bases"}
+
+
 @pytest.mark.parametrize("fp8", [False, True])
-def test_fused_allreduce_rmsnorm_compiles(fp8):
+def test_fused_oneshot_compiles_with_row_chunk_exchange(fp8):
     from tritoncomm.collectives.fused_norm import allreduce_add_rmsnorm_kernel
 
-    sig = {"x_ptr": "*bf16", "res_ptr": "*bf16", "res_out_ptr": "*bf16", "w_ptr": "*bf16",
-           "out_ptr": "*fp8e4nv" if fp8 else "*bf16",
-           "scale_ptr": "*fp32", "T": "i32", "H": "i32", "eps": "fp32", **COMMON, "flags_off": "i64",
-           "epochs_off": "i64", "buf_off": "i64", "slot_bytes": "i64"}
-    o = ops(compile_ptx(allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "BLOCK_H": 8192, "GEMMA": False, "FP8": fp8},
-                        {"x_ptr", "res_ptr", "res_out_ptr", "w_ptr", "out_ptr", "H", "bases", "flags_off", "epochs_off",
-                         "buf_off", "slot_bytes"}, 8))
-    assert o["st.release.sys.global.b32"] >= 1 and o["ld.acquire.sys.global.b32"] >= 1, o
-
-
-FUSED_SIG = {"x_ptr": "*bf16", "res_ptr": "*bf16", "res_out_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
-             "scale_ptr": "*fp32",
-             "T": "i32", "H": "i32", "eps": "fp32", **COMMON}
+    sig = dict(FUSED_SIG, out_ptr="*fp8e4nv" if fp8 else "*bf16", flags_off="i64", epochs_off="i64", buf_off="i64",
+               slot_bytes="i64", xch_off="i64")
+    o = ops(compile_ptx(allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "CH": 4, "BLOCK_C": 2048, "GEMMA": False,
+                                                            "FP8": fp8},
+                        FUSED_ALIGNED | {"flags_off", "epochs_off", "buf_off", "slot_bytes", "xch_off"}, 4))
+    # the cross-rank barrier and the row-chunk exchange: release stores, acquire loads
+    assert o["st.release.sys.global.b32"] >= 2 and o["ld.acquire.sys.global.b32"] >= 2, o
+    assert o["ld.global.v4.b32"] >= 1 or o["ld.global.nc.v4.b32"] >= 1, o
 
 
 def test_fused_ll_and_twoshot_compile():
     from tritoncomm.collectives.fused_norm_ll import ll_allreduce_add_rmsnorm_kernel
     from tritoncomm.collectives.fused_norm_twoshot import twoshot_allreduce_add_rmsnorm_kernel
 
-    sig = dict(FUSED_SIG, epochs_off="i64", buf_off="i64", slot_words="i64")
-    o = ops(compile_ptx(ll_allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "BLOCK_W": 4096, "GEMMA": False,
+    sig = dict(FUSED_SIG, epochs_off="i64", buf_off="i64", slot_words="i64", xch_off="i64")
+    o = ops(compile_ptx(ll_allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "CH": 16, "BLOCK_C": 512, "GEMMA": False,
                                                                "FP8": False},
-                        {"x_ptr", "res_ptr", "res_out_ptr", "w_ptr", "out_ptr", "H", "bases", "epochs_off",
-                         "buf_off"}, 8))
+                        FUSED_ALIGNED | {"epochs_off", "buf_off", "xch_off"}, 4))
     assert any(k.startswith("ld.volatile") for k in o), o  # LL polls
-    assert o["ld.global.v4.b32"] >= 1 or o["ld.global.nc.v4.b32"] >= 1, o  # wide row loads (H % 8 == 0)
-    sig = dict(FUSED_SIG, flags_off="i64", epochs_off="i64", rs_off="i64", ag_off="i64", slot_bytes="i64")
-    o = ops(compile_ptx(twoshot_allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "BLOCK_H": 8192, "GEMMA": False,
-                                                                    "FP8": False},
-                        {"x_ptr", "res_ptr", "res_out_ptr", "w_ptr", "out_ptr", "H", "bases", "flags_off", "epochs_off",
-                         "rs_off", "ag_off", "slot_bytes"}, 8))
+    sig = dict(FUSED_SIG, flags_off="i64", epochs_off="i64", rs_off="i64", ag_off="i64", rstd_off="i64",
+               slot_bytes="i64", rstd_slot="i64", xch_off="i64")
+    o = ops(compile_ptx(twoshot_allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "CH": 1, "BLOCK_C": 8192,
+                                                                    "GEMMA": False, "FP8": False},
+                        FUSED_ALIGNED | {"flags_off", "epochs_off", "rs_off", "ag_off", "rstd_off", "slot_bytes",
+                                         "rstd_slot", "xch_off"}, 8))
     assert o["st.release.sys.global.b32"] >= 2 and o["ld.acquire.sys.global.b32"] >= 2, o
     assert o["st.global.v4.b32"] >= 1, o
 

@@ -4,7 +4,7 @@ Three kernels, one per all-reduce shape, picked by the all-reduce table for the 
 packets (``fused_norm_ll``) where the table picks LL, the one-shot (``fused_norm``) where it picks
 the one-shot, the two-shot by rows (``fused_norm_twoshot``) where it picks a two-shot. All three
 sum the ranks in order 0..W-1 in fp32, add the residual in fp32 and round once, so they give the
-same bits as each other and on every rank.
+same bits on every rank.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from .validation import DTYPE_NAMES, _overlap, check_input
 
 __all__ = ["FUSED_ALGOS", "MAX_HIDDEN", "FusedAllReduceAddRMSNorm"]
 
-#: Largest hidden size one program normalises in one step.
+#: Largest hidden size served.
 MAX_HIDDEN = 16384
+#: Most chunks a row is cut into (GPUs only; a power of two that divides every variant's grid).
+MAX_CHUNKS = 16
 FUSED_ALGOS = ("ll", "oneshot", "twoshot")
 _FROM_TABLE = {"ll": "ll", "oneshot": "oneshot", "twoshot": "twoshot", "pipelined": "twoshot"}
 
@@ -70,21 +72,40 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
             caps["ll"] = min(caps["ll"], LL_MAX_BYTES)
         self.capacity = caps
         p = programs or (64 if comm.backend == "cuda" else 2)
+        # rows are cut into chunks only where programs run concurrently (see fused_norm)
+        self.max_chunks = min(MAX_CHUNKS, p) if comm.backend == "cuda" else 1
         w, h = self.world, max_hidden
+        xch = round_up(max_tokens * self.max_chunks * 8, 256)  # per variant: epochs differ between channels
+        self._xch: dict[str, int] = {}
         if "ll" in caps:
             rows = min(max_tokens, -(-caps["ll"] // (2 * h)))
-            self._ll_slot_words = rows * ((h + 1) // 2)
-            self._add_channel("ll", programs=min(p, 32), barrier_slots=0,
-                              buffer_bytes=2 * w * self._ll_slot_words * 8)
+            self._ll_slot_words = round_up(rows * ((h + 1) // 2), 32)
+            self._xch["ll"] = 2 * w * self._ll_slot_words * 8
+            self._add_channel("ll", programs=min(p, 32), barrier_slots=0, buffer_bytes=self._xch["ll"] + xch)
         if "oneshot" in caps:
             rows = min(max_tokens, -(-caps["oneshot"] // (2 * h)))
             self._stage_bytes = round_up(rows * h * 2, 256)
-            self._add_channel("oneshot", programs=p, barrier_slots=p, buffer_bytes=2 * self._stage_bytes)
+            self._xch["oneshot"] = 2 * self._stage_bytes
+            self._add_channel("oneshot", programs=p, barrier_slots=p, buffer_bytes=self._xch["oneshot"] + xch)
         if "twoshot" in caps:
             rows = min(max_tokens, -(-caps["twoshot"] // (2 * h)))
             self._shard_bytes = round_up(-(-rows // w) * h * 2, 256)
-            self._add_channel("twoshot", programs=p, barrier_slots=2 * p, buffer_bytes=2 * w * self._shard_bytes)
+            self._rstd_slot = round_up(-(-rows // w) * 4, 256)
+            self._xch["twoshot"] = 2 * w * self._shard_bytes + w * self._rstd_slot
+            self._add_channel("twoshot", programs=p, barrier_slots=2 * p,
+                              buffer_bytes=self._xch["twoshot"] + xch)
         comm.bootstrap.barrier()
+
+    def chunks(self, tokens: int, hidden: int) -> tuple[int, int]:
+        """``(CH, CW)`` for ``tokens`` rows per program group (all rows; a shard's for the two-shot):
+        chunks per row and columns per chunk, the same on every rank: enough items to spread a few
+        rows over the programs, chunks of at least 512 columns, ``CW`` a multiple of 16. (Cutting
+        rows changes how the sum of squares is grouped, so the variants agree bit for bit only
+        when they cut rows alike, as always in the CPU world.)"""
+        ch = 1
+        while ch < self.max_chunks and tokens * ch * 2 <= 64 and hidden // (2 * ch) >= 512:
+            ch *= 2
+        return ch, round_up(-(-hidden // ch), 16)
 
     def select(self, tokens: int, hidden: int, dtype: torch.dtype = torch.bfloat16) -> str:
         """The variant for ``(tokens, hidden)`` (the same on every rank)."""
@@ -145,25 +166,26 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
             return out
         self._debug_check(x.dtype, x.numel(), algo)
         bases, rank, world, timeout, diag = self.comm.kernel_args()
-        ch = self._channels[algo]
         grid = (self._grids[algo],)
         scale = fp8_scale.float() if fp8_scale is not None else weight  # any pointer when unused
         fp8 = fp8_scale is not None
-        warps = 8 if h >= 4096 else 4
-        common = (x, residual, residual_out, weight, out, scale, t, h, self.eps, bases, rank, timeout, diag)
+        ch, cw = self.chunks(-(-t // world) if algo == "twoshot" else t, h)
+        block = triton.next_power_of_2(cw)
+        ch_ = self._channels[algo]
+        xch_off = ch_.buffer_off + self._xch[algo]
+        common = (x, residual, residual_out, weight, out, scale, t, h, cw, self.eps, bases, rank, timeout, diag)
+        meta = {"WORLD": world, "CH": ch, "BLOCK_C": block, "GEMMA": gemma, "FP8": fp8,
+                "num_warps": 8 if block >= 4096 else 4}
         if algo == "ll":
-            ll_allreduce_add_rmsnorm_kernel[grid](
-                *common, ch.epochs_off,
-                ch.buffer_off, self._ll_slot_words, WORLD=world, BLOCK_W=triton.next_power_of_2((h + 1) // 2),
-                GEMMA=gemma, FP8=fp8, num_warps=warps)
+            ll_allreduce_add_rmsnorm_kernel[grid](*common, ch_.epochs_off, ch_.buffer_off, self._ll_slot_words,
+                                                  xch_off, **meta)
         elif algo == "oneshot":
-            allreduce_add_rmsnorm_kernel[grid](
-                *common, ch.flags_off,
-                ch.epochs_off, ch.buffer_off, self._stage_bytes, WORLD=world, BLOCK_H=triton.next_power_of_2(h),
-                GEMMA=gemma, FP8=fp8, num_warps=warps)
+            allreduce_add_rmsnorm_kernel[grid](*common, ch_.flags_off, ch_.epochs_off, ch_.buffer_off,
+                                               self._stage_bytes, xch_off, **meta)
         else:
+            rs = ch_.buffer_off
+            ag = rs + world * self._shard_bytes
             twoshot_allreduce_add_rmsnorm_kernel[grid](
-                *common, ch.flags_off,
-                ch.epochs_off, ch.buffer_off, ch.buffer_off + world * self._shard_bytes, self._shard_bytes,
-                WORLD=world, BLOCK_H=triton.next_power_of_2(h), GEMMA=gemma, FP8=fp8, num_warps=warps)
+                *common, ch_.flags_off, ch_.epochs_off, rs, ag, ag + world * self._shard_bytes, self._shard_bytes,
+                self._rstd_slot, xch_off, **meta)
         return out

@@ -1,14 +1,26 @@
 """All-reduce + residual add + RMSNorm (+ FP8 quantisation) in one kernel: the one-shot variant, and
-the row helpers the LL (``fused_norm_ll``) and two-shot (``fused_norm_twoshot``) variants share.
+the row-chunk helpers that the LL (``fused_norm_ll``) and two-shot (``fused_norm_twoshot``)
+variants share.
 
-``residual[t] += sum over ranks of x[t]`` (in place), then ``out[t] = rmsnorm(residual[t]) * w``
-(or ``* (1 + w)``, Gemma style), optionally quantised to FP8 e4m3 with a per-tensor scale.
+``residual[t] += sum over ranks of x[t]`` (in place, or into ``residual_out``), then
+``out[t] = rmsnorm(residual[t]) * w`` (or ``* (1 + w)``, Gemma style), optionally quantised to FP8
+e4m3 with a per-tensor scale.
 
-It is the one-shot all-reduce with the normalisation fused into its read phase: program ``pid``
-stages rows ``pid, pid + P, ...`` of ``x`` in its heap (halves alternate by epoch parity), meets the
-matching programs at a barrier, then for each of its rows sums the ranks' staged rows in rank order
-in fp32, adds the residual, rounds the new residual to its dtype and stores it, and normalises that
-rounded residual (as the engines' fused add-RMSNorm does). One row per step: hidden <= BLOCK_H.
+**Rows in chunks.** A decode step has few rows (tokens), and one program per row would leave most
+of the GPU idle. So every row is cut into ``CH`` chunks of ``CW`` columns and a work item is one
+(row, chunk): item ``i`` is row ``i // CH``, chunk ``i % CH``; program ``pid`` takes items
+``pid, pid + P, ...``. A chunk's program sums its columns over the ranks, adds the residual,
+rounds once and stores the new residual; the row's sum of squares then needs every chunk: each
+program writes its partial into a per-(row, chunk) slot of this rank's heap and ``signal``s it,
+``wait``s for the row's ``CH`` slots (same launch epoch) and adds the ``CH`` partials in chunk
+order, so every chunk of a row, on every rank, computes the same ``rstd``. The partners of an item
+are handled in the same round by programs of the same launch (``P`` is a multiple of ``CH``), which
+are all resident on a GPU. The CPU interpreter runs programs one after another, so there ``CH``
+is 1 and no program waits for another.
+
+The one-shot variant: program ``pid`` stages its items' chunks of ``x`` in its heap (halves
+alternate by epoch parity), meets the matching programs at a barrier, then sums the ranks' staged
+chunks in rank order 0..W-1 in fp32 and finishes the chunk as above.
 """
 
 from __future__ import annotations
@@ -16,18 +28,59 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import barrier, copy_block, epoch_commit, heap_ptr, program_epoch, round_to
+from ..kernels import barrier, copy_block, epoch_commit, heap_ptr, program_epoch, round_to, signal, wait
 
-__all__ = ["add_norm_row", "allreduce_add_rmsnorm_kernel", "load_weight", "norm_row"]
+__all__ = ["add_residual", "allreduce_add_rmsnorm_kernel", "chunk_cols", "row_rstd", "store_norm"]
 
 
 @triton.jit
-def norm_row(resid, row, H, cols, cmask, w, out_ptr, scale_ptr, eps, FP8: tl.constexpr):
-    """``out[row] = rmsnorm(resid) * w`` (``w`` already fp32, Gemma's ``+1`` applied), optionally
-    quantised to FP8 with the per-tensor scale at ``scale_ptr``. ``resid`` is the rounded residual."""
+def chunk_cols(c, H, CW, BLOCK_C: tl.constexpr):
+    """Column indices and mask of chunk ``c`` (``CW`` columns, the last one may be short or empty)."""
+    j = tl.arange(0, BLOCK_C)
+    cols = c * CW + j
+    return cols, (j < CW) & (cols < H)
+
+
+@triton.jit
+def add_residual(acc, res_ptr, res_out_ptr, row, H, cols, cmask):
+    """``acc`` is the fp32 sum over ranks of these columns of ``row``: add the residual (read from
+    ``res_ptr``) in fp32, round once, store the new residual to ``res_out_ptr`` (which may be
+    ``res_ptr`` or the input: only these columns are touched, after they were read). Returns it."""
+    acc += tl.load(res_ptr + row * H + cols, mask=cmask, other=0.0).to(tl.float32)
+    resid = round_to(acc, res_ptr.dtype.element_ty)
+    tl.store(res_out_ptr + row * H + cols, resid, mask=cmask)
+    return resid
+
+
+@triton.jit
+def row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH: tl.constexpr):
+    """``1 / sqrt(mean(row^2) + eps)`` for the whole row, given this chunk's rounded residual.
+    With ``CH > 1`` the chunks of the row exchange partial sums through this rank's heap at
+    ``xch_off``: one 8-byte slot per (row, chunk), an fp32 partial then its uint32 flag."""
     v = resid.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / H + eps)
-    y = v * rstd * w
+    part = tl.sum(v * v, axis=0)
+    if CH == 1:
+        total = part
+    else:
+        k = (row * CH + tl.arange(0, CH)) * 2
+        parts = heap_ptr(bases, rank, xch_off, tl.float32)
+        flags = heap_ptr(bases, rank, xch_off, tl.uint32) + 1
+        tl.store(parts + (row * CH + c) * 2, part)
+        signal(flags + (row * CH + c) * 2, e)
+        wait(flags + k, e, rank, row, rank, timeout, diag)
+        total = tl.sum(tl.load(parts + k, volatile=True), axis=0)
+    return 1.0 / tl.sqrt(total / H + eps)
+
+
+@triton.jit
+def store_norm(resid, rstd, row, H, cols, cmask, w_ptr, out_ptr, scale_ptr, GEMMA: tl.constexpr,
+               FP8: tl.constexpr):
+    """``out[row, cols] = resid * rstd * w`` (``1 + w`` with Gemma), or its FP8 quantisation
+    ``clamp(y / scale, -448, 448)``."""
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    if GEMMA:
+        w = w + 1.0
+    y = resid.to(tl.float32) * rstd * w
     if FP8:
         q = tl.minimum(tl.maximum(y / tl.load(scale_ptr), -448.0), 448.0)
         tl.store(out_ptr + row * H + cols, round_to(q, out_ptr.dtype.element_ty), mask=cmask)
@@ -36,50 +89,34 @@ def norm_row(resid, row, H, cols, cmask, w, out_ptr, scale_ptr, eps, FP8: tl.con
 
 
 @triton.jit
-def add_norm_row(acc, res_ptr, res_out_ptr, row, H, cols, cmask, w, out_ptr, scale_ptr, eps, FP8: tl.constexpr):
-    """Given ``acc``, the fp32 sum over ranks of row ``row``: add the residual (from ``res_ptr``) in
-    fp32, round once, store the new residual (to ``res_out_ptr``, which may be ``res_ptr`` or the
-    input) and normalise it (``norm_row``). Returns the new residual row."""
-    acc += tl.load(res_ptr + row * H + cols, mask=cmask, other=0.0).to(tl.float32)
-    resid = round_to(acc, res_ptr.dtype.element_ty)
-    tl.store(res_out_ptr + row * H + cols, resid, mask=cmask)
-    norm_row(resid, row, H, cols, cmask, w, out_ptr, scale_ptr, eps, FP8)
-    return resid
-
-
-@triton.jit
-def load_weight(w_ptr, cols, cmask, GEMMA: tl.constexpr):
-    """The norm weight in fp32, with Gemma's ``1 + w`` applied."""
-    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    if GEMMA:
-        w = w + 1.0
-    return w
-
-
-@triton.jit
-def allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, scale_ptr, T, H, eps,
-                                 bases, rank, timeout, diag_addr, flags_off, epochs_off, buf_off, slot_bytes,
-                                 WORLD: tl.constexpr, BLOCK_H: tl.constexpr, GEMMA: tl.constexpr, FP8: tl.constexpr):
+def allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, scale_ptr, T, H, CW, eps,
+                                 bases, rank, timeout, diag_addr, flags_off, epochs_off, buf_off, slot_bytes, xch_off,
+                                 WORLD: tl.constexpr, CH: tl.constexpr, BLOCK_C: tl.constexpr, GEMMA: tl.constexpr,
+                                 FP8: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     stage_off = buf_off + (e & 1).to(tl.int64) * slot_bytes
-    cols = tl.arange(0, BLOCK_H)
-    cmask = cols < H
-    iters = tl.cdiv(T - pid, nprog)
-    mine = heap_ptr(bases, rank, stage_off, DTYPE, False)
-    for i in range(0, iters):
-        row = (pid + i * nprog).to(tl.int64)
+    iters = tl.cdiv(T * CH - pid, nprog)
+    mine = heap_ptr(bases, rank, stage_off, DTYPE)
+    for i in range(0, iters):  # 1. stage my items' chunks
+        item = pid + i * nprog
+        row = (item // CH).to(tl.int64)
+        cols, cmask = chunk_cols(item % CH, H, CW, BLOCK_C)
         copy_block(mine + row * H, x_ptr + row * H, cols, cmask)
     barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
-    w = load_weight(w_ptr, cols, cmask, GEMMA)
-    for i in range(0, iters):
-        row = (pid + i * nprog).to(tl.int64)
-        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for i in range(0, iters):  # 2. sum the chunks over ranks, add, normalise
+        item = pid + i * nprog
+        row = (item // CH).to(tl.int64)
+        c = item % CH
+        cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
+        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
         for s in tl.static_range(WORLD):
-            acc += tl.load(heap_ptr(bases, s, stage_off, DTYPE, False) + row * H + cols, mask=cmask,
+            acc += tl.load(heap_ptr(bases, s, stage_off, DTYPE) + row * H + cols, mask=cmask,
                            other=0.0).to(tl.float32)
-        add_norm_row(acc, res_ptr, res_out_ptr, row, H, cols, cmask, w, out_ptr, scale_ptr, eps, FP8)
+        resid = add_residual(acc, res_ptr, res_out_ptr, row, H, cols, cmask)
+        rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
+        store_norm(resid, rstd, row, H, cols, cmask, w_ptr, out_ptr, scale_ptr, GEMMA, FP8)
     epoch_commit(epoch_ptr, e)

@@ -1,14 +1,16 @@
 """All-reduce + residual add + RMSNorm with LL8 packets: the small-message variant (decode).
 
-Program ``pid`` owns rows ``pid, pid + P, ...``. It pushes each of its rows of ``x`` to every peer as
-LL8 packets (one 8-byte store carries 4 bytes of data and the launch's epoch as flag), then polls
-the same rows from every peer's packets, sums the ranks in order 0..W-1 in fp32 (its own row read
-from ``x``), adds the residual, rounds once and normalises (``fused_norm.add_norm_row``).
+Work items are (row, chunk) pairs as in ``fused_norm``. Program ``pid`` pushes its items' chunks
+of ``x`` to every peer as LL8 packets (one 8-byte store carries 4 bytes of data and the launch's
+epoch as flag), then polls the same chunks from every peer's packets, sums the ranks in order
+0..W-1 in fp32 (its own chunk read from ``x``), adds the residual, rounds once, exchanges the row's
+sum of squares with the row's other chunks and normalises.
 
-No barrier and no separate signal: a packet's flag says its data is there. Receive buffers
-alternate by epoch parity, as in ``allreduce_ll``: a rank can be at most one launch ahead of a peer
-that still reads. Buffer layout in every rank's heap: ``[parity][source rank][row][word]`` of
-uint64 packets, ``row_words = ceil(H / 2)`` words per row for 16-bit inputs.
+No barrier and no separate signal between ranks: a packet's flag says its data is there. Receive
+buffers alternate by epoch parity, as in ``allreduce_ll``: a rank can be at most one launch ahead
+of a peer that still reads. Buffer layout in every rank's heap: ``[parity][source rank][row][word]``
+of uint64 packets, ``row_words = ceil(H / 2)`` words per row (16-bit inputs only); chunks start
+at even columns (``CW`` is even).
 """
 
 from __future__ import annotations
@@ -18,44 +20,53 @@ import triton.language as tl
 
 from ..kernels import epoch_commit, heap_ptr, ll8_poll, ll8_store, program_epoch
 from .allreduce_ll import load_words, words_to_f32
-from .fused_norm import add_norm_row, load_weight
+from .fused_norm import add_residual, chunk_cols, row_rstd, store_norm
 
 __all__ = ["ll_allreduce_add_rmsnorm_kernel"]
 
 
 @triton.jit
-def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, scale_ptr, T, H, eps,
-                                    bases, rank, timeout, diag_addr, epochs_off, buf_off, slot_words,
-                                    WORLD: tl.constexpr, BLOCK_W: tl.constexpr, GEMMA: tl.constexpr, FP8: tl.constexpr):
+def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, scale_ptr, T, H, CW, eps,
+                                    bases, rank, timeout, diag_addr, epochs_off, buf_off, slot_words, xch_off,
+                                    WORLD: tl.constexpr, CH: tl.constexpr, BLOCK_C: tl.constexpr,
+                                    GEMMA: tl.constexpr, FP8: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    BW: tl.constexpr = BLOCK_C // 2
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     parity = (e & 1).to(tl.int64)
     row_words = (H + 1) // 2
-    wds = tl.arange(0, BLOCK_W)
-    wmask = wds < row_words
-    iters = tl.cdiv(T - pid, nprog)
+    cww = CW // 2
+    wds = tl.arange(0, BW)
+    iters = tl.cdiv(T * CH - pid, nprog)
     dst_off = buf_off + ((parity * WORLD + rank) * slot_words) * 8
-    for i in range(0, iters):  # 1. push my rows to every peer
-        row = (pid + i * nprog).to(tl.int64)
-        words = load_words(x_ptr + row * H, H, 0, BLOCK_W)
+    for i in range(0, iters):  # 1. push my items' chunks to every peer
+        item = pid + i * nprog
+        row = (item // CH).to(tl.int64)
+        c = item % CH
+        wmask = (wds < cww) & (c * cww + wds < row_words)
+        words = load_words(x_ptr + row * H + c * CW, tl.minimum(CW, H - c * CW), 0, BW)
         for p in tl.static_range(WORLD):
             if p != rank:
-                ll8_store(heap_ptr(bases, p, dst_off, tl.uint64) + row * row_words + wds, words, e, mask=wmask)
-    cols = tl.arange(0, 2 * BLOCK_W)
-    cmask = cols < H
-    w = load_weight(w_ptr, cols, cmask, GEMMA)
-    for i in range(0, iters):  # 2. sum the same rows over ranks, add, normalise
-        row = (pid + i * nprog).to(tl.int64)
-        acc = tl.zeros([2 * BLOCK_W], dtype=tl.float32)
+                ll8_store(heap_ptr(bases, p, dst_off, tl.uint64) + row * row_words + c * cww + wds, words, e,
+                          mask=wmask)
+    for i in range(0, iters):  # 2. sum the same chunks over ranks, add, normalise
+        item = pid + i * nprog
+        row = (item // CH).to(tl.int64)
+        c = item % CH
+        wmask = (wds < cww) & (c * cww + wds < row_words)
+        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
         for s in tl.static_range(WORLD):
             if s == rank:
-                words = load_words(x_ptr + row * H, H, 0, BLOCK_W)
+                words = load_words(x_ptr + row * H + c * CW, tl.minimum(CW, H - c * CW), 0, BW)
             else:
                 src = heap_ptr(bases, rank, buf_off + ((parity * WORLD + s) * slot_words) * 8, tl.uint64)
-                words = ll8_poll(src + row * row_words + wds, wmask, e, s, row, rank, timeout, diag)
-            acc += words_to_f32(words, DTYPE, BLOCK_W)
-        add_norm_row(acc, res_ptr, res_out_ptr, row, H, cols, cmask, w, out_ptr, scale_ptr, eps, FP8)
+                words = ll8_poll(src + row * row_words + c * cww + wds, wmask, e, s, row, rank, timeout, diag)
+            acc += words_to_f32(words, DTYPE, BW)
+        cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
+        resid = add_residual(acc, res_ptr, res_out_ptr, row, H, cols, cmask)
+        rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
+        store_norm(resid, rstd, row, H, cols, cmask, w_ptr, out_ptr, scale_ptr, GEMMA, FP8)
     epoch_commit(epoch_ptr, e)

@@ -48,7 +48,7 @@ def test_gemm_allreduce_both_paths(worlds, world):
     # M not a multiple of the tile, K not a multiple of BK, N not a multiple of BN; repeated calls
     # with different M alternate the tile buffers.
     shapes = [(17, 40, 40), (1, 32, 40), (33, 48, 40), (8, 24, 40)]
-    for bad in worlds(world).run(_job_gemm, shapes, torch.bfloat16, ("overlap", "plain")):
+    for bad in worlds(world).run(_job_gemm, shapes, torch.bfloat16, ("overlap", "chunked", "plain")):
         assert bad == []
 
 

@@ -74,7 +74,7 @@ def _job_gemm_graph(ctx, m, k, n):
     w = (torch.randn(n, k, device=dev) / k ** 0.5).to(torch.bfloat16)
     out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
     bad = []
-    for path in ("overlap", "plain"):
+    for path in ("overlap", "chunked", "plain"):
         graph = _capture(lambda path=path: op(x, w, out=out, path=path))
         for it in range(4):
             x.copy_(torch.randn(m, k, generator=torch.Generator().manual_seed(it * 10 + ctx.rank)).to(torch.bfloat16))

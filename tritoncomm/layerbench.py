@@ -128,6 +128,7 @@ def _gemm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
         dist.all_reduce(ref, group=ctx.group)
         outs = {name: op(x, w, path="overlap") for name, op in ops.items()}
         outs["plain"] = ops["overlap"](x, w, path="plain")
+        outs["chunked"] = ops["overlap"](x, w, path="chunked", chunks=4)
         scale = ref.float().abs().max().item()
         ok = all(bool(((o.float() - ref.float()).abs().max() / scale) < 2e-2) and _agree(ctx, o)
                  for o in outs.values())
@@ -138,6 +139,8 @@ def _gemm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
         for name, op in ops.items():
             t[name] = timer(lambda op=op: op(x, w, out=o, path="overlap"), **kw)
         t["plain"] = timer(lambda: ops["overlap"](x, w, out=o, path="plain"), **kw)
+        for c in (2, 4, 8):
+            t[f"chunked{c}"] = timer(lambda c=c: ops["overlap"](x, w, out=o, path="chunked", chunks=c), **kw)
         t["gemm_only"] = timer(lambda: torch.matmul(x, w.t(), out=o), **kw)
 
         def base() -> None:
@@ -145,10 +148,11 @@ def _gemm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
             dist.all_reduce(o, group=ctx.group)
         t["base"] = timer(base, **kw)
         v = _max_over_ranks(ctx, t)
-        best = min(("plain", *configs), key=lambda p: v[p] or math.inf)
+        paths = ("plain", "chunked2", "chunked4", "chunked8", *configs)
+        best = min(paths, key=lambda p: v[p] or math.inf)
         rows.append({"op": "gemm_allreduce", "shape": [m, k, n], "dtype": "bf16", "best_path": best,
                      "tritoncomm_us": v[best], "baseline_us": v["base"], "baseline": "torch.matmul + NCCL all_reduce",
-                     **{f"{p}_us": v[p] for p in (*configs, "plain", "gemm_only")},
+                     **{f"{p}_us": v[p] for p in (*paths, "gemm_only")},
                      "speedup": v["base"] / v[best], "correct": _all_true(ctx, ok)})
     for op in ops.values():
         op.close()
@@ -290,8 +294,8 @@ def format_layers(rep: dict[str, Any]) -> str:
         if "ratio_to_bare" in r:
             extra = f" bare_ar={r['bare_allreduce_us']:.1f}us ratio_to_bare={r['ratio_to_bare']:.2f} [{r['variant']}]"
         elif "best_path" in r:
-            extra = (f" [{r['best_path']}] overlap={r['overlap_us']:.1f} plain={r['plain_us']:.1f} "
-                     f"gemm_only={r['gemm_only_us']:.1f}")
+            extra = (f" [{r['best_path']}] overlap={r['overlap_us']:.1f} chunked4={r['chunked4_us']:.1f} "
+                     f"plain={r['plain_us']:.1f} gemm_only={r['gemm_only_us']:.1f}")
         elif "tritoncomm_tok_s" in r:
             extra = f" tok/s {r['tritoncomm_tok_s']:.0f} vs {r['baseline_tok_s']:.0f}"
         lines.append(f"  {r['op']:22s} {shape!s:42s} tritoncomm {r['tritoncomm_us']:9.1f} us  baseline "

@@ -1,14 +1,17 @@
 """Row-parallel linear with its all-reduce: ``sum over ranks of x @ w.T``, host side.
 
-Two paths, chosen by the number of tokens (rows of ``x``):
+Three paths, chosen by the number of tokens (rows of ``x``):
 
 * ``"overlap"``: one persistent Triton kernel (``gemm_overlap``) whose reducer programs pull and
   sum finished output tiles from every rank while its worker programs compute the next ones;
-* ``"plain"``: ``torch.nn.functional.linear`` (cuBLAS on GPUs), then tritoncomm's ``AllReduce``.
+* ``"chunked"``: the rows in ``chunks`` slices; cuBLAS computes slice i+1 on the caller's stream
+  while tritoncomm's ``AllReduce`` reduces slice i on a side stream (an event per slice orders
+  them; capturable in CUDA graphs as a fork and join);
+* ``"plain"``: ``torch.matmul`` (cuBLAS on GPUs), then tritoncomm's ``AllReduce``.
 
 The plain path serves decode-sized inputs, where there is too little compute to hide anything
-behind; ``overlap_min_tokens`` (measured, see ``benchmarks/NOTES.md``) sets the switch, and
-``path=`` forces one. Both paths give the same bits on every rank; they round differently from
+behind; ``select`` picks by rows with thresholds measured on H200 (``benchmarks/NOTES.md``), and
+``path=`` forces one. Every path gives the same bits on every rank; they round differently from
 each other (cuBLAS's and Triton's GEMMs sum K in different orders).
 """
 
@@ -27,7 +30,9 @@ from .validation import check_input
 
 __all__ = ["GEMM_PATHS", "GemmAllReduce", "GemmConfig"]
 
-GEMM_PATHS = ("overlap", "plain")
+GEMM_PATHS = ("overlap", "chunked", "plain")
+#: Most row slices of the chunked path.
+MAX_CHUNKS = 16
 
 
 @dataclass(frozen=True)
@@ -76,13 +81,18 @@ class GemmAllReduce:
     create and close; one instance per stream.
     """
 
-    def __init__(self, comm: Communicator, max_tokens: int, n: int, *, overlap_min_tokens: int = 256,
-                 config: GemmConfig | None = None, allreduce: AllReduce | None = None,
-                 name: str = "gemm_allreduce") -> None:
+    def __init__(self, comm: Communicator, max_tokens: int, n: int, *, overlap_min_tokens: int | None = None,
+                 chunked_min_tokens: int = 256, chunks: int = 4, config: GemmConfig | None = None,
+                 allreduce: AllReduce | None = None, name: str = "gemm_allreduce") -> None:
         if max_tokens <= 0 or n <= 0:
             raise InvalidInputError(f"max_tokens and n must be positive, got {max_tokens}, {n}")
         self.comm, self.max_tokens, self.n = comm, max_tokens, n
         self.overlap_min_tokens = overlap_min_tokens
+        self.chunked_min_tokens, self.chunks = chunked_min_tokens, chunks
+        if not 1 <= chunks <= MAX_CHUNKS:
+            raise InvalidInputError(f"chunks must be in 1..{MAX_CHUNKS}, got {chunks}")
+        self._side = torch.cuda.Stream(comm.device) if comm.backend == "cuda" else None
+        self._events = [torch.cuda.Event() for _ in range(MAX_CHUNKS)] if comm.backend == "cuda" else []
         self.cfg = config or GemmConfig.for_backend(comm.backend)
         self._own_ar = allreduce is None
         self.allreduce = allreduce or AllReduce(comm, max_bytes=max_tokens * n * 4, name=f"{name}.ar")
@@ -103,10 +113,33 @@ class GemmAllReduce:
         return self.channel.heap_bytes + (self.allreduce.workspace_bytes if self._own_ar else 0)
 
     def select(self, tokens: int) -> str:
-        return "overlap" if tokens >= self.overlap_min_tokens else "plain"
+        if self.overlap_min_tokens is not None and tokens >= self.overlap_min_tokens:
+            return "overlap"
+        return "chunked" if tokens >= self.chunked_min_tokens else "plain"
+
+    def _chunked(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, chunks: int) -> torch.Tensor:
+        m = x.shape[0]
+        step = -(-m // chunks)
+        if self._side is None:  # CPU world: the same slices, one after another
+            for lo in range(0, m, step):
+                torch.matmul(x[lo:lo + step], w.t(), out=out[lo:lo + step])
+                self.allreduce(out[lo:lo + step], out=out[lo:lo + step])
+            return out
+        main = torch.cuda.current_stream(self.comm.device)
+        self._side.wait_stream(main)  # the slices' reductions come after everything before this call
+        for i, lo in enumerate(range(0, m, step)):
+            torch.matmul(x[lo:lo + step], w.t(), out=out[lo:lo + step])
+            self._events[i].record(main)
+            self._side.wait_event(self._events[i])
+            with torch.cuda.stream(self._side):
+                self.allreduce(out[lo:lo + step], out=out[lo:lo + step])
+        main.wait_stream(self._side)
+        return out
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None,
-                 path: str | None = None) -> torch.Tensor:
+                 path: str | None = None, chunks: int | None = None) -> torch.Tensor:
+        """``all_reduce(x @ w.T)`` into ``out`` (new if None), by ``path`` (default: ``select``);
+        ``chunks`` overrides the chunked path's slice count."""
         what = "gemm + all_reduce"
         check_input(x, self.comm.device, what)
         check_input(w, self.comm.device, what + " (weight)")
@@ -126,7 +159,12 @@ class GemmAllReduce:
         elif out.shape != (m, self.n) or out.dtype != x.dtype or not out.is_contiguous():
             raise InvalidInputError(f"{what}: out must be a contiguous ({m}, {self.n}) {x.dtype} tensor")
         path = path or self.select(m)
-        if path == "plain" or m == 0 or k == 0:
+        if path == "chunked" and m > 0 and k > 0:
+            c = chunks or self.chunks
+            if not 1 <= c <= MAX_CHUNKS:
+                raise InvalidInputError(f"{what}: chunks must be in 1..{MAX_CHUNKS}, got {c}")
+            return self._chunked(x, w, out, c)
+        if path == "plain" or path == "chunked" or m == 0 or k == 0:
             torch.matmul(x, w.t(), out=out)
             return self.allreduce(out, out=out)
         self.comm.check()

@@ -212,8 +212,8 @@ def _decoder_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer)
                 res[name] = residual.clone()
                 kw = {"calls": 2, "replays": 8} if t > 1 else {"calls": 4, "replays": 10}
                 times[name] = timer(step, **kw)
-        a, b = res["tritoncomm"].float(), res["nccl"].float()  # NCCL sums in bf16 hop by hop, we in fp32
-        ok = bool(((a - b).abs().max() / b.abs().max()) < 3e-2) and _agree(ctx, res["tritoncomm"])
+        ours, theirs = res["tritoncomm"].float(), res["nccl"].float()  # NCCL sums in bf16 hop by hop, we in fp32
+        ok = bool(((ours - theirs).abs().max() / theirs.abs().max()) < 3e-2) and _agree(ctx, res["tritoncomm"])
         v = _max_over_ranks(ctx, times)
         tokens = b * t
         rows.append({"op": op, "shape": {"batch": b, "tokens": t, "hidden": h, "layers": sh["layers"],

@@ -82,7 +82,7 @@ class GemmAllReduce:
     """
 
     def __init__(self, comm: Communicator, max_tokens: int, n: int, *, overlap_min_tokens: int | None = None,
-                 chunked_min_tokens: int = 256, chunks: int = 4, config: GemmConfig | None = None,
+                 chunked_min_tokens: int = 4096, chunks: int = 2, config: GemmConfig | None = None,
                  allreduce: AllReduce | None = None, name: str = "gemm_allreduce") -> None:
         if max_tokens <= 0 or n <= 0:
             raise InvalidInputError(f"max_tokens and n must be positive, got {max_tokens}, {n}")

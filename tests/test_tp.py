@@ -57,19 +57,20 @@ def _reference(ids: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
 
 def _job_decoder(ctx, which):
     comm = make_comm(ctx)
-    reducer = TritonCommReducer(comm, max_tokens=64, hidden=H) if which == "tritoncomm" else TorchReducer(ctx.cpu_group)
+    # the default group: NCCL on GPUs, gloo in the CPU world
+    reducer = TritonCommReducer(comm, max_tokens=64, hidden=H) if which == "tritoncomm" else TorchReducer(ctx.group)
     emb_w = (torch.randn(VOCAB, H, generator=torch.Generator().manual_seed(7)) * 0.5).to(torch.bfloat16)
-    embed = VocabParallelEmbedding(emb_w, reducer)
-    layers = [LlamaDecoderLayer(_weights(i), HEADS, KV, reducer) for i in range(LAYERS)]
+    embed = VocabParallelEmbedding(emb_w, reducer).to(ctx.device)
+    layers = [LlamaDecoderLayer(_weights(i), HEADS, KV, reducer).to(ctx.device) for i in range(LAYERS)]
     ids = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        residual = embed(ids)  # already summed over ranks: it starts the residual stream
+        residual = embed(ids.to(ctx.device))  # already summed over ranks: it starts the residual stream
         partial = torch.zeros_like(residual)
         for layer in layers:
             partial = layer(partial, residual)
         out = residual + reducer.all_reduce(partial.contiguous())
     ref = _reference(ids, emb_w)
-    err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+    err = ((out.float().cpu() - ref).abs().max() / ref.abs().max()).item()
     same = same_on_all_ranks(ctx, out)
     if which == "tritoncomm":
         reducer.close()

@@ -76,7 +76,10 @@ def _all_true(ctx: RankContext, ok: bool) -> bool:
 def _norm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) -> list[dict]:
     h, dev = sh["hidden"], ctx.device
     ar = AllReduce(comm, max_bytes=max(sh["tokens"]) * h * 2, name="bench.norm.ar")
-    fused = FusedAllReduceAddRMSNorm(comm, max_tokens=max(sh["tokens"]), max_hidden=h, name="bench.norm")
+    fused = FusedAllReduceAddRMSNorm(comm, max_tokens=max(sh["tokens"]), max_hidden=h, name="bench.norm",
+                                     algos=("ll", "oneshot", "twoshot"))
+    whole_rows = FusedAllReduceAddRMSNorm(comm, max_tokens=max(sh["tokens"]), max_hidden=h, name="bench.norm1",
+                                          max_chunks=1)
     rows = []
     for t in sh["tokens"]:
         g = torch.Generator(device=dev).manual_seed(t + 17 * ctx.rank)
@@ -92,6 +95,9 @@ def _norm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
         ok = bool(torch.allclose(y.float(), yb.float(), rtol=3e-2, atol=3e-2)) and _agree(ctx, y)
         res, out, xo = res0.clone(), torch.empty_like(x), torch.empty_like(x)
         t_fused = timer(lambda: fused(x, res, w, out=out))
+        variants = {a: timer(lambda a=a: fused(x, res, w, out=out, algo=a)) for a in fused.algorithms
+                    if t * h * 2 <= fused.capacity[a]}
+        variants["whole_rows"] = timer(lambda: whole_rows(x, res, w, out=out))
         t_bare = timer(lambda: ar(x, out=xo))
 
         def base(xb=xb, res_b=res_b) -> None:
@@ -99,11 +105,13 @@ def _norm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
             res_b.add_(xb)
             F.rms_norm(res_b, (h,), w, 1e-6)
         t_base = timer(base)
-        v = _max_over_ranks(ctx, {"f": t_fused, "b": t_bare, "n": t_base})
+        v = _max_over_ranks(ctx, {"f": t_fused, "b": t_bare, "n": t_base, **variants})
         rows.append({"op": "allreduce_add_rmsnorm", "shape": [t, h], "dtype": "bf16", "variant": fused.select(t, h),
                      "tritoncomm_us": v["f"], "baseline_us": v["n"],
                      "baseline": "NCCL all_reduce + torch add + F.rms_norm", "bare_allreduce_us": v["b"],
-                     "ratio_to_bare": v["f"] / v["b"], "speedup": v["n"] / v["f"], "correct": _all_true(ctx, ok)})
+                     "ratio_to_bare": v["f"] / v["b"], "speedup": v["n"] / v["f"], "correct": _all_true(ctx, ok),
+                     **{f"{a}_us": v[a] for a in variants}})
+    whole_rows.close()
     fused.close()
     ar.close()
     return rows

@@ -43,7 +43,8 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
         eps: the RMSNorm epsilon.
         table: the all-reduce selection table that picks the variant by bytes (default: this device's).
         algos: the variants to set up (default: those the table uses up to the largest input).
-        programs: the (fixed) grid of every variant; each program handles whole rows.
+        programs: the (fixed) grid of every variant.
+        max_chunks: cut rows into at most this many chunks (GPUs; default 16, see ``chunks``).
 
     Inputs are bf16 or fp16, contiguous, ``(tokens, hidden)``; ``residual`` must be equal on every
     rank (as in a tensor-parallel model). Every rank gets the same bits. Collective to create and
@@ -55,7 +56,8 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
 
     def __init__(self, comm: Communicator, max_tokens: int, max_hidden: int, *, eps: float = 1e-6,
                  table: SelectionTable | None = None, algos: tuple[str, ...] | None = None,
-                 programs: int | None = None, name: str = "fused_add_rmsnorm") -> None:
+                 programs: int | None = None, max_chunks: int | None = None,
+                 name: str = "fused_add_rmsnorm") -> None:
         if not 0 < max_hidden <= MAX_HIDDEN:
             raise InvalidInputError(f"max_hidden must be in 1..{MAX_HIDDEN}, got {max_hidden}")
         if max_tokens <= 0:
@@ -73,7 +75,7 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
         self.capacity = caps
         p = programs or (64 if comm.backend == "cuda" else 2)
         # rows are cut into chunks only where programs run concurrently (see fused_norm)
-        self.max_chunks = min(MAX_CHUNKS, p) if comm.backend == "cuda" else 1
+        self.max_chunks = min(max_chunks or MAX_CHUNKS, MAX_CHUNKS, p) if comm.backend == "cuda" else 1
         w, h = self.world, max_hidden
         xch = round_up(max_tokens * self.max_chunks * 8, 256)  # per variant: epochs differ between channels
         self._xch: dict[str, int] = {}

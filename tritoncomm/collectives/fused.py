@@ -1,8 +1,8 @@
 """Fused tensor-parallel epilogue: all-reduce + residual add + RMSNorm (+ FP8), host side.
 
-Three kernels, one per all-reduce shape, picked by the all-reduce table for the same bytes: LL
-packets (``fused_norm_ll``) where the table picks LL, the one-shot (``fused_norm``) where it picks
-the one-shot, the two-shot by rows (``fused_norm_twoshot``) where it picks a two-shot. All three
+Three kernels, one per all-reduce shape: LL packets (``fused_norm_ll``), the one-shot
+(``fused_norm``) and the two-shot by rows (``fused_norm_twoshot``), picked by bytes from
+``MEASURED_SELECTION`` on GPUs at TP2/TP4, else as the all-reduce table picks for the same bytes. All three
 sum the ranks in order 0..W-1 in fp32, add the residual in fp32 and round once, so they give the
 same bits on every rank.
 """
@@ -30,6 +30,15 @@ MAX_HIDDEN = 16384
 MAX_CHUNKS = 16
 FUSED_ALGOS = ("ll", "oneshot", "twoshot")
 _FROM_TABLE = {"ll": "ll", "oneshot": "oneshot", "twoshot": "twoshot", "pipelined": "twoshot"}
+
+#: Variant by bytes (``tokens x hidden x 2``), per world size, measured on H200 (hidden 8192, every
+#: variant timed in one run; ``benchmarks/results/fused-h200-tp{2,4}.json``): rows of
+#: ``(max_bytes, variant)``, the last serving everything larger. Used on GPUs; elsewhere, and for
+#: other world sizes, the all-reduce table's choice for the same bytes.
+MEASURED_SELECTION: dict[int, tuple[tuple[int, str], ...]] = {
+    2: ((16 << 10, "ll"), (8 << 20, "oneshot"), (1 << 62, "twoshot")),
+    4: ((16 << 10, "ll"), (512 << 10, "oneshot"), (1 << 62, "twoshot")),
+}
 
 
 class FusedAllReduceAddRMSNorm(CollectiveBase):
@@ -68,8 +77,16 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
         self.max_tokens, self.max_hidden, self.eps = max_tokens, max_hidden, eps
         self.max_bytes = max_tokens * max_hidden * 2
         caps: dict[str, int] = {}
-        for a, c in self._capacities(self.max_bytes, algos).items():
-            caps[_FROM_TABLE[a]] = max(caps.get(_FROM_TABLE[a], 0), c)
+        self.selection = MEASURED_SELECTION.get(comm.world) if comm.backend == "cuda" else None
+        if self.selection is not None and algos is None:
+            lo = 0
+            for hi, a in self.selection:
+                if lo < self.max_bytes:
+                    caps[a] = max(caps.get(a, 0), min(hi, self.max_bytes))
+                lo = hi
+        else:
+            for a, c in self._capacities(self.max_bytes, algos).items():
+                caps[_FROM_TABLE[a]] = max(caps.get(_FROM_TABLE[a], 0), c)
         if "ll" in caps:
             caps["ll"] = min(caps["ll"], LL_MAX_BYTES)
         self.capacity = caps
@@ -112,7 +129,10 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
     def select(self, tokens: int, hidden: int, dtype: torch.dtype = torch.bfloat16) -> str:
         """The variant for ``(tokens, hidden)`` (the same on every rank)."""
         nbytes = tokens * hidden * 2
-        algo = _FROM_TABLE[self.table.lookup(self.op, self.world, DTYPE_NAMES[dtype], nbytes).algo]
+        if self.selection is not None:
+            algo = next(a for hi, a in self.selection if nbytes <= hi)
+        else:
+            algo = _FROM_TABLE[self.table.lookup(self.op, self.world, DTYPE_NAMES[dtype], nbytes).algo]
         if algo not in self._channels or nbytes > self.capacity[algo]:
             algo = next(a for a in FUSED_ALGOS if a in self._channels and nbytes <= self.capacity[a])
         return algo

@@ -11,6 +11,7 @@ from tritoncomm.integrations import TritonCommCustomAllreduce
 from tritoncomm.integrations.tp import LlamaDecoderLayer, TritonCommReducer
 
 from .helpers import make_comm, reference_sum, same_on_all_ranks
+from .test_integrations import _StandInCudaCommunicator
 from .test_tp import HEADS, KV, LAYERS, H, _weights
 
 pytestmark = pytest.mark.gpu
@@ -165,4 +166,75 @@ def _job_decoder_graph(ctx):
 
 def test_tp_decoder_graph_replay_equals_eager(worlds):
     for bad in worlds(2).run(_job_decoder_graph):
+        assert bad == []
+
+
+def _job_ops_and_communicator_graph(ctx):
+    """The custom ops (every collective and fused op) and the vLLM device communicator, captured in
+    one CUDA graph and replayed with fresh inputs."""
+    import tritoncomm.integrations as ti
+    from tritoncomm.integrations.vllm import make_device_communicator
+
+    w = ctx.world
+    gc = ti.default_registry.setup(ctx.group, cpu_group=ctx.cpu_group, device=ctx.device, max_bytes=1 << 22)
+    gc.setup_fused_norm(max_tokens=16, hidden=1024)
+    gc.setup_gemm(max_tokens=64, n=512)
+    name = ti.default_registry.name_of(ctx.group)
+    vcls = make_device_communicator(_StandInCudaCommunicator)
+    tp = vcls(ctx.cpu_group, ctx.device, None, "tp:0")
+    dev, bf = ctx.device, torch.bfloat16
+    x = torch.empty(4096, dtype=bf, device=dev)
+    part = torch.empty(16, 1024, dtype=bf, device=dev)
+    res = torch.empty(16, 1024, dtype=bf, device=dev)
+    nw = (torch.rand(1024, generator=torch.Generator().manual_seed(1)) + 0.5).to(bf).to(dev)
+    a = torch.empty(64, 256, dtype=bf, device=dev)
+    wl = (torch.randn(512, 256, generator=torch.Generator().manual_seed(2 + ctx.rank)) / 16).to(bf).to(dev)
+    outs = {}
+
+    def body():
+        outs["ar"] = torch.ops.tritoncomm.all_reduce(x, name)
+        outs["ag"] = torch.ops.tritoncomm.all_gather(x[:64], name, w)
+        outs["rs"] = torch.ops.tritoncomm.reduce_scatter(x[: 64 * w], name, w)
+        outs["norm"] = torch.ops.tritoncomm.fused_add_rms_norm(part, res, nw, 1e-6, name)
+        outs["lin"] = torch.ops.tritoncomm.linear_all_reduce(a, wl, name)
+        outs["vllm"] = tp.all_reduce(x)
+
+    with tp.tc_comm.capture():
+        graph = _capture(body)
+    bad = []
+    for it in range(3):
+        g = torch.Generator().manual_seed(50 * it + ctx.rank)
+        x.copy_(torch.randn(4096, generator=g).to(bf))
+        part.copy_(torch.randn(16, 1024, generator=g).to(bf))
+        r0 = torch.randn(16, 1024, generator=torch.Generator().manual_seed(it)).to(bf)
+        res.copy_(r0)
+        a.copy_(torch.randn(64, 256, generator=g).to(bf))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = reference_sum(ctx, x)
+        new_res = (reference_sum(ctx, part) + r0.float()).to(bf).float()
+        normed = new_res * torch.rsqrt(new_res.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.float().cpu()
+        lin = reference_sum(ctx, a.float().cpu() @ wl.float().cpu().t())
+        gathered = [torch.empty(64, dtype=bf) for _ in range(w)]
+        torch.distributed.all_gather(gathered, x[:64].cpu(), group=ctx.cpu_group)
+
+        def close(t, r, tol=2e-2):
+            return bool(((t.float().cpu() - r).abs().max() / r.abs().max()) < tol)
+
+        checks = {"ar": close(outs["ar"], ref), "vllm": close(outs["vllm"], ref),
+                  "ag": torch.equal(outs["ag"].cpu(), torch.cat(gathered)),
+                  "rs": close(outs["rs"], ref[: 64 * w][ctx.rank * 64:(ctx.rank + 1) * 64]),
+                  "residual": close(res, new_res), "norm": close(outs["norm"], normed), "lin": close(outs["lin"], lin),
+                  "ranks": same_on_all_ranks(ctx, outs["ar"]) and same_on_all_ranks(ctx, outs["norm"])}
+        if not all(checks.values()):
+            bad.append((it, [k for k, v in checks.items() if not v]))
+    del graph
+    tp.destroy()
+    ti.default_registry.close()
+    return bad
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_custom_ops_and_vllm_communicator_graph_replay(worlds, world):
+    for bad in worlds(world).run(_job_ops_and_communicator_graph):
         assert bad == []

@@ -281,3 +281,49 @@ def test_graph_capture_and_replay_with_fresh_data(worlds, world, algo):
     n = 4099 if algo == "ll" else 1_000_003
     for rows in worlds(world).run(_job_graph_replay, algo, n, 10):
         assert all(same for _, same in rows)
+
+
+def _job_symmetric_tensors(ctx, sizes):
+    """Inputs and outputs made by ``comm.empty``: the two-shot reads peers' inputs and writes peers'
+    outputs in place of its staging buffers; the bits equal the staged path's."""
+    comm = make_comm(ctx)
+    ar = tc.AllReduce(comm, max_bytes=1 << 20, algos=("twoshot",))
+    n_max = max(sizes)
+    xs, outs = comm.empty(n_max, torch.bfloat16), comm.empty((n_max,), torch.bfloat16)
+    bad = []
+    if comm.heap_offset(xs) is None or comm.heap_offset(torch.empty(4, device=ctx.device)) is not None:
+        bad.append("heap_offset")
+    for it, n in enumerate(sizes):
+        g = torch.Generator().manual_seed(31 * it + ctx.rank)
+        data = torch.randn(n, generator=g).to(torch.bfloat16).to(ctx.device)
+        staged = ar(data, algo="twoshot")  # regular tensors: the staged path
+        x, out = xs[:n], outs[:n]
+        for mode in ("x", "out", "both", "in-place"):
+            x.copy_(data)
+            dst = {"x": torch.full_like(data, float("nan")), "out": out, "both": out, "in-place": x}[mode]
+            src = x if mode != "out" else data
+            if mode in ("out", "both"):
+                out.fill_(float("nan"))
+            ar(src, out=dst, algo="twoshot")
+            comm.synchronize()
+            if not torch.equal(dst.view(torch.int16).cpu(), staged.view(torch.int16).cpu()):
+                bad.append((n, mode, "differs from staged"))
+            if not same_on_all_ranks(ctx, dst):
+                bad.append((n, mode, "ranks differ"))
+        check_close(staged, reference_sum(ctx, data), torch.bfloat16)
+    try:
+        comm.free(torch.empty(4))
+        bad.append("free of a foreign tensor did not raise")
+    except tc.InvalidInputError:
+        pass
+    comm.free(outs)
+    comm.free(xs)
+    ar.close()
+    comm.close()
+    return bad
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_symmetric_tensors_zero_copy_twoshot(worlds, world):
+    for bad in worlds(world).run(_job_symmetric_tensors, [4099, 1001, 40000, 7]):
+        assert bad == []

@@ -11,13 +11,19 @@ import torch
 import torch.distributed as dist
 
 from ..config import CommConfig
-from ..errors import CollectiveMismatchError, CommTimeoutError, SetupMismatchError, TritonCommError
+from ..errors import (
+    CollectiveMismatchError,
+    CommTimeoutError,
+    InvalidInputError,
+    SetupMismatchError,
+    TritonCommError,
+)
 from ..kernels.backend import MAX_WORLD, interpreting
 from ..kernels.consistency import check_signatures, signature_table_bytes
 from ..kernels.diag import DIAG_WORDS, KIND_NAMES, F
 from .bootstrap import Bootstrap, default_bootstrap
 from .cuda_ipc import HostMappedWords
-from .heap import SymmetricHeap
+from .heap import Region, SymmetricHeap
 from .topology import check_topology
 
 __all__ = ["Communicator", "resolve_backend"]
@@ -68,6 +74,7 @@ class Communicator:
         else:
             self.device = torch.device("cpu")
         self._closed = False
+        self._user_regions: dict[int, Region] = {}
         self._broken: CommTimeoutError | None = None
         self._peers_gone = False
 
@@ -104,6 +111,44 @@ class Communicator:
         """``(bases, rank, world, timeout, diag_addr)``: the arguments every kernel built on the
         primitives takes (see ``kernels``)."""
         return self.heap.bases, self.rank, self.world, self.timeout, self.diag.device_addr
+
+    # -- symmetric tensors -------------------------------------------------------------------
+    def empty(self, shape: int | tuple[int, ...], dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """A tensor in this rank's symmetric heap, at the same offset on every rank.
+
+        Collective, at set-up time: every rank calls it with the same shape and dtype, in the same
+        order (checked). A producer kernel can write straight into it, and the collectives then use
+        it in place instead of staging a copy (``AllReduce``: the two-shot reads peers' inputs and
+        writes peers' outputs directly). Pass the *same* symmetric tensor on every rank to a
+        collective. The memory stays allocated until ``free`` (collective) or ``close``.
+        """
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        numel = 1
+        for d in shape:
+            numel *= d
+        nbytes = max(1, numel) * torch.tensor([], dtype=dtype).element_size()
+        region = self.heap.alloc(nbytes, f"user.empty{shape}.{dtype}")
+        self.heap.verify()
+        t = self.heap.view(region)[:nbytes].view(dtype)[:numel].view(shape)
+        self._user_regions[t.data_ptr()] = region
+        return t
+
+    def free(self, t: torch.Tensor) -> None:
+        """Collective: return a tensor from ``empty`` to the heap (no kernel may still use it)."""
+        region = self._user_regions.pop(t.data_ptr(), None)
+        if region is None:
+            raise InvalidInputError("free: the tensor was not made by this communicator's empty()")
+        if self.backend == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.bootstrap.barrier()
+        self.heap.free(region)
+
+    def heap_offset(self, t: torch.Tensor) -> int | None:
+        """Byte offset of ``t``'s data in this rank's heap if all of it lies there, else None."""
+        base = self.heap.memory.peer_addrs[self.rank]
+        start = t.data_ptr() - base
+        end = start + t.numel() * t.element_size()
+        return start if 0 <= start and end <= self.heap.nbytes and t.is_contiguous() else None
 
     # -- debug mode --------------------------------------------------------------------------
     @property

@@ -143,8 +143,11 @@ class AllReduce(CollectiveBase):
                 BLOCK=max(c.block, PIPE_MIN_BLOCK), num_warps=c.num_warps)
         else:
             shard = round_up(-(-x.numel() // world), 16)
+            x_off, out_off = comm.heap_offset(x), comm.heap_offset(out)
+            x_heap = x_off is not None and x_off % 16 == 0
+            out_heap = out_off is not None and out_off % 16 == 0
             twoshot_allreduce_kernel[grid](
                 x, out, x.numel(), shard, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off,
-                ch.buffer_off + world * self._shard_cap, c.programs, WORLD=world, BLOCK=c.block,
-                num_warps=c.num_warps)
+                ch.buffer_off + world * self._shard_cap, c.programs, x_off or 0, out_off or 0, WORLD=world,
+                BLOCK=c.block, X_HEAP=x_heap, OUT_HEAP=out_heap, num_warps=c.num_warps)
         return out

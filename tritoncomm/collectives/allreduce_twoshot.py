@@ -8,6 +8,13 @@ The input is cut into ``W`` shards of ``S`` elements; rank ``s`` owns shard ``s`
    writes it to its output and pushes it to every peer (slot [my rank] of their ``ag`` buffer).
 4. Second barrier; then every rank copies the other shards' blocks from its ``ag`` buffer.
 
+Zero-copy forms, when the tensors live in the symmetric heap (``Communicator.empty``) at the same
+offset on every rank: with ``X_HEAP`` step 1 disappears (the first barrier only says "every input is
+ready") and step 3 reads its shard straight from every rank's input; with ``OUT_HEAP`` step 3 writes
+the reduced block straight into every rank's output and step 4 disappears. Either is safe in place
+(``out`` = ``x``): only the owner of shard ``s`` reads or writes shard ``s`` of anyone's tensor, block
+by block in the same program, and nobody returns (and reuses its tensor) before the second barrier.
+
 Program ``pid`` handles blocks ``pid, pid + P, ...`` of every shard on every rank, so each barrier
 is between matching programs. No buffer needs a second copy by parity: a rank's pushes of launch
 k+1 into a peer's ``rs`` (``ag``) buffer come after the second (first) barrier of launch k+1's
@@ -78,22 +85,51 @@ def twoshot_gather_block(out_ptr, n, shard, b, bases, rank, ag_off, WORLD: tl.co
 
 @triton.jit
 def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_addr, flags_off, epochs_off,
-                             rs_off, ag_off, active, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+                             rs_off, ag_off, active, x_off, out_off, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                             X_HEAP: tl.constexpr = False, OUT_HEAP: tl.constexpr = False):
     """Sum ``n`` elements over the ranks into ``out_ptr`` (may equal ``x_ptr``); ``shard`` elements
     per rank (a multiple of 16); programs ``>= active`` only keep their epoch in step. Barrier slots:
-    ``pid`` and ``pid + grid``, so the channel needs twice the grid's slots."""
+    ``pid`` and ``pid + grid``, so the channel needs twice the grid's slots. ``x_off``/``out_off``:
+    heap offsets of ``x``/``out`` (16-byte aligned), used with ``X_HEAP``/``OUT_HEAP``."""
     pid = tl.program_id(0)
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     if pid < active:
         iters = tl.cdiv(tl.cdiv(shard, BLOCK) - pid, active)
-        for i in range(0, iters):  # 1. reduce-scatter push
-            twoshot_scatter_block(x_ptr, n, shard, pid + i * active, bases, rank, rs_off, WORLD, BLOCK)
+        if not X_HEAP:
+            for i in range(0, iters):  # 1. reduce-scatter push
+                twoshot_scatter_block(x_ptr, n, shard, pid + i * active, bases, rank, rs_off, WORLD, BLOCK)
         barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
         for i in range(0, iters):  # 2. reduce my shard, write it out, push it to every peer
-            twoshot_reduce_block(x_ptr, out_ptr, n, shard, pid + i * active, bases, rank, rs_off, ag_off, WORLD,
-                                 BLOCK)
+            if X_HEAP or OUT_HEAP:
+                b = pid + i * active
+                j = b * BLOCK + tl.arange(0, BLOCK)
+                idx = rank * shard + j
+                m = (j < shard) & (idx < n)
+                acc = tl.zeros([BLOCK], dtype=tl.float32)
+                slot_bytes = shard * (DTYPE.primitive_bitwidth // 8)
+                for s in tl.static_range(WORLD):
+                    if s == rank:
+                        acc += tl.load(x_ptr + idx, mask=m).to(tl.float32)
+                    elif X_HEAP:
+                        acc += tl.load(heap_ptr(bases, s, x_off, DTYPE) + idx, mask=m).to(tl.float32)
+                    else:
+                        acc += tl.load(heap_ptr(bases, rank, rs_off + s * slot_bytes, DTYPE) + j,
+                                       mask=m).to(tl.float32)
+                red = round_to(acc, DTYPE)
+                for s in tl.static_range(WORLD):
+                    if s != rank:
+                        if OUT_HEAP:
+                            tl.store(heap_ptr(bases, s, out_off, DTYPE) + idx, red, mask=m)
+                        else:
+                            tl.store(heap_ptr(bases, s, ag_off + rank * slot_bytes, DTYPE) + j, red, mask=m)
+                tl.store(out_ptr + idx, red, mask=m)
+            else:
+                twoshot_reduce_block(x_ptr, out_ptr, n, shard, pid + i * active, bases, rank, rs_off, ag_off, WORLD,
+                                     BLOCK)
         barrier(bases, rank, WORLD, flags_off, pid + tl.num_programs(0), e, timeout, diag)
-        for i in range(0, iters):  # 3. gather the other shards
-            twoshot_gather_block(out_ptr, n, shard, pid + i * active, bases, rank, ag_off, WORLD, BLOCK)
+        if not OUT_HEAP:
+            for i in range(0, iters):  # 3. gather the other shards
+                twoshot_gather_block(out_ptr, n, shard, pid + i * active, bases, rank, ag_off, WORLD, BLOCK)
     epoch_commit(epoch_ptr, e)

@@ -24,8 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--json", default=None, help="also write the report here")
     demo.add_argument("--no-timing", action="store_true", help="check correctness only")
     bench = sub.add_parser("bench", help="nccl-tests style benchmark against NCCL and torch symmetric memory")
-    bench.add_argument("--op", default="allreduce", help="allreduce, allgather, reducescatter, primitives or costs "
-                       "(comma-separated)")
+    bench.add_argument("--op", default="allreduce", help="allreduce, allgather, reducescatter, primitives, costs "
+                       "or zerocopy (comma-separated)")
     bench.add_argument("--world", type=int, default=None)
     bench.add_argument("--backend", choices=["auto", "cuda", "cpu"], default="auto")
     bench.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
@@ -109,6 +109,11 @@ def _bench(args: argparse.Namespace) -> int:
             if op == "primitives":
                 rep = world.run(micro_rank, timeout=1800)[0]
                 print(format_micro(rep), flush=True)
+            elif op == "zerocopy":
+                from .bench import format_zero_copy, zero_copy_rank
+
+                rep = world.run(zero_copy_rank, sizes if args.sizes else None, timeout=1800)[0]
+                print(format_zero_copy(rep), flush=True)
             elif op == "costs":
                 rep = world.run(reliability_cost_rank, sizes if args.sizes else None, timeout=1800)[0]
                 print(format_cost(rep), flush=True)

@@ -304,3 +304,53 @@ def format_cost(rep: dict[str, Any]) -> str:
                      f"{r['bounded_cost_pct']:6.1f} {r['bounded_eager_us']:8.2f} {r['debug_eager_us']:8.2f} "
                      f"{r['debug_cost_us']:8.2f}")
     return "\n".join(lines)
+
+
+def zero_copy_rank(ctx: RankContext, sizes: list[int] | None = None) -> dict[str, Any] | None:
+    """All-reduce (the table's choice) on regular tensors vs on symmetric tensors from
+    ``comm.empty`` (input and output in the heap: no staging, no copy-out), with NCCL, one run."""
+    sizes = sizes or [1 << 20, 8 << 20, 32 << 20, 128 << 20]
+    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=5 * max(sizes) + (64 << 20)))
+    ar = AllReduce(comm, max_bytes=max(sizes))
+    xs, outs = comm.empty(max(sizes) // 2), comm.empty(max(sizes) // 2)
+
+    def barrier() -> None:
+        dist.barrier(group=ctx.cpu_group)
+
+    rows = []
+    for nbytes in sizes:
+        n = nbytes // 2
+        x = torch.randn(n, device=ctx.device).to(torch.bfloat16)
+        out = torch.empty_like(x)
+        hx, hout = xs[:n], outs[:n]
+        hx.copy_(x)
+        staged = ar(x, out=out).clone()
+        ar(hx, out=hout)
+        ok = bool(torch.equal(staged, hout))
+        nb = x.clone()
+        t = {"staged": time_per_call_us(lambda x=x, out=out: ar(x, out=out), ctx.device, barrier),
+             "heap": time_per_call_us(lambda hx=hx, hout=hout: ar(hx, out=hout), ctx.device, barrier),
+             "nccl": time_per_call_us(lambda nb=nb: dist.all_reduce(nb, group=ctx.group), ctx.device, barrier)}
+        t = _max_over_ranks(ctx, t)
+        oks: list[Any] = [None] * ctx.world
+        dist.all_gather_object(oks, ok, group=ctx.cpu_group)
+        rows.append({"bytes": nbytes, "algo": ar.select(nbytes), "staged_us": t["staged"], "heap_us": t["heap"],
+                     "nccl_us": t["nccl"], "same_bits": all(oks)})
+    comm.free(outs)
+    comm.free(xs)
+    ar.close()
+    comm.close()
+    if ctx.rank != 0:
+        return None
+    return {"op": "zero_copy", "world": ctx.world, "date": datetime.date.today().isoformat(),
+            "device": torch.cuda.get_device_name(ctx.device) if ctx.backend == "cuda" else "CPU world",
+            "method": "per call in CUDA graphs (32 calls, median of 20 replays), max over ranks", "rows": rows}
+
+
+def format_zero_copy(rep: dict[str, Any]) -> str:
+    lines = [f"zero-copy all-reduce: world={rep['world']} device={rep['device']} date={rep['date']}",
+             f"{'bytes':>11} {'algo':>8} {'staged':>9} {'heap':>9} {'NCCL':>9}  same bits"]
+    for r in rep["rows"]:
+        lines.append(f"{r['bytes']:>11} {r['algo']:>8} {_f(r['staged_us'])} {_f(r['heap_us'])} {_f(r['nccl_us'])}  "
+                     f"{r['same_bits']}")
+    return "\n".join(lines)

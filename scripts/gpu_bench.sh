@@ -2,12 +2,7 @@
 # On a GPU machine: tune the selection tables at TP2 and TP4, then benchmark all-reduce, all-gather,
 # reduce-scatter (and the primitives at TP2) with them. Usage: bash scripts/gpu_bench.sh [tune] [bench]
 set -uo pipefail
-cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
-NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
-WORLDS=${WORLDS:-$(printf '%s\n' 2 "$NGPU" | sort -nu | tr '\n' ' ')}
+source "$(dirname "$0")/gpu_env.sh"
 TABLE=${TABLE:-$OUT/table.json}
 steps=${*:-tune bench}
 rc=0

@@ -3,12 +3,7 @@
 # TP2 and at every GPU, plus the 2 x 2 hierarchical all-reduce on 4 GPUs. JSON per part and world in
 # $OUT (default ./gpu-out). Usage: [WORLDS="2 4"] [PARTS=norm,gemm,decoder] bash scripts/gpu_layers.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
-NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
-WORLDS=${WORLDS:-$(printf '%s\n' 2 "$NGPU" | sort -nu | tr '\n' ' ')}
+source "$(dirname "$0")/gpu_env.sh"
 rc=0
 for w in $WORLDS; do
   parts=${PARTS:-norm,gemm,decoder}; [ "$w" = 4 ] && [ -z "${PARTS:-}" ] && parts=$parts,hier

@@ -149,6 +149,22 @@ def _job_functional_and_ops(ctx, compile_backend):
         assert torch.allclose(res.float().cpu(), new_res, rtol=3e-2, atol=3e-2), "residual"
         assert torch.allclose(got.float().cpu(), want, rtol=3e-2, atol=3e-2), "normed"
         assert same_on_all_ranks(ctx, got)
+
+    # the FP8 and Gemma options of the fused op, eager and compiled
+    scale = torch.tensor([0.02], device=ctx.device)
+
+    def fp8_block(p: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+        return torch.ops.tritoncomm.fused_add_rms_norm(p, res, wn, 1e-6, name, True, scale)
+
+    pin = torch.randn(6, 32, generator=torch.Generator().manual_seed(3 + ctx.rank)).to(torch.bfloat16).to(ctx.device)
+    nr = (reference_sum(ctx, pin) + res0.float().cpu()).to(torch.bfloat16).float()
+    y = nr * torch.rsqrt(nr.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + wn.float().cpu())
+    want8 = (y / 0.02).clamp(-448, 448)
+    for fn in (fp8_block, torch.compile(fp8_block, fullgraph=True, backend=compile_backend)):
+        res = res0.clone()
+        got = fn(pin, res)
+        assert got.dtype == torch.float8_e4m3fn
+        assert torch.allclose(got.float().cpu(), want8, rtol=0.13, atol=0.05), "fp8"
     enabled = gc.enabled
     return enabled
 

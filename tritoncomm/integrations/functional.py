@@ -65,14 +65,20 @@ class GroupCollectives:
         if self.comm is not None and n not in self.gemm:
             self.gemm[n] = GemmAllReduce(self.comm, max_tokens, n, allreduce=self.ar, **kwargs)
 
-    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """``residual += all_reduce(x)`` (in place); returns ``rmsnorm(residual) * weight``."""
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                     gemma: bool = False, fp8_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """``residual += all_reduce(x)`` (in place); returns ``rmsnorm(residual) * weight`` (``1 + weight``
+        with ``gemma``), or its FP8 e4m3 quantisation ``clamp(y / fp8_scale, -448, 448)``."""
         fused = self.fused
         if fused is None or x.shape[0] > fused.max_tokens or x.shape[-1] > fused.max_hidden or eps != fused.eps:
             residual.add_(self.all_reduce_out(x))
             v = residual.float()
-            return (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
-        return fused(x, residual, weight)
+            w = weight.float() + 1.0 if gemma else weight.float()
+            y = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * w
+            if fp8_scale is not None:
+                return (y / fp8_scale.float()).clamp(-448, 448).to(torch.float8_e4m3fn)
+            return y.to(x.dtype)
+        return fused(x, residual, weight, gemma=gemma, fp8_scale=fp8_scale)
 
     def linear_all_reduce(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """``all_reduce(x @ w.T)`` (row-parallel linear), overlapped where set up and worthwhile."""

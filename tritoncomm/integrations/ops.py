@@ -8,9 +8,10 @@ Ops carry the group by name and find its ``GroupCollectives`` in ``functional.de
 * ``tritoncomm::all_reduce_(Tensor(a!) x, str group) -> ()`` (in place);
 * ``tritoncomm::all_gather(Tensor x, str group, int world) -> Tensor`` (dim 0 grows ``world`` times);
 * ``tritoncomm::reduce_scatter(Tensor x, str group, int world) -> Tensor`` (dim 0 shrinks);
-* ``tritoncomm::fused_add_rms_norm(Tensor x, Tensor(a!) residual, Tensor weight, float eps, str group)
-  -> Tensor`` (``residual += all_reduce(x)``; returns the normalised rows; set up with
-  ``GroupCollectives.setup_fused_norm``, else the unfused torch path);
+* ``tritoncomm::fused_add_rms_norm(Tensor x, Tensor(a!) residual, Tensor weight, float eps, str group,
+  bool gemma=False, Tensor? fp8_scale=None) -> Tensor`` (``residual += all_reduce(x)``; returns the
+  normalised rows, FP8 e4m3 when ``fp8_scale`` is given; set up with ``GroupCollectives.setup_fused_norm``,
+  else the unfused torch path);
 * ``tritoncomm::linear_all_reduce(Tensor x, Tensor w, str group) -> Tensor`` (``all_reduce(x @ w.T)``;
   set up with ``GroupCollectives.setup_gemm``, else matmul then all-reduce).
 """
@@ -68,17 +69,19 @@ def _(x: torch.Tensor, group: str, world: int) -> torch.Tensor:
 
 
 @torch.library.custom_op("tritoncomm::fused_add_rms_norm", mutates_args=("residual",))
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                       group: str) -> torch.Tensor:
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, group: str,
+                       gemma: bool = False, fp8_scale: torch.Tensor | None = None) -> torch.Tensor:
     h = x.shape[-1]
-    out = default_registry.get(group).add_rms_norm(x.reshape(-1, h).contiguous(), residual.view(-1, h), weight, eps)
+    out = default_registry.get(group).add_rms_norm(x.reshape(-1, h).contiguous(), residual.view(-1, h), weight, eps,
+                                                   gemma=gemma, fp8_scale=fp8_scale)
     return out.view(x.shape)
 
 
 @fused_add_rms_norm.register_fake
-def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, group: str) -> torch.Tensor:
+def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, group: str, gemma: bool = False,
+      fp8_scale: torch.Tensor | None = None) -> torch.Tensor:
     torch._check(residual.shape == x.shape, lambda: "fused_add_rms_norm: residual must match x")
-    return torch.empty_like(x)
+    return torch.empty_like(x, dtype=torch.float8_e4m3fn if fp8_scale is not None else x.dtype)
 
 
 @torch.library.custom_op("tritoncomm::linear_all_reduce", mutates_args=())

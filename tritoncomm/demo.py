@@ -30,8 +30,6 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
-
-
 def _digest(t: torch.Tensor) -> int:
     b = t.detach().contiguous().view(torch.uint8).to(torch.int64)
     w = torch.arange(1, b.numel() + 1, device=b.device, dtype=torch.int64) % 1000003
@@ -98,8 +96,6 @@ def demo_rank(ctx: RankContext, sizes: list[int], dtype_name: str, timing: bool 
         if ctx.backend == "cuda" else "per call, median wall clock of synchronous calls, max over ranks",
         "rows": rows,
     }
-
-
 
 
 def format_table(report: dict[str, Any]) -> str:

@@ -192,7 +192,8 @@ def _decoder_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer)
         layers = []
         for i in range(sh["layers"]):
             layers.append(LlamaDecoderLayer(_layer_weights(sh, i, dev), sh["heads"], sh["kv_heads"], red).to(dev))
-            torch.cuda.empty_cache() if comm.backend == "cuda" else None
+            if comm.backend == "cuda":
+                torch.cuda.empty_cache()  # the full (unsharded) weights of this layer are garbage now
         models[name] = layers
     d = h // sh["heads"]
     kvl = sh["kv_heads"] // w

@@ -120,13 +120,18 @@ class Communicator:
         order (checked). A producer kernel can write straight into it, and the collectives then use
         it in place instead of staging a copy (``AllReduce``: the two-shot reads peers' inputs and
         writes peers' outputs directly). Pass the *same* symmetric tensor on every rank to a
-        collective. The memory stays allocated until ``free`` (collective) or ``close``.
+        collective (debug mode checks the offsets). The memory stays allocated until ``free``
+        (collective) or ``close``.
+
+        Ordering: what a kernel writes into the tensor is visible to peers' kernels only through a
+        synchronisation of the primitives (the collectives' first barrier publishes every rank's
+        input, prior kernels on its stream included); plain torch ops give peers no guarantee.
         """
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         numel = 1
         for d in shape:
             numel *= d
-        nbytes = max(1, numel) * torch.tensor([], dtype=dtype).element_size()
+        nbytes = max(1, numel) * dtype.itemsize
         region = self.heap.alloc(nbytes, f"user.empty{shape}.{dtype}")
         self.heap.verify()
         t = self.heap.view(region)[:nbytes].view(dtype)[:numel].view(shape)

@@ -123,7 +123,14 @@ class AllReduce(CollectiveBase):
                     raise InvalidInputError(f"all_reduce: no algorithm of this instance serves {nbytes} bytes "
                                             f"(capacities {self.capacity})")
         c = self._choice(algo, dtype, nbytes)
-        self._debug_check(x.dtype, x.numel(), c.algo)
+        x_heap = out_heap = False
+        x_off = out_off = 0
+        if c.algo == "twoshot":  # symmetric tensors (Communicator.empty): read/write peers' directly
+            xo, oo = comm.heap_offset(x), comm.heap_offset(out)
+            x_heap, out_heap = xo is not None and xo % 16 == 0, oo is not None and oo % 16 == 0
+            x_off, out_off = (xo or 0) if x_heap else 0, (oo or 0) if out_heap else 0
+        # debug mode also compares the zero-copy choice and the symmetric tensors' offsets
+        self._debug_check(x.dtype, x.numel(), c.algo, (x_heap, x_off, out_heap, out_off))
         ch = self._channels[c.algo]
         bases, rank, world, timeout, diag = comm.kernel_args()
         grid = (self._grids[c.algo],)
@@ -143,11 +150,8 @@ class AllReduce(CollectiveBase):
                 BLOCK=max(c.block, PIPE_MIN_BLOCK), num_warps=c.num_warps)
         else:
             shard = round_up(-(-x.numel() // world), 16)
-            x_off, out_off = comm.heap_offset(x), comm.heap_offset(out)
-            x_heap = x_off is not None and x_off % 16 == 0
-            out_heap = out_off is not None and out_off % 16 == 0
             twoshot_allreduce_kernel[grid](
                 x, out, x.numel(), shard, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off,
-                ch.buffer_off + world * self._shard_cap, c.programs, x_off or 0, out_off or 0, WORLD=world,
+                ch.buffer_off + world * self._shard_cap, c.programs, x_off, out_off, WORLD=world,
                 BLOCK=c.block, X_HEAP=x_heap, OUT_HEAP=out_heap, num_warps=c.num_warps)
         return out

@@ -48,9 +48,11 @@ def twoshot_scatter_block(x_ptr, n, shard, b, bases, rank, rs_off, WORLD: tl.con
 
 @triton.jit
 def twoshot_reduce_block(x_ptr, out_ptr, n, shard, b, bases, rank, rs_off, ag_off, WORLD: tl.constexpr,
-                         BLOCK: tl.constexpr):
-    """Sum block ``b`` of my shard over ranks 0..W-1 (mine from ``x``, the others from ``rs``),
-    write it to ``out`` and push it to every peer (``ag`` slot [rank])."""
+                         BLOCK: tl.constexpr, x_off=0, out_off=0, X_HEAP: tl.constexpr = False,
+                         OUT_HEAP: tl.constexpr = False):
+    """Sum block ``b`` of my shard over ranks 0..W-1 (mine from ``x``; the others from ``rs``, or
+    with ``X_HEAP`` from their inputs at heap offset ``x_off``), write it to ``out`` and push it to
+    every peer (``ag`` slot [rank], or with ``OUT_HEAP`` their outputs at heap offset ``out_off``)."""
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     j = b * BLOCK + tl.arange(0, BLOCK)
     slot_bytes = shard * (DTYPE.primitive_bitwidth // 8)
@@ -60,12 +62,17 @@ def twoshot_reduce_block(x_ptr, out_ptr, n, shard, b, bases, rank, rs_off, ag_of
     for s in tl.static_range(WORLD):
         if s == rank:
             acc += tl.load(x_ptr + idx, mask=m).to(tl.float32)
+        elif X_HEAP:
+            acc += tl.load(heap_ptr(bases, s, x_off, DTYPE) + idx, mask=m).to(tl.float32)
         else:
             acc += tl.load(heap_ptr(bases, rank, rs_off + s * slot_bytes, DTYPE) + j, mask=m).to(tl.float32)
     red = round_to(acc, DTYPE)
     for s in tl.static_range(WORLD):
         if s != rank:
-            tl.store(heap_ptr(bases, s, ag_off + rank * slot_bytes, DTYPE) + j, red, mask=m)
+            if OUT_HEAP:
+                tl.store(heap_ptr(bases, s, out_off, DTYPE) + idx, red, mask=m)
+            else:
+                tl.store(heap_ptr(bases, s, ag_off + rank * slot_bytes, DTYPE) + j, red, mask=m)
     tl.store(out_ptr + idx, red, mask=m)
 
 
@@ -92,7 +99,6 @@ def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, dia
     ``pid`` and ``pid + grid``, so the channel needs twice the grid's slots. ``x_off``/``out_off``:
     heap offsets of ``x``/``out`` (16-byte aligned), used with ``X_HEAP``/``OUT_HEAP``."""
     pid = tl.program_id(0)
-    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     if pid < active:
@@ -102,32 +108,8 @@ def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, dia
                 twoshot_scatter_block(x_ptr, n, shard, pid + i * active, bases, rank, rs_off, WORLD, BLOCK)
         barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
         for i in range(0, iters):  # 2. reduce my shard, write it out, push it to every peer
-            if X_HEAP or OUT_HEAP:
-                b = pid + i * active
-                j = b * BLOCK + tl.arange(0, BLOCK)
-                idx = rank * shard + j
-                m = (j < shard) & (idx < n)
-                acc = tl.zeros([BLOCK], dtype=tl.float32)
-                slot_bytes = shard * (DTYPE.primitive_bitwidth // 8)
-                for s in tl.static_range(WORLD):
-                    if s == rank:
-                        acc += tl.load(x_ptr + idx, mask=m).to(tl.float32)
-                    elif X_HEAP:
-                        acc += tl.load(heap_ptr(bases, s, x_off, DTYPE) + idx, mask=m).to(tl.float32)
-                    else:
-                        acc += tl.load(heap_ptr(bases, rank, rs_off + s * slot_bytes, DTYPE) + j,
-                                       mask=m).to(tl.float32)
-                red = round_to(acc, DTYPE)
-                for s in tl.static_range(WORLD):
-                    if s != rank:
-                        if OUT_HEAP:
-                            tl.store(heap_ptr(bases, s, out_off, DTYPE) + idx, red, mask=m)
-                        else:
-                            tl.store(heap_ptr(bases, s, ag_off + rank * slot_bytes, DTYPE) + j, red, mask=m)
-                tl.store(out_ptr + idx, red, mask=m)
-            else:
-                twoshot_reduce_block(x_ptr, out_ptr, n, shard, pid + i * active, bases, rank, rs_off, ag_off, WORLD,
-                                     BLOCK)
+            twoshot_reduce_block(x_ptr, out_ptr, n, shard, pid + i * active, bases, rank, rs_off, ag_off, WORLD, BLOCK,
+                                 x_off, out_off, X_HEAP, OUT_HEAP)
         barrier(bases, rank, WORLD, flags_off, pid + tl.num_programs(0), e, timeout, diag)
         if not OUT_HEAP:
             for i in range(0, iters):  # 3. gather the other shards

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 
 import torch
@@ -90,11 +91,17 @@ class CollectiveBase:
             c = rows[0] if rows else default_choice(algo, self.comm.backend)
         return Choice(c.algo, min(c.programs, self._grids[algo]), c.block, c.num_warps)
 
-    def _debug_check(self, dtype: torch.dtype, count: int, algo: str) -> None:
-        """Debug mode: all ranks must call with the same (op, dtype, count, algorithm)."""
+    def _debug_check(self, dtype: torch.dtype, count: int, algo: str, variant: tuple = ()) -> None:
+        """Debug mode: all ranks must call with the same (op, dtype, count, algorithm); ``variant``
+        (e.g. the zero-copy choice and the symmetric tensors' heap offsets) must agree too, folded
+        into the algorithm word."""
         if self.comm.debug:
             op = _OP_CODES[self.debug_op or self.op]
-            self.comm.debug_check(op, _DTYPE_CODES[dtype], count, _ALGO_CODES.get(algo, 99))
+            code = _ALGO_CODES.get(algo, 99)
+            if variant:  # a deterministic 40-bit digest above the algorithm code
+                digest = int.from_bytes(hashlib.sha1(repr(variant).encode()).digest()[:5], "little")
+                code |= digest << 8
+            self.comm.debug_check(op, _DTYPE_CODES[dtype], count, code)
 
     def _note_fallback(self, nbytes: int, limit: int) -> None:
         if not self._warned_fallback:

@@ -50,8 +50,10 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
         comm: the communicator.
         max_tokens, max_hidden: the largest ``x`` (tokens x hidden) served; ``max_hidden <= 16384``.
         eps: the RMSNorm epsilon.
-        table: the all-reduce selection table that picks the variant by bytes (default: this device's).
-        algos: the variants to set up (default: those the table uses up to the largest input).
+        table: the all-reduce table; it picks the variant by bytes where ``MEASURED_SELECTION`` does
+            not (the CPU world, other world sizes).
+        algos: the variants to set up, each for every size up to the largest input (default: those
+            the selection uses, each sized for what it serves).
         programs: the (fixed) grid of every variant.
         max_chunks: cut rows into at most this many chunks (GPUs; default 16, see ``chunks``).
 
@@ -189,7 +191,7 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
         self._debug_check(x.dtype, x.numel(), algo)
         bases, rank, world, timeout, diag = self.comm.kernel_args()
         grid = (self._grids[algo],)
-        scale = fp8_scale.float() if fp8_scale is not None else weight  # any pointer when unused
+        scale = fp8_scale if fp8_scale is not None else weight  # any pointer when unused; no copy
         fp8 = fp8_scale is not None
         ch, cw = self.chunks(-(-t // world) if algo == "twoshot" else t, h)
         block = triton.next_power_of_2(cw)

@@ -30,7 +30,14 @@ import triton.language as tl
 
 from ..kernels import barrier, copy_block, epoch_commit, heap_ptr, program_epoch, round_to, signal, wait
 
-__all__ = ["add_residual", "allreduce_add_rmsnorm_kernel", "chunk_cols", "row_rstd", "store_norm"]
+__all__ = ["add_residual", "allreduce_add_rmsnorm_kernel", "chunk_cols", "row_rstd", "store_norm", "work_item"]
+
+
+@triton.jit
+def work_item(pid, i, nprog, CH: tl.constexpr):
+    """Program ``pid``'s ``i``-th work item as (row, chunk): item ``pid + i * nprog``."""
+    item = pid + i * nprog
+    return (item // CH).to(tl.int64), item % CH
 
 
 @triton.jit
@@ -55,8 +62,15 @@ def add_residual(acc, res_ptr, res_out_ptr, row, H, cols, cmask):
 @triton.jit
 def row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH: tl.constexpr):
     """``1 / sqrt(mean(row^2) + eps)`` for the whole row, given this chunk's rounded residual.
+
     With ``CH > 1`` the chunks of the row exchange partial sums through this rank's heap at
-    ``xch_off``: one 8-byte slot per (row, chunk), an fp32 partial then its uint32 flag."""
+    ``xch_off``: one 8-byte slot per (row, chunk), an fp32 partial then its uint32 flag. Ordering:
+    a chunk stores its partial, then ``signal``s its flag with the launch epoch ``e`` (CTA barrier,
+    store-release); the row's programs ``wait`` for all ``CH`` flags of the row to reach ``e``
+    (load-acquire, bounded, then a CTA barrier), after which every partial stored before those
+    releases is visible, and all of them add the ``CH`` partials in chunk order: the same ``rstd``.
+    Flags only grow (every launch's epoch is larger), so a slot's stale flag never satisfies a later
+    launch; a later launch rewrites a partial only after this kernel has ended."""
     v = resid.to(tl.float32)
     part = tl.sum(v * v, axis=0)
     if CH == 1:
@@ -102,15 +116,12 @@ def allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, sc
     iters = tl.cdiv(T * CH - pid, nprog)
     mine = heap_ptr(bases, rank, stage_off, DTYPE)
     for i in range(0, iters):  # 1. stage my items' chunks
-        item = pid + i * nprog
-        row = (item // CH).to(tl.int64)
-        cols, cmask = chunk_cols(item % CH, H, CW, BLOCK_C)
+        row, c = work_item(pid, i, nprog, CH)
+        cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
         copy_block(mine + row * H, x_ptr + row * H, cols, cmask)
     barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     for i in range(0, iters):  # 2. sum the chunks over ranks, add, normalise
-        item = pid + i * nprog
-        row = (item // CH).to(tl.int64)
-        c = item % CH
+        row, c = work_item(pid, i, nprog, CH)
         cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
         acc = tl.zeros([BLOCK_C], dtype=tl.float32)
         for s in tl.static_range(WORLD):

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ..kernels import epoch_commit, heap_ptr, ll8_poll, ll8_store, program_epoch
 from .allreduce_ll import load_words, words_to_f32
-from .fused_norm import add_residual, chunk_cols, row_rstd, store_norm
+from .fused_norm import add_residual, chunk_cols, row_rstd, store_norm, work_item
 
 __all__ = ["ll_allreduce_add_rmsnorm_kernel"]
 
@@ -43,9 +43,7 @@ def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr,
     iters = tl.cdiv(T * CH - pid, nprog)
     dst_off = buf_off + ((parity * WORLD + rank) * slot_words) * 8
     for i in range(0, iters):  # 1. push my items' chunks to every peer
-        item = pid + i * nprog
-        row = (item // CH).to(tl.int64)
-        c = item % CH
+        row, c = work_item(pid, i, nprog, CH)
         wmask = (wds < cww) & (c * cww + wds < row_words)
         words = load_words(x_ptr + row * H + c * CW, tl.minimum(CW, H - c * CW), 0, BW)
         for p in tl.static_range(WORLD):
@@ -53,9 +51,7 @@ def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr,
                 ll8_store(heap_ptr(bases, p, dst_off, tl.uint64) + row * row_words + c * cww + wds, words, e,
                           mask=wmask)
     for i in range(0, iters):  # 2. sum the same chunks over ranks, add, normalise
-        item = pid + i * nprog
-        row = (item // CH).to(tl.int64)
-        c = item % CH
+        row, c = work_item(pid, i, nprog, CH)
         wmask = (wds < cww) & (c * cww + wds < row_words)
         acc = tl.zeros([BLOCK_C], dtype=tl.float32)
         for s in tl.static_range(WORLD):

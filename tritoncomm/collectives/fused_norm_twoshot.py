@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ..kernels import barrier, copy_block, epoch_commit, heap_ptr, program_epoch
-from .fused_norm import add_residual, chunk_cols, row_rstd, store_norm
+from .fused_norm import add_residual, chunk_cols, row_rstd, store_norm, work_item
 
 __all__ = ["twoshot_allreduce_add_rmsnorm_kernel"]
 
@@ -43,9 +43,8 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
     R = tl.cdiv(T, WORLD)
     iters = tl.cdiv(R * CH - pid, nprog)
     for i in range(0, iters):  # 1. reduce-scatter push, by row chunks
-        item = pid + i * nprog
-        r = (item // CH).to(tl.int64)
-        cols, cmask = chunk_cols(item % CH, H, CW, BLOCK_C)
+        r, c = work_item(pid, i, nprog, CH)
+        cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
         for s in tl.static_range(WORLD):
             if s != rank:
                 row = s * R + r
@@ -53,9 +52,7 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
                 copy_block(dst, x_ptr + row * H, cols, cmask & (row < T))
     barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     for i in range(0, iters):  # 2. my rows: reduce, add, normalise; push the new residual and rstd
-        item = pid + i * nprog
-        r = (item // CH).to(tl.int64)
-        c = item % CH
+        r, c = work_item(pid, i, nprog, CH)
         row = rank * R + r
         if row < T:
             cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
@@ -77,9 +74,8 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
                         tl.store(heap_ptr(bases, s, rstd_off + rank * rstd_slot, tl.float32) + r, rstd)
     barrier(bases, rank, WORLD, flags_off, pid + nprog, e, timeout, diag)
     for i in range(0, iters):  # 3. the other shards' rows: take the new residual and rstd, normalise
-        item = pid + i * nprog
-        r = (item // CH).to(tl.int64)
-        cols, cmask = chunk_cols(item % CH, H, CW, BLOCK_C)
+        r, c = work_item(pid, i, nprog, CH)
+        cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
         for s in tl.static_range(WORLD):
             if s != rank:
                 row = s * R + r

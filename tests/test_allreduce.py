@@ -327,3 +327,36 @@ def _job_symmetric_tensors(ctx, sizes):
 def test_symmetric_tensors_zero_copy_twoshot(worlds, world):
     for bad in worlds(world).run(_job_symmetric_tensors, [4099, 1001, 40000, 7]):
         assert bad == []
+
+
+def _job_symmetric_mismatch(ctx):
+    """Debug mode: one rank passing a symmetric tensor where another passes a plain one (or another
+    offset) would make the zero-copy two-shot read the wrong memory; it raises on every rank."""
+    comm = make_comm(ctx, debug=True)
+    ar = tc.AllReduce(comm, max_bytes=1 << 16, algos=("twoshot",))
+    a, b = comm.empty(4096, torch.bfloat16), comm.empty(4096, torch.bfloat16)
+    plain = torch.ones(4096, dtype=torch.bfloat16, device=ctx.device)
+    a.fill_(1.0)
+    b.fill_(1.0)
+    fields = []
+    for mine in ((a if ctx.rank == 0 else plain), (a if ctx.rank == 0 else b)):
+        try:
+            ar(mine, out=torch.empty_like(plain), algo="twoshot")
+            comm.synchronize()
+            fields.append(None)
+        except tc.CollectiveMismatchError as e:
+            fields.append(e.field)
+    out = ar(a, algo="twoshot")  # the same symmetric tensor everywhere: fine
+    comm.synchronize()
+    ok = bool((out.float().cpu() == ctx.world).all())
+    comm.free(b)
+    comm.free(a)
+    ar.close()
+    comm.close()
+    return fields, ok
+
+
+def test_debug_mode_catches_symmetric_tensor_mismatch(worlds):
+    for fields, ok in worlds(2).run(_job_symmetric_mismatch):
+        assert fields == ["algorithm", "algorithm"]
+        assert ok

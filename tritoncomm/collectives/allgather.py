@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 from ..channels import Communicator
 from ..errors import InvalidInputError
+from ..kernels import pow2_divisor
 from .allgather_push import allgather_kernel
 from .common import CollectiveBase, round_up
 from .reducescatter_push import reducescatter_kernel
@@ -38,7 +39,7 @@ class _PushCollective(CollectiveBase):
         bases, rank, world, timeout, diag = self.comm.kernel_args()
         kernel[(self._grids["push"],)](
             x, out, m, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off, self._half,
-            round_up(m, 16), c.programs, WORLD=world, BLOCK=c.block, num_warps=c.num_warps)
+            round_up(m, 16), c.programs, WORLD=world, BLOCK=c.block, MDIV=pow2_divisor(m), num_warps=c.num_warps)
 
     def _too_large(self, x: torch.Tensor, m: int, nbytes: int, what: str) -> bool:
         if nbytes <= self.max_bytes:

@@ -12,16 +12,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import barrier, epoch_commit, heap_ptr, program_epoch
+from ..kernels import assume_multiple, barrier, epoch_commit, heap_ptr, program_epoch
 
 __all__ = ["allgather_kernel"]
 
 
 @triton.jit
 def allgather_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, flags_off, epochs_off, buf_off, half_bytes,
-                     stride, active, WORLD: tl.constexpr, BLOCK: tl.constexpr):
-    """``out[r*m:(r+1)*m] = x`` of rank ``r``, for every rank."""
+                     stride, active, WORLD: tl.constexpr, BLOCK: tl.constexpr, MDIV: tl.constexpr = 1):
+    """``out[r*m:(r+1)*m] = x`` of rank ``r``, for every rank; ``m`` is a multiple of ``MDIV``."""
     pid = tl.program_id(0)
+    m = assume_multiple(m, MDIV)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
     diag = diag_addr.to(tl.pointer_type(tl.int64))

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from ..channels import Communicator
 from ..errors import InvalidInputError
+from ..kernels import pow2_divisor
 from .allreduce_ll import ll_allreduce_kernel
 from .allreduce_oneshot import oneshot_allreduce_kernel
 from .allreduce_pipelined import pipelined_allreduce_kernel
@@ -137,21 +138,24 @@ class AllReduce(CollectiveBase):
         if c.algo == "ll":
             ll_allreduce_kernel[grid](
                 x, out, x.numel(), (nbytes + 3) // 4, bases, rank, timeout, diag, ch.epochs_off, ch.buffer_off,
-                self._ll_slot_words, c.programs, WORLD=world, BLOCK=c.block, num_warps=c.num_warps)
+                self._ll_slot_words, c.programs, WORLD=world, BLOCK=c.block, NDIV=pow2_divisor(x.numel()),
+                WDIV=pow2_divisor((nbytes + 3) // 4), num_warps=c.num_warps)
         elif c.algo == "oneshot":
             oneshot_allreduce_kernel[grid](
                 x, out, x.numel(), bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off,
-                self._stage_bytes, c.programs, WORLD=world, BLOCK=c.block, num_warps=c.num_warps)
+                self._stage_bytes, c.programs, WORLD=world, BLOCK=c.block, NDIV=pow2_divisor(x.numel()),
+                num_warps=c.num_warps)
         elif c.algo == "pipelined":
             shard = round_up(-(-x.numel() // world), 16)
             pipelined_allreduce_kernel[grid](
                 x, out, x.numel(), shard, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off,
                 ch.buffer_off + world * self._pipe_shard_cap, self._pipe_rows, c.programs, WORLD=world,
-                BLOCK=max(c.block, PIPE_MIN_BLOCK), num_warps=c.num_warps)
+                BLOCK=max(c.block, PIPE_MIN_BLOCK), NDIV=pow2_divisor(x.numel()), num_warps=c.num_warps)
         else:
             shard = round_up(-(-x.numel() // world), 16)
             twoshot_allreduce_kernel[grid](
                 x, out, x.numel(), shard, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off,
                 ch.buffer_off + world * self._shard_cap, c.programs, x_off, out_off, WORLD=world,
-                BLOCK=c.block, X_HEAP=x_heap, OUT_HEAP=out_heap, num_warps=c.num_warps)
+                BLOCK=c.block, X_HEAP=x_heap, OUT_HEAP=out_heap, NDIV=pow2_divisor(x.numel()),
+                num_warps=c.num_warps)
         return out

@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import epoch_commit, heap_ptr, ll8_poll, ll8_store, program_epoch, round_to
+from ..kernels import assume_multiple, epoch_commit, heap_ptr, ll8_poll, ll8_store, program_epoch, round_to
 
 __all__ = ["ll_allreduce_kernel", "load_words", "words_to_f32"]
 
@@ -51,10 +51,13 @@ def words_to_f32(words, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def ll_allreduce_kernel(x_ptr, out_ptr, n, nwords, bases, rank, timeout, diag_addr, epochs_off, buf_off,
-                        slot_words, active, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+                        slot_words, active, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                        NDIV: tl.constexpr = 1, WDIV: tl.constexpr = 1):
     """Sum ``n`` elements of ``x_ptr`` over the ranks into ``out_ptr`` (may equal ``x_ptr``).
     Programs ``>= active`` only keep their epoch in step with the others."""
     pid = tl.program_id(0)
+    n = assume_multiple(n, NDIV)
+    nwords = assume_multiple(nwords, WDIV)
     nprog = active
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     EPB: tl.constexpr = BLOCK * (32 // DTYPE.primitive_bitwidth)  # elements per block

@@ -16,17 +16,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import barrier, copy_block, epoch_commit, heap_ptr, program_epoch, round_to
+from ..kernels import assume_multiple, barrier, copy_block, epoch_commit, heap_ptr, program_epoch, round_to
 
 __all__ = ["oneshot_allreduce_kernel"]
 
 
 @triton.jit
 def oneshot_allreduce_kernel(x_ptr, out_ptr, n, bases, rank, timeout, diag_addr, flags_off, epochs_off,
-                             buf_off, slot_bytes, active, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+                             buf_off, slot_bytes, active, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                             NDIV: tl.constexpr = 1):
     """Sum ``n`` elements of ``x_ptr`` over the ranks into ``out_ptr`` (may equal ``x_ptr``).
     Programs ``>= active`` only keep their epoch in step with the others."""
     pid = tl.program_id(0)
+    n = assume_multiple(n, NDIV)
     nprog = active
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     diag = diag_addr.to(tl.pointer_type(tl.int64))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import barrier_arrive, barrier_wait, epoch_commit, program_epoch
+from ..kernels import assume_multiple, barrier_arrive, barrier_wait, epoch_commit, program_epoch
 from .allreduce_twoshot import twoshot_gather_block, twoshot_reduce_block, twoshot_scatter_block
 
 __all__ = ["pipelined_allreduce_kernel"]
@@ -29,10 +29,12 @@ __all__ = ["pipelined_allreduce_kernel"]
 
 @triton.jit
 def pipelined_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_addr, flags_off, epochs_off,
-                               rs_off, ag_off, row1, active, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+                               rs_off, ag_off, row1, active, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                               NDIV: tl.constexpr = 1):
     """Sum ``n`` elements over the ranks into ``out_ptr`` (may equal ``x_ptr``); ``shard`` elements
     per rank (a multiple of 16); flag rows ``b`` (phase 0) and ``row1 + b`` (phase 1)."""
     pid = tl.program_id(0)
+    n = assume_multiple(n, NDIV)
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     if pid < active:

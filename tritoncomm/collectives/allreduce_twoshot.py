@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import barrier, epoch_commit, heap_ptr, program_epoch, round_to
+from ..kernels import assume_multiple, barrier, epoch_commit, heap_ptr, program_epoch, round_to
 
 __all__ = ["twoshot_allreduce_kernel", "twoshot_gather_block", "twoshot_reduce_block", "twoshot_scatter_block"]
 
@@ -93,12 +93,14 @@ def twoshot_gather_block(out_ptr, n, shard, b, bases, rank, ag_off, WORLD: tl.co
 @triton.jit
 def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_addr, flags_off, epochs_off,
                              rs_off, ag_off, active, x_off, out_off, WORLD: tl.constexpr, BLOCK: tl.constexpr,
-                             X_HEAP: tl.constexpr = False, OUT_HEAP: tl.constexpr = False):
-    """Sum ``n`` elements over the ranks into ``out_ptr`` (may equal ``x_ptr``); ``shard`` elements
-    per rank (a multiple of 16); programs ``>= active`` only keep their epoch in step. Barrier slots:
-    ``pid`` and ``pid + grid``, so the channel needs twice the grid's slots. ``x_off``/``out_off``:
+                             X_HEAP: tl.constexpr = False, OUT_HEAP: tl.constexpr = False, NDIV: tl.constexpr = 1):
+    """Sum ``n`` elements (a multiple of ``NDIV``) over the ranks into ``out_ptr`` (may equal
+    ``x_ptr``); ``shard`` elements per rank (a multiple of 16); programs ``>= active`` only keep
+    their epoch in step. Barrier slots: ``pid`` and ``pid + grid``, so the channel needs twice the
+    grid's slots. ``x_off``/``out_off``:
     heap offsets of ``x``/``out`` (16-byte aligned), used with ``X_HEAP``/``OUT_HEAP``."""
     pid = tl.program_id(0)
+    n = assume_multiple(n, NDIV)
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     if pid < active:

@@ -10,16 +10,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import barrier, epoch_commit, heap_ptr, program_epoch, round_to
+from ..kernels import assume_multiple, barrier, epoch_commit, heap_ptr, program_epoch, round_to
 
 __all__ = ["reducescatter_kernel"]
 
 
 @triton.jit
 def reducescatter_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, flags_off, epochs_off, buf_off,
-                         half_bytes, stride, active, WORLD: tl.constexpr, BLOCK: tl.constexpr):
-    """``out = sum over ranks r of x_r[rank*m:(rank+1)*m]``."""
+                         half_bytes, stride, active, WORLD: tl.constexpr, BLOCK: tl.constexpr, MDIV: tl.constexpr = 1):
+    """``out = sum over ranks r of x_r[rank*m:(rank+1)*m]``; ``m`` is a multiple of ``MDIV``."""
     pid = tl.program_id(0)
+    m = assume_multiple(m, MDIV)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
     diag = diag_addr.to(tl.pointer_type(tl.int64))

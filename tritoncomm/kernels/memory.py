@@ -6,6 +6,11 @@ heap (entry ``rank`` is its own). Allocations have the same offset on every rank
 a peer index names the same object everywhere. The table is loaded once per use; it lives in device
 memory so kernels stay valid under CUDA-graph replay.
 
+``assume_multiple`` (with its host-side partner ``pow2_divisor``) carries a size's alignment into a
+kernel: Triton specialises integer arguments only on divisibility by 16, so a bound like 375000
+(a multiple of 8, not 16) would make every mask ``offs < n`` vary per element and turn 16-byte
+vector accesses into 2-byte ones, local *and* remote.
+
 Nothing here orders memory: these functions only compute addresses.
 """
 
@@ -14,7 +19,26 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["heap_base", "heap_ptr", "translate"]
+__all__ = ["assume_multiple", "heap_base", "heap_ptr", "pow2_divisor", "translate"]
+
+
+def pow2_divisor(n: int, cap: int = 16) -> int:
+    """The largest power of two, at most ``cap``, that divides ``n`` (host side; ``cap`` for 0)."""
+    d = 1
+    while d < cap and n % (2 * d) == 0:
+        d *= 2
+    return d
+
+
+@triton.jit
+def assume_multiple(n, D: tl.constexpr):
+    """``n`` itself, rebuilt as ``(n // D) * D`` so that the compiler knows it is a multiple of
+    ``D``; the caller promises that it is (pass ``pow2_divisor(n)`` as ``D``). Masks against the
+    result keep ``D``-element vector accesses."""
+    if D > 1:
+        return (n // D) * D
+    else:
+        return n
 
 
 @triton.jit

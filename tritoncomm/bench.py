@@ -54,6 +54,12 @@ def _symm_mem_ops(ctx: RankContext, n: int, dtype: torch.dtype) -> dict[str, Any
     return ops
 
 
+def _all_ranks(ctx: RankContext, flag: bool | None) -> bool:
+    flags: list[Any] = [None] * ctx.world
+    dist.all_gather_object(flags, flag, group=ctx.cpu_group)
+    return all(bool(f) for f in flags)
+
+
 def _max_over_ranks(ctx: RankContext, values: dict[str, float | None]) -> dict[str, float | None]:
     gathered: list[Any] = [None] * ctx.world
     dist.all_gather_object(gathered, values, group=ctx.cpu_group)
@@ -70,7 +76,9 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
     esize = torch.tensor([], dtype=dtype).element_size()
     w = ctx.world
     max_bytes = max(sizes)
-    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=3 * max_bytes + (64 << 20), timeout_s=60))
+    symmetric = op == "allreduce"  # also time the all-reduce on symmetric tensors (comm.empty)
+    heap_bytes = (5 if symmetric else 3) * max_bytes + (64 << 20)
+    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=heap_bytes, timeout_s=60))
     table = None
     if table_json is not None:
         from .collectives import load_table
@@ -84,6 +92,10 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
         coll = AllGather(comm, max_bytes=max_bytes, table=table)
     else:
         coll = ReduceScatter(comm, max_bytes=max_bytes, table=table)
+
+    hx_all = hout_all = None
+    if symmetric:
+        hx_all, hout_all = comm.empty(max_bytes // esize, dtype), comm.empty(max_bytes // esize, dtype)
 
     def barrier() -> None:
         dist.barrier(group=ctx.cpu_group)
@@ -139,6 +151,14 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
             times[f"tritoncomm_{mode}"] = time_per_call_us(lambda x=x, out=out: coll(x, out), ctx.device, barrier,
                                                            mode=mode)
             times[f"nccl_{mode}"] = time_per_call_us(nccl, ctx.device, barrier, mode=mode)
+        heap_same = None
+        if symmetric:  # the same data in symmetric tensors: what torch symm_mem is timed on
+            hx, hout = hx_all[:n], hout_all[:n]
+            hx.copy_(x)
+            hout.fill_(float("nan"))
+            coll(hx, hout)
+            heap_same = bool(torch.equal(hout, out))
+            times["heap_graph"] = time_per_call_us(lambda hx=hx, hout=hout: coll(hx, hout), ctx.device, barrier)
         if op == "allreduce" and ctx.backend == "cuda":
             sm = _symm_mem_ops(ctx, n, dtype)
             for kind in ("one_shot", "two_shot"):
@@ -164,10 +184,15 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
             "identical": all(d == digests[0] for d in digests), "max_rel_err": err,
             "tritoncomm_us": us, "nccl_us": t[f"nccl_{mode0}"], "symm_mem_us": min(symm) if symm else None,
             "symm_one_shot_us": t.get("symm_one_shot"), "symm_two_shot_us": t.get("symm_two_shot"),
+            **({"tritoncomm_heap_us": t["heap_graph"], "heap_same_bits": _all_ranks(ctx, heap_same)}
+               if symmetric else {}),
             "algbw_GBps": algbw, "busbw_GBps": algbw * factor if algbw else None,
             **{f"{k}_us": v for k, v in t.items() if k.endswith("_eager")},
         })
     workspace = coll.workspace_bytes
+    if symmetric:
+        comm.free(hout_all)
+        comm.free(hx_all)
     coll.close()
     comm.close()
     if ctx.rank != 0:
@@ -179,7 +204,9 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
         "date": datetime.date.today().isoformat(), "torch": torch.__version__, "triton": triton.__version__,
         "world": w, "dtype": dtype_name, "backend": ctx.backend, "modes": modes, "workspace_bytes": workspace,
         "workspace_over_largest_message": workspace / max(r["bytes"] for r in rows),
-        "method": f"{modes[0]} mode: per call, 32 calls, median of 20 samples per rank, max over ranks",
+        "method": f"{modes[0]} mode: per call, 32 calls, median of 20 samples per rank, max over ranks"
+                  + ("; heap_us: the same all-reduce on symmetric tensors (comm.empty), as torch symm_mem is "
+                     "timed on its symmetric buffer; xSYMM compares those two" if symmetric else ""),
         "rows": rows,
     }
 
@@ -196,7 +223,7 @@ def format_bench(rep: dict[str, Any]) -> str:
              f"triton={rep['triton']}; {rep['method']}; workspace {rep['workspace_bytes'] / 2**20:.0f} MiB "
              f"({rep['workspace_over_largest_message']:.2f}x the largest message)",
              f"{'bytes':>6} {'algo':>8} {'ok':>3} {'us':>8} {'algbw':>7} {'busbw':>7} {'nccl_us':>8} {'xNCCL':>6}"
-             + (f" {'symm1_us':>8} {'symm2_us':>8} {'xSYMM':>6}" if ar else "")
+             + (f" {'heap_us':>8} {'symm1_us':>8} {'symm2_us':>8} {'xSYMM':>6}" if ar else "")
              + (f" {'eager_us':>8} {'nccl_eg':>8}" if "tritoncomm_eager_us" in rep["rows"][0] else "")]
     speedups = []
     for r in rep["rows"]:
@@ -207,8 +234,10 @@ def format_bench(rep: dict[str, Any]) -> str:
                 f"{_f(r['tritoncomm_us'], '8.1f')} {_f(r['algbw_GBps'], '7.1f')} {_f(r['busbw_GBps'], '7.1f')} "
                 f"{_f(r['nccl_us'], '8.1f')} {_f(sp, '6.2f')}")
         if ar:
-            ssp = r["symm_mem_us"] / r["tritoncomm_us"] if r["symm_mem_us"] and r["tritoncomm_us"] else None
-            line += f" {_f(r['symm_one_shot_us'], '8.1f')} {_f(r['symm_two_shot_us'], '8.1f')} {_f(ssp, '6.2f')}"
+            mine = r.get("tritoncomm_heap_us") or r["tritoncomm_us"]
+            ssp = r["symm_mem_us"] / mine if r["symm_mem_us"] and mine else None
+            line += (f" {_f(r.get('tritoncomm_heap_us'), '8.1f')} {_f(r['symm_one_shot_us'], '8.1f')} "
+                     f"{_f(r['symm_two_shot_us'], '8.1f')} {_f(ssp, '6.2f')}")
         if "tritoncomm_eager_us" in r:
             line += f" {_f(r['tritoncomm_eager_us'], '8.1f')} {_f(r.get('nccl_eager_us'), '8.1f')}"
         lines.append(line)
@@ -234,7 +263,8 @@ def plot_bench(reports: list[dict[str, Any]], path: str) -> None:
         xs = [r["bytes"] for r in rep["rows"]]
         series = [("tritoncomm", "tritoncomm_us"), ("NCCL", "nccl_us")]
         if rep["op"] == "allreduce":
-            series += [("symm_mem one-shot", "symm_one_shot_us"), ("symm_mem two-shot", "symm_two_shot_us")]
+            series += [("tritoncomm, symmetric tensors", "tritoncomm_heap_us"),
+                       ("symm_mem one-shot", "symm_one_shot_us"), ("symm_mem two-shot", "symm_two_shot_us")]
         for label, key in series:
             pts = [(x, r[key]) for x, r in zip(xs, rep["rows"], strict=True) if r.get(key)]
             if pts:

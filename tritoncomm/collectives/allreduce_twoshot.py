@@ -34,16 +34,20 @@ __all__ = ["twoshot_allreduce_kernel", "twoshot_gather_block", "twoshot_reduce_b
 
 @triton.jit
 def twoshot_scatter_block(x_ptr, n, shard, b, bases, rank, rs_off, WORLD: tl.constexpr, BLOCK: tl.constexpr):
-    """Push block ``b`` of every other rank's shard of ``x`` to that rank (``rs`` slot [rank])."""
+    """Push block ``b`` of every other rank's shard of ``x`` to that rank (``rs`` slot [rank]).
+
+    One 2-D access per side (a row per rank): every load is issued before the first store, where
+    a loop of W-1 load->store pairs would wait for each load in turn."""
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    W2: tl.constexpr = triton.next_power_of_2(WORLD)
+    s = tl.arange(0, W2)
     j = b * BLOCK + tl.arange(0, BLOCK)
-    slot_bytes = shard * (DTYPE.primitive_bitwidth // 8)
-    for s in tl.static_range(WORLD):
-        if s != rank:
-            idx = s * shard + j
-            m = (j < shard) & (idx < n)
-            v = tl.load(x_ptr + idx, mask=m)
-            tl.store(heap_ptr(bases, s, rs_off + rank * slot_bytes, DTYPE) + j, v, mask=m)
+    idx = s[:, None] * shard + j[None, :]
+    m = (j[None, :] < shard) & (idx < n) & (s[:, None] < WORLD) & (s[:, None] != rank)
+    v = tl.load(x_ptr + idx, mask=m)
+    dst = heap_ptr(bases, tl.where(s < WORLD, s, rank), rs_off + rank * shard * (DTYPE.primitive_bitwidth // 8),
+                   DTYPE)
+    tl.store(dst[:, None] + j[None, :], v, mask=m)
 
 
 @triton.jit
@@ -78,16 +82,16 @@ def twoshot_reduce_block(x_ptr, out_ptr, n, shard, b, bases, rank, rs_off, ag_of
 
 @triton.jit
 def twoshot_gather_block(out_ptr, n, shard, b, bases, rank, ag_off, WORLD: tl.constexpr, BLOCK: tl.constexpr):
-    """Copy block ``b`` of every other rank's reduced shard from ``ag`` into ``out``."""
+    """Copy block ``b`` of every other rank's reduced shard from ``ag`` into ``out`` (one 2-D
+    load, then one 2-D store, as in ``twoshot_scatter_block``)."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
+    W2: tl.constexpr = triton.next_power_of_2(WORLD)
+    s = tl.arange(0, W2)
     j = b * BLOCK + tl.arange(0, BLOCK)
-    slot_bytes = shard * (DTYPE.primitive_bitwidth // 8)
-    for s in tl.static_range(WORLD):
-        if s != rank:
-            idx = s * shard + j
-            m = (j < shard) & (idx < n)
-            v = tl.load(heap_ptr(bases, rank, ag_off + s * slot_bytes, DTYPE) + j, mask=m)
-            tl.store(out_ptr + idx, v, mask=m)
+    idx = s[:, None] * shard + j[None, :]
+    m = (j[None, :] < shard) & (idx < n) & (s[:, None] < WORLD) & (s[:, None] != rank)
+    v = tl.load(heap_ptr(bases, rank, ag_off, DTYPE) + idx, mask=m)
+    tl.store(out_ptr + idx, v, mask=m)
 
 
 @triton.jit

@@ -50,3 +50,20 @@ def test_tuning_logic_is_ready_for_8():
     for nbytes in (2048, 1 << 20, 1 << 27):  # no measured TP8 rows yet: rules of thumb answer
         assert table.lookup("allreduce", 8, "bf16", nbytes).algo in ("ll", "oneshot", "twoshot", "pipelined")
         assert candidates("allreduce", nbytes, "cuda")
+
+
+def test_tuned_and_candidate_barrier_grids_stay_under_the_warp_cap():
+    """Shapes past MAX_BARRIER_WARPS were intermittently 20x slow on H200 (tune.py): neither the
+    tuning candidates nor the shipped table may use them for kernels with cross-rank barriers."""
+    from tritoncomm.tune import MAX_BARRIER_WARPS
+
+    for op in ("allreduce", "allgather", "reducescatter"):
+        for k in range(11, 28):
+            for c in candidates(op, 1 << k, "cuda"):
+                assert c.algo == "ll" or c.programs * c.num_warps <= MAX_BARRIER_WARPS, (op, k, c)
+    table = load_table("cuda", "NVIDIA H200")
+    for op in ("allreduce", "allgather", "reducescatter"):
+        for w in (2, 4):
+            for k in range(11, 28):
+                c = table.lookup(op, w, "bf16", 1 << k)
+                assert c.algo == "ll" or c.programs * c.num_warps <= MAX_BARRIER_WARPS, (op, w, k, c)

@@ -22,13 +22,21 @@ from .config import CommConfig
 from .launch import RankContext
 from .timing import time_per_call_us
 
-__all__ = ["candidates", "tune_rank"]
+__all__ = ["MAX_BARRIER_WARPS", "candidates", "tune_rank"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
+#: Grids of kernels with cross-rank barriers stay at or below this many warps (programs x warps).
+#: Measured on 4xH200 (2026-11-21, benchmarks/experiments/stall_probe.py, 16 MB at TP4, 12 rounds):
+#: 128 programs x 8 warps was 20x slow in 5 of 12 graph timings, 128 x 16 in 2 of 12, 64 x 8 in none
+#: (NCCL in none); 64 x 16 had two such timings in an earlier sweep. Cause not found; the fastest
+#: shapes past the cap were only 2-10% faster when they were not slow.
+MAX_BARRIER_WARPS = 512
+
+
 def candidates(op: str, nbytes: int, backend: str) -> list[Choice]:
-    """Launch shapes worth trying for a message of ``nbytes``."""
+    """Launch shapes worth trying for a message of ``nbytes`` (``MAX_BARRIER_WARPS`` holds)."""
     if backend != "cuda":
         if op == "allreduce":
             out = [Choice("oneshot", 2, 2048, 1), Choice("twoshot", 2, 2048, 1), Choice("pipelined", 2, 1024, 1)]
@@ -48,17 +56,18 @@ def candidates(op: str, nbytes: int, backend: str) -> list[Choice]:
                     out.append(Choice("oneshot", min(progs, max(1, nbytes // 2 // block)), block, 8))
         if nbytes >= 32 << 10:
             for block in (2048, 8192):
-                for progs in (32, 64, 128):
+                for progs in (32, 64):
                     out.append(Choice("twoshot", min(progs, max(1, nbytes // 2 // block)), block, 8))
-        if nbytes >= 4 << 20:  # wider blocks and warps paid at >= 32 MB in the sweep of 2026-11-21
-            for progs, block, warps in ((128, 4096, 8), (64, 16384, 16), (128, 8192, 16), (128, 16384, 16)):
-                out.append(Choice("twoshot", progs, block, warps))
+        if nbytes >= 4 << 20:
+            for block in (4096, 16384):
+                out.append(Choice("twoshot", 64, block, 8))
         # The pipelined two-shot never won a measurement (benchmarks/NOTES.md); it stays selectable by
         # name (``algo="pipelined"``) but is no longer a tuning candidate.
     else:
         for block in (1024, 4096):
             for progs in (8, 32, 64):
                 out.append(Choice("push", min(progs, max(1, nbytes // 2 // block)), block, 8 if block > 1024 else 4))
+    assert all(c.programs * c.num_warps <= MAX_BARRIER_WARPS for c in out if c.algo != "ll")
     return sorted(set(out), key=lambda c: (c.algo, c.programs, c.block, c.num_warps))
 
 

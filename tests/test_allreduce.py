@@ -360,3 +360,45 @@ def test_debug_mode_catches_symmetric_tensor_mismatch(worlds):
     for fields, ok in worlds(2).run(_job_symmetric_mismatch):
         assert fields == ["algorithm", "algorithm"]
         assert ok
+
+
+def _job_twoshot_rounds(ctx, sizes):
+    """The two-shot in rounds (copy-out of round c-1 overlapping round c's pushes) gives the bits of
+    the one-round form, staged and zero-copy, out of place and in place, call after call."""
+    comm = make_comm(ctx)
+    table = SelectionTable({("allreduce", ctx.world, d): [(1 << 40, Choice("twoshot", 2, 512, 1))]
+                            for d in ("bf16", "fp16", "fp32")}, "test")
+    ar = tc.AllReduce(comm, max_bytes=1 << 20, algos=("twoshot",), table=table)
+    hx = comm.empty(max(sizes), torch.bfloat16)
+    bad = []
+    for it, n in enumerate(sizes):
+        g = torch.Generator().manual_seed(17 * it + ctx.rank)
+        data = (torch.randn(n, generator=g) * 3).to(torch.bfloat16).to(ctx.device)
+        ar._rounds_override = 1
+        base = ar(data)
+        comm.synchronize()
+        check_close(base, reference_sum(ctx, data), torch.bfloat16)
+        for rounds in (None, 2, 3, 4):  # None: the size rule (4 rounds from 8 blocks per program)
+            ar._rounds_override = rounds
+            for call in range(2):
+                out = torch.full_like(data, float("nan"))
+                ar(data, out=out)
+                x = hx[:n]
+                x.copy_(data)
+                ar(x, out=x)  # zero-copy input, in place
+                comm.synchronize()
+                for what, t in (("staged", out), ("heap in place", x)):
+                    if not torch.equal(t.view(torch.int16).cpu(), base.view(torch.int16).cpu()):
+                        bad.append((n, rounds, call, what))
+                    if not same_on_all_ranks(ctx, t):
+                        bad.append((n, rounds, call, what, "ranks differ"))
+    comm.free(hx)
+    ar.close()
+    comm.close()
+    return bad
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_twoshot_rounds_match_one_round(worlds, world):
+    for bad in worlds(world).run(_job_twoshot_rounds, [40000, 4099, 7]):
+        assert bad == []

@@ -27,6 +27,11 @@ ALGORITHMS = ("ll", "oneshot", "twoshot", "pipelined")
 LL_MAX_BYTES = 1 << 20
 #: The pipelined two-shot keeps one flag row per block; blocks are at least this many elements.
 PIPE_MIN_BLOCK = 1024
+#: The two-shot copies round c-1 out while round c's pushes drain (``twoshot_allreduce_kernel``);
+#: it runs this many rounds when every program has at least ``TWOSHOT_ROUND_MIN_ITERS`` blocks per
+#: round, else one.
+TWOSHOT_ROUNDS = 4
+TWOSHOT_ROUND_MIN_ITERS = 2
 
 
 class AllReduce(CollectiveBase):
@@ -77,7 +82,9 @@ class AllReduce(CollectiveBase):
         if "twoshot" in caps:
             self._shard_cap = round_up(-(-self.capacity["twoshot"] // w) + 128, 256)  # bytes per rank slot
             grid = self._grid_for("twoshot")
-            self._add_channel("twoshot", programs=grid, barrier_slots=2 * grid, buffer_bytes=2 * w * self._shard_cap)
+            self._add_channel("twoshot", programs=grid, barrier_slots=2 * TWOSHOT_ROUNDS * grid,
+                              buffer_bytes=2 * w * self._shard_cap)
+        self._rounds_override: int | None = None  # experiments only (benchmarks/experiments)
         if "pipelined" in caps:
             self._pipe_shard_cap = round_up(-(-self.capacity["pipelined"] // w) + 128, 256)
             self._pipe_rows = -(-self._pipe_shard_cap // (2 * PIPE_MIN_BLOCK))  # blocks per shard, at most
@@ -153,9 +160,13 @@ class AllReduce(CollectiveBase):
                 BLOCK=max(c.block, PIPE_MIN_BLOCK), NDIV=pow2_divisor(x.numel()), num_warps=c.num_warps)
         else:
             shard = round_up(-(-x.numel() // world), 16)
+            nblocks = -(-shard // c.block)
+            iters = -(-nblocks // c.programs)  # blocks of program 0
+            rounds = TWOSHOT_ROUNDS if iters >= TWOSHOT_ROUNDS * TWOSHOT_ROUND_MIN_ITERS else 1
+            rounds = self._rounds_override or rounds
             twoshot_allreduce_kernel[grid](
                 x, out, x.numel(), shard, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off,
                 ch.buffer_off + world * self._shard_cap, c.programs, x_off, out_off, WORLD=world,
-                BLOCK=c.block, X_HEAP=x_heap, OUT_HEAP=out_heap, NDIV=pow2_divisor(x.numel()),
+                BLOCK=c.block, X_HEAP=x_heap, OUT_HEAP=out_heap, NDIV=pow2_divisor(x.numel()), ROUNDS=rounds,
                 num_warps=c.num_warps)
         return out

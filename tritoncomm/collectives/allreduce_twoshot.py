@@ -27,7 +27,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import assume_multiple, barrier, epoch_commit, heap_ptr, program_epoch, round_to
+from ..kernels import (
+    assume_multiple,
+    barrier,
+    barrier_arrive,
+    barrier_wait,
+    epoch_commit,
+    heap_ptr,
+    program_epoch,
+    round_to,
+)
 
 __all__ = ["twoshot_allreduce_kernel", "twoshot_gather_block", "twoshot_reduce_block", "twoshot_scatter_block"]
 
@@ -97,27 +106,44 @@ def twoshot_gather_block(out_ptr, n, shard, b, bases, rank, ag_off, WORLD: tl.co
 @triton.jit
 def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_addr, flags_off, epochs_off,
                              rs_off, ag_off, active, x_off, out_off, WORLD: tl.constexpr, BLOCK: tl.constexpr,
-                             X_HEAP: tl.constexpr = False, OUT_HEAP: tl.constexpr = False, NDIV: tl.constexpr = 1):
+                             X_HEAP: tl.constexpr = False, OUT_HEAP: tl.constexpr = False, NDIV: tl.constexpr = 1,
+                             ROUNDS: tl.constexpr = 1):
     """Sum ``n`` elements (a multiple of ``NDIV``) over the ranks into ``out_ptr`` (may equal
     ``x_ptr``); ``shard`` elements per rank (a multiple of 16); programs ``>= active`` only keep
-    their epoch in step. Barrier slots: ``pid`` and ``pid + grid``, so the channel needs twice the
-    grid's slots. ``x_off``/``out_off``:
-    heap offsets of ``x``/``out`` (16-byte aligned), used with ``X_HEAP``/``OUT_HEAP``."""
+    their epoch in step. ``x_off``/``out_off``: heap offsets of ``x``/``out`` (16-byte aligned),
+    used with ``X_HEAP``/``OUT_HEAP``.
+
+    ``ROUNDS`` > 1 cuts each program's blocks into that many rounds, each with its own pair of
+    barriers, and copies round c-1 out while round c's all-gather pushes drain over NVLink (the
+    arrive that ends round c, a release, comes after that copy). Barrier slots: ``pid + k * grid``
+    for k < 2 x ROUNDS, so the channel needs 2 x ROUNDS x grid slots. The reuse argument of the
+    module docstring holds per round: a rank pushes into a peer's ``rs``/``ag`` blocks of launch
+    k+1 only after that peer has arrived at a barrier of launch k+1."""
     pid = tl.program_id(0)
     n = assume_multiple(n, NDIV)
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     if pid < active:
         iters = tl.cdiv(tl.cdiv(shard, BLOCK) - pid, active)
-        if not X_HEAP:
-            for i in range(0, iters):  # 1. reduce-scatter push
-                twoshot_scatter_block(x_ptr, n, shard, pid + i * active, bases, rank, rs_off, WORLD, BLOCK)
-        barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
-        for i in range(0, iters):  # 2. reduce my shard, write it out, push it to every peer
-            twoshot_reduce_block(x_ptr, out_ptr, n, shard, pid + i * active, bases, rank, rs_off, ag_off, WORLD, BLOCK,
-                                 x_off, out_off, X_HEAP, OUT_HEAP)
-        barrier(bases, rank, WORLD, flags_off, pid + tl.num_programs(0), e, timeout, diag)
+        grid = tl.num_programs(0)
+        for c in tl.static_range(ROUNDS):
+            lo = iters * c // ROUNDS
+            hi = iters * (c + 1) // ROUNDS
+            if not X_HEAP:
+                for i in range(lo, hi):  # 1. reduce-scatter push
+                    twoshot_scatter_block(x_ptr, n, shard, pid + i * active, bases, rank, rs_off, WORLD, BLOCK)
+            barrier(bases, rank, WORLD, flags_off, pid + (2 * c) * grid, e, timeout, diag)
+            for i in range(lo, hi):  # 2. reduce my shard, write it out, push it to every peer
+                twoshot_reduce_block(x_ptr, out_ptr, n, shard, pid + i * active, bases, rank, rs_off, ag_off, WORLD,
+                                     BLOCK, x_off, out_off, X_HEAP, OUT_HEAP)
+            if c > 0:  # 3. (previous round) gather the other shards while this round's pushes drain
+                barrier_wait(bases, rank, WORLD, flags_off, pid + (2 * c - 1) * grid, e, timeout, diag)
+                if not OUT_HEAP:
+                    for i in range(iters * (c - 1) // ROUNDS, lo):
+                        twoshot_gather_block(out_ptr, n, shard, pid + i * active, bases, rank, ag_off, WORLD, BLOCK)
+            barrier_arrive(bases, rank, WORLD, flags_off, pid + (2 * c + 1) * grid, e)
+        barrier_wait(bases, rank, WORLD, flags_off, pid + (2 * ROUNDS - 1) * grid, e, timeout, diag)
         if not OUT_HEAP:
-            for i in range(0, iters):  # 3. gather the other shards
+            for i in range(iters * (ROUNDS - 1) // ROUNDS, iters):  # 3. (last round)
                 twoshot_gather_block(out_ptr, n, shard, pid + i * active, bases, rank, ag_off, WORLD, BLOCK)
     epoch_commit(epoch_ptr, e)

@@ -378,7 +378,7 @@ def _job_twoshot_rounds(ctx, sizes):
         base = ar(data)
         comm.synchronize()
         check_close(base, reference_sum(ctx, data), torch.bfloat16)
-        for rounds in (None, 2, 3, 4):  # None: the size rule (4 rounds from 8 blocks per program)
+        for rounds in (None, 2, 3, 4):  # None: the size rule (4 rounds from 16 blocks per program)
             ar._rounds_override = rounds
             for call in range(2):
                 out = torch.full_like(data, float("nan"))

@@ -28,10 +28,12 @@ LL_MAX_BYTES = 1 << 20
 #: The pipelined two-shot keeps one flag row per block; blocks are at least this many elements.
 PIPE_MIN_BLOCK = 1024
 #: The two-shot copies round c-1 out while round c's pushes drain (``twoshot_allreduce_kernel``);
-#: it runs this many rounds when every program has at least ``TWOSHOT_ROUND_MIN_ITERS`` blocks per
-#: round, else one.
+#: it runs this many rounds when program 0 has at least ``TWOSHOT_ROUND_MIN_ITERS`` blocks per
+#: round, else one. Measured on 4xH200 (2026-11-21, benchmarks/experiments/twoshot_rounds.py):
+#: 4 rounds save 2-9% from 16 blocks per program (64-128 MB with the shipped shapes) and cost up to
+#: 50% below 8 (<= 16 MB), where the extra barriers outweigh the hidden copy.
 TWOSHOT_ROUNDS = 4
-TWOSHOT_ROUND_MIN_ITERS = 2
+TWOSHOT_ROUND_MIN_ITERS = 4
 
 
 class AllReduce(CollectiveBase):

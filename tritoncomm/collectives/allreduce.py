@@ -164,7 +164,9 @@ class AllReduce(CollectiveBase):
             shard = round_up(-(-x.numel() // world), 16)
             nblocks = -(-shard // c.block)
             iters = -(-nblocks // c.programs)  # blocks of program 0
-            rounds = TWOSHOT_ROUNDS if iters >= TWOSHOT_ROUNDS * TWOSHOT_ROUND_MIN_ITERS else 1
+            # rounds hide the copy-out; with the output in the heap there is none to hide
+            many = iters >= TWOSHOT_ROUNDS * TWOSHOT_ROUND_MIN_ITERS and not out_heap
+            rounds = TWOSHOT_ROUNDS if many else 1
             rounds = self._rounds_override or rounds
             twoshot_allreduce_kernel[grid](
                 x, out, x.numel(), shard, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off,

@@ -283,6 +283,16 @@ def test_graph_capture_and_replay_with_fresh_data(worlds, world, algo):
         assert all(same for _, same in rows)
 
 
+def _bit_mismatches(ctx, got: torch.Tensor, want: torch.Tensor, tag: tuple) -> list:
+    """``tag`` + what is wrong: ``got`` differs from ``want`` in any bit, or ranks hold different bits."""
+    bad = []
+    if not torch.equal(got.view(torch.int16).cpu(), want.view(torch.int16).cpu()):
+        bad.append((*tag, "differs from the reference run"))
+    if not same_on_all_ranks(ctx, got):
+        bad.append((*tag, "ranks differ"))
+    return bad
+
+
 def _job_symmetric_tensors(ctx, sizes):
     """Inputs and outputs made by ``comm.empty``: the two-shot reads peers' inputs and writes peers'
     outputs in place of its staging buffers; the bits equal the staged path's."""
@@ -306,10 +316,7 @@ def _job_symmetric_tensors(ctx, sizes):
                 out.fill_(float("nan"))
             ar(src, out=dst, algo="twoshot")
             comm.synchronize()
-            if not torch.equal(dst.view(torch.int16).cpu(), staged.view(torch.int16).cpu()):
-                bad.append((n, mode, "differs from staged"))
-            if not same_on_all_ranks(ctx, dst):
-                bad.append((n, mode, "ranks differ"))
+            bad += _bit_mismatches(ctx, dst, staged, (n, mode))
         check_close(staged, reference_sum(ctx, data), torch.bfloat16)
     try:
         comm.free(torch.empty(4))
@@ -388,10 +395,7 @@ def _job_twoshot_rounds(ctx, sizes):
                 ar(x, out=x)  # zero-copy input, in place
                 comm.synchronize()
                 for what, t in (("staged", out), ("heap in place", x)):
-                    if not torch.equal(t.view(torch.int16).cpu(), base.view(torch.int16).cpu()):
-                        bad.append((n, rounds, call, what))
-                    if not same_on_all_ranks(ctx, t):
-                        bad.append((n, rounds, call, what, "ranks differ"))
+                    bad += _bit_mismatches(ctx, t, base, (n, rounds, call, what))
     comm.free(hx)
     ar.close()
     comm.close()

@@ -7,8 +7,10 @@ Times (CUDA graphs, 32 calls, median of replays, max over ranks), in one run per
 * the shipped two-shot kernel on regular tensors ("staged") and on symmetric tensors ("heap"),
   over programs x block x warps;
 * an experimental copy that can skip phases (1 = reduce-scatter push, 2 = reduce + all-gather
-  push, 4 = copy-out), to split the time between phases, and that can load a block of every shard
-  at once before storing ("lf": loads first, one 2-D access instead of W-1 load->store pairs);
+  push, 4 = copy-out), to split the time between phases, with the pushes and the copy-out either as
+  shipped ("lf1": loads first, one 2-D access per block) or as before 2026-11-21 ("lf0": W-1
+  load->store pairs per block). The shipped kernel's own rows used the loop form when the
+  2026-11-21 sweep was measured (results/raw/session3/sweep*.json);
 * NCCL and torch symmetric memory's two-shot on the same sizes.
 """
 
@@ -33,40 +35,33 @@ from tritoncomm.collectives.allreduce_twoshot import (
 )
 from tritoncomm.collectives.tuning import DTYPE_NAMES
 from tritoncomm.config import CommConfig
-from tritoncomm.kernels import barrier, epoch_commit, program_epoch
+from tritoncomm.kernels import barrier, epoch_commit, heap_ptr, program_epoch
 from tritoncomm.launch import launch
 from tritoncomm.timing import time_per_call_us
 
 
 @triton.jit
-def _rows_ptr(bases, rows, off, DTYPE: tl.constexpr):
-    """One 16-byte-aligned pointer per row (peer) at byte ``off`` of that peer's heap."""
-    p = (tl.load(bases + rows) + off).to(tl.pointer_type(DTYPE))
-    return tl.multiple_of(p, 16)
-
-
-@triton.jit
-def _scatter_lf(x_ptr, n, shard, b, bases, rank, rs_off, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+def _scatter_loop(x_ptr, n, shard, b, bases, rank, rs_off, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """The reduce-scatter push as it was before the 2-D form: W-1 load->store pairs per block."""
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
-    s = tl.arange(0, WORLD)
     j = b * BLOCK + tl.arange(0, BLOCK)
-    idx = s[:, None] * shard + j[None, :]
-    m = (j[None, :] < shard) & (idx < n) & (s[:, None] != rank)
-    v = tl.load(x_ptr + idx, mask=m)
-    dst = _rows_ptr(bases, tl.where(s == rank, 0, s), rs_off + rank * shard * (DTYPE.primitive_bitwidth // 8), DTYPE)
-    tl.store(dst[:, None] + j[None, :], v, mask=m)
+    for s in tl.static_range(WORLD):
+        if s != rank:
+            m = (j < shard) & (s * shard + j < n)
+            dst = heap_ptr(bases, s, rs_off + rank * shard * (DTYPE.primitive_bitwidth // 8), DTYPE)
+            tl.store(dst + j, tl.load(x_ptr + s * shard + j, mask=m), mask=m)
 
 
 @triton.jit
-def _gather_lf(out_ptr, n, shard, b, bases, rank, ag_off, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+def _gather_loop(out_ptr, n, shard, b, bases, rank, ag_off, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """The copy-out as it was before the 2-D form: W-1 load->store pairs per block."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
-    s = tl.arange(0, WORLD)
     j = b * BLOCK + tl.arange(0, BLOCK)
-    idx = s[:, None] * shard + j[None, :]
-    m = (j[None, :] < shard) & (idx < n) & (s[:, None] != rank)
-    src = tl.multiple_of((tl.load(bases + rank) + ag_off).to(tl.pointer_type(DTYPE)), 16)
-    v = tl.load(src + s[:, None] * shard + j[None, :], mask=m)
-    tl.store(out_ptr + idx, v, mask=m)
+    src = heap_ptr(bases, rank, ag_off, DTYPE)
+    for s in tl.static_range(WORLD):
+        if s != rank:
+            m = (j < shard) & (s * shard + j < n)
+            tl.store(out_ptr + s * shard + j, tl.load(src + s * shard + j, mask=m), mask=m)
 
 
 @triton.jit
@@ -79,10 +74,10 @@ def xp_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_addr, flags_o
         iters = tl.cdiv(tl.cdiv(shard, BLOCK) - pid, active)
         if PHASES & 1:
             for i in range(0, iters):
-                if LF:
-                    _scatter_lf(x_ptr, n, shard, pid + i * active, bases, rank, rs_off, WORLD, BLOCK)
-                else:
+                if LF:  # the shipped 2-D form
                     twoshot_scatter_block(x_ptr, n, shard, pid + i * active, bases, rank, rs_off, WORLD, BLOCK)
+                else:
+                    _scatter_loop(x_ptr, n, shard, pid + i * active, bases, rank, rs_off, WORLD, BLOCK)
         barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
         if PHASES & 2:
             for i in range(0, iters):
@@ -92,9 +87,9 @@ def xp_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_addr, flags_o
         if PHASES & 4:
             for i in range(0, iters):
                 if LF:
-                    _gather_lf(out_ptr, n, shard, pid + i * active, bases, rank, ag_off, WORLD, BLOCK)
-                else:
                     twoshot_gather_block(out_ptr, n, shard, pid + i * active, bases, rank, ag_off, WORLD, BLOCK)
+                else:
+                    _gather_loop(out_ptr, n, shard, pid + i * active, bases, rank, ag_off, WORLD, BLOCK)
     epoch_commit(epoch_ptr, e)
 
 

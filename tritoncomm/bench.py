@@ -338,7 +338,8 @@ def format_cost(rep: dict[str, Any]) -> str:
 
 def zero_copy_rank(ctx: RankContext, sizes: list[int] | None = None) -> dict[str, Any] | None:
     """All-reduce (the table's choice) on regular tensors vs on symmetric tensors from
-    ``comm.empty`` (input and output in the heap: no staging, no copy-out), with NCCL, one run."""
+    ``comm.empty`` (input and output in the heap: no staging, no copy-out), vs a regular input with a
+    symmetric output (staged pushes, no copy-out), with NCCL, one run."""
     sizes = sizes or [1 << 20, 8 << 20, 32 << 20, 128 << 20]
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=5 * max(sizes) + (64 << 20)))
     ar = AllReduce(comm, max_bytes=max(sizes))
@@ -360,11 +361,13 @@ def zero_copy_rank(ctx: RankContext, sizes: list[int] | None = None) -> dict[str
         nb = x.clone()
         t = {"staged": time_per_call_us(lambda x=x, out=out: ar(x, out=out), ctx.device, barrier),
              "heap": time_per_call_us(lambda hx=hx, hout=hout: ar(hx, out=hout), ctx.device, barrier),
+             "heap_out": time_per_call_us(lambda x=x, hout=hout: ar(x, out=hout), ctx.device, barrier),
              "nccl": time_per_call_us(lambda nb=nb: dist.all_reduce(nb, group=ctx.group), ctx.device, barrier)}
         t = _max_over_ranks(ctx, t)
         oks: list[Any] = [None] * ctx.world
         dist.all_gather_object(oks, ok, group=ctx.cpu_group)
         rows.append({"bytes": nbytes, "algo": ar.select(nbytes), "staged_us": t["staged"], "heap_us": t["heap"],
+                     "heap_out_us": t["heap_out"],
                      "nccl_us": t["nccl"], "same_bits": all(oks)})
     comm.free(outs)
     comm.free(xs)
@@ -379,8 +382,9 @@ def zero_copy_rank(ctx: RankContext, sizes: list[int] | None = None) -> dict[str
 
 def format_zero_copy(rep: dict[str, Any]) -> str:
     lines = [f"zero-copy all-reduce: world={rep['world']} device={rep['device']} date={rep['date']}",
-             f"{'bytes':>11} {'algo':>8} {'staged':>9} {'heap':>9} {'NCCL':>9}  same bits"]
+             f"{'bytes':>11} {'algo':>8} {'staged':>9} {'heap':>9} {'heap out':>9} {'NCCL':>9}  same bits"]
     for r in rep["rows"]:
-        lines.append(f"{r['bytes']:>11} {r['algo']:>8} {_f(r['staged_us'])} {_f(r['heap_us'])} {_f(r['nccl_us'])}  "
+        lines.append(f"{r['bytes']:>11} {r['algo']:>8} {_f(r['staged_us'])} {_f(r['heap_us'])} "
+                     f"{_f(r.get('heap_out_us'))} {_f(r['nccl_us'])}  "
                      f"{r['same_bits']}")
     return "\n".join(lines)

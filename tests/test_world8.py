@@ -53,7 +53,7 @@ def test_tuning_logic_is_ready_for_8():
 
 
 def test_tuned_and_candidate_barrier_grids_stay_under_the_warp_cap():
-    """Shapes past MAX_BARRIER_WARPS were intermittently 20x slow on H200 (tune.py): neither the
+    """Shapes past MAX_BARRIER_WARPS were intermittently 3-100x slow on H200 (tune.py): neither the
     tuning candidates nor the shipped table may use them for kernels with cross-rank barriers."""
     from tritoncomm.tune import MAX_BARRIER_WARPS
 

@@ -54,10 +54,11 @@ def _symm_mem_ops(ctx: RankContext, n: int, dtype: torch.dtype) -> dict[str, Any
     return ops
 
 
-def _all_ranks(ctx: RankContext, flag: bool | None) -> bool:
-    flags: list[Any] = [None] * ctx.world
-    dist.all_gather_object(flags, flag, group=ctx.cpu_group)
-    return all(bool(f) for f in flags)
+def _all_true(ctx: RankContext, ok: bool | None) -> bool:
+    """True when ``ok`` is true on every rank (a CPU-group gather)."""
+    out: list[Any] = [None] * ctx.world
+    dist.all_gather_object(out, bool(ok), group=ctx.cpu_group)
+    return all(out)
 
 
 def _max_over_ranks(ctx: RankContext, values: dict[str, float | None]) -> dict[str, float | None]:
@@ -184,7 +185,7 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
             "identical": all(d == digests[0] for d in digests), "max_rel_err": err,
             "tritoncomm_us": us, "nccl_us": t[f"nccl_{mode0}"], "symm_mem_us": min(symm) if symm else None,
             "symm_one_shot_us": t.get("symm_one_shot"), "symm_two_shot_us": t.get("symm_two_shot"),
-            **({"tritoncomm_heap_us": t["heap_graph"], "heap_same_bits": _all_ranks(ctx, heap_same)}
+            **({"tritoncomm_heap_us": t["heap_graph"], "heap_same_bits": _all_true(ctx, heap_same)}
                if symmetric else {}),
             "algbw_GBps": algbw, "busbw_GBps": algbw * factor if algbw else None,
             **{f"{k}_us": v for k, v in t.items() if k.endswith("_eager")},
@@ -364,11 +365,9 @@ def zero_copy_rank(ctx: RankContext, sizes: list[int] | None = None) -> dict[str
              "heap_out": time_per_call_us(lambda x=x, hout=hout: ar(x, out=hout), ctx.device, barrier),
              "nccl": time_per_call_us(lambda nb=nb: dist.all_reduce(nb, group=ctx.group), ctx.device, barrier)}
         t = _max_over_ranks(ctx, t)
-        oks: list[Any] = [None] * ctx.world
-        dist.all_gather_object(oks, ok, group=ctx.cpu_group)
         rows.append({"bytes": nbytes, "algo": ar.select(nbytes), "staged_us": t["staged"], "heap_us": t["heap"],
                      "heap_out_us": t["heap_out"],
-                     "nccl_us": t["nccl"], "same_bits": all(oks)})
+                     "nccl_us": t["nccl"], "same_bits": _all_true(ctx, ok)})
     comm.free(outs)
     comm.free(xs)
     ar.close()

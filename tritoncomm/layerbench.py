@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .bench import _max_over_ranks
+from .bench import _all_true, _max_over_ranks
 from .channels import Communicator
 from .collectives import AllReduce, FusedAllReduceAddRMSNorm, GemmAllReduce, GemmConfig
 from .config import CommConfig
@@ -65,12 +65,6 @@ def _agree(ctx: RankContext, t: torch.Tensor) -> bool:
     out: list[Any] = [None] * ctx.world
     dist.all_gather_object(out, d, group=ctx.cpu_group)
     return all(o == out[0] for o in out)
-
-
-def _all_true(ctx: RankContext, ok: bool) -> bool:
-    out: list[Any] = [None] * ctx.world
-    dist.all_gather_object(out, bool(ok), group=ctx.cpu_group)
-    return all(out)
 
 
 def _norm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) -> list[dict]:

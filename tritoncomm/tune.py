@@ -29,9 +29,10 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 #: Grids of kernels with cross-rank barriers stay at or below this many warps (programs x warps).
 #: Measured on 4xH200 (2026-11-21, benchmarks/experiments/stall_probe.py, 16 MB at TP4, 12 rounds):
-#: 128 programs x 8 warps was 20x slow in 5 of 12 graph timings, 128 x 16 in 2 of 12, 64 x 8 in none
-#: (NCCL in none); 64 x 16 had two such timings in an earlier sweep. Cause not found; the fastest
-#: shapes past the cap were only 2-10% faster when they were not slow.
+#: 128 programs x 8 warps was 17-18x slow in 5 of 12 graph timings, 128 x 16 26x in 2 of 12, 64 x 8
+#: in none (NCCL in none); in the sweep before, 128-program shapes were 3-100x slow in 4 timings and
+#: 64 x 16 1.8-2.7x in 2. Cause not found; the fastest shapes past the cap were only 2-10% faster
+#: when they were not slow.
 MAX_BARRIER_WARPS = 512
 
 

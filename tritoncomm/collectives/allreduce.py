@@ -30,8 +30,8 @@ PIPE_MIN_BLOCK = 1024
 #: The two-shot copies round c-1 out while round c's pushes drain (``twoshot_allreduce_kernel``);
 #: it runs this many rounds when program 0 has at least ``TWOSHOT_ROUND_MIN_ITERS`` blocks per
 #: round, else one. Measured on 4xH200 (2026-11-21, benchmarks/experiments/twoshot_rounds.py):
-#: 4 rounds save 2-9% from 16 blocks per program (64-128 MB with the shipped shapes) and cost up to
-#: 50% below 8 (<= 16 MB), where the extra barriers outweigh the hidden copy.
+#: 4 rounds save 2-9% from 16 blocks per program (64-128 MB with the shipped shapes) and cost 14-18
+#: µs (up to 70%) at 4-16 MB, where the extra barriers outweigh the hidden copy.
 TWOSHOT_ROUNDS = 4
 TWOSHOT_ROUND_MIN_ITERS = 4
 

@@ -186,8 +186,9 @@ def test_fused_oneshot_compiles_with_row_chunk_exchange(fp8):
     o = ops(compile_ptx(allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "CH": 4, "BLOCK_C": 2048, "GEMMA": False,
                                                             "FP8": fp8},
                         FUSED_ALIGNED | {"flags_off", "epochs_off", "buf_off", "slot_bytes", "xch_off"}, 4))
-    # the cross-rank barrier and the row-chunk exchange: release stores, acquire loads
-    assert o["st.release.sys.global.b32"] >= 2 and o["ld.acquire.sys.global.b32"] >= 2, o
+    # the cross-rank barrier: release stores, acquire loads; the row-chunk exchange: LL8 packets
+    assert o["st.release.sys.global.b32"] >= 1 and o["ld.acquire.sys.global.b32"] >= 1, o
+    assert any(k.startswith("ld.volatile") for k in o), o
     assert o["ld.global.v4.b32"] >= 1 or o["ld.global.nc.v4.b32"] >= 1, o
 
 
@@ -196,10 +197,15 @@ def test_fused_ll_and_twoshot_compile():
     from tritoncomm.collectives.fused_norm_twoshot import twoshot_allreduce_add_rmsnorm_kernel
 
     sig = dict(FUSED_SIG, epochs_off="i64", buf_off="i64", slot_words="i64", xch_off="i64")
-    o = ops(compile_ptx(ll_allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "CH": 16, "BLOCK_C": 512, "GEMMA": False,
-                                                               "FP8": False},
-                        FUSED_ALIGNED | {"epochs_off", "buf_off", "xch_off"}, 4))
-    assert any(k.startswith("ld.volatile") for k in o), o  # LL polls
+    ptx = compile_ptx(ll_allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "CH": 16, "BLOCK_C": 512, "GEMMA": False,
+                                                             "FP8": False},
+                      FUSED_ALIGNED | {"epochs_off", "buf_off", "xch_off"}, 4)
+    o = ops(ptx)
+    assert any(k.startswith("ld.volatile") for k in o), o  # LL polls, for the peers' data and the partials
+    # no release store, acquire load or fence (only the timeout record's claim, off the fast path): a
+    # release here would wait for this program's NVLink pushes to be acknowledged
+    assert not any(k.startswith(("st.release", "ld.acquire", "fence")) for k in o), o
+    assert "membar" not in ptx
     sig = dict(FUSED_SIG, flags_off="i64", epochs_off="i64", rs_off="i64", ag_off="i64", rstd_off="i64",
                slot_bytes="i64", rstd_slot="i64", xch_off="i64")
     o = ops(compile_ptx(twoshot_allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "CH": 1, "BLOCK_C": 8192,

@@ -11,12 +11,18 @@ of the GPU idle. So every row is cut into ``CH`` chunks of ``CW`` columns and a 
 (row, chunk): item ``i`` is row ``i // CH``, chunk ``i % CH``; program ``pid`` takes items
 ``pid, pid + P, ...``. A chunk's program sums its columns over the ranks, adds the residual,
 rounds once and stores the new residual; the row's sum of squares then needs every chunk: each
-program writes its partial into a per-(row, chunk) slot of this rank's heap and ``signal``s it,
-``wait``s for the row's ``CH`` slots (same launch epoch) and adds the ``CH`` partials in chunk
-order, so every chunk of a row, on every rank, computes the same ``rstd``. The partners of an item
+program writes its partial as an LL8 packet (the fp32 partial and the launch epoch in one 8-byte
+store) into a per-(row, chunk) slot of this rank's heap, polls the row's ``CH`` packets for the
+same epoch and adds the ``CH`` partials in chunk order, so every chunk of a row, on every rank,
+computes the same ``rstd``. The packet carries its own flag, so the exchange needs no release
+fence: with a release, every program would first wait for its earlier pushes over NVLink to be
+acknowledged (the LL variant) before its partial could leave. The partners of an item
 are handled in the same round by programs of the same launch (``P`` is a multiple of ``CH``), which
 are all resident on a GPU. The CPU interpreter runs programs one after another, so there ``CH``
 is 1 and no program waits for another.
+
+Every variant loads a chunk's residual and weight before it waits for the peers' data, so those
+two local reads overlap the wait instead of following it.
 
 The one-shot variant: program ``pid`` stages its items' chunks of ``x`` in its heap (halves
 alternate by epoch parity), meets the matching programs at a barrier, then sums the ranks' staged
@@ -28,9 +34,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import barrier, copy_block, epoch_commit, heap_ptr, program_epoch, round_to, signal, wait
+from ..kernels import barrier, copy_block, epoch_commit, heap_ptr, ll8_poll, ll8_store, program_epoch, round_to
 
-__all__ = ["add_residual", "allreduce_add_rmsnorm_kernel", "chunk_cols", "row_rstd", "store_norm", "work_item"]
+__all__ = ["add_residual", "allreduce_add_rmsnorm_kernel", "chunk_cols", "load_chunk", "row_rstd", "store_norm",
+           "work_item"]
 
 
 @triton.jit
@@ -49,12 +56,19 @@ def chunk_cols(c, H, CW, BLOCK_C: tl.constexpr):
 
 
 @triton.jit
-def add_residual(acc, res_ptr, res_out_ptr, row, H, cols, cmask):
-    """``acc`` is the fp32 sum over ranks of these columns of ``row``: add the residual (read from
-    ``res_ptr``) in fp32, round once, store the new residual to ``res_out_ptr`` (which may be
-    ``res_ptr`` or the input: only these columns are touched, after they were read). Returns it."""
-    acc += tl.load(res_ptr + row * H + cols, mask=cmask, other=0.0).to(tl.float32)
-    resid = round_to(acc, res_ptr.dtype.element_ty)
+def load_chunk(ptr, row, H, cols, cmask):
+    """These columns of ``row`` of a (rows, H) tensor (0 where masked), in its dtype; ``row = 0``
+    with ``H = 0`` reads a vector (the weight)."""
+    return tl.load(ptr + row * H + cols, mask=cmask, other=0.0)
+
+
+@triton.jit
+def add_residual(acc, res, res_out_ptr, row, H, cols, cmask):
+    """``acc`` is the fp32 sum over ranks of these columns of ``row`` and ``res`` the residual's
+    (``load_chunk``, loaded before the wait): add in fp32, round once, store the new residual to
+    ``res_out_ptr`` (which may be the residual or the input: only these columns are touched, after
+    they were read). Returns it."""
+    resid = round_to(acc + res.to(tl.float32), res.dtype)
     tl.store(res_out_ptr + row * H + cols, resid, mask=cmask)
     return resid
 
@@ -64,34 +78,31 @@ def row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH: 
     """``1 / sqrt(mean(row^2) + eps)`` for the whole row, given this chunk's rounded residual.
 
     With ``CH > 1`` the chunks of the row exchange partial sums through this rank's heap at
-    ``xch_off``: one 8-byte slot per (row, chunk), an fp32 partial then its uint32 flag. Ordering:
-    a chunk stores its partial, then ``signal``s its flag with the launch epoch ``e`` (CTA barrier,
-    store-release); the row's programs ``wait`` for all ``CH`` flags of the row to reach ``e``
-    (load-acquire, bounded, then a CTA barrier), after which every partial stored before those
-    releases is visible, and all of them add the ``CH`` partials in chunk order: the same ``rstd``.
-    Flags only grow (every launch's epoch is larger), so a slot's stale flag never satisfies a later
-    launch; a later launch rewrites a partial only after this kernel has ended."""
+    ``xch_off``: one LL8 packet per (row, chunk), the fp32 partial as its data word and the launch
+    epoch ``e`` as its flag. A chunk stores its packet, then polls the row's ``CH`` packets until
+    all carry ``e`` (volatile loads, bounded) and adds the partials in chunk order: every chunk of
+    the row computes the same ``rstd``. Only the partials travel; no other write is published.
+    Epochs only grow, so a stale packet never matches a later launch; a later launch rewrites a
+    packet only after this kernel has ended (launches of one stream do not overlap)."""
     v = resid.to(tl.float32)
     part = tl.sum(v * v, axis=0)
     if CH == 1:
         total = part
     else:
-        k = (row * CH + tl.arange(0, CH)) * 2
-        parts = heap_ptr(bases, rank, xch_off, tl.float32)
-        flags = heap_ptr(bases, rank, xch_off, tl.uint32) + 1
-        tl.store(parts + (row * CH + c) * 2, part)
-        signal(flags + (row * CH + c) * 2, e)
-        wait(flags + k, e, rank, row, rank, timeout, diag)
-        total = tl.sum(tl.load(parts + k, volatile=True), axis=0)
+        slots = heap_ptr(bases, rank, xch_off, tl.uint64) + row * CH
+        ll8_store(slots + c, part.to(tl.uint32, bitcast=True), e)
+        k = tl.arange(0, CH)
+        words = ll8_poll(slots + k, k < CH, e, rank, row, rank, timeout, diag)
+        total = tl.sum(words.to(tl.float32, bitcast=True), axis=0)
     return 1.0 / tl.sqrt(total / H + eps)
 
 
 @triton.jit
-def store_norm(resid, rstd, row, H, cols, cmask, w_ptr, out_ptr, scale_ptr, GEMMA: tl.constexpr,
+def store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA: tl.constexpr,
                FP8: tl.constexpr):
     """``out[row, cols] = resid * rstd * w`` (``1 + w`` with Gemma), or its FP8 quantisation
-    ``clamp(y / scale, -448, 448)``."""
-    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    ``clamp(y / scale, -448, 448)``; ``w`` is the weight's chunk (``load_chunk``)."""
+    w = w.to(tl.float32)
     if GEMMA:
         w = w + 1.0
     y = resid.to(tl.float32) * rstd * w
@@ -123,11 +134,13 @@ def allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, sc
     for i in range(0, iters):  # 2. sum the chunks over ranks, add, normalise
         row, c = work_item(pid, i, nprog, CH)
         cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
+        res = load_chunk(res_ptr, row, H, cols, cmask)
+        w = load_chunk(w_ptr, 0, 0, cols, cmask)
         acc = tl.zeros([BLOCK_C], dtype=tl.float32)
         for s in tl.static_range(WORLD):
             acc += tl.load(heap_ptr(bases, s, stage_off, DTYPE) + row * H + cols, mask=cmask,
                            other=0.0).to(tl.float32)
-        resid = add_residual(acc, res_ptr, res_out_ptr, row, H, cols, cmask)
+        resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask)
         rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
-        store_norm(resid, rstd, row, H, cols, cmask, w_ptr, out_ptr, scale_ptr, GEMMA, FP8)
+        store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8)
     epoch_commit(epoch_ptr, e)

@@ -3,14 +3,15 @@
 Work items are (row, chunk) pairs as in ``fused_norm``. Program ``pid`` pushes its items' chunks
 of ``x`` to every peer as LL8 packets (one 8-byte store carries 4 bytes of data and the launch's
 epoch as flag), then polls the same chunks from every peer's packets, sums the ranks in order
-0..W-1 in fp32 (its own chunk read from ``x``), adds the residual, rounds once, exchanges the row's
-sum of squares with the row's other chunks and normalises.
+0..W-1 in fp32 (its own chunk read from ``x``), adds the residual (loaded before the polls), rounds
+once, exchanges the row's sum of squares with the row's other chunks (LL8 packets too) and
+normalises.
 
-No barrier and no separate signal between ranks: a packet's flag says its data is there. Receive
-buffers alternate by epoch parity, as in ``allreduce_ll``: a rank can be at most one launch ahead
-of a peer that still reads. Buffer layout in every rank's heap: ``[parity][source rank][row][word]``
-of uint64 packets, ``row_words = ceil(H / 2)`` words per row (16-bit inputs only); chunks start
-at even columns (``CW`` is even).
+No barrier, no fence and no separate signal, between ranks or between programs: a packet's flag
+says its data is there. Receive buffers alternate by epoch parity, as in ``allreduce_ll``: a rank
+can be at most one launch ahead of a peer that still reads. Buffer layout in every rank's heap:
+``[parity][source rank][row][word]`` of uint64 packets, ``row_words = ceil(H / 2)`` words per row
+(16-bit inputs only); chunks start at even columns (``CW`` is even).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import triton.language as tl
 
 from ..kernels import epoch_commit, heap_ptr, ll8_poll, ll8_store, program_epoch
 from .allreduce_ll import load_words, words_to_f32
-from .fused_norm import add_residual, chunk_cols, row_rstd, store_norm, work_item
+from .fused_norm import add_residual, chunk_cols, load_chunk, row_rstd, store_norm, work_item
 
 __all__ = ["ll_allreduce_add_rmsnorm_kernel"]
 
@@ -53,6 +54,9 @@ def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr,
     for i in range(0, iters):  # 2. sum the same chunks over ranks, add, normalise
         row, c = work_item(pid, i, nprog, CH)
         wmask = (wds < cww) & (c * cww + wds < row_words)
+        cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
+        res = load_chunk(res_ptr, row, H, cols, cmask)
+        w = load_chunk(w_ptr, 0, 0, cols, cmask)
         acc = tl.zeros([BLOCK_C], dtype=tl.float32)
         for s in tl.static_range(WORLD):
             if s == rank:
@@ -61,8 +65,7 @@ def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr,
                 src = heap_ptr(bases, rank, buf_off + ((parity * WORLD + s) * slot_words) * 8, tl.uint64)
                 words = ll8_poll(src + row * row_words + c * cww + wds, wmask, e, s, row, rank, timeout, diag)
             acc += words_to_f32(words, DTYPE, BW)
-        cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
-        resid = add_residual(acc, res_ptr, res_out_ptr, row, H, cols, cmask)
+        resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask)
         rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
-        store_norm(resid, rstd, row, H, cols, cmask, w_ptr, out_ptr, scale_ptr, GEMMA, FP8)
+        store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8)
     epoch_commit(epoch_ptr, e)

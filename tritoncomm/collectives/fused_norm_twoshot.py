@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ..kernels import barrier, copy_block, epoch_commit, heap_ptr, program_epoch
-from .fused_norm import add_residual, chunk_cols, row_rstd, store_norm, work_item
+from .fused_norm import add_residual, chunk_cols, load_chunk, row_rstd, store_norm, work_item
 
 __all__ = ["twoshot_allreduce_add_rmsnorm_kernel"]
 
@@ -45,6 +45,7 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
     for i in range(0, iters):  # 1. reduce-scatter push, by row chunks
         r, c = work_item(pid, i, nprog, CH)
         cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
+        w = load_chunk(w_ptr, 0, 0, cols, cmask)
         for s in tl.static_range(WORLD):
             if s != rank:
                 row = s * R + r
@@ -56,6 +57,8 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
         row = rank * R + r
         if row < T:
             cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
+            res = load_chunk(res_ptr, row, H, cols, cmask)
+            w = load_chunk(w_ptr, 0, 0, cols, cmask)
             acc = tl.zeros([BLOCK_C], dtype=tl.float32)
             for s in tl.static_range(WORLD):
                 if s == rank:
@@ -63,9 +66,9 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
                 else:
                     src = heap_ptr(bases, rank, rs_off + s * slot_bytes, DTYPE) + r * H
                     acc += tl.load(src + cols, mask=cmask, other=0.0).to(tl.float32)
-            resid = add_residual(acc, res_ptr, res_out_ptr, row, H, cols, cmask)
+            resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask)
             rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
-            store_norm(resid, rstd, row, H, cols, cmask, w_ptr, out_ptr, scale_ptr, GEMMA, FP8)
+            store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8)
             for s in tl.static_range(WORLD):
                 if s != rank:
                     tl.store(heap_ptr(bases, s, ag_off + rank * slot_bytes, DTYPE) + r * H + cols, resid,
@@ -76,6 +79,7 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
     for i in range(0, iters):  # 3. the other shards' rows: take the new residual and rstd, normalise
         r, c = work_item(pid, i, nprog, CH)
         cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
+        w = load_chunk(w_ptr, 0, 0, cols, cmask)
         for s in tl.static_range(WORLD):
             if s != rank:
                 row = s * R + r
@@ -84,5 +88,5 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
                                     mask=cmask)
                     tl.store(res_out_ptr + row * H + cols, resid, mask=cmask)
                     rstd = tl.load(heap_ptr(bases, rank, rstd_off + s * rstd_slot, tl.float32) + r)
-                    store_norm(resid, rstd, row, H, cols, cmask, w_ptr, out_ptr, scale_ptr, GEMMA, FP8)
+                    store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8)
     epoch_commit(epoch_ptr, e)

@@ -22,7 +22,7 @@ from .config import CommConfig
 from .launch import RankContext
 from .timing import time_per_call_us
 
-__all__ = ["MAX_BARRIER_WARPS", "candidates", "tune_rank"]
+__all__ = ["MAX_BARRIER_PROGRAMS", "MAX_BARRIER_WARPS", "candidates", "tune_rank"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -32,12 +32,16 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 #: 128 programs x 8 warps was 17-18x slow in 5 of 12 graph timings, 128 x 16 26x in 2 of 12, 64 x 8
 #: in none (NCCL in none); in the sweep before, 128-program shapes were 3-100x slow in 4 timings and
 #: 64 x 16 1.8-2.7x in 2. Cause not found; the fastest shapes past the cap were only 2-10% faster
-#: when they were not slow.
+#: when they were not slow. 128 programs x 4 warps (512 warps, within the cap) also stalled once
+#: (one-shot, 4 MB, TP2: 412 µs against a median of 24.7; benchmarks/experiments/midsize_shapes.py),
+#: so grids stay at ``MAX_BARRIER_PROGRAMS`` programs or fewer too.
 MAX_BARRIER_WARPS = 512
+MAX_BARRIER_PROGRAMS = 64
 
 
 def candidates(op: str, nbytes: int, backend: str) -> list[Choice]:
-    """Launch shapes worth trying for a message of ``nbytes`` (``MAX_BARRIER_WARPS`` holds)."""
+    """Launch shapes worth trying for a message of ``nbytes`` (``MAX_BARRIER_WARPS`` and
+    ``MAX_BARRIER_PROGRAMS`` hold)."""
     if backend != "cuda":
         if op == "allreduce":
             out = [Choice("oneshot", 2, 2048, 1), Choice("twoshot", 2, 2048, 1), Choice("pipelined", 2, 1024, 1)]
@@ -59,6 +63,9 @@ def candidates(op: str, nbytes: int, backend: str) -> list[Choice]:
             for block in (2048, 8192):
                 for progs in (32, 64):
                     out.append(Choice("twoshot", min(progs, max(1, nbytes // 2 // block)), block, 8))
+        if 32 << 10 <= nbytes <= 8 << 20:  # small blocks: more programs busy on a small shard
+            for progs in (32, 64):
+                out.append(Choice("twoshot", min(progs, max(1, nbytes // 2 // 1024)), 1024, 4))
         if nbytes >= 4 << 20:
             for block in (4096, 16384):
                 out.append(Choice("twoshot", 64, block, 8))
@@ -68,7 +75,8 @@ def candidates(op: str, nbytes: int, backend: str) -> list[Choice]:
         for block in (1024, 4096):
             for progs in (8, 32, 64):
                 out.append(Choice("push", min(progs, max(1, nbytes // 2 // block)), block, 8 if block > 1024 else 4))
-    assert all(c.programs * c.num_warps <= MAX_BARRIER_WARPS for c in out if c.algo != "ll")
+    assert all(c.programs * c.num_warps <= MAX_BARRIER_WARPS and c.programs <= MAX_BARRIER_PROGRAMS
+               for c in out if c.algo != "ll")
     return sorted(set(out), key=lambda c: (c.algo, c.programs, c.block, c.num_warps))
 
 

@@ -14,6 +14,9 @@ are (row of a shard, chunk) pairs as in ``fused_norm``.
 4. Second barrier; every rank copies the other shards' new residual chunks and normalises them
    with the owner's ``rstd``: the same bits on every rank.
 
+Steps 1 and 4 touch row ``r`` of every shard as one 2-D access (a row per shard), every load
+issued before the first store, as in ``allreduce_twoshot``.
+
 As in ``allreduce_twoshot``, no buffer needs a parity copy. Over NVLink this moves what the bare
 two-shot moves (plus one float per row); the extra work is local (residual in and out, output).
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import barrier, copy_block, epoch_commit, heap_ptr, program_epoch
+from ..kernels import barrier, epoch_commit, heap_ptr, program_epoch
 from .fused_norm import add_residual, chunk_cols, load_chunk, row_rstd, store_norm, work_item
 
 __all__ = ["twoshot_allreduce_add_rmsnorm_kernel"]
@@ -38,19 +41,22 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    W2: tl.constexpr = triton.next_power_of_2(WORLD)
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     R = tl.cdiv(T, WORLD)
     iters = tl.cdiv(R * CH - pid, nprog)
-    for i in range(0, iters):  # 1. reduce-scatter push, by row chunks
+    src = tl.arange(0, W2)  # a shard (its owner) per row of the 2-D accesses below
+    others = (src != rank) & (src < WORLD)
+    slot_elems = slot_bytes // (DTYPE.primitive_bitwidth // 8)
+    for i in range(0, iters):  # 1. reduce-scatter push: chunk c of row r of every other shard, to its owner
         r, c = work_item(pid, i, nprog, CH)
         cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
-        w = load_chunk(w_ptr, 0, 0, cols, cmask)
-        for s in tl.static_range(WORLD):
-            if s != rank:
-                row = s * R + r
-                dst = heap_ptr(bases, s, rs_off + rank * slot_bytes, DTYPE) + r * H
-                copy_block(dst, x_ptr + row * H, cols, cmask & (row < T))
+        rows = src * R + r
+        m = (others & (rows < T))[:, None] & cmask[None, :]
+        v = tl.load(x_ptr + rows[:, None] * H + cols[None, :], mask=m)  # every load before the first store
+        dst = heap_ptr(bases, tl.where(src < WORLD, src, rank), rs_off + rank * slot_bytes, DTYPE) + r * H
+        tl.store(dst[:, None] + cols[None, :], v, mask=m)
     barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     for i in range(0, iters):  # 2. my rows: reduce, add, normalise; push the new residual and rstd
         r, c = work_item(pid, i, nprog, CH)
@@ -64,8 +70,8 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
                 if s == rank:
                     acc += tl.load(x_ptr + row * H + cols, mask=cmask, other=0.0).to(tl.float32)
                 else:
-                    src = heap_ptr(bases, rank, rs_off + s * slot_bytes, DTYPE) + r * H
-                    acc += tl.load(src + cols, mask=cmask, other=0.0).to(tl.float32)
+                    src_s = heap_ptr(bases, rank, rs_off + s * slot_bytes, DTYPE) + r * H
+                    acc += tl.load(src_s + cols, mask=cmask, other=0.0).to(tl.float32)
             resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask)
             rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
             store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8)
@@ -76,17 +82,17 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
                     if c == 0:
                         tl.store(heap_ptr(bases, s, rstd_off + rank * rstd_slot, tl.float32) + r, rstd)
     barrier(bases, rank, WORLD, flags_off, pid + nprog, e, timeout, diag)
-    for i in range(0, iters):  # 3. the other shards' rows: take the new residual and rstd, normalise
+    for i in range(0, iters):  # 3. the other shards' rows: take the new residual and rstd, normalise (2-D)
         r, c = work_item(pid, i, nprog, CH)
         cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
         w = load_chunk(w_ptr, 0, 0, cols, cmask)
-        for s in tl.static_range(WORLD):
-            if s != rank:
-                row = s * R + r
-                if row < T:
-                    resid = tl.load(heap_ptr(bases, rank, ag_off + s * slot_bytes, DTYPE) + r * H + cols,
-                                    mask=cmask)
-                    tl.store(res_out_ptr + row * H + cols, resid, mask=cmask)
-                    rstd = tl.load(heap_ptr(bases, rank, rstd_off + s * rstd_slot, tl.float32) + r)
-                    store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8)
+        rows = src * R + r
+        ok = others & (rows < T)
+        m = ok[:, None] & cmask[None, :]
+        ag = heap_ptr(bases, rank, ag_off, DTYPE) + src * slot_elems + r * H
+        resid = tl.load(ag[:, None] + cols[None, :], mask=m)
+        rstd = tl.load(heap_ptr(bases, rank, rstd_off, tl.float32) + src * (rstd_slot // 4) + r, mask=ok, other=0.0)
+        tl.store(res_out_ptr + rows[:, None] * H + cols[None, :], resid, mask=m)
+        store_norm(resid, rstd[:, None], rows[:, None], H, cols[None, :], m, w[None, :], out_ptr, scale_ptr, GEMMA,
+                   FP8)
     epoch_commit(epoch_ptr, e)

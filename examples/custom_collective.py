@@ -16,7 +16,7 @@ import tritoncomm as tc
 from tritoncomm.kernels import barrier, epoch_commit, epoch_next, get, heap_ptr, put
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def broadcast_kernel(x, out, n, root, bases, rank, world, timeout, diag_addr, flags_off, epochs_off, buf_off,
                      BLOCK: tl.constexpr):
     DT: tl.constexpr = x.dtype.element_ty

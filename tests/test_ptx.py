@@ -229,3 +229,59 @@ def test_gemm_overlap_uses_wgmma_and_system_scope_flags():
     assert "wgmma.mma_async" in ptx  # Hopper tensor cores
     assert o["st.release.sys.global.b32"] >= 1 and o["ld.acquire.sys.global.b32"] >= 1, o
     assert o["ld.global.v4.b32"] >= 1 or o["ld.global.nc.v4.b32"] >= 1, o  # wide tile pulls
+
+
+def _entry_kernels():
+    """Every kernel the package (and the example) launches: JIT functions named ``*_kernel`` by our
+    convention, and the debug-mode signature check."""
+    import importlib
+    import importlib.util
+    import pathlib
+    import pkgutil
+
+    from triton.runtime.jit import JITFunction
+
+    import tritoncomm
+
+    mods = [importlib.import_module(m.name) for m in pkgutil.walk_packages(tritoncomm.__path__, "tritoncomm.")
+            if not m.name.endswith("__main__")]
+    path = pathlib.Path(__file__).parent.parent / "examples" / "custom_collective.py"
+    spec = importlib.util.spec_from_file_location("custom_collective_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    found = {}
+    for mod in [*mods, example]:
+        for name, obj in vars(mod).items():
+            if isinstance(obj, JITFunction) and (name.endswith("_kernel") or name == "check_signatures"):
+                found[f"{obj.fn.__module__}.{name}"] = obj
+    return found
+
+
+def test_every_kernel_compiles_the_same_on_every_rank():
+    """Triton specialises an int argument equal to 1 as a constant (and one divisible by 16 as
+    aligned): without ``do_not_specialize`` rank 1 runs a different compilation from rank 0, and a
+    block reduction (the fused norm's sum of squares) may then group terms differently, giving
+    different bits on different ranks (seen on H200, fused LL norm, world 2)."""
+    kernels = {k: f for k, f in _entry_kernels().items() if any(p.name == "rank" for p in f.params)}
+    assert len(kernels) >= 13, sorted(kernels)  # all-reduce x4, fused x3, AG, RS, GEMM, check, example, ...
+    for name, f in kernels.items():
+        assert next(p for p in f.params if p.name == "rank").do_not_specialize, name
+
+
+def test_rank_zero_and_one_get_the_same_specialisation():
+    """End to end through Triton's own argument binder (what a launch uses to pick a compilation)."""
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    from tritoncomm.collectives.fused_norm_ll import ll_allreduce_add_rmsnorm_kernel as k
+
+    binder = create_function_from_signature(k.signature, k.params, make_backend(GPUTarget("cuda", 90, 32)))
+    t = torch.zeros(64, dtype=torch.bfloat16)
+
+    def spec(rank: int):
+        return binder(t, t, t, t, t, t, 3, 8192, 512, 1e-6, t, rank, 10**9, 4096, 0, 4096, 4096, 8192,
+                      WORLD=2, CH=16, BLOCK_C=512, GEMMA=False, FP8=False)[1]
+
+    assert spec(0) == spec(1) == spec(2) == spec(3)

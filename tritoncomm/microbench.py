@@ -44,7 +44,7 @@ def _get_kernel(dst, bases, peer, src_off, n, BLOCK: tl.constexpr):
     get(dst + start, heap_ptr(bases, peer, src_off, tl.uint8) + start, tl.minimum(chunk, n - start), BLOCK)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def _pingpong_kernel(bases, rank, flags_off, epochs_off, rounds, timeout, diag_addr):
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     ep = heap_ptr(bases, rank, epochs_off, tl.uint32)
@@ -63,7 +63,7 @@ def _pingpong_kernel(bases, rank, flags_off, epochs_off, rounds, timeout, diag_a
     epoch_commit(ep, e)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])
 def _ll_exchange_kernel(out_bad, bases, rank, epochs_off, buf_off, slot_words, nwords, timeout, diag_addr,
                         BLOCK: tl.constexpr):
     pid = tl.program_id(0)

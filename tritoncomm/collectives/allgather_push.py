@@ -17,7 +17,7 @@ from ..kernels import assume_multiple, barrier, epoch_commit, heap_ptr, program_
 __all__ = ["allgather_kernel"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def allgather_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, flags_off, epochs_off, buf_off, half_bytes,
                      stride, active, WORLD: tl.constexpr, BLOCK: tl.constexpr, MDIV: tl.constexpr = 1):
     """``out[r*m:(r+1)*m] = x`` of rank ``r``, for every rank; ``m`` is a multiple of ``MDIV``."""

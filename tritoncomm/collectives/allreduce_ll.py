@@ -49,7 +49,7 @@ def words_to_f32(words, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
         return words.to(DTYPE, bitcast=True).to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def ll_allreduce_kernel(x_ptr, out_ptr, n, nwords, bases, rank, timeout, diag_addr, epochs_off, buf_off,
                         slot_words, active, WORLD: tl.constexpr, BLOCK: tl.constexpr,
                         NDIV: tl.constexpr = 1, WDIV: tl.constexpr = 1):

@@ -21,7 +21,7 @@ from ..kernels import assume_multiple, barrier, copy_block, epoch_commit, heap_p
 __all__ = ["oneshot_allreduce_kernel"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def oneshot_allreduce_kernel(x_ptr, out_ptr, n, bases, rank, timeout, diag_addr, flags_off, epochs_off,
                              buf_off, slot_bytes, active, WORLD: tl.constexpr, BLOCK: tl.constexpr,
                              NDIV: tl.constexpr = 1):

@@ -27,7 +27,7 @@ from .allreduce_twoshot import twoshot_gather_block, twoshot_reduce_block, twosh
 __all__ = ["pipelined_allreduce_kernel"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def pipelined_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_addr, flags_off, epochs_off,
                                rs_off, ag_off, row1, active, WORLD: tl.constexpr, BLOCK: tl.constexpr,
                                NDIV: tl.constexpr = 1):

@@ -103,7 +103,7 @@ def twoshot_gather_block(out_ptr, n, shard, b, bases, rank, ag_off, WORLD: tl.co
     tl.store(out_ptr + idx, v, mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_addr, flags_off, epochs_off,
                              rs_off, ag_off, active, x_off, out_off, WORLD: tl.constexpr, BLOCK: tl.constexpr,
                              X_HEAP: tl.constexpr = False, OUT_HEAP: tl.constexpr = False, NDIV: tl.constexpr = 1,

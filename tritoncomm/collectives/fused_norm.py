@@ -113,7 +113,7 @@ def store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA: t
         tl.store(out_ptr + row * H + cols, round_to(y, resid.dtype), mask=cmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, scale_ptr, T, H, CW, eps,
                                  bases, rank, timeout, diag_addr, flags_off, epochs_off, buf_off, slot_bytes, xch_off,
                                  WORLD: tl.constexpr, CH: tl.constexpr, BLOCK_C: tl.constexpr, GEMMA: tl.constexpr,

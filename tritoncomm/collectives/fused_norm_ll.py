@@ -26,7 +26,7 @@ from .fused_norm import add_residual, chunk_cols, load_chunk, row_rstd, store_no
 __all__ = ["ll_allreduce_add_rmsnorm_kernel"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, scale_ptr, T, H, CW, eps,
                                     bases, rank, timeout, diag_addr, epochs_off, buf_off, slot_words, xch_off,
                                     WORLD: tl.constexpr, CH: tl.constexpr, BLOCK_C: tl.constexpr,

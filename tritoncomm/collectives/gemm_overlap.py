@@ -75,7 +75,7 @@ def _gemm_tile(a_ptr, w_ptr, M, N, K, bm, bn, BM: tl.constexpr, BN: tl.constexpr
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def gemm_allreduce_kernel(a_ptr, w_ptr, out_ptr, M, N, K, bases, rank, timeout, diag_addr, flags_off, epochs_off,
                           buf_off, slot_bytes, WORKERS, WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                           BK: tl.constexpr, GROUP_M: tl.constexpr, RB: tl.constexpr, EVEN_K: tl.constexpr):

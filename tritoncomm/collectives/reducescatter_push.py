@@ -15,7 +15,7 @@ from ..kernels import assume_multiple, barrier, epoch_commit, heap_ptr, program_
 __all__ = ["reducescatter_kernel"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def reducescatter_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, flags_off, epochs_off, buf_off,
                          half_bytes, stride, active, WORLD: tl.constexpr, BLOCK: tl.constexpr, MDIV: tl.constexpr = 1):
     """``out = sum over ranks r of x_r[rank*m:(rank+1)*m]``; ``m`` is a multiple of ``MDIV``."""

@@ -11,6 +11,11 @@ The public surface (each module's docstring states its memory-ordering contract)
 * ordering building blocks (``ordering``): ``ld_acquire``, ``st_release``, ``fence_sys``, ...
 
 The library's collectives are written with exactly these functions.
+
+Kernels that take ``rank`` declare ``@triton.jit(do_not_specialize=["rank"])``: Triton compiles an
+int argument equal to 1 as a constant, so rank 1 would otherwise run a different compilation than
+rank 0, whose in-block reductions (``tl.sum``) may group terms differently: different bits on
+different ranks.
 """
 
 from .backend import INTERPRET, MAX_WORLD, interpreting

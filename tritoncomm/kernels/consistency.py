@@ -30,7 +30,7 @@ def signature_table_bytes() -> int:
     return 2 * MAX_WORLD.value * SIGNATURE_WORDS.value * 8
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def check_signatures(w0, w1, w2, w3, bases, rank, world, timeout, diag_addr, flags_off, epochs_off, table_off):
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     ep = heap_ptr(bases, rank, epochs_off, tl.uint32)

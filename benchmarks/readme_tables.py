@@ -1,0 +1,42 @@
+"""Print the README's all-reduce tables from the committed results (no transcription by hand):
+
+    python benchmarks/readme_tables.py benchmarks/results/allreduce-h200-tp{2,4}.json
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+
+def _size(n: int) -> str:
+    if n & (n - 1) == 0:
+        return f"{n >> 20} MB" if n >= 1 << 20 else f"{n >> 10} KB"
+    return str(n)
+
+
+def table(path: str) -> str:
+    d = json.load(open(path))
+    rows = [r for r in d["rows"] if r.get("dtype", "bf16") in ("bf16", "bfloat16")]
+    ratios = [r["nccl_us"] / r["tritoncomm_us"] for r in rows if r["bytes"] >= 8192]
+    geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    head = (f"**All-reduce, TP{d['world']}** — {d['device']}, {d['date']}, torch {d['torch']}, triton {d['triton']}; "
+            "bf16, µs per call in CUDA graphs (32 calls captured, median of 20 replays, max over ranks). Geomean "
+            f"speedup over NCCL for 8 KB-128 MB: {geo:.2f}x (lowest {min(ratios):.2f}x). Workspace "
+            f"{d['workspace_bytes'] / 2**20:.0f} MiB = {d['workspace_over_largest_message']:.2f}x the largest message. "
+            '"symmetric": the same all-reduce on tensors from `comm.empty`, the setting torch symm_mem is timed in; '
+            "the last column compares that one with the better symm_mem.")
+    cols = ("bytes", "algorithm", "tritoncomm", "symmetric", "NCCL", "symm_mem 1-shot", "symm_mem 2-shot", "vs NCCL",
+            "vs best symm_mem")
+    out = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        heap, s1, s2 = r["tritoncomm_heap_us"], r["symm_one_shot_us"], r["symm_two_shot_us"]
+        us, nccl = r["tritoncomm_us"], r["nccl_us"]
+        out.append(f"| {_size(r['bytes'])} | {r['algo']} | {us:.1f} | {heap:.1f} | {nccl:.1f} | {s1:.1f} | {s2:.1f} | "
+                   f"{nccl / us:.2f}x | {min(s1, s2) / heap:.2f}x |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print("\n\n".join(table(p) for p in sys.argv[1:]))

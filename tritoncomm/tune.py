@@ -34,7 +34,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 #: 64 x 16 1.8-2.7x in 2. Cause not found; the fastest shapes past the cap were only 2-10% faster
 #: when they were not slow. 128 programs x 4 warps (512 warps, within the cap) also stalled once
 #: (one-shot, 4 MB, TP2: 412 µs against a median of 24.7; benchmarks/experiments/midsize_shapes.py),
-#: so grids stay at ``MAX_BARRIER_PROGRAMS`` programs or fewer too.
+#: so grids stay at ``MAX_BARRIER_PROGRAMS`` programs or fewer too. The caps make stalls rarer, not
+#: impossible: the shipped 64 x 8 one-shot stalled once in a full bench run (256 KB TP4, 412 µs per
+#: call for the whole timing, 8.0 in the re-run; benchmarks/NOTES.md, session 4).
 MAX_BARRIER_WARPS = 512
 MAX_BARRIER_PROGRAMS = 64
 

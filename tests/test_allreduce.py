@@ -392,7 +392,7 @@ def _job_twoshot_rounds(ctx, sizes):
                 ar(data, out=out)
                 x = hx[:n]
                 x.copy_(data)
-                ar(x, out=x)  # zero-copy input, in place
+                ar(x, out=x)  # a symmetric tensor in place (no copy-out)
                 comm.synchronize()
                 for what, t in (("staged", out), ("heap in place", x)):
                     bad += _bit_mismatches(ctx, t, base, (n, rounds, call, what))

@@ -339,8 +339,8 @@ def format_cost(rep: dict[str, Any]) -> str:
 
 def zero_copy_rank(ctx: RankContext, sizes: list[int] | None = None) -> dict[str, Any] | None:
     """All-reduce (the table's choice) on regular tensors vs on symmetric tensors from
-    ``comm.empty`` (input and output in the heap: no staging, no copy-out), vs a regular input with a
-    symmetric output (staged pushes, no copy-out), with NCCL, one run."""
+    ``comm.empty`` (input and output in the heap: the two-shot pushes straight from the input and writes
+    peers' outputs, no copy-out), vs a regular input with a symmetric output (the same form), with NCCL, one run."""
     sizes = sizes or [1 << 20, 8 << 20, 32 << 20, 128 << 20]
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=5 * max(sizes) + (64 << 20)))
     ar = AllReduce(comm, max_bytes=max(sizes))

@@ -21,6 +21,7 @@ from tritoncomm.collectives.tuning import DTYPE_NAMES
 from tritoncomm.config import CommConfig
 from tritoncomm.launch import launch
 from tritoncomm.timing import time_per_call_us
+from tritoncomm.units import parse_size
 
 SHAPES = [(64, 8192, 8), (64, 2048, 8), (128, 2048, 8), (128, 8192, 16)]
 
@@ -66,7 +67,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--json")
     a = ap.parse_args()
-    nbytes = int(a.bytes[:-1]) << {"K": 10, "M": 20}[a.bytes[-1]]
+    nbytes = parse_size(a.bytes)
     rep = launch(probe_rank, a.world, nbytes, a.rounds, timeout=560)[0]
     keys = list(rep["rounds"][0][0])
     for k in keys:

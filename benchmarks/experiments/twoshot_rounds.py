@@ -19,6 +19,7 @@ from tritoncomm.collectives import AllReduce
 from tritoncomm.config import CommConfig
 from tritoncomm.launch import launch
 from tritoncomm.timing import time_per_call_us
+from tritoncomm.units import parse_size
 
 
 def rounds_rank(ctx, sizes: list[int], reps: int) -> dict | None:
@@ -63,7 +64,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json")
     a = ap.parse_args()
-    sizes = [int(s[:-1]) << {"K": 10, "M": 20}[s[-1]] for s in a.sizes.split(",")]
+    sizes = [parse_size(s) for s in a.sizes.split(",")]
     rep = launch(rounds_rank, a.world, sizes, a.reps, timeout=560)[0]
     if a.json:
         with open(a.json, "w") as f:

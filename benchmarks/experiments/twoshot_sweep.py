@@ -38,6 +38,7 @@ from tritoncomm.config import CommConfig
 from tritoncomm.kernels import barrier, epoch_commit, heap_ptr, program_epoch
 from tritoncomm.launch import launch
 from tritoncomm.timing import time_per_call_us
+from tritoncomm.units import parse_size
 
 
 @triton.jit
@@ -186,7 +187,7 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true", help="one shape per form (a smoke test)")
     a = ap.parse_args()
-    sizes = [int(s[:-1]) << {"K": 10, "M": 20}[s[-1]] for s in a.sizes.split(",")]
+    sizes = [parse_size(s) for s in a.sizes.split(",")]
     rep = launch(sweep_rank, a.world, sizes, a.quick, timeout=560)[0]
     for r in rep["rows"]:
         print(f"\n== {r['bytes'] >> 10} KiB (world {rep['world']}, xp correct {r['xp_correct']})")

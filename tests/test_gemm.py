@@ -26,9 +26,10 @@ def _job_gemm(ctx, shapes, dtype, paths):
     for i, (m, k, _) in enumerate(shapes):
         x, w = _inputs(ctx, m, k, n, dtype, i)
         ref = reference_sum(ctx, (x.float() @ w.float().t()))
-        for path in paths:
+        for spec in paths:
+            path, kw = spec if isinstance(spec, tuple) else (spec, {})
             out = torch.full((m, n), float("nan"), dtype=dtype, device=ctx.device)
-            op(x, w, out=out, path=path)
+            op(x, w, out=out, path=path, **kw)
             comm.synchronize()
             o = out.float().cpu()
             err = ((o - ref).abs().max() / ref.abs().max()).item()
@@ -47,8 +48,10 @@ def _job_gemm(ctx, shapes, dtype, paths):
 def test_gemm_allreduce_both_paths(worlds, world):
     # M not a multiple of the tile, K not a multiple of BK, N not a multiple of BN; repeated calls
     # with different M alternate the tile buffers.
+    # The chunked path also in 3 slices whose all-reduces run on one program each (side_programs).
     shapes = [(17, 40, 40), (1, 32, 40), (33, 48, 40), (8, 24, 40)]
-    for bad in worlds(world).run(_job_gemm, shapes, torch.bfloat16, ("overlap", "chunked", "plain")):
+    paths = ("overlap", "chunked", "plain", ("chunked", {"chunks": 3, "side_programs": 1}))
+    for bad in worlds(world).run(_job_gemm, shapes, torch.bfloat16, paths):
         assert bad == []
 
 
@@ -70,6 +73,8 @@ def _job_gemm_bad(ctx):
         "dtype": lambda: op(x, w.half()),
         "strided": lambda: op(torch.ones(16, 4, dtype=torch.bfloat16, device=d).t(), w),
         "path": lambda: op(x, w, path="magic"),
+        "side_programs": lambda: op(x, w, path="chunked", side_programs=0),
+        "chunks": lambda: op(x, w, path="chunked", chunks=0),
     }
     caught = {}
     for key, fn in cases.items():

@@ -38,10 +38,12 @@ __all__ = ["format_layers", "layers_rank"]
 def _shapes(cuda: bool, world: int) -> dict[str, Any]:
     if cuda:
         return {"hidden": 8192, "tokens": [1, 8, 32, 128, 512], "k": 28672 // world, "n": 8192,
-                "gemm_m": [1, 16, 64, 512, 2048, 8192], "heads": 64, "kv_heads": 8, "inter": 28672, "layers": 4,
+                "gemm_m": [1, 16, 64, 512, 2048, 8192], "gemm_chunks": [2, 4, 8], "gemm_side_programs": [None, 32, 16],
+                "gemm_chunk_min_m": 512, "heads": 64, "kv_heads": 8, "inter": 28672, "layers": 4,
                 "batches": [1, 4, 16, 64], "context": 1024, "prefill": 2048,
                 "hier_sizes": [8 << 10, 128 << 10, 1 << 20, 8 << 20, 32 << 20, 128 << 20]}
-    return {"hidden": 256, "tokens": [1, 5], "k": 64, "n": 48, "gemm_m": [3, 20], "heads": 4, "kv_heads": 4,
+    return {"hidden": 256, "tokens": [1, 5], "k": 64, "n": 48, "gemm_m": [3, 20], "gemm_chunks": [2],
+            "gemm_side_programs": [None, 1], "gemm_chunk_min_m": 4, "heads": 4, "kv_heads": 4,
             "inter": 128, "layers": 1, "batches": [1, 2], "context": 8, "prefill": 8, "hier_sizes": [4096]}
 
 
@@ -113,13 +115,15 @@ def _norm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
 
 def _gemm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) -> list[dict]:
     dev, k, n, ms = ctx.device, sh["k"], sh["n"], sh["gemm_m"]
-    cuda = comm.backend == "cuda"
     ar = AllReduce(comm, max_bytes=max(ms) * n * 2, name="bench.gemm.ar")
-    configs = {"overlap": GemmConfig.for_backend(comm.backend)}
-    if cuda:
-        configs["overlap_32r"] = GemmConfig(workers=100, reducers=32)
-    ops = {name: GemmAllReduce(comm, max(ms), n, config=c, allreduce=ar, name=f"bench.gemm.{name}")
-           for name, c in configs.items()}
+    op = GemmAllReduce(comm, max(ms), n, config=GemmConfig.for_backend(comm.backend), allreduce=ar,
+                       name="bench.gemm.op")
+    # chunked path: slices x the program cap of the slices' all-reduce (None: the table's shape)
+    chunked = [(c, p) for c in sh["gemm_chunks"] for p in sh["gemm_side_programs"]]
+
+    def label(c: int, p: int | None) -> str:
+        return f"chunked{c}" + (f"_p{p}" if p else "")
+
     w = (torch.randn(n, k, device=dev, generator=torch.Generator(device=dev).manual_seed(3 + ctx.rank)) /
          math.sqrt(k)).to(torch.bfloat16)
     rows = []
@@ -128,21 +132,21 @@ def _gemm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
         x = x.to(torch.bfloat16)
         ref = torch.matmul(x, w.t())
         dist.all_reduce(ref, group=ctx.group)
-        outs = {name: op(x, w, path="overlap") for name, op in ops.items()}
-        outs["plain"] = ops["overlap"](x, w, path="plain")
-        outs["chunked"] = ops["overlap"](x, w, path="chunked", chunks=4)
+        mine = [(c, p) for c, p in chunked if m >= sh["gemm_chunk_min_m"] and m >= c]
+        outs = {"overlap": op(x, w, path="overlap"), "plain": op(x, w, path="plain")}
+        for c, p in mine:
+            outs[label(c, p)] = op(x, w, path="chunked", chunks=c, side_programs=p)
         scale = ref.float().abs().max().item()
         ok = all(bool(((o.float() - ref.float()).abs().max() / scale) < 2e-2) and _agree(ctx, o)
                  for o in outs.values())
         big = m * k * n >= 1 << 34
         kw = {"calls": 4, "replays": 6} if big else {"calls": 16, "replays": 10}
         o = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
-        t: dict[str, float | None] = {}
-        for name, op in ops.items():
-            t[name] = timer(lambda op=op: op(x, w, out=o, path="overlap"), **kw)
-        t["plain"] = timer(lambda: ops["overlap"](x, w, out=o, path="plain"), **kw)
-        for c in (2, 4, 8):
-            t[f"chunked{c}"] = timer(lambda c=c: ops["overlap"](x, w, out=o, path="chunked", chunks=c), **kw)
+        t: dict[str, float | None] = {"overlap": timer(lambda: op(x, w, out=o, path="overlap"), **kw),
+                                      "plain": timer(lambda: op(x, w, out=o, path="plain"), **kw)}
+        for c, p in mine:
+            t[label(c, p)] = timer(lambda c=c, p=p: op(x, w, out=o, path="chunked", chunks=c, side_programs=p),
+                                   **kw)
         t["gemm_only"] = timer(lambda: torch.matmul(x, w.t(), out=o), **kw)
 
         def base() -> None:
@@ -150,14 +154,14 @@ def _gemm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
             dist.all_reduce(o, group=ctx.group)
         t["base"] = timer(base, **kw)
         v = _max_over_ranks(ctx, t)
-        paths = ("plain", "chunked2", "chunked4", "chunked8", *configs)
-        best = min(paths, key=lambda p: v[p] or math.inf)
+        paths = ["plain", *(label(c, p) for c, p in mine), "overlap"]
+        best = min(paths, key=lambda q: v[q] or math.inf)
         rows.append({"op": "gemm_allreduce", "shape": [m, k, n], "dtype": "bf16", "best_path": best,
-                     "tritoncomm_us": v[best], "baseline_us": v["base"], "baseline": "torch.matmul + NCCL all_reduce",
-                     **{f"{p}_us": v[p] for p in (*paths, "gemm_only")},
+                     "selected_path": op.select(m), "tritoncomm_us": v[best], "baseline_us": v["base"],
+                     "baseline": "torch.matmul + NCCL all_reduce",
+                     **{f"{q}_us": v[q] for q in (*paths, "gemm_only")},
                      "speedup": v["base"] / v[best], "correct": _all_true(ctx, ok)})
-    for op in ops.values():
-        op.close()
+    op.close()
     ar.close()
     return rows
 
@@ -196,9 +200,10 @@ def _decoder_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer)
     for op, b, t, ctx_len in cases:
         g = torch.Generator(device=dev).manual_seed(b * 7 + t)
         x0 = torch.randn(b, t, h, device=dev, generator=g).to(torch.bfloat16)
-        pasts = [(torch.randn(b, kvl, ctx_len, d, device=dev, generator=g).to(torch.bfloat16),
-                  torch.randn(b, kvl, ctx_len, d, device=dev, generator=g).to(torch.bfloat16))
-                 for _ in range(sh["layers"])] if ctx_len else [None] * sh["layers"]
+        # a decode step's cache: ctx_len past tokens plus the slot the step writes its own K/V into
+        caches = [(torch.randn(b, kvl, ctx_len + 1, d, device=dev, generator=g).to(torch.bfloat16),
+                   torch.randn(b, kvl, ctx_len + 1, d, device=dev, generator=g).to(torch.bfloat16))
+                  for _ in range(sh["layers"])] if ctx_len else [None] * sh["layers"]
         res, outs, times = {}, {}, {}
         for name, layers in models.items():
             residual = torch.zeros_like(x0)
@@ -206,8 +211,8 @@ def _decoder_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer)
             def step(layers=layers, residual=residual) -> torch.Tensor:
                 residual.zero_()
                 p = x0
-                for layer, past in zip(layers, pasts, strict=True):
-                    p = layer(p, residual, past)
+                for layer, cache in zip(layers, caches, strict=True):
+                    p = layer(p, residual, cache)
                 return p
 
             with torch.no_grad():
@@ -297,8 +302,8 @@ def format_layers(rep: dict[str, Any]) -> str:
         if "ratio_to_bare" in r:
             extra = f" bare_ar={r['bare_allreduce_us']:.1f}us ratio_to_bare={r['ratio_to_bare']:.2f} [{r['variant']}]"
         elif "best_path" in r:
-            extra = (f" [{r['best_path']}] overlap={r['overlap_us']:.1f} chunked4={r['chunked4_us']:.1f} "
-                     f"plain={r['plain_us']:.1f} gemm_only={r['gemm_only_us']:.1f}")
+            extra = (f" [{r['best_path']}] overlap={r['overlap_us']:.1f} plain={r['plain_us']:.1f} "
+                     f"gemm_only={r['gemm_only_us']:.1f}")
         elif "tritoncomm_tok_s" in r:
             extra = f" tok/s {r['tritoncomm_tok_s']:.0f} vs {r['baseline_tok_s']:.0f}"
         lines.append(f"  {r['op']:22s} {shape!s:42s} tritoncomm {r['tritoncomm_us']:9.1f} us  baseline "

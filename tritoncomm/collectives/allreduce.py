@@ -17,7 +17,7 @@ from .allreduce_oneshot import oneshot_allreduce_kernel
 from .allreduce_pipelined import pipelined_allreduce_kernel
 from .allreduce_twoshot import twoshot_allreduce_kernel
 from .common import CollectiveBase, round_up
-from .tuning import SelectionTable
+from .tuning import Choice, SelectionTable
 from .validation import DTYPE_NAMES, check_reduce_args
 
 __all__ = ["ALGORITHMS", "LL_MAX_BYTES", "AllReduce"]
@@ -102,8 +102,12 @@ class AllReduce(CollectiveBase):
         return self.table.lookup(self.op, self.world, DTYPE_NAMES[dtype], nbytes).algo
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, *, op: str = "sum",
-                 algo: str | None = None) -> torch.Tensor:
-        """Return the sum of ``x`` over all ranks, in ``out`` if given (``out=x``: in place)."""
+                 algo: str | None = None, programs: int | None = None) -> torch.Tensor:
+        """Return the sum of ``x`` over all ranks, in ``out`` if given (``out=x``: in place).
+
+        ``algo`` forces an algorithm set up here; ``programs`` caps the active programs (every rank
+        must pass the same), e.g. to leave SMs to a kernel running alongside (``GemmAllReduce``'s
+        chunked path)."""
         comm = self.comm
         limit = self.max_bytes if self.fallback_group is None else 1 << 62
         check_reduce_args(x, out, op, comm.device, limit, "all_reduce")
@@ -112,6 +116,8 @@ class AllReduce(CollectiveBase):
             raise InvalidInputError(f"all_reduce: algorithm {algo!r} is not set up here (have {self.algorithms})")
         if algo is not None and nbytes > self.capacity[algo]:
             raise InvalidInputError(f"all_reduce: {nbytes} bytes exceed {algo}'s capacity {self.capacity[algo]}")
+        if programs is not None and (not isinstance(programs, int) or programs < 1):
+            raise InvalidInputError(f"all_reduce: programs must be a positive int, got {programs!r}")
         comm.check()
         if out is None:
             out = torch.empty_like(x)
@@ -133,6 +139,8 @@ class AllReduce(CollectiveBase):
                     raise InvalidInputError(f"all_reduce: no algorithm of this instance serves {nbytes} bytes "
                                             f"(capacities {self.capacity})")
         c = self._choice(algo, dtype, nbytes)
+        if programs is not None and programs < c.programs:
+            c = Choice(c.algo, programs, c.block, c.num_warps)
         x_heap = out_heap = False
         x_off = out_off = 0
         if c.algo == "twoshot":  # symmetric tensors (Communicator.empty): read/write peers' directly
@@ -144,7 +152,7 @@ class AllReduce(CollectiveBase):
             x_heap = xo is not None and xo % 16 == 0 and not out_heap
             x_off, out_off = (xo or 0) if x_heap else 0, (oo or 0) if out_heap else 0
         # debug mode also compares the zero-copy choice and the symmetric tensors' offsets
-        self._debug_check(x.dtype, x.numel(), c.algo, (x_heap, x_off, out_heap, out_off))
+        self._debug_check(x.dtype, x.numel(), c.algo, (x_heap, x_off, out_heap, out_off, c.programs))
         ch = self._channels[c.algo]
         bases, rank, world, timeout, diag = comm.kernel_args()
         grid = (self._grids[c.algo],)

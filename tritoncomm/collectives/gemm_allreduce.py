@@ -5,9 +5,14 @@ Three paths, chosen by the number of tokens (rows of ``x``):
 * ``"overlap"``: one persistent Triton kernel (``gemm_overlap``) whose reducer programs pull and
   sum finished output tiles from every rank while its worker programs compute the next ones;
 * ``"chunked"``: the rows in ``chunks`` slices; cuBLAS computes slice i+1 on the caller's stream
-  while tritoncomm's ``AllReduce`` reduces slice i on a side stream (an event per slice orders
-  them; capturable in CUDA graphs as a fork and join);
+  while tritoncomm's ``AllReduce`` reduces slice i on a high-priority side stream with at most
+  ``side_programs`` programs, so the GEMM keeps most SMs (an event per slice orders them;
+  capturable in CUDA graphs as a fork and join);
 * ``"plain"``: ``torch.matmul`` (cuBLAS on GPUs), then tritoncomm's ``AllReduce``.
+
+The plain and chunked paths write the GEMM's output into a symmetric staging tensor in the heap
+(``Communicator.empty``), so the all-reduce reads peers' products in place instead of copying them
+in first.
 
 The plain path serves decode-sized inputs, where there is too little compute to hide anything
 behind; ``select`` picks by rows with thresholds measured on H200 (``benchmarks/NOTES.md``), and
@@ -76,17 +81,20 @@ class GemmAllReduce:
             never; it measured slower than cuBLAS + all-reduce on H200).
         chunked_min_tokens, chunks: inputs with at least this many rows take the chunked path, in
             this many row slices (measured on H200: from 4096 rows, 2 slices).
+        side_programs: the most programs a slice's all-reduce may use in the chunked path (None:
+            the table's shape): fewer leave more SMs to the GEMM it overlaps.
         config: the overlapped kernel's launch shape (default: per backend).
         allreduce: an ``AllReduce`` for the plain path (default: one of its own, sized for the
             largest output).
 
-    Workspace: ``2 x max_tokens x N`` elements of tiles plus one flag row per tile. Collective to
-    create and close; one instance per stream.
+    Workspace: ``3 x max_tokens x N`` elements (the staging tensor and two tile buffers) plus one
+    flag row per tile. Collective to create and close; one instance per stream.
     """
 
     def __init__(self, comm: Communicator, max_tokens: int, n: int, *, overlap_min_tokens: int | None = None,
-                 chunked_min_tokens: int = 4096, chunks: int = 2, config: GemmConfig | None = None,
-                 allreduce: AllReduce | None = None, name: str = "gemm_allreduce") -> None:
+                 chunked_min_tokens: int = 4096, chunks: int = 2, side_programs: int | None = None,
+                 config: GemmConfig | None = None, allreduce: AllReduce | None = None,
+                 name: str = "gemm_allreduce") -> None:
         if max_tokens <= 0 or n <= 0:
             raise InvalidInputError(f"max_tokens and n must be positive, got {max_tokens}, {n}")
         self.comm, self.max_tokens, self.n = comm, max_tokens, n
@@ -94,7 +102,11 @@ class GemmAllReduce:
         self.chunked_min_tokens, self.chunks = chunked_min_tokens, chunks
         if not 1 <= chunks <= MAX_CHUNKS:
             raise InvalidInputError(f"chunks must be in 1..{MAX_CHUNKS}, got {chunks}")
-        self._side = torch.cuda.Stream(comm.device) if comm.backend == "cuda" else None
+        if side_programs is not None and side_programs < 1:
+            raise InvalidInputError(f"side_programs must be positive, got {side_programs}")
+        self.side_programs = side_programs
+        # high priority: a slice's reduction takes SMs as the GEMM's blocks retire, not after them
+        self._side = torch.cuda.Stream(comm.device, priority=-1) if comm.backend == "cuda" else None
         self._events = [torch.cuda.Event() for _ in range(MAX_CHUNKS)] if comm.backend == "cuda" else []
         self.cfg = config or GemmConfig.for_backend(comm.backend)
         self._own_ar = allreduce is None
@@ -102,10 +114,14 @@ class GemmAllReduce:
         c = self.cfg
         max_tiles = -(-max_tokens // c.bm) * -(-n // c.bn)
         self._slot_bytes = round_up(max_tokens * n * 2, 256)
+        self._stage: torch.Tensor | None = None
         try:
             self.channel = Channel(comm, name, programs=c.workers + c.reducers, barrier_slots=max_tiles,
                                    buffer_bytes=2 * self._slot_bytes)
+            self._stage = comm.empty(max_tokens * n * 2, torch.uint8)  # the GEMM's output, symmetric
         except BaseException:
+            if getattr(self, "channel", None) is not None:
+                self.channel.close()
             if self._own_ar:
                 self.allreduce.close()
             raise
@@ -113,36 +129,48 @@ class GemmAllReduce:
 
     @property
     def workspace_bytes(self) -> int:
-        return self.channel.heap_bytes + (self.allreduce.workspace_bytes if self._own_ar else 0)
+        own = self.channel.heap_bytes + self.max_tokens * self.n * 2
+        return own + (self.allreduce.workspace_bytes if self._own_ar else 0)
+
+    def _staged(self, m: int, dtype: torch.dtype) -> torch.Tensor:
+        """The first ``m`` rows of the symmetric staging tensor, as ``dtype``."""
+        assert self._stage is not None
+        return self._stage[:m * self.n * 2].view(dtype).view(m, self.n)
 
     def select(self, tokens: int) -> str:
         if self.overlap_min_tokens is not None and tokens >= self.overlap_min_tokens:
             return "overlap"
         return "chunked" if tokens >= self.chunked_min_tokens else "plain"
 
-    def _chunked(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, chunks: int) -> torch.Tensor:
+    def _chunked(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, chunks: int,
+                 progs: int | None) -> torch.Tensor:
         m = x.shape[0]
         step = -(-m // chunks)
+        stage = self._staged(m, x.dtype)
         if self._side is None:  # CPU world: the same slices, one after another
             for lo in range(0, m, step):
-                torch.matmul(x[lo:lo + step], w.t(), out=out[lo:lo + step])
-                self.allreduce(out[lo:lo + step], out=out[lo:lo + step])
+                torch.matmul(x[lo:lo + step], w.t(), out=stage[lo:lo + step])
+                self.allreduce(stage[lo:lo + step], out=out[lo:lo + step], programs=progs)
             return out
         main = torch.cuda.current_stream(self.comm.device)
         self._side.wait_stream(main)  # the slices' reductions come after everything before this call
         for i, lo in enumerate(range(0, m, step)):
-            torch.matmul(x[lo:lo + step], w.t(), out=out[lo:lo + step])
+            torch.matmul(x[lo:lo + step], w.t(), out=stage[lo:lo + step])
             self._events[i].record(main)
             self._side.wait_event(self._events[i])
             with torch.cuda.stream(self._side):
-                self.allreduce(out[lo:lo + step], out=out[lo:lo + step])
+                self.allreduce(stage[lo:lo + step], out=out[lo:lo + step], programs=progs)
+        # the next call's GEMM overwrites the staging tensor: after this call's reductions (whose
+        # barriers also mean every peer has finished reading this rank's slices)
         main.wait_stream(self._side)
         return out
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None,
-                 path: str | None = None, chunks: int | None = None) -> torch.Tensor:
+                 path: str | None = None, chunks: int | None = None,
+                 side_programs: int | None = None) -> torch.Tensor:
         """``all_reduce(x @ w.T)`` into ``out`` (new if None), by ``path`` (default: ``select``);
-        ``chunks`` overrides the chunked path's slice count."""
+        ``chunks`` and ``side_programs`` override the chunked path's slice count and program cap
+        (every rank must pass the same)."""
         what = "gemm + all_reduce"
         check_input(x, self.comm.device, what)
         check_input(w, self.comm.device, what + " (weight)")
@@ -163,13 +191,20 @@ class GemmAllReduce:
             raise InvalidInputError(f"{what}: out must be a contiguous ({m}, {self.n}) {x.dtype} tensor")
         path = path or self.select(m)
         if path == "chunked" and m > 0 and k > 0:
-            c = chunks or self.chunks
+            c = chunks if chunks is not None else self.chunks
             if not 1 <= c <= MAX_CHUNKS:
                 raise InvalidInputError(f"{what}: chunks must be in 1..{MAX_CHUNKS}, got {c}")
-            return self._chunked(x, w, out, c)
-        if path == "plain" or path == "chunked" or m == 0 or k == 0:
+            progs = side_programs if side_programs is not None else self.side_programs
+            if progs is not None and progs < 1:
+                raise InvalidInputError(f"{what}: side_programs must be positive, got {progs}")
+            return self._chunked(x, w, out, c, progs)
+        if m == 0 or k == 0:
             torch.matmul(x, w.t(), out=out)
             return self.allreduce(out, out=out)
+        if path == "plain" or path == "chunked":
+            stage = self._staged(m, x.dtype)
+            torch.matmul(x, w.t(), out=stage)
+            return self.allreduce(stage, out=out)
         self.comm.check()
         if self.comm.debug:  # op, dtype, element count and the (M, K) shape must agree
             self.comm.debug_check(_OP_CODES["gemm_allreduce"], _DTYPE_CODES[x.dtype], m * self.n, k)
@@ -184,6 +219,9 @@ class GemmAllReduce:
 
     def close(self) -> None:
         """Collective: return the workspace to the heap."""
+        if self._stage is not None:
+            self.comm.free(self._stage)
+            self._stage = None
         self.channel.close()
         if self._own_ar:
             self.allreduce.close()

@@ -18,6 +18,7 @@ from .tp import (
     ColumnParallelLinear,
     FusedAddRMSNorm,
     LlamaDecoderLayer,
+    MergedColumnParallelLinear,
     RowParallelLinear,
     TorchReducer,
     TritonCommReducer,
@@ -25,7 +26,8 @@ from .tp import (
 )
 
 __all__ = [
-    "ColumnParallelLinear", "FusedAddRMSNorm", "LlamaDecoderLayer", "RowParallelLinear", "TorchReducer",
+    "ColumnParallelLinear", "FusedAddRMSNorm", "LlamaDecoderLayer", "MergedColumnParallelLinear", "RowParallelLinear",
+    "TorchReducer",
     "TritonCommReducer", "VocabParallelEmbedding",
     "GroupCollectives", "HierarchicalAllReduce", "NodeGroups", "Registry", "SGLangCustomAllreduce",
     "TritonCommCustomAllreduce", "Verdict", "all_gather_into_tensor", "all_reduce", "default_registry", "node_groups",

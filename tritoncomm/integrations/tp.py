@@ -12,6 +12,7 @@ single-process model with the full weights is the reference.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -21,8 +22,8 @@ from torch import nn
 from ..channels import Communicator
 from ..collectives import AllReduce, FusedAllReduceAddRMSNorm
 
-__all__ = ["ColumnParallelLinear", "FusedAddRMSNorm", "LlamaDecoderLayer", "Reducer", "RowParallelLinear",
-           "TorchReducer", "TritonCommReducer", "VocabParallelEmbedding", "rms_norm"]
+__all__ = ["ColumnParallelLinear", "FusedAddRMSNorm", "LlamaDecoderLayer", "MergedColumnParallelLinear", "Reducer",
+           "RowParallelLinear", "TorchReducer", "TritonCommReducer", "VocabParallelEmbedding", "rms_norm"]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -102,6 +103,24 @@ class ColumnParallelLinear(nn.Module):
         return F.linear(x, self.weight)
 
 
+class MergedColumnParallelLinear(nn.Module):
+    """Several column-parallel linears that share their input, as one GEMM (Q/K/V, or gate/up).
+
+    Each full weight's rows are split over ranks as ``ColumnParallelLinear`` splits them; this
+    rank's shards are stacked into one weight, and ``forward`` returns the per-weight outputs (views
+    of one product) in order. Same results as separate linears; one weight read and one launch.
+    """
+
+    def __init__(self, full_weights: Sequence[torch.Tensor], reducer: Reducer) -> None:
+        super().__init__()
+        shards = [_shard(w, 0, reducer.rank, reducer.world) for w in full_weights]
+        self.sizes = [s.shape[0] for s in shards]
+        self.weight = nn.Parameter(torch.cat(shards), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return F.linear(x, self.weight).split(self.sizes, dim=-1)
+
+
 class RowParallelLinear(nn.Module):
     """``y = x @ W.T`` with ``W``'s columns (input features) split; ``reduce=True`` sums the partial
     products over ranks, ``reduce=False`` returns the partial product for a fused reduction."""
@@ -149,8 +168,11 @@ class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention (GQA, causal) + SwiGLU MLP, tensor-parallel over heads and intermediate.
 
     ``forward(partial, residual)`` takes the previous layer's partial output and the residual
-    stream (updated in place) and returns this layer's partial output. No rotary embedding: the
-    layer exists to exercise the communication pattern, not to reproduce a checkpoint.
+    stream (updated in place) and returns this layer's partial output. Q/K/V and gate/up are one
+    GEMM each (``MergedColumnParallelLinear``), and a decode step attends to its KV cache in place
+    (no copy of the cache per step), as engines do, so the step's time is the weights' reads and the
+    reductions rather than avoidable copies. No rotary embedding: the layer exists to exercise the
+    communication pattern, not to reproduce a checkpoint.
     """
 
     def __init__(self, weights: dict[str, torch.Tensor], n_heads: int, n_kv_heads: int, reducer: Reducer,
@@ -163,32 +185,42 @@ class LlamaDecoderLayer(nn.Module):
         self.head_dim = weights["wq"].shape[0] // n_heads
         self.input_norm = FusedAddRMSNorm(weights["input_norm"], reducer, eps)
         self.post_norm = FusedAddRMSNorm(weights["post_norm"], reducer, eps)
-        self.wq = ColumnParallelLinear(weights["wq"], reducer)
-        self.wk = ColumnParallelLinear(weights["wk"], reducer)
-        self.wv = ColumnParallelLinear(weights["wv"], reducer)
+        self.qkv = MergedColumnParallelLinear([weights["wq"], weights["wk"], weights["wv"]], reducer)
         self.wo = RowParallelLinear(weights["wo"], reducer, reduce=False)
-        self.gate = ColumnParallelLinear(weights["gate"], reducer)
-        self.up = ColumnParallelLinear(weights["up"], reducer)
+        self.gate_up = MergedColumnParallelLinear([weights["gate"], weights["up"]], reducer)
         self.down = RowParallelLinear(weights["down"], reducer, reduce=False)
 
-    def attention(self, h: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def attention(self, h: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         b, t, _ = h.shape
-        q = self.wq(h).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.wk(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        if past is not None:  # decode: one new token per sequence attends to the cache and itself
-            if t != 1:
-                raise ValueError(f"a KV cache serves decode steps (one new token per sequence), got {t} tokens")
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-        rep = self.heads // self.kv_heads
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=past is None, scale=1 / math.sqrt(self.head_dim))
-        return self.wo(a.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        d, kvh, rep = self.head_dim, self.kv_heads, self.heads // self.kv_heads
+        q, k, v = self.qkv(h)
+        q = q.view(b, t, self.heads, d).transpose(1, 2)
+        k = k.view(b, t, kvh, d).transpose(1, 2)
+        v = v.view(b, t, kvh, d).transpose(1, 2)
+        scale = 1 / math.sqrt(d)
+        if cache is None:  # prefill: causal over the t tokens; query head j reads KV head j // rep
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+            return self.wo(a.transpose(1, 2).reshape(b, t, self.heads * d))
+        if t != 1:
+            raise ValueError(f"a KV cache serves decode steps (one new token per sequence), got {t} tokens")
+        kc, vc = cache
+        if kc.shape != vc.shape or kc.shape[:2] != (b, kvh) or kc.shape[3] != d or kc.shape[2] < 1:
+            raise ValueError(f"KV cache of shape {tuple(kc.shape)}/{tuple(vc.shape)} does not fit "
+                             f"(batch {b}, {kvh} local KV heads, context + 1, head_dim {d})")
+        kc[:, :, -1:].copy_(k)  # this step's slot
+        vc[:, :, -1:].copy_(v)
+        # GQA without copying the cache: the rep query heads of KV head g are its rows of queries
+        a = F.scaled_dot_product_attention(q.reshape(b, kvh, rep, d), kc, vc, scale=scale)
+        return self.wo(a.reshape(b, 1, self.heads * d))
 
     def forward(self, partial: torch.Tensor, residual: torch.Tensor,
-                past: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """``past``: this rank's KV cache ``(k, v)``, each (batch, local KV heads, context, head_dim),
-        read only (the new token's K/V are not appended: a fixed-shape step for benchmarks)."""
+                cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """``cache``: this rank's KV cache ``(k, v)`` for a decode step, each (batch, local KV heads,
+        context + 1, head_dim): the layer writes the new token's K/V into the last position and
+        attends over all of it (engines' write-then-attend; a fixed shape, so a step replays in a
+        CUDA graph). Without it: prefill, causal over the input's tokens."""
         h = self.input_norm(partial, residual)
-        h = self.post_norm(self.attention(h, past), residual)
-        return self.down(F.silu(self.gate(h)) * self.up(h))
+        h = self.post_norm(self.attention(h, cache), residual)
+        g, u = self.gate_up(h)
+        return self.down(F.silu(g) * u)

@@ -208,7 +208,7 @@ def test_fused_ll_and_twoshot_compile():
     assert "membar" not in ptx
     sig = dict(FUSED_SIG, flags_off="i64", epochs_off="i64", rs_off="i64", ag_off="i64", rstd_off="i64",
                slot_bytes="i64", rstd_slot="i64", xch_off="i64")
-    o = ops(compile_ptx(twoshot_allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "CH": 1, "BLOCK_C": 8192,
+    o = ops(compile_ptx(twoshot_allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "CH": 1, "BLOCK_C": 2048,
                                                                     "GEMMA": False, "FP8": False},
                         FUSED_ALIGNED | {"flags_off", "epochs_off", "rs_off", "ag_off", "rstd_off", "slot_bytes",
                                          "rstd_slot", "xch_off"}, 8))

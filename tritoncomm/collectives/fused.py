@@ -29,9 +29,11 @@ MAX_HIDDEN = 16384
 #: Most chunks a row is cut into (GPUs only; a power of two that divides every variant's grid).
 MAX_CHUNKS = 16
 FUSED_ALGOS = ("ll", "oneshot", "twoshot")
-#: The two-shot's chunks are at most this many columns (GPUs), so its 2-D accesses (W rows of a
-#: chunk) stay in registers.
+#: The two-shot walks a chunk in column blocks of at most this many columns (GPUs), so its 2-D
+#: accesses (a block of W rows) stay in registers; the CPU world uses smaller blocks so that its
+#: tests walk several.
 TWOSHOT_MAX_COLS = 2048
+TWOSHOT_MAX_COLS_CPU = 1024
 _FROM_TABLE = {"ll": "ll", "oneshot": "oneshot", "twoshot": "twoshot", "pipelined": "twoshot"}
 
 #: Variant by bytes (``tokens x hidden x 2``), per world size, measured on H200 (hidden 8192, every
@@ -120,16 +122,15 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
                               buffer_bytes=self._xch["twoshot"] + xch)
         comm.bootstrap.barrier()
 
-    def chunks(self, tokens: int, hidden: int, max_cols: int | None = None) -> tuple[int, int]:
+    def chunks(self, tokens: int, hidden: int) -> tuple[int, int]:
         """``(CH, CW)`` for ``tokens`` rows per program group (all rows; a shard's for the two-shot):
         chunks per row and columns per chunk, the same on every rank: enough items to spread a few
-        rows over the programs, chunks of at least 512 columns, and (where rows may be cut) at most
-        ``max_cols`` columns, ``CW`` a multiple of 16. (Cutting rows changes how the sum of squares
-        is grouped, so the variants agree bit for bit only when they cut rows alike, as always in
-        the CPU world.)"""
+        rows over the programs, chunks of at least 512 columns, ``CW`` a multiple of 16. (Cutting
+        rows, and the two-shot's column blocks, change how the sum of squares is grouped, so the
+        variants agree bit for bit only where they group alike: in the CPU world, rows of at most
+        ``TWOSHOT_MAX_COLS_CPU`` columns.)"""
         ch = 1
-        while ch < self.max_chunks and ((tokens * ch * 2 <= 64 and hidden // (2 * ch) >= 512) or
-                                        (max_cols is not None and hidden > ch * max_cols)):
+        while ch < self.max_chunks and tokens * ch * 2 <= 64 and hidden // (2 * ch) >= 512:
             ch *= 2
         return ch, round_up(-(-hidden // ch), 16)
 
@@ -198,9 +199,11 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
         grid = (self._grids[algo],)
         scale = fp8_scale if fp8_scale is not None else weight  # any pointer when unused; no copy
         fp8 = fp8_scale is not None
-        # the two-shot moves row r of every shard as one 2-D access: chunks of at most 2048 columns
-        ch, cw = self.chunks(-(-t // world), h, TWOSHOT_MAX_COLS) if algo == "twoshot" else self.chunks(t, h)
+        # the two-shot's rows: a shard's (R = ceil(t / world)); it walks chunks in column blocks
+        ch, cw = self.chunks(-(-t // world), h) if algo == "twoshot" else self.chunks(t, h)
         block = triton.next_power_of_2(cw)
+        if algo == "twoshot":
+            block = min(block, TWOSHOT_MAX_COLS if self.comm.backend == "cuda" else TWOSHOT_MAX_COLS_CPU)
         ch_ = self._channels[algo]
         xch_off = ch_.buffer_off + self._xch[algo]
         common = (x, residual, residual_out, weight, out, scale, t, h, cw, self.eps, bases, rank, timeout, diag)

@@ -36,7 +36,8 @@ import triton.language as tl
 
 from ..kernels import barrier, copy_block, epoch_commit, heap_ptr, ll8_poll, ll8_store, program_epoch, round_to
 
-__all__ = ["add_residual", "allreduce_add_rmsnorm_kernel", "chunk_cols", "load_chunk", "row_rstd", "store_norm",
+__all__ = ["add_residual", "allreduce_add_rmsnorm_kernel", "chunk_cols", "load_chunk", "row_rstd",
+           "row_rstd_from_partial", "store_norm",
            "work_item"]
 
 
@@ -75,7 +76,17 @@ def add_residual(acc, res, res_out_ptr, row, H, cols, cmask):
 
 @triton.jit
 def row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH: tl.constexpr):
-    """``1 / sqrt(mean(row^2) + eps)`` for the whole row, given this chunk's rounded residual.
+    """``1 / sqrt(mean(row^2) + eps)`` for the whole row, given this chunk's rounded residual
+    (``row_rstd_from_partial`` of its sum of squares)."""
+    v = resid.to(tl.float32)
+    return row_rstd_from_partial(tl.sum(v * v, axis=0), row, c, H, eps, bases, rank, xch_off, e, timeout, diag,
+                                 CH)
+
+
+@triton.jit
+def row_rstd_from_partial(part, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH: tl.constexpr):
+    """``1 / sqrt(mean(row^2) + eps)`` for the whole row, given ``part``, chunk ``c``'s fp32 sum of
+    squares of its rounded residual.
 
     With ``CH > 1`` the chunks of the row exchange partial sums through this rank's heap at
     ``xch_off``: one LL8 packet per (row, chunk), the fp32 partial as its data word and the launch
@@ -84,8 +95,6 @@ def row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH: 
     the row computes the same ``rstd``. Only the partials travel; no other write is published.
     Epochs only grow, so a stale packet never matches a later launch; a later launch rewrites a
     packet only after this kernel has ended (launches of one stream do not overlap)."""
-    v = resid.to(tl.float32)
-    part = tl.sum(v * v, axis=0)
     if CH == 1:
         total = part
     else:

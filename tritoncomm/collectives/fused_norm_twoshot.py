@@ -14,8 +14,15 @@ are (row of a shard, chunk) pairs as in ``fused_norm``.
 4. Second barrier; every rank copies the other shards' new residual chunks and normalises them
    with the owner's ``rstd``: the same bits on every rank.
 
-Steps 1 and 4 touch row ``r`` of every shard as one 2-D access (a row per shard), every load
-issued before the first store, as in ``allreduce_twoshot``.
+A chunk (``CW`` columns) is walked in column blocks of ``BLOCK_C`` (at most ``TWOSHOT_MAX_COLS``
+on GPUs), so a whole row can be one chunk without a register tile of the whole row. Steps 1 and 4
+touch a block of row ``r`` of every shard as one 2-D access (a row per shard), every load issued
+before the first store, as in ``allreduce_twoshot``. Step 3 takes two passes over its blocks: the
+first sums, adds and stores the new residual (and pushes it) while it accumulates the sum of
+squares; the second reads the stored residual back (this program's own writes) and normalises.
+Rows are cut into several chunks only when there are too few rows to keep the programs busy: every
+cut row costs an exchange of partial sums between programs (an L2 round trip per row), which at
+prefill sizes (hundreds of rows per program) added up to more than the all-reduce saves.
 
 As in ``allreduce_twoshot``, no buffer needs a parity copy. Over NVLink this moves what the bare
 two-shot moves (plus one float per row); the extra work is local (residual in and out, output).
@@ -27,9 +34,17 @@ import triton
 import triton.language as tl
 
 from ..kernels import barrier, epoch_commit, heap_ptr, program_epoch
-from .fused_norm import add_residual, chunk_cols, load_chunk, row_rstd, store_norm, work_item
+from .fused_norm import add_residual, load_chunk, row_rstd_from_partial, store_norm, work_item
 
-__all__ = ["twoshot_allreduce_add_rmsnorm_kernel"]
+__all__ = ["block_cols", "twoshot_allreduce_add_rmsnorm_kernel"]
+
+
+@triton.jit
+def block_cols(c, b, H, CW, BLOCK_C: tl.constexpr):
+    """Columns and mask of block ``b`` (``BLOCK_C`` wide) of chunk ``c`` (``CW`` columns)."""
+    j = b * BLOCK_C + tl.arange(0, BLOCK_C)
+    cols = c * CW + j
+    return cols, (j < CW) & (cols < H)
 
 
 @triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
@@ -46,53 +61,66 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     R = tl.cdiv(T, WORLD)
     iters = tl.cdiv(R * CH - pid, nprog)
+    nblk = tl.cdiv(CW, BLOCK_C)
     src = tl.arange(0, W2)  # a shard (its owner) per row of the 2-D accesses below
     others = (src != rank) & (src < WORLD)
     slot_elems = slot_bytes // (DTYPE.primitive_bitwidth // 8)
     for i in range(0, iters):  # 1. reduce-scatter push: chunk c of row r of every other shard, to its owner
         r, c = work_item(pid, i, nprog, CH)
-        cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
         rows = src * R + r
-        m = (others & (rows < T))[:, None] & cmask[None, :]
-        v = tl.load(x_ptr + rows[:, None] * H + cols[None, :], mask=m)  # every load before the first store
         dst = heap_ptr(bases, tl.where(src < WORLD, src, rank), rs_off + rank * slot_bytes, DTYPE) + r * H
-        tl.store(dst[:, None] + cols[None, :], v, mask=m)
+        for b in range(0, nblk):
+            cols, cmask = block_cols(c, b, H, CW, BLOCK_C)
+            m = (others & (rows < T))[:, None] & cmask[None, :]
+            v = tl.load(x_ptr + rows[:, None] * H + cols[None, :], mask=m)  # every load before the first store
+            tl.store(dst[:, None] + cols[None, :], v, mask=m)
     barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     for i in range(0, iters):  # 2. my rows: reduce, add, normalise; push the new residual and rstd
         r, c = work_item(pid, i, nprog, CH)
         row = rank * R + r
         if row < T:
-            cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
-            res = load_chunk(res_ptr, row, H, cols, cmask)
-            w = load_chunk(w_ptr, 0, 0, cols, cmask)
-            acc = tl.zeros([BLOCK_C], dtype=tl.float32)
-            for s in tl.static_range(WORLD):
-                if s == rank:
-                    acc += tl.load(x_ptr + row * H + cols, mask=cmask, other=0.0).to(tl.float32)
-                else:
-                    src_s = heap_ptr(bases, rank, rs_off + s * slot_bytes, DTYPE) + r * H
-                    acc += tl.load(src_s + cols, mask=cmask, other=0.0).to(tl.float32)
-            resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask)
-            rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
-            store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8)
-            for s in tl.static_range(WORLD):
-                if s != rank:
-                    tl.store(heap_ptr(bases, s, ag_off + rank * slot_bytes, DTYPE) + r * H + cols, resid,
-                             mask=cmask)
-                    if c == 0:
+            part = 0.0
+            for b in range(0, nblk):  # pass 1: the new residual (stored, pushed) and its sum of squares
+                cols, cmask = block_cols(c, b, H, CW, BLOCK_C)
+                res = load_chunk(res_ptr, row, H, cols, cmask)
+                acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+                for s in tl.static_range(WORLD):
+                    if s == rank:
+                        acc += tl.load(x_ptr + row * H + cols, mask=cmask, other=0.0).to(tl.float32)
+                    else:
+                        src_s = heap_ptr(bases, rank, rs_off + s * slot_bytes, DTYPE) + r * H
+                        acc += tl.load(src_s + cols, mask=cmask, other=0.0).to(tl.float32)
+                resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask)
+                for s in tl.static_range(WORLD):
+                    if s != rank:
+                        tl.store(heap_ptr(bases, s, ag_off + rank * slot_bytes, DTYPE) + r * H + cols, resid,
+                                 mask=cmask)
+                v = resid.to(tl.float32)
+                part += tl.sum(v * v, axis=0)
+            rstd = row_rstd_from_partial(part, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
+            if c == 0:
+                for s in tl.static_range(WORLD):
+                    if s != rank:
                         tl.store(heap_ptr(bases, s, rstd_off + rank * rstd_slot, tl.float32) + r, rstd)
+            tl.debug_barrier()  # pass 2 reads what pass 1 stored (the same layout: the same threads)
+            for b in range(0, nblk):  # pass 2: normalise
+                cols, cmask = block_cols(c, b, H, CW, BLOCK_C)
+                resid = load_chunk(res_out_ptr, row, H, cols, cmask)
+                w = load_chunk(w_ptr, 0, 0, cols, cmask)
+                store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8)
     barrier(bases, rank, WORLD, flags_off, pid + nprog, e, timeout, diag)
     for i in range(0, iters):  # 3. the other shards' rows: take the new residual and rstd, normalise (2-D)
         r, c = work_item(pid, i, nprog, CH)
-        cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
-        w = load_chunk(w_ptr, 0, 0, cols, cmask)
         rows = src * R + r
         ok = others & (rows < T)
-        m = ok[:, None] & cmask[None, :]
         ag = heap_ptr(bases, rank, ag_off, DTYPE) + src * slot_elems + r * H
-        resid = tl.load(ag[:, None] + cols[None, :], mask=m)
         rstd = tl.load(heap_ptr(bases, rank, rstd_off, tl.float32) + src * (rstd_slot // 4) + r, mask=ok, other=0.0)
-        tl.store(res_out_ptr + rows[:, None] * H + cols[None, :], resid, mask=m)
-        store_norm(resid, rstd[:, None], rows[:, None], H, cols[None, :], m, w[None, :], out_ptr, scale_ptr, GEMMA,
-                   FP8)
+        for b in range(0, nblk):
+            cols, cmask = block_cols(c, b, H, CW, BLOCK_C)
+            w = load_chunk(w_ptr, 0, 0, cols, cmask)
+            m = ok[:, None] & cmask[None, :]
+            resid = tl.load(ag[:, None] + cols[None, :], mask=m)
+            tl.store(res_out_ptr + rows[:, None] * H + cols[None, :], resid, mask=m)
+            store_norm(resid, rstd[:, None], rows[:, None], H, cols[None, :], m, w[None, :], out_ptr, scale_ptr,
+                       GEMMA, FP8)
     epoch_commit(epoch_ptr, e)

@@ -37,8 +37,8 @@ __all__ = ["format_layers", "layers_rank"]
 
 def _shapes(cuda: bool, world: int) -> dict[str, Any]:
     if cuda:
-        return {"hidden": 8192, "tokens": [1, 8, 32, 128, 512], "k": 28672 // world, "n": 8192,
-                "gemm_m": [1, 16, 64, 512, 2048, 8192], "gemm_chunks": [2, 4, 8], "gemm_side_programs": [None, 32, 16],
+        return {"hidden": 8192, "tokens": [1, 8, 32, 128, 512, 2048], "k": 28672 // world, "n": 8192,
+                "gemm_m": [1, 16, 64, 512, 2048, 8192], "gemm_chunks": [2, 4], "gemm_side_programs": [None, 32, 16],
                 "gemm_chunk_min_m": 512, "heads": 64, "kv_heads": 8, "inter": 28672, "layers": 4,
                 "batches": [1, 4, 16, 64], "context": 1024, "prefill": 2048,
                 "hier_sizes": [8 << 10, 128 << 10, 1 << 20, 8 << 20, 32 << 20, 128 << 20]}
@@ -119,10 +119,13 @@ def _gemm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
     op = GemmAllReduce(comm, max(ms), n, config=GemmConfig.for_backend(comm.backend), allreduce=ar,
                        name="bench.gemm.op")
     # chunked path: slices x the program cap of the slices' all-reduce (None: the table's shape)
-    chunked = [(c, p) for c in sh["gemm_chunks"] for p in sh["gemm_side_programs"]]
+    # and, with a program cap, the GEMMs leaving as many SMs free (cuBLASLt carve-out) or not
+    cuda = comm.backend == "cuda"
+    chunked = [(c, p, cv) for c in sh["gemm_chunks"] for p in sh["gemm_side_programs"]
+               for cv in ((None, p) if p and cuda else (None,))]
 
-    def label(c: int, p: int | None) -> str:
-        return f"chunked{c}" + (f"_p{p}" if p else "")
+    def label(c: int, p: int | None, cv: int | None) -> str:
+        return f"chunked{c}" + (f"_p{p}" if p else "") + (f"_cv{cv}" if cv else "")
 
     w = (torch.randn(n, k, device=dev, generator=torch.Generator(device=dev).manual_seed(3 + ctx.rank)) /
          math.sqrt(k)).to(torch.bfloat16)
@@ -132,10 +135,10 @@ def _gemm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
         x = x.to(torch.bfloat16)
         ref = torch.matmul(x, w.t())
         dist.all_reduce(ref, group=ctx.group)
-        mine = [(c, p) for c, p in chunked if m >= sh["gemm_chunk_min_m"] and m >= c]
+        mine = [(c, p, cv) for c, p, cv in chunked if m >= sh["gemm_chunk_min_m"] and m >= c]
         outs = {"overlap": op(x, w, path="overlap"), "plain": op(x, w, path="plain")}
-        for c, p in mine:
-            outs[label(c, p)] = op(x, w, path="chunked", chunks=c, side_programs=p)
+        for c, p, cv in mine:
+            outs[label(c, p, cv)] = op(x, w, path="chunked", chunks=c, side_programs=p, sm_carveout=cv)
         scale = ref.float().abs().max().item()
         ok = all(bool(((o.float() - ref.float()).abs().max() / scale) < 2e-2) and _agree(ctx, o)
                  for o in outs.values())
@@ -144,9 +147,9 @@ def _gemm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
         o = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
         t: dict[str, float | None] = {"overlap": timer(lambda: op(x, w, out=o, path="overlap"), **kw),
                                       "plain": timer(lambda: op(x, w, out=o, path="plain"), **kw)}
-        for c, p in mine:
-            t[label(c, p)] = timer(lambda c=c, p=p: op(x, w, out=o, path="chunked", chunks=c, side_programs=p),
-                                   **kw)
+        for c, p, cv in mine:
+            t[label(c, p, cv)] = timer(lambda c=c, p=p, cv=cv: op(x, w, out=o, path="chunked", chunks=c,
+                                                                   side_programs=p, sm_carveout=cv), **kw)
         t["gemm_only"] = timer(lambda: torch.matmul(x, w.t(), out=o), **kw)
 
         def base() -> None:
@@ -154,7 +157,7 @@ def _gemm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
             dist.all_reduce(o, group=ctx.group)
         t["base"] = timer(base, **kw)
         v = _max_over_ranks(ctx, t)
-        paths = ["plain", *(label(c, p) for c, p in mine), "overlap"]
+        paths = ["plain", *(label(*v) for v in mine), "overlap"]
         best = min(paths, key=lambda q: v[q] or math.inf)
         rows.append({"op": "gemm_allreduce", "shape": [m, k, n], "dtype": "bf16", "best_path": best,
                      "selected_path": op.select(m), "tritoncomm_us": v[best], "baseline_us": v["base"],

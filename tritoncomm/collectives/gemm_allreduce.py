@@ -83,6 +83,10 @@ class GemmAllReduce:
             this many row slices (measured on H200: from 4096 rows, 2 slices).
         side_programs: the most programs a slice's all-reduce may use in the chunked path (None:
             the table's shape): fewer leave more SMs to the GEMM it overlaps.
+        sm_carveout: in the chunked path, ask cuBLASLt to leave this many SMs free for the slices'
+            all-reduces (torch's experimental SM carve-out, set around the GEMMs and restored;
+            None: cuBLAS as configured). A GEMM that fills every SM otherwise delays the reduction
+            it should overlap until it ends.
         config: the overlapped kernel's launch shape (default: per backend).
         allreduce: an ``AllReduce`` for the plain path (default: one of its own, sized for the
             largest output).
@@ -93,7 +97,7 @@ class GemmAllReduce:
 
     def __init__(self, comm: Communicator, max_tokens: int, n: int, *, overlap_min_tokens: int | None = None,
                  chunked_min_tokens: int = 4096, chunks: int = 2, side_programs: int | None = None,
-                 config: GemmConfig | None = None, allreduce: AllReduce | None = None,
+                 sm_carveout: int | None = None, config: GemmConfig | None = None, allreduce: AllReduce | None = None,
                  name: str = "gemm_allreduce") -> None:
         if max_tokens <= 0 or n <= 0:
             raise InvalidInputError(f"max_tokens and n must be positive, got {max_tokens}, {n}")
@@ -105,6 +109,7 @@ class GemmAllReduce:
         if side_programs is not None and side_programs < 1:
             raise InvalidInputError(f"side_programs must be positive, got {side_programs}")
         self.side_programs = side_programs
+        self.sm_carveout = self._check_carveout(sm_carveout, comm.backend)
         # high priority: a slice's reduction takes SMs as the GEMM's blocks retire, not after them
         self._side = torch.cuda.Stream(comm.device, priority=-1) if comm.backend == "cuda" else None
         self._events = [torch.cuda.Event() for _ in range(MAX_CHUNKS)] if comm.backend == "cuda" else []
@@ -142,8 +147,19 @@ class GemmAllReduce:
             return "overlap"
         return "chunked" if tokens >= self.chunked_min_tokens else "plain"
 
+    @staticmethod
+    def _check_carveout(sm_carveout: int | None, backend: str) -> int | None:
+        if sm_carveout is None or backend != "cuda":
+            return None
+        if not hasattr(torch._C, "_set_sm_carveout_experimental"):
+            raise InvalidInputError("sm_carveout: this torch has no SM carve-out for matmuls")
+        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        if not 0 < sm_carveout < sms:
+            raise InvalidInputError(f"sm_carveout must be in 1..{sms - 1}, got {sm_carveout}")
+        return sm_carveout
+
     def _chunked(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, chunks: int,
-                 progs: int | None) -> torch.Tensor:
+                 progs: int | None, carveout: int | None) -> torch.Tensor:
         m = x.shape[0]
         step = -(-m // chunks)
         stage = self._staged(m, x.dtype)
@@ -154,22 +170,32 @@ class GemmAllReduce:
             return out
         main = torch.cuda.current_stream(self.comm.device)
         self._side.wait_stream(main)  # the slices' reductions come after everything before this call
-        for i, lo in enumerate(range(0, m, step)):
-            torch.matmul(x[lo:lo + step], w.t(), out=stage[lo:lo + step])
-            self._events[i].record(main)
-            self._side.wait_event(self._events[i])
-            with torch.cuda.stream(self._side):
-                self.allreduce(stage[lo:lo + step], out=out[lo:lo + step], programs=progs)
+        saved = None
+        if carveout is not None:  # process-wide torch settings: set around the GEMMs, then restored
+            saved = (torch._C._get_sm_carveout_experimental(), torch.backends.cuda.preferred_blas_library())
+            torch.backends.cuda.preferred_blas_library("cublaslt")  # the carve-out is a cuBLASLt attribute
+            torch._C._set_sm_carveout_experimental(carveout)
+        try:
+            for i, lo in enumerate(range(0, m, step)):
+                torch.matmul(x[lo:lo + step], w.t(), out=stage[lo:lo + step])
+                self._events[i].record(main)
+                self._side.wait_event(self._events[i])
+                with torch.cuda.stream(self._side):
+                    self.allreduce(stage[lo:lo + step], out=out[lo:lo + step], programs=progs)
+        finally:
+            if saved is not None:
+                torch._C._set_sm_carveout_experimental(saved[0])
+                torch.backends.cuda.preferred_blas_library(saved[1])
         # the next call's GEMM overwrites the staging tensor: after this call's reductions (whose
         # barriers also mean every peer has finished reading this rank's slices)
         main.wait_stream(self._side)
         return out
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None,
-                 path: str | None = None, chunks: int | None = None,
-                 side_programs: int | None = None) -> torch.Tensor:
+                 path: str | None = None, chunks: int | None = None, side_programs: int | None = None,
+                 sm_carveout: int | None = None) -> torch.Tensor:
         """``all_reduce(x @ w.T)`` into ``out`` (new if None), by ``path`` (default: ``select``);
-        ``chunks`` and ``side_programs`` override the chunked path's slice count and program cap
+        ``chunks``, ``side_programs`` and ``sm_carveout`` override the chunked path's settings
         (every rank must pass the same)."""
         what = "gemm + all_reduce"
         check_input(x, self.comm.device, what)
@@ -197,7 +223,9 @@ class GemmAllReduce:
             progs = side_programs if side_programs is not None else self.side_programs
             if progs is not None and progs < 1:
                 raise InvalidInputError(f"{what}: side_programs must be positive, got {progs}")
-            return self._chunked(x, w, out, c, progs)
+            cv = self._check_carveout(sm_carveout, self.comm.backend) if sm_carveout is not None \
+                else self.sm_carveout
+            return self._chunked(x, w, out, c, progs, cv)
         if m == 0 or k == 0:
             torch.matmul(x, w.t(), out=out)
             return self.allreduce(out, out=out)

@@ -159,11 +159,15 @@ def _gemm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
         v = _max_over_ranks(ctx, t)
         paths = ["plain", *(label(*v) for v in mine), "overlap"]
         best = min(paths, key=lambda q: v[q] or math.inf)
-        rows.append({"op": "gemm_allreduce", "shape": [m, k, n], "dtype": "bf16", "best_path": best,
-                     "selected_path": op.select(m), "tritoncomm_us": v[best], "baseline_us": v["base"],
-                     "baseline": "torch.matmul + NCCL all_reduce",
-                     **{f"{q}_us": v[q] for q in (*paths, "gemm_only")},
-                     "speedup": v["base"] / v[best], "correct": _all_true(ctx, ok)})
+        # what the library runs by default: its selected path with its own chunked settings
+        sel = op.select(m)
+        chosen = label(op.chunks, op.side_programs, op.sm_carveout) if sel == "chunked" else sel
+        if chosen not in v:
+            raise RuntimeError(f"the selected path {chosen} was not timed; add it to the sweep")
+        rows.append({"op": "gemm_allreduce", "shape": [m, k, n], "dtype": "bf16", "path": chosen,
+                     "tritoncomm_us": v[chosen], "baseline_us": v["base"], "baseline": "torch.matmul + NCCL all_reduce",
+                     "best_path": best, **{f"{q}_us": v[q] for q in (*paths, "gemm_only")},
+                     "speedup": v["base"] / v[chosen], "correct": _all_true(ctx, ok)})
     op.close()
     ar.close()
     return rows
@@ -305,7 +309,7 @@ def format_layers(rep: dict[str, Any]) -> str:
         if "ratio_to_bare" in r:
             extra = f" bare_ar={r['bare_allreduce_us']:.1f}us ratio_to_bare={r['ratio_to_bare']:.2f} [{r['variant']}]"
         elif "best_path" in r:
-            extra = (f" [{r['best_path']}] overlap={r['overlap_us']:.1f} plain={r['plain_us']:.1f} "
+            extra = (f" [{r['path']}; best {r['best_path']}] overlap={r['overlap_us']:.1f} plain={r['plain_us']:.1f} "
                      f"gemm_only={r['gemm_only_us']:.1f}")
         elif "tritoncomm_tok_s" in r:
             extra = f" tok/s {r['tritoncomm_tok_s']:.0f} vs {r['baseline_tok_s']:.0f}"

@@ -131,26 +131,30 @@ def test_vllm_adapter_graph_replay_fresh_data(worlds, world):
         assert bad == []
 
 
-def _job_decoder_graph(ctx):
+def _job_decoder_graph(ctx, decode):
     comm = make_comm(ctx)
     red = TritonCommReducer(comm, max_tokens=64, hidden=H)
     layers = [LlamaDecoderLayer({k: v.to(ctx.device) for k, v in _weights(i).items()}, HEADS, KV, red).to(ctx.device)
               for i in range(LAYERS)]
-    x = torch.empty(2, 5, H, dtype=torch.bfloat16, device=ctx.device)
+    x = torch.empty(2, 1 if decode else 5, H, dtype=torch.bfloat16, device=ctx.device)
     residual = torch.empty_like(x)
+    g = torch.Generator().manual_seed(5 + ctx.rank)
+    # decode: each layer's cache (2 sequences, local KV heads, 6 past tokens + the step's slot)
+    caches = [tuple(torch.randn(2, KV // ctx.world, 7, H // HEADS, generator=g).to(torch.bfloat16).to(ctx.device)
+                    for _ in range(2)) if decode else None for _ in range(LAYERS)]
 
     def step():
         residual.zero_()
         p = x
-        for layer in layers:
-            p = layer(p, residual)
+        for layer, cache in zip(layers, caches, strict=True):
+            p = layer(p, residual, cache)
         return p
 
     bad = []
     with torch.no_grad():
         graph = _capture(step)
         for it in range(3):
-            x.copy_(torch.randn(2, 5, H, generator=torch.Generator().manual_seed(it)).to(torch.bfloat16))
+            x.copy_(torch.randn(*x.shape, generator=torch.Generator().manual_seed(it)).to(torch.bfloat16))
             graph.replay()
             torch.cuda.synchronize()
             replayed = residual.clone()
@@ -164,8 +168,10 @@ def _job_decoder_graph(ctx):
     return bad
 
 
-def test_tp_decoder_graph_replay_equals_eager(worlds):
-    for bad in worlds(2).run(_job_decoder_graph):
+@pytest.mark.parametrize("decode", [False, True])
+def test_tp_decoder_graph_replay_equals_eager(worlds, decode):
+    """Prefill, and a decode step over a KV cache (written in place), replay with fresh inputs."""
+    for bad in worlds(2).run(_job_decoder_graph, decode):
         assert bad == []
 
 

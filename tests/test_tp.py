@@ -55,6 +55,16 @@ def _reference(ids: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
     return (residual + partial).float()
 
 
+def _finish(ctx, comm, reducer, out, ref):
+    """(relative error against the reference, identical on every rank); releases the resources."""
+    err = ((out.float().cpu() - ref).abs().max() / ref.abs().max()).item()
+    same = same_on_all_ranks(ctx, out)
+    if isinstance(reducer, TritonCommReducer):
+        reducer.close()
+    comm.close()
+    return err, same
+
+
 def _job_decoder(ctx, which):
     comm = make_comm(ctx)
     # the default group: NCCL on GPUs, gloo in the CPU world
@@ -69,13 +79,7 @@ def _job_decoder(ctx, which):
         for layer in layers:
             partial = layer(partial, residual)
         out = residual + reducer.all_reduce(partial.contiguous())
-    ref = _reference(ids, emb_w)
-    err = ((out.float().cpu() - ref).abs().max() / ref.abs().max()).item()
-    same = same_on_all_ranks(ctx, out)
-    if which == "tritoncomm":
-        reducer.close()
-    comm.close()
-    return err, same
+    return _finish(ctx, comm, reducer, out, _reference(ids, emb_w))
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -133,13 +137,7 @@ def _job_decode_step(ctx, which):
         out = residual + reducer.all_reduce(partial.contiguous())
         with pytest.raises(ValueError, match="KV cache"):  # a cache of the wrong batch
             layers[0](partial, residual, tuple(c[:1] for c in caches[0]))
-    ref = _decode_reference(x0)
-    err = ((out.float().cpu() - ref).abs().max() / ref.abs().max()).item()
-    same = same_on_all_ranks(ctx, out)
-    if which == "tritoncomm":
-        reducer.close()
-    comm.close()
-    return err, same
+    return _finish(ctx, comm, reducer, out, _decode_reference(x0))
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -157,7 +157,7 @@ def _gemm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
             dist.all_reduce(o, group=ctx.group)
         t["base"] = timer(base, **kw)
         v = _max_over_ranks(ctx, t)
-        paths = ["plain", *(label(*v) for v in mine), "overlap"]
+        paths = ["plain", *(label(*spec) for spec in mine), "overlap"]
         best = min(paths, key=lambda q: v[q] or math.inf)
         # what the library runs by default: its selected path with its own chunked settings
         sel = op.select(m)

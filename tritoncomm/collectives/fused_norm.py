@@ -36,9 +36,8 @@ import triton.language as tl
 
 from ..kernels import barrier, copy_block, epoch_commit, heap_ptr, ll8_poll, ll8_store, program_epoch, round_to
 
-__all__ = ["add_residual", "allreduce_add_rmsnorm_kernel", "chunk_cols", "load_chunk", "row_rstd",
-           "row_rstd_from_partial", "store_norm",
-           "work_item"]
+__all__ = ["add_residual", "allreduce_add_rmsnorm_kernel", "block_cols", "chunk_cols", "load_chunk", "row_rstd",
+           "row_rstd_from_partial", "store_norm", "work_item"]
 
 
 @triton.jit
@@ -50,8 +49,15 @@ def work_item(pid, i, nprog, CH: tl.constexpr):
 
 @triton.jit
 def chunk_cols(c, H, CW, BLOCK_C: tl.constexpr):
-    """Column indices and mask of chunk ``c`` (``CW`` columns, the last one may be short or empty)."""
-    j = tl.arange(0, BLOCK_C)
+    """Column indices and mask of chunk ``c`` (``CW`` columns, the last one may be short or empty),
+    read as one block of ``BLOCK_C >= CW`` columns."""
+    return block_cols(c, 0, H, CW, BLOCK_C)
+
+
+@triton.jit
+def block_cols(c, b, H, CW, BLOCK_C: tl.constexpr):
+    """Column indices and mask of block ``b`` (``BLOCK_C`` wide) of chunk ``c`` (``CW`` columns)."""
+    j = b * BLOCK_C + tl.arange(0, BLOCK_C)
     cols = c * CW + j
     return cols, (j < CW) & (cols < H)
 

@@ -19,7 +19,8 @@ on GPUs), so a whole row can be one chunk without a register tile of the whole r
 touch a block of row ``r`` of every shard as one 2-D access (a row per shard), every load issued
 before the first store, as in ``allreduce_twoshot``. Step 3 takes two passes over its blocks: the
 first sums, adds and stores the new residual (and pushes it) while it accumulates the sum of
-squares; the second reads the stored residual back (this program's own writes) and normalises.
+squares; the second, after a CTA barrier, reads the stored residual back (this program's own
+writes, so no other ordering is needed) and normalises.
 Rows are cut into several chunks only when there are too few rows to keep the programs busy: every
 cut row costs an exchange of partial sums between programs (an L2 round trip per row), which at
 prefill sizes (hundreds of rows per program) added up to more than the all-reduce saves.
@@ -34,17 +35,9 @@ import triton
 import triton.language as tl
 
 from ..kernels import barrier, epoch_commit, heap_ptr, program_epoch
-from .fused_norm import add_residual, load_chunk, row_rstd_from_partial, store_norm, work_item
+from .fused_norm import add_residual, block_cols, load_chunk, row_rstd_from_partial, store_norm, work_item
 
-__all__ = ["block_cols", "twoshot_allreduce_add_rmsnorm_kernel"]
-
-
-@triton.jit
-def block_cols(c, b, H, CW, BLOCK_C: tl.constexpr):
-    """Columns and mask of block ``b`` (``BLOCK_C`` wide) of chunk ``c`` (``CW`` columns)."""
-    j = b * BLOCK_C + tl.arange(0, BLOCK_C)
-    cols = c * CW + j
-    return cols, (j < CW) & (cols < H)
+__all__ = ["twoshot_allreduce_add_rmsnorm_kernel"]
 
 
 @triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank

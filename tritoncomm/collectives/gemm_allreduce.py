@@ -12,7 +12,9 @@ Three paths, chosen by the number of tokens (rows of ``x``):
 
 The plain and chunked paths write the GEMM's output into a symmetric staging tensor in the heap
 (``Communicator.empty``), so the all-reduce reads peers' products in place instead of copying them
-in first.
+in first. The next call may overwrite it: only the two-shot reads peers' inputs, and it returns
+only after its second barrier, past every peer's reads (``allreduce_twoshot``); the other
+algorithms read their own input only. The chunked path joins its side stream before it returns.
 
 The plain path serves decode-sized inputs, where there is too little compute to hide anything
 behind; ``select`` picks by rows with thresholds measured on H200 (``benchmarks/NOTES.md``), and
@@ -83,13 +85,13 @@ class GemmAllReduce:
             this many row slices (measured on H200: from 4096 rows, 2 slices).
         side_programs: the most programs a slice's all-reduce may use in the chunked path (None:
             the table's shape; default 32 on GPUs): fewer leave more SMs to the GEMM it overlaps.
-            Measured on H200 at M = 8192 (TP4): 2 slices capped at 32 programs 1744 µs, uncapped
-            1811, plain 1943.
+            Measured on 4xH200 (2026-11-21) at M = 8192, TP4: 2 slices capped at 32 programs
+            1744 µs, uncapped 1811, plain 1943.
         sm_carveout: in the chunked path, ask cuBLASLt to leave this many SMs free for the slices'
             all-reduces (torch's experimental SM carve-out, set around the GEMMs and restored;
             None: cuBLAS as configured). A GEMM that fills every SM otherwise delays the reduction
-            it should overlap until it ends; on H200 the carve-out still measured slower (TP4
-            M = 8192: 1995 µs vs 1744 without), so it is off by default.
+            it should overlap until it ends; the carve-out still measured slower (4xH200, 2026-11-21,
+            TP4 M = 8192: 1995 µs vs 1744 without), so it is off by default.
         config: the overlapped kernel's launch shape (default: per backend).
         allreduce: an ``AllReduce`` for the plain path (default: one of its own, sized for the
             largest output).

@@ -178,18 +178,36 @@ def _job_hierarchical(ctx):
     groups = ti.node_groups(local_world=2)
     har = ti.HierarchicalAllReduce(groups, max_bytes=1 << 20, device=ctx.device)
     bad = []
-    for n in (1, 7, 1000, 4099):
-        x = torch.randn(n, generator=torch.Generator().manual_seed(n + ctx.rank)).to(ctx.device)
-        out = har(x)
-        ref = x.clone()
+    # 300000 float32 = 1.2 MB: past max_bytes, one NCCL/gloo all-reduce over every rank
+    for n, dtype, form in ((1, torch.float32, "new"), (7, torch.float32, "out"), (1000, torch.float32, "inplace"),
+                           (4099, torch.bfloat16, "new"), (4096, torch.bfloat16, "out"),
+                           (300000, torch.float32, "out")):
+        x = torch.randn(n, generator=torch.Generator().manual_seed(n + ctx.rank)).to(dtype).to(ctx.device)
+        ref = x.float().clone()  # float() of a float32 tensor is the tensor itself
         dist.all_reduce(ref)
         ref = ref.cpu()
+        if form == "new":
+            out = har(x)
+        elif form == "out":
+            given = torch.full_like(x, float("nan"))
+            out = har(x, given)
+            if out is not given:
+                bad.append((n, "out= not used"))
+        else:
+            out = har(x, x)
+            if out is not x:
+                bad.append((n, "not in place"))
         try:
-            check_close(out, ref, torch.float32)
+            check_close(out, ref, dtype)
         except AssertionError as e:
             bad.append((n, str(e)))
         if not same_on_all_ranks(ctx, out):
             bad.append((n, "ranks differ"))
+    try:
+        har(torch.zeros(8, device=ctx.device), torch.zeros(9, device=ctx.device))
+        bad.append("a wrong-sized out was accepted")
+    except tc.InvalidInputError:
+        pass
     har.close()
     return (groups.node, groups.local_rank), bad
 
@@ -197,7 +215,7 @@ def _job_hierarchical(ctx):
 def test_hierarchical_allreduce_2x2(worlds):
     results = worlds(4).run(_job_hierarchical)
     assert [r[0] for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert all(r[1] == [] for r in results)
+    assert all(r[1] == [] for r in results), results
 
 
 # ---------------------------------------------------------------------------- vLLM device communicator

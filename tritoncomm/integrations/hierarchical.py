@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from ..channels import Communicator
 from ..collectives import AllGather, ReduceScatter
+from ..collectives.validation import check_input, check_out
 from ..config import CommConfig
 from ..errors import InvalidInputError
 
@@ -58,29 +59,66 @@ def node_groups(local_world: int | None = None, backend: str | None = None) -> N
 
 
 class HierarchicalAllReduce:
-    """Sum all-reduce over all ranks of all nodes. Collective to create and close."""
+    """Sum all-reduce over all ranks of all nodes. Collective to create and close.
+
+    Inputs up to ``max_bytes`` take the three steps above; the padded input and this rank's shard
+    live in workspace allocated here (``3 x max_bytes / 2`` bytes at 2 ranks per node, less with
+    more), so a call allocates nothing but its result when ``out`` is not given. Larger inputs go to
+    one NCCL all-reduce over the default group (every rank of every node)."""
 
     def __init__(self, groups: NodeGroups, *, max_bytes: int = 64 << 20, config: CommConfig | None = None,
                  device: torch.device | None = None) -> None:
         self.groups = groups
+        self.max_bytes = max_bytes
         self.comm = Communicator(groups.local_cpu, config=config, device=device)
         self.rs = ReduceScatter(self.comm, max_bytes=max_bytes, fallback_group=groups.local_device)
         self.ag = AllGather(self.comm, max_bytes=max_bytes, fallback_group=groups.local_device)
+        lw = groups.local_world
+        # whole-input bytes, rounded so that every dtype's shard starts 16-byte aligned
+        self._padded_bytes = -(-max_bytes // (16 * lw)) * 16 * lw
+        self._workspace = torch.empty(self._padded_bytes + self._padded_bytes // lw, dtype=torch.uint8,
+                                      device=self.comm.device)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """A new tensor with the sum of ``x`` over every rank."""
+    def _views(self, dtype: torch.dtype, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The padded input (``m x local_world`` elements) and my shard (``m``), in ``dtype``."""
         lw = self.groups.local_world
+        ws = self._workspace
+        padded = ws[:self._padded_bytes].view(dtype)[:m * lw]
+        shard = ws[self._padded_bytes:].view(dtype)[:m]
+        return padded, shard
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The sum of ``x`` over every rank, in ``out`` if given (``out=x``: in place), else in a new
+        tensor."""
+        check_input(x, self.comm.device, "hierarchical all_reduce")
+        if out is None:
+            out = torch.empty_like(x)
+        else:
+            check_out(out, x, x.numel(), "hierarchical all_reduce", may_alias=True)
         n = x.numel()
+        if n == 0:
+            return out
+        if n * x.element_size() > self.max_bytes:
+            if out.data_ptr() != x.data_ptr():
+                out.copy_(x)
+            dist.all_reduce(out)
+            return out
+        lw = self.groups.local_world
         m = -(-n // lw)
-        flat = x.reshape(-1)
-        if n % lw:
-            padded = flat.new_zeros(m * lw)
-            padded[:n] = flat
-            flat = padded
-        shard = self.rs(flat)
+        padded, shard = self._views(x.dtype, m)
+        flat, o = x.view(-1), out.view(-1)
+        if n % lw == 0:  # straight from x into out (the reduce-scatter has read x before out is written)
+            self.rs(flat, shard)
+            dist.all_reduce(shard, group=self.groups.inter)
+            self.ag(shard, o)
+            return out
+        padded[:n].copy_(flat)
+        padded[n:].zero_()
+        self.rs(padded, shard)
         dist.all_reduce(shard, group=self.groups.inter)
-        full = self.ag(shard)
-        return full[:n].view(x.shape)
+        self.ag(shard, padded)
+        o.copy_(padded[:n])
+        return out
 
     def close(self) -> None:
         self.rs.close()

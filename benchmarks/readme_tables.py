@@ -9,11 +9,7 @@ import json
 import math
 import sys
 
-
-def _size(n: int) -> str:
-    if n & (n - 1) == 0:
-        return f"{n >> 20} MB" if n >= 1 << 20 else f"{n >> 10} KB"
-    return str(n)
+from tritoncomm.units import format_bytes
 
 
 def table(path: str) -> str:
@@ -33,7 +29,8 @@ def table(path: str) -> str:
     for r in rows:
         heap, s1, s2 = r["tritoncomm_heap_us"], r["symm_one_shot_us"], r["symm_two_shot_us"]
         us, nccl = r["tritoncomm_us"], r["nccl_us"]
-        out.append(f"| {_size(r['bytes'])} | {r['algo']} | {us:.1f} | {heap:.1f} | {nccl:.1f} | {s1:.1f} | {s2:.1f} | "
+        size = format_bytes(r["bytes"], sep=" ", suffix="B")
+        out.append(f"| {size} | {r['algo']} | {us:.1f} | {heap:.1f} | {nccl:.1f} | {s1:.1f} | {s2:.1f} | "
                    f"{nccl / us:.2f}x | {min(s1, s2) / heap:.2f}x |")
     return "\n".join(out)
 

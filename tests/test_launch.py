@@ -69,3 +69,13 @@ def test_torchrun_launches_the_cpu_world(tmp_path):
                           env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stdout.count("matches torch.distributed") == 2
+
+
+def test_byte_sizes_round_trip():
+    from tritoncomm.units import format_bytes, parse_size
+
+    for n in (1, 3000, 2048, 100000, 1 << 20, 3 << 20, 128 << 20):
+        assert parse_size(format_bytes(n)) == n
+        assert parse_size(format_bytes(n, sep=" ", suffix="B").replace(" ", "")) == n
+    assert format_bytes(2048, sep=" ", suffix="B") == "2 KB"
+    assert format_bytes(3000000, sep=" ", suffix="B") == "3000000"

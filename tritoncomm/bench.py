@@ -98,8 +98,6 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
     if symmetric:
         hx_all, hout_all = comm.empty(max_bytes // esize, dtype), comm.empty(max_bytes // esize, dtype)
 
-    def barrier() -> None:
-        dist.barrier(group=ctx.cpu_group)
 
     rows = []
     for nbytes in sizes:
@@ -149,9 +147,9 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
                                group=ctx.cpu_group)
         times: dict[str, float | None] = {}
         for mode in modes:
-            times[f"tritoncomm_{mode}"] = time_per_call_us(lambda x=x, out=out: coll(x, out), ctx.device, barrier,
+            times[f"tritoncomm_{mode}"] = time_per_call_us(lambda x=x, out=out: coll(x, out), ctx.device, ctx.barrier,
                                                            mode=mode)
-            times[f"nccl_{mode}"] = time_per_call_us(nccl, ctx.device, barrier, mode=mode)
+            times[f"nccl_{mode}"] = time_per_call_us(nccl, ctx.device, ctx.barrier, mode=mode)
         heap_same = None
         if symmetric:  # the same data in symmetric tensors: what torch symm_mem is timed on
             hx, hout = hx_all[:n], hout_all[:n]
@@ -159,14 +157,14 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
             hout.fill_(float("nan"))
             coll(hx, hout)
             heap_same = bool(torch.equal(hout, out))
-            times["heap_graph"] = time_per_call_us(lambda hx=hx, hout=hout: coll(hx, hout), ctx.device, barrier)
+            times["heap_graph"] = time_per_call_us(lambda hx=hx, hout=hout: coll(hx, hout), ctx.device, ctx.barrier)
         if op == "allreduce" and ctx.backend == "cuda":
             sm = _symm_mem_ops(ctx, n, dtype)
             for kind in ("one_shot", "two_shot"):
                 if kind in sm:
                     try:
                         sm["buf"].copy_(x)
-                        times[f"symm_{kind}"] = time_per_call_us(sm[kind], ctx.device, barrier, mode="graph")
+                        times[f"symm_{kind}"] = time_per_call_us(sm[kind], ctx.device, ctx.barrier, mode="graph")
                     except Exception:
                         times[f"symm_{kind}"] = None
                 else:
@@ -295,8 +293,6 @@ def reliability_cost_rank(ctx: RankContext, sizes: list[int] | None = None) -> d
              for name, cfg in (("bounded", {}), ("unbounded", {"timeout_s": 0.0}), ("debug", {"debug": True}))}
     ars = {name: AllReduce(c, max_bytes=max(sizes)) for name, c in comms.items()}
 
-    def barrier() -> None:
-        dist.barrier(group=ctx.cpu_group)
 
     rows = []
     for nbytes in sizes:
@@ -305,10 +301,10 @@ def reliability_cost_rank(ctx: RankContext, sizes: list[int] | None = None) -> d
         t: dict[str, float | None] = {}
         for rep in range(2):  # alternate to spread drift over both
             for name in ("bounded", "unbounded"):
-                v = time_per_call_us(lambda ar=ars[name], x=x, out=out: ar(x, out), ctx.device, barrier)
+                v = time_per_call_us(lambda ar=ars[name], x=x, out=out: ar(x, out), ctx.device, ctx.barrier)
                 t[f"{name}_graph_us"] = v if rep == 0 else min(v, t[f"{name}_graph_us"])
             for name in ("bounded", "debug"):
-                v = time_per_call_us(lambda ar=ars[name], x=x, out=out: ar(x, out), ctx.device, barrier,
+                v = time_per_call_us(lambda ar=ars[name], x=x, out=out: ar(x, out), ctx.device, ctx.barrier,
                                      mode="eager")
                 t[f"{name}_eager_us"] = v if rep == 0 else min(v, t[f"{name}_eager_us"])
         t = _max_over_ranks(ctx, t)
@@ -346,8 +342,6 @@ def zero_copy_rank(ctx: RankContext, sizes: list[int] | None = None) -> dict[str
     ar = AllReduce(comm, max_bytes=max(sizes))
     xs, outs = comm.empty(max(sizes) // 2), comm.empty(max(sizes) // 2)
 
-    def barrier() -> None:
-        dist.barrier(group=ctx.cpu_group)
 
     rows = []
     for nbytes in sizes:
@@ -360,10 +354,10 @@ def zero_copy_rank(ctx: RankContext, sizes: list[int] | None = None) -> dict[str
         ar(hx, out=hout)
         ok = bool(torch.equal(staged, hout))
         nb = x.clone()
-        t = {"staged": time_per_call_us(lambda x=x, out=out: ar(x, out=out), ctx.device, barrier),
-             "heap": time_per_call_us(lambda hx=hx, hout=hout: ar(hx, out=hout), ctx.device, barrier),
-             "heap_out": time_per_call_us(lambda x=x, hout=hout: ar(x, out=hout), ctx.device, barrier),
-             "nccl": time_per_call_us(lambda nb=nb: dist.all_reduce(nb, group=ctx.group), ctx.device, barrier)}
+        t = {"staged": time_per_call_us(lambda x=x, out=out: ar(x, out=out), ctx.device, ctx.barrier),
+             "heap": time_per_call_us(lambda hx=hx, hout=hout: ar(hx, out=hout), ctx.device, ctx.barrier),
+             "heap_out": time_per_call_us(lambda x=x, hout=hout: ar(x, out=hout), ctx.device, ctx.barrier),
+             "nccl": time_per_call_us(lambda nb=nb: dist.all_reduce(nb, group=ctx.group), ctx.device, ctx.barrier)}
         t = _max_over_ranks(ctx, t)
         rows.append({"bytes": nbytes, "algo": ar.select(nbytes), "staged_us": t["staged"], "heap_us": t["heap"],
                      "heap_out_us": t["heap_out"],

@@ -38,6 +38,12 @@ class RankContext:
     group: Any  # the default torch.distributed group (NCCL on GPUs, gloo on CPU)
     cpu_group: Any  # a gloo group over the same ranks
 
+    def barrier(self) -> None:
+        """A host barrier over the ranks (the CPU group): what timing loops call between samples."""
+        import torch.distributed as dist
+
+        dist.barrier(group=self.cpu_group)
+
 
 class RankError(RuntimeError):
     """One or more ranks raised; the message holds each failing rank's traceback."""

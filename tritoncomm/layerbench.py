@@ -51,13 +51,10 @@ class _Timer:
     def __init__(self, ctx: RankContext, cuda: bool) -> None:
         self.ctx, self.cuda = ctx, cuda
 
-    def barrier(self) -> None:
-        dist.barrier(group=self.ctx.cpu_group)
-
     def __call__(self, fn, *, calls: int = 32, replays: int = 20) -> float:
         if not self.cuda:
             calls, replays = 1, 2
-        return time_per_call_us(fn, self.ctx.device, self.barrier, calls=calls, replays=replays)
+        return time_per_call_us(fn, self.ctx.device, self.ctx.barrier, calls=calls, replays=replays)
 
 
 def _agree(ctx: RankContext, t: torch.Tensor) -> bool:

@@ -97,8 +97,6 @@ def tune_rank(ctx: RankContext, ops: list[str], sizes: list[int], dtype_name: st
     all_cands = {op: sorted({c for s in sizes for c in candidates(op, s, comm.backend)},
                             key=lambda c: (c.algo, c.programs, c.block, c.num_warps)) for op in ops}
 
-    def barrier() -> None:
-        dist.barrier(group=ctx.cpu_group)
 
     rows: dict[tuple[str, int, str], list[tuple[int, Choice]]] = {}
     measured: list[dict[str, Any]] = []
@@ -123,7 +121,7 @@ def tune_rank(ctx: RankContext, ops: list[str], sizes: list[int], dtype_name: st
                     continue
                 # the same candidate on every rank: the candidate list is a function of the size alone
                 coll.table = SelectionTable({(op, w, d): [(1 << 62, c)] for d in DTYPE_NAMES}, "candidate")
-                times[c] = time_per_call_us(lambda x=x, out=out, coll=coll: coll(x, out), ctx.device, barrier,
+                times[c] = time_per_call_us(lambda x=x, out=out, coll=coll: coll(x, out), ctx.device, ctx.barrier,
                                             replays=10)
             gathered: list[Any] = [None] * w
             dist.all_gather_object(gathered, {repr(c): t for c, t in times.items()}, group=ctx.cpu_group)

@@ -11,8 +11,10 @@ def parse_size(text: str) -> int:
     return int(float(text.rstrip("KMG")) * mult)
 
 
-def format_bytes(n: int) -> str:
+def format_bytes(n: int, *, sep: str = "", suffix: str = "") -> str:
+    """``2048 -> "2K"`` (``sep=" ", suffix="B"``: ``"2 KB"``); sizes that are not a whole number of
+    KiB or MiB stay plain numbers."""
     for unit, size in (("M", 1 << 20), ("K", 1 << 10)):
         if n >= size and n % size == 0:
-            return f"{n // size}{unit}"
+            return f"{n // size}{sep}{unit}{suffix}"
     return str(n)

@@ -180,13 +180,11 @@ def probe_rank(ctx, sizes: list[int], gemm_ms: list[int], tp_k: int) -> dict | N
     ce._out_off = comm.heap_offset(hout_all)
     w, r = ctx.world, ctx.rank
 
-    def barrier() -> None:
-        dist.barrier(group=ctx.cpu_group)
 
     def t(fn, label=""):
         if r == 0:
             print("  timing", label, flush=True)
-        return time_per_call_us(fn, ctx.device, barrier, replays=10)
+        return time_per_call_us(fn, ctx.device, ctx.barrier, replays=10)
 
     rows = []
     # memop barrier alone

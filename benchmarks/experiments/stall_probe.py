@@ -37,8 +37,6 @@ def probe_rank(ctx, nbytes: int, rounds: int) -> dict | None:
     out = torch.empty_like(x)
     nb = x.clone()
 
-    def barrier() -> None:
-        dist.barrier(group=ctx.cpu_group)
 
     log = []
     for r in range(rounds):
@@ -46,10 +44,11 @@ def probe_rank(ctx, nbytes: int, rounds: int) -> dict | None:
         for c in cands:
             ar.table = SelectionTable({("allreduce", w, d): [(1 << 62, c)] for d in DTYPE_NAMES}, "one")
             key = f"p{c.programs} b{c.block} w{c.num_warps}"
-            t[key] = time_per_call_us(lambda: ar(x, out), ctx.device, barrier, replays=5)
+            t[key] = time_per_call_us(lambda: ar(x, out), ctx.device, ctx.barrier, replays=5)
             if r % 3 == 0:
-                t[key + " eager"] = time_per_call_us(lambda: ar(x, out), ctx.device, barrier, replays=5, mode="eager")
-        t["nccl"] = time_per_call_us(lambda: dist.all_reduce(nb, group=ctx.group), ctx.device, barrier, replays=5)
+                t[key + " eager"] = time_per_call_us(lambda: ar(x, out), ctx.device, ctx.barrier, replays=5,
+                                                     mode="eager")
+        t["nccl"] = time_per_call_us(lambda: dist.all_reduce(nb, group=ctx.group), ctx.device, ctx.barrier, replays=5)
         allt: list = [None] * w
         dist.all_gather_object(allt, t, group=ctx.cpu_group)
         log.append(allt)

@@ -27,8 +27,6 @@ def rounds_rank(ctx, sizes: list[int], reps: int) -> dict | None:
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=3 * big + (64 << 20), timeout_s=60))
     ar = AllReduce(comm, max_bytes=big)
 
-    def barrier() -> None:
-        dist.barrier(group=ctx.cpu_group)
 
     rows = []
     for nbytes in sizes:
@@ -45,9 +43,9 @@ def rounds_rank(ctx, sizes: list[int], reps: int) -> dict | None:
             for r in (1, 2, 4):
                 ar._rounds_override = r
                 samples.setdefault(f"rounds{r}", []).append(
-                    time_per_call_us(lambda: ar(x, out), ctx.device, barrier, replays=10))  # noqa: B023
+                    time_per_call_us(lambda: ar(x, out), ctx.device, ctx.barrier, replays=10))  # noqa: B023
             samples.setdefault("nccl", []).append(
-                time_per_call_us(lambda: dist.all_reduce(nb, group=ctx.group), ctx.device, barrier, replays=10))  # noqa: B023
+                time_per_call_us(lambda: dist.all_reduce(nb, group=ctx.group), ctx.device, ctx.barrier, replays=10))  # noqa: B023
         t = _max_over_ranks(ctx, {k: sorted(v)[len(v) // 2] for k, v in samples.items()})
         rows.append({"bytes": nbytes, "algo": ar.select(nbytes), "same_bits": same, **t})
         if ctx.rank == 0:

@@ -20,6 +20,7 @@ from tritoncomm.kernels import (
     ll8_pack,
     ll8_poll,
     ll8_store,
+    ll8_try,
     ll8_unpack,
     put,
     signal,
@@ -142,6 +143,21 @@ def _ll_kernel(src, out, out_check, nwords, bases, rank, world, timeout, diag_ad
 
 
 @triton.jit
+def _try_kernel(src, out, out_missing, nwords, bases, rank, world, buf_off, flag, STORE: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """``STORE``: write my words as packets with ``flag`` into the next rank's buffer; else one
+    ``ll8_try`` of my buffer: the words and the number of packets still missing."""
+    w = tl.arange(0, BLOCK)
+    m = w < nwords
+    if STORE:
+        ll8_store(heap_ptr(bases, (rank + 1) % world, buf_off, tl.uint64) + w, tl.load(src + w, mask=m), flag, mask=m)
+    else:
+        words, missing = ll8_try(heap_ptr(bases, rank, buf_off, tl.uint64) + w, m, flag)
+        tl.store(out + w, words, mask=m)
+        tl.store(out_missing, tl.sum(missing, axis=0))
+
+
+@triton.jit
 def _counter_kernel(out, bases, rank, world, timeout, diag_addr, flags_off, epochs_off):
     """Every rank adds 1 to a counter on rank 0; rank 0 waits for ``world`` per launch."""
     diag = diag_addr.to(tl.pointer_type(tl.int64))
@@ -235,6 +251,36 @@ def _job_ll(ctx, launches, nwords):
     return ok
 
 
+def _job_try(ctx, nwords):
+    comm = make_comm(ctx)
+    ch = Channel(comm, "t.try", programs=1, buffer_bytes=1024 * 8)
+    bases, rank, world, _, _ = comm.kernel_args()
+    src = torch.randint(-2**31, 2**31 - 1, (nwords,), generator=torch.Generator().manual_seed(rank),
+                        dtype=torch.int64).to(torch.int32).to(ctx.device)
+    out = torch.zeros_like(src)
+    missing = torch.full((1,), -1, dtype=torch.int32, device=ctx.device)
+    seen = []
+
+    def look(flag: int) -> tuple[int, bool]:
+        out.zero_()
+        _try_kernel[(1,)](src, out, missing, nwords, bases, rank, world, ch.buffer_off, flag, STORE=False, BLOCK=1024)
+        comm.synchronize()
+        prev = torch.randint(-2**31, 2**31 - 1, (nwords,), generator=torch.Generator().manual_seed((rank - 1) % world),
+                             dtype=torch.int64).to(torch.int32)
+        return int(missing.item()), torch.equal(out.cpu(), prev)
+
+    seen.append(look(5))  # nothing written yet: every packet missing
+    comm.bootstrap.barrier()
+    _try_kernel[(1,)](src, out, missing, nwords, bases, rank, world, ch.buffer_off, 5, STORE=True, BLOCK=1024)
+    comm.synchronize()
+    comm.bootstrap.barrier()
+    seen.append(look(5))  # written with flag 5: none missing, the previous rank's words
+    seen.append(look(6))  # a later flag: the packets are stale
+    ch.close()
+    comm.close()
+    return seen
+
+
 def _job_counter(ctx, launches):
     comm = make_comm(ctx)
     ch = Channel(comm, "t.cnt", programs=1, barrier_slots=1)
@@ -281,6 +327,14 @@ def test_barrier_1000_times(worlds, world):
 def test_ll_packets_across_epochs(worlds, world):
     for ok in worlds(world).run(_job_ll, 30, 777):
         assert all(ok), f"LL delivery wrong at launches {[i for i, v in enumerate(ok) if not v]}"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ll8_try_reports_missing_packets_without_waiting(worlds, world):
+    for before, after, stale in worlds(world).run(_job_try, 777):
+        assert before[0] == 777, before
+        assert after == (0, True), after
+        assert stale == (777, True), stale  # the data words are there, their flag is not the one asked for
 
 
 def test_signal_add_counts_every_rank(worlds):

@@ -19,9 +19,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import assume_multiple, epoch_commit, heap_ptr, ll8_poll, ll8_store, program_epoch, round_to
+from ..kernels import assume_multiple, epoch_commit, heap_ptr, ll8_poll, ll8_store, ll8_try, program_epoch, round_to
 
-__all__ = ["ll_allreduce_kernel", "load_words", "words_to_f32"]
+__all__ = ["LL_TRIES", "ll_allreduce_kernel", "ll_sum_ranks", "load_words", "words_to_f32"]
+
+#: Rounds of back-to-back looks at every peer's packets before ``ll_sum_ranks`` falls back to one
+#: bounded poll per peer.
+LL_TRIES = 4
 
 
 @triton.jit
@@ -47,6 +51,43 @@ def words_to_f32(words, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
         return tl.reshape(tl.join(lo, hi), [2 * BLOCK]).to(tl.float32)
     else:
         return words.to(DTYPE, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def ll_sum_ranks(own, word_idx, wmask, bases, rank, buf_off, parity, slot_words, e, slot, timeout, diag,
+                 WORLD: tl.constexpr, BW: tl.constexpr, DTYPE: tl.constexpr, TRIES: tl.constexpr = LL_TRIES):
+    """The fp32 sum over ranks 0..W-1, in that order, of one block of ``BW`` words: this rank's are
+    ``own`` (``load_words``), rank ``s``'s the LL8 packets at words ``word_idx`` of slot
+    ``[parity][s]`` of the buffer at ``buf_off`` in my heap (``slot_words`` words per slot).
+
+    Up to ``TRIES`` rounds each look once at every peer's packets (``ll8_try``: the W-1 loads are in
+    flight together) and sum them in rank order; the first round in which every packet carried the
+    epoch ``e`` is the answer. Only if none did: a bounded ``ll8_poll`` per peer in rank order (a
+    timeout names the peer and ``slot``), then the sum again. Either way the same additions in the
+    same order, so the bits do not depend on which path ran."""
+    EPB: tl.constexpr = BW * (32 // DTYPE.primitive_bitwidth)
+    acc = tl.zeros([EPB], dtype=tl.float32)
+    missing = tl.full([], 1, tl.int32)
+    for _t in tl.static_range(TRIES):
+        if missing > 0:
+            # branch-free, so that the W-1 loads issue back to back: my own slot's load is masked off
+            acc = tl.zeros([EPB], dtype=tl.float32)
+            bad = tl.zeros([BW], dtype=tl.int32)
+            for s in tl.static_range(WORLD):
+                src = heap_ptr(bases, rank, buf_off + ((parity * WORLD + s) * slot_words) * 8, tl.uint64)
+                words, m = ll8_try(src + word_idx, wmask & (s != rank), e)
+                bad += m
+                acc += words_to_f32(tl.where(s == rank, own, words), DTYPE, BW)
+            missing = tl.sum(bad, axis=0)  # one reduction per round, after every peer's load
+    if missing > 0:
+        acc = tl.zeros([EPB], dtype=tl.float32)
+        for s in tl.static_range(WORLD):
+            if s == rank:
+                acc += words_to_f32(own, DTYPE, BW)
+            else:
+                src = heap_ptr(bases, rank, buf_off + ((parity * WORLD + s) * slot_words) * 8, tl.uint64)
+                acc += words_to_f32(ll8_poll(src + word_idx, wmask, e, s, slot, rank, timeout, diag), DTYPE, BW)
+    return acc
 
 
 @triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
@@ -79,14 +120,8 @@ def ll_allreduce_kernel(x_ptr, out_ptr, n, nwords, bases, rank, timeout, diag_ad
     for i in range(0, iters):
         b = pid + i * nprog
         w = b * BLOCK + tl.arange(0, BLOCK)
-        acc = tl.zeros([EPB], dtype=tl.float32)
-        for s in tl.static_range(WORLD):
-            if s == rank:
-                words = load_words(x_ptr, n, b, BLOCK)
-            else:
-                src = heap_ptr(bases, rank, buf_off + ((parity * WORLD + s) * slot_words) * 8, tl.uint64)
-                words = ll8_poll(src + w, w < nwords, e, s, b, rank, timeout, diag)
-            acc += words_to_f32(words, DTYPE, BLOCK)
+        acc = ll_sum_ranks(load_words(x_ptr, n, b, BLOCK), w, w < nwords, bases, rank, buf_off, parity, slot_words,
+                           e, b, timeout, diag, WORLD, BLOCK, DTYPE)
         offs = b * EPB + tl.arange(0, EPB)
         tl.store(out_ptr + offs, round_to(acc, DTYPE), mask=offs < n)
     epoch_commit(epoch_ptr, e)

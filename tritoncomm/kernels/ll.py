@@ -8,6 +8,12 @@ Contract:
 
 * ``ll8_store(ptrs, words, flag)``: plain stores of packets ``(flag << 32) | word``. Each packet is
   single-copy atomic; there is no ordering between packets or with other writes.
+* ``ll8_try(ptrs, mask, flag)``: one volatile load of the packets, no wait: returns their data words
+  and, per packet, 1 where a masked packet does not carry ``flag`` yet (else 0). The words are
+  meaningful only where the flag matched, so all of them once the indicators sum to 0. Nothing is
+  reduced across threads, so tries of several peers' packets issued back to back are all in
+  flight together (sum their indicators once, after the last), where each ``ll8_poll`` waits for
+  its own answer.
 * ``ll8_poll(ptrs, mask, flag, ...)``: volatile loads until every masked packet carries ``flag``;
   returns their data words. Only the polled packets' data is guaranteed, nothing else the writer
   did. Use a fresh flag value per use of a buffer (an epoch), so a stale packet never matches; a
@@ -24,7 +30,7 @@ from .diag import already_failed, record_timeout
 from .ordering import clock_ns
 from .signals import _CHECK_EVERY, _expired
 
-__all__ = ["ll8_pack", "ll8_poll", "ll8_store", "ll8_unpack"]
+__all__ = ["ll8_pack", "ll8_poll", "ll8_store", "ll8_try", "ll8_unpack"]
 
 
 @triton.jit
@@ -49,6 +55,15 @@ def ll8_store(ptrs, words, flag, mask=None):
 def _missing(ptrs, mask, flag):
     pk = tl.load(ptrs, mask=mask, volatile=True)
     return tl.sum((((pk >> 32).to(tl.uint32) != flag) & mask).to(tl.int32), axis=0)
+
+
+@triton.jit
+def ll8_try(ptrs, mask, flag):
+    """One look at the packets at ``ptrs`` (where ``mask``): ``(data words, 1 per packet still
+    missing)``, both shaped like ``ptrs``."""
+    pk = tl.load(ptrs, mask=mask, volatile=True)
+    missing = (((pk >> 32).to(tl.uint32) != tl.cast(flag, tl.uint32)) & mask).to(tl.int32)
+    return (pk & 0xFFFFFFFF).to(tl.uint32), missing
 
 
 @triton.jit

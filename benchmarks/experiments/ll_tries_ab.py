@@ -7,7 +7,9 @@ a copy of the package at the last commit before the change, imported as ``triton
     PYTHONPATH=. python3 benchmarks/experiments/ll_tries_ab.py --world 4 --old runs/old
 
 Bare LL all-reduce (forced ``algo="ll"``) and the fused LL add-RMSNorm, old and new kernels
-interleaved, NCCL beside; CUDA graphs, median of the repetitions per rank, max over ranks.
+interleaved, NCCL beside; CUDA graphs, median of the repetitions per rank, max over ranks. (Session 6
+ran it with the fused LL on ``ll_sum_ranks`` too; that measured slower and was reverted, so at later
+commits the fused pair compares the same kernel twice.)
 """
 
 from __future__ import annotations

@@ -98,7 +98,6 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
     if symmetric:
         hx_all, hout_all = comm.empty(max_bytes // esize, dtype), comm.empty(max_bytes // esize, dtype)
 
-
     rows = []
     for nbytes in sizes:
         n = max(w, nbytes // esize // w * w)  # divisible by the world for allgather/reducescatter
@@ -293,7 +292,6 @@ def reliability_cost_rank(ctx: RankContext, sizes: list[int] | None = None) -> d
              for name, cfg in (("bounded", {}), ("unbounded", {"timeout_s": 0.0}), ("debug", {"debug": True}))}
     ars = {name: AllReduce(c, max_bytes=max(sizes)) for name, c in comms.items()}
 
-
     rows = []
     for nbytes in sizes:
         x = torch.randn(nbytes // 2, device=ctx.device).to(torch.bfloat16)
@@ -341,7 +339,6 @@ def zero_copy_rank(ctx: RankContext, sizes: list[int] | None = None) -> dict[str
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=5 * max(sizes) + (64 << 20)))
     ar = AllReduce(comm, max_bytes=max(sizes))
     xs, outs = comm.empty(max(sizes) // 2), comm.empty(max(sizes) // 2)
-
 
     rows = []
     for nbytes in sizes:

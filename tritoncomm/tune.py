@@ -97,7 +97,6 @@ def tune_rank(ctx: RankContext, ops: list[str], sizes: list[int], dtype_name: st
     all_cands = {op: sorted({c for s in sizes for c in candidates(op, s, comm.backend)},
                             key=lambda c: (c.algo, c.programs, c.block, c.num_warps)) for op in ops}
 
-
     rows: dict[tuple[str, int, str], list[tuple[int, Choice]]] = {}
     measured: list[dict[str, Any]] = []
     for op in ops:

@@ -180,7 +180,6 @@ def probe_rank(ctx, sizes: list[int], gemm_ms: list[int], tp_k: int) -> dict | N
     ce._out_off = comm.heap_offset(hout_all)
     w, r = ctx.world, ctx.rank
 
-
     def t(fn, label=""):
         if r == 0:
             print("  timing", label, flush=True)

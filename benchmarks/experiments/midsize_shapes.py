@@ -49,7 +49,6 @@ def probe_rank(ctx, sizes: list[int], rounds: int) -> dict | None:
                    table=SelectionTable({("allreduce", w, d): [(i + 1, c) for i, c in enumerate(cands)]
                                          for d in DTYPE_NAMES}, "probe"))
 
-
     def t_of(fn) -> float:
         us = time_per_call_us(fn, dev, ctx.barrier, replays=5)
         allt: list = [None] * w

@@ -37,7 +37,6 @@ def probe_rank(ctx, nbytes: int, rounds: int) -> dict | None:
     out = torch.empty_like(x)
     nb = x.clone()
 
-
     log = []
     for r in range(rounds):
         t = {}

@@ -27,7 +27,6 @@ def rounds_rank(ctx, sizes: list[int], reps: int) -> dict | None:
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=3 * big + (64 << 20), timeout_s=60))
     ar = AllReduce(comm, max_bytes=big)
 
-
     rows = []
     for nbytes in sizes:
         x = torch.randn(nbytes // 2, device=ctx.device).to(torch.bfloat16)

@@ -109,6 +109,19 @@ class CEAllReduce:
             if p != self.r:
                 write32(main, self.flag_addr(p, phase, self.r), 1)
 
+    def _phase(self, main, phase: int, push, one_stream: bool) -> None:
+        """``push(stream, peer)`` to every peer (each ends with its signal), or only the signals
+        when ``push`` is None; then wait for every peer's signal of this phase."""
+        if push is None:
+            self._signal_all(main, phase)
+        elif one_stream:
+            for p in range(self.w):
+                if p != self.r:
+                    push(main, p)
+        else:
+            self._fan(main, push)
+        self._waitall(main, phase)
+
     def barrier(self, main) -> None:
         """Two handshakes: a slot is written again only after its reader passed the other one."""
         for phase in (0, 1):
@@ -130,15 +143,7 @@ class CEAllReduce:
             mem.peer_view(p, self.rs.offset + r * sb, sb).copy_(xb[p * sb:(p + 1) * sb])
             write32(s, self.flag_addr(p, 0, r), 1)
 
-        if "r" not in phases:
-            self._signal_all(main, 0)
-        elif one_stream:
-            for p in range(w):
-                if p != r:
-                    rs_push(main, p)
-        else:
-            self._fan(main, rs_push)
-        self._waitall(main, 0)
+        self._phase(main, 0, rs_push if "r" in phases else None, one_stream)
         if "a" in phases:
             rsv = heap.view(self.rs)[:w * sb].view(x.dtype)
             BLOCK = 2048
@@ -153,15 +158,7 @@ class CEAllReduce:
             dst.copy_(ob[r * sb:(r + 1) * sb])
             write32(s, self.flag_addr(p, 1, r), 1)
 
-        if "d" not in phases:
-            self._signal_all(main, 1)
-        elif one_stream:
-            for p in range(w):
-                if p != r:
-                    ag_push(main, p)
-        else:
-            self._fan(main, ag_push)
-        self._waitall(main, 1)
+        self._phase(main, 1, ag_push if "d" in phases else None, one_stream)
         if "d" in phases:
             if not sym_out:
                 agv = heap.view(self.ag)[:w * sb]

@@ -64,7 +64,8 @@ class HierarchicalAllReduce:
     Inputs up to ``max_bytes`` take the three steps above; the padded input and this rank's shard
     live in workspace allocated here (``3 x max_bytes / 2`` bytes at 2 ranks per node, less with
     more), so a call allocates nothing but its result when ``out`` is not given. Larger inputs go to
-    one NCCL all-reduce over the default group (every rank of every node)."""
+    one NCCL all-reduce over the default group (every rank of every node). One instance per stream:
+    two calls in flight on two streams would share the workspace and the collectives' signal slots."""
 
     def __init__(self, groups: NodeGroups, *, max_bytes: int = 64 << 20, config: CommConfig | None = None,
                  device: torch.device | None = None) -> None:

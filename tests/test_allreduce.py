@@ -12,14 +12,16 @@ from tritoncomm.collectives import Choice, SelectionTable
 from .helpers import check_close, make_comm, reference_sum, same_on_all_ranks
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-ALGOS = ["ll", "oneshot", "twoshot", "pipelined"]
+ALGOS = ["ll", "ll_twoshot", "oneshot", "twoshot", "pipelined"]
 
 
 def small_table(world: int) -> SelectionTable:
-    """Boundaries at 4 KiB and 16 KiB, so short tests cross every algorithm."""
+    """Boundaries at 2, 4, 16 and 64 KiB, so short tests cross every algorithm (the LL two-shot
+    first: the smallest sizes leave some ranks' shards empty)."""
     rows = {}
     for dtype in ("bf16", "fp16", "fp32"):
-        rows[("allreduce", world, dtype)] = [(4096, Choice("ll", 2, 256, 1)), (16384, Choice("oneshot", 2, 512, 1)),
+        rows[("allreduce", world, dtype)] = [(2048, Choice("ll_twoshot", 2, 256, 1)), (4096, Choice("ll", 2, 256, 1)),
+                                             (16384, Choice("oneshot", 2, 512, 1)),
                                              (65536, Choice("twoshot", 2, 512, 1)),
                                              (1 << 40, Choice("pipelined", 2, 1024, 1))]
     return SelectionTable(rows, "test")
@@ -97,11 +99,11 @@ def _job_table_driven(ctx, sizes, dtype):
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_odd_sizes_at_every_algorithm_boundary(worlds, world):
-    sizes = [2047, 2048, 2049, 8191, 8192, 8193, 32767, 32768, 32769, 40001]  # bf16 boundaries: 2K, 8K, 32K
+    # bf16 boundaries: 1K, 2K, 8K, 32K elements
+    sizes = [1, 1023, 1024, 1025, 2047, 2048, 2049, 8191, 8192, 8193, 32767, 32768, 32769, 40001]
     results = worlds(world).run(_job_table_driven, sizes, torch.bfloat16)
     picks = results[0][0]
-    assert picks == ["ll", "ll", "oneshot", "oneshot", "oneshot", "twoshot", "twoshot", "twoshot", "pipelined",
-                     "pipelined"]
+    assert picks == ["ll_twoshot"] * 3 + ["ll"] * 3 + ["oneshot"] * 3 + ["twoshot"] * 3 + ["pipelined"] * 2
     for p, bad in results:
         assert p == picks and bad == []
 

@@ -115,7 +115,7 @@ def test_config_mismatch_raises_on_every_rank(worlds):
 
 def _job_dead_peer(ctx, algo):
     comm = make_comm(ctx, timeout_s=1.0)
-    ar = tc.AllReduce(comm, max_bytes=1 << 16, algos=("ll", "oneshot", "twoshot", "pipelined"))
+    ar = tc.AllReduce(comm, max_bytes=1 << 16, algos=("ll", "ll_twoshot", "oneshot", "twoshot", "pipelined"))
     err = None
     t0 = time.monotonic()
     if ctx.rank == 0:  # rank 1 never joins this all-reduce
@@ -136,7 +136,7 @@ def _job_dead_peer(ctx, algo):
     return err, elapsed
 
 
-@pytest.mark.parametrize("algo", ["ll", "oneshot", "twoshot", "pipelined"])
+@pytest.mark.parametrize("algo", ["ll", "ll_twoshot", "oneshot", "twoshot", "pipelined"])
 def test_dead_peer_turns_into_timeout_error(worlds, algo):
     (err, elapsed), _ = worlds(2).run(_job_dead_peer, algo, timeout=300)
     assert err is not None, "no CommTimeoutError on rank 0"

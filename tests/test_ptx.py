@@ -76,6 +76,25 @@ def test_ll_packets_are_16_byte_stores_and_volatile_polls(ll_ptx):
     assert "%globaltimer" in ll_ptx
 
 
+@pytest.mark.parametrize("world,block", [(4, 256), (4, 1024), (3, 512), (2, 1024)])
+def test_ll_twoshot_moves_16_byte_packets_and_has_no_fence(world, block):
+    from tritoncomm.collectives.allreduce_ll_twoshot import ll_twoshot_allreduce_kernel
+
+    sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "nwords": "i32", "shard": "i32",
+           **COMMON, "epochs_off": "i64", "rs_off": "i64", "ag_off": "i64", "tok_off": "i64", "slot_words": "i64",
+           "active": "i32"}
+    ptx = compile_ptx(ll_twoshot_allreduce_kernel, sig, {"WORLD": world, "BLOCK": block},
+                      {"x_ptr", "out_ptr", "n", "nwords", "shard", "bases", "epochs_off", "rs_off", "ag_off", "tok_off",
+                       "slot_words"})
+    o = ops(ptx)
+    assert o["st.global.v2.b64"] >= 2, o  # reduce-scatter and all-gather packets, two per store
+    assert o["ld.volatile.global.v2.b64"] >= 2, o  # both receive sides poll 16 bytes at a time
+    assert o["ld.global.v4.b32"] >= 1 and o["st.global.v4.b32"] >= 1, o  # input tile in, gathered tile out
+    # no barrier: no release store, acquire load or fence (the one release is the timeout record's exchange)
+    assert not [k for k in o if k.startswith(("st.release", "ld.acquire", "fence"))], o
+    assert "%globaltimer" in ptx  # the polls are bounded
+
+
 def test_user_primitives_compile_with_their_ordering():
     from tests.test_primitives import _counter_kernel, _handshake_kernel, _put_get_kernel
 

@@ -14,11 +14,11 @@ from .helpers import check_close, make_comm, reference_sum, same_on_all_ranks
 
 def _job_world8(ctx):
     comm = make_comm(ctx, timeout_s=120)
-    ar = tc.AllReduce(comm, max_bytes=1 << 16, algos=("ll", "oneshot", "twoshot", "pipelined"))
+    ar = tc.AllReduce(comm, max_bytes=1 << 16, algos=("ll", "ll_twoshot", "oneshot", "twoshot", "pipelined"))
     ag = tc.AllGather(comm, max_bytes=1 << 16)
     rs = tc.ReduceScatter(comm, max_bytes=1 << 16)
     bad = []
-    for algo in ("ll", "oneshot", "twoshot", "pipelined"):
+    for algo in ("ll", "ll_twoshot", "oneshot", "twoshot", "pipelined"):
         for n in (5, 3001):
             x = torch.randn(n, generator=torch.Generator().manual_seed(n + ctx.rank)).to(torch.bfloat16)
             out = ar(x, algo=algo)
@@ -48,7 +48,7 @@ def test_world8_cpu(worlds):
 def test_tuning_logic_is_ready_for_8():
     table = load_table("cuda", "NVIDIA H200")
     for nbytes in (2048, 1 << 20, 1 << 27):  # no measured TP8 rows yet: rules of thumb answer
-        assert table.lookup("allreduce", 8, "bf16", nbytes).algo in ("ll", "oneshot", "twoshot", "pipelined")
+        assert table.lookup("allreduce", 8, "bf16", nbytes).algo in tc.collectives.ALGORITHMS
         assert candidates("allreduce", nbytes, "cuda")
 
 
@@ -59,7 +59,8 @@ def test_tuned_and_candidate_barrier_grids_stay_under_the_warp_cap():
     from tritoncomm.tune import MAX_BARRIER_PROGRAMS, MAX_BARRIER_WARPS
 
     def ok(c) -> bool:
-        return c.algo == "ll" or (c.programs * c.num_warps <= MAX_BARRIER_WARPS and c.programs <= MAX_BARRIER_PROGRAMS)
+        no_barrier = c.algo in ("ll", "ll_twoshot")
+        return no_barrier or (c.programs * c.num_warps <= MAX_BARRIER_WARPS and c.programs <= MAX_BARRIER_PROGRAMS)
 
     for op in ("allreduce", "allgather", "reducescatter"):
         for k in range(11, 28):

@@ -40,7 +40,7 @@ def demo_rank(ctx: RankContext, sizes: list[int], dtype_name: str, timing: bool 
     """Runs on every rank; rank 0 returns the report."""
     dtype = DTYPES[dtype_name]
     comm = Communicator(ctx.cpu_group, config=CommConfig(timeout_s=60.0))
-    ar = AllReduce(comm, max_bytes=max(sizes), algos=("ll", "oneshot", "twoshot", "pipelined"))
+    ar = AllReduce(comm, max_bytes=max(sizes), algos=("ll", "ll_twoshot", "oneshot", "twoshot", "pipelined"))
     esize = torch.tensor([], dtype=dtype).element_size()
 
     def cpu_barrier() -> None:

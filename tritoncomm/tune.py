@@ -57,6 +57,10 @@ def candidates(op: str, nbytes: int, backend: str) -> list[Choice]:
                 for progs in (4, 16, 32):
                     p = min(progs, -(-words // block))
                     out.append(Choice("ll", p, block, 4))
+        if 16 << 10 <= nbytes <= 4 << 20:  # LL two-shot: no barrier, half the LL one-shot's bytes at TP4
+            for block, warps in ((256, 4), (1024, 8)):
+                for progs in (8, 16, 32, 64):
+                    out.append(Choice("ll_twoshot", min(progs, -(-words // block)), block, warps))
         if nbytes <= 32 << 20:
             for block in (2048, 8192):
                 for progs in (8, 32, 64):
@@ -78,7 +82,7 @@ def candidates(op: str, nbytes: int, backend: str) -> list[Choice]:
             for progs in (8, 32, 64):
                 out.append(Choice("push", min(progs, max(1, nbytes // 2 // block)), block, 8 if block > 1024 else 4))
     assert all(c.programs * c.num_warps <= MAX_BARRIER_WARPS and c.programs <= MAX_BARRIER_PROGRAMS
-               for c in out if c.algo != "ll")
+               for c in out if c.algo not in ("ll", "ll_twoshot"))
     return sorted(set(out), key=lambda c: (c.algo, c.programs, c.block, c.num_warps))
 
 

@@ -13,6 +13,7 @@ from ..channels import Communicator
 from ..errors import InvalidInputError
 from ..kernels import pow2_divisor
 from .allreduce_ll import ll_allreduce_kernel
+from .allreduce_ll_twoshot import ll_twoshot_allreduce_kernel
 from .allreduce_oneshot import oneshot_allreduce_kernel
 from .allreduce_pipelined import pipelined_allreduce_kernel
 from .allreduce_twoshot import twoshot_allreduce_kernel
@@ -20,11 +21,14 @@ from .common import CollectiveBase, round_up
 from .tuning import Choice, SelectionTable
 from .validation import DTYPE_NAMES, check_reduce_args
 
-__all__ = ["ALGORITHMS", "LL_MAX_BYTES", "AllReduce"]
+__all__ = ["ALGORITHMS", "LL_MAX_BYTES", "LL_TWOSHOT_MAX_BYTES", "AllReduce"]
 
-ALGORITHMS = ("ll", "oneshot", "twoshot", "pipelined")
+ALGORITHMS = ("ll", "ll_twoshot", "oneshot", "twoshot", "pipelined")
 #: LL packets double the bytes on the wire; past this size LL never pays.
 LL_MAX_BYTES = 1 << 20
+#: The LL two-shot moves half the LL one-shot's bytes at TP4 (a quarter at TP8), so it serves up to
+#: this size (its buffers: 8 x its largest message).
+LL_TWOSHOT_MAX_BYTES = 4 << 20
 #: The pipelined two-shot keeps one flag row per block; blocks are at least this many elements.
 PIPE_MIN_BLOCK = 1024
 #: The two-shot copies round c-1 out while round c's pushes drain (``twoshot_allreduce_kernel``);
@@ -52,11 +56,11 @@ class AllReduce(CollectiveBase):
             (for example the NCCL group); without it such inputs raise ``InvalidInputError``.
         name: prefix of the heap allocations.
 
-    Workspace per rank (``workspace_bytes``): LL 4 x world x its largest message, one-shot 2 x its
-    largest message, two-shot and pipelined two-shot 2 x their largest message each. Construction
-    and ``close`` are collective; every rank must create its collectives in the same order with the
-    same arguments. One instance per stream: two launches from one instance on two streams at once
-    would share signal slots.
+    Workspace per rank (``workspace_bytes``): LL 4 x world x its largest message, LL two-shot 8 x
+    its largest message, one-shot 2 x its largest message, two-shot and pipelined two-shot 2 x
+    their largest message each. Construction and ``close`` are collective; every rank must create
+    its collectives in the same order with the same arguments. One instance per stream: two
+    launches from one instance on two streams at once would share signal slots.
     """
 
     op = "allreduce"
@@ -72,11 +76,18 @@ class AllReduce(CollectiveBase):
             raise InvalidInputError(f"unknown all-reduce algorithm in {algos}; known: {ALGORITHMS}")
         caps = self._capacities(max_bytes, algos)
         w = self.world
-        self.capacity = {a: (min(c, LL_MAX_BYTES) if a == "ll" else c) for a, c in caps.items()}
+        limits = {"ll": LL_MAX_BYTES, "ll_twoshot": LL_TWOSHOT_MAX_BYTES}
+        self.capacity = {a: min(c, limits.get(a, c)) for a, c in caps.items()}
         if "ll" in caps:
             self._ll_slot_words = round_up((self.capacity["ll"] + 3) // 4, 2)  # even: 16-byte aligned slots
             grid = self._grid_for("ll")
             self._add_channel("ll", programs=grid, barrier_slots=0, buffer_bytes=2 * w * self._ll_slot_words * 8)
+        if "ll_twoshot" in caps:
+            # words per (parity, source) slot: a rank's shard of the largest message, 16-word multiple
+            self._ll2_slot_words = round_up(-(-((self.capacity["ll_twoshot"] + 3) // 4) // w), 16)
+            grid = self._grid_for("ll_twoshot")
+            half = 2 * w * self._ll2_slot_words * 8  # rs or ag: [parity][source][slot_words] packets
+            self._add_channel("ll_twoshot", programs=grid, barrier_slots=0, buffer_bytes=2 * half + 2 * w * 8)
         if "oneshot" in caps:
             self._stage_bytes = round_up(self.capacity["oneshot"], 256)
             grid = self._grid_for("oneshot")
@@ -161,6 +172,14 @@ class AllReduce(CollectiveBase):
                 x, out, x.numel(), (nbytes + 3) // 4, bases, rank, timeout, diag, ch.epochs_off, ch.buffer_off,
                 self._ll_slot_words, c.programs, WORLD=world, BLOCK=c.block, NDIV=pow2_divisor(x.numel()),
                 WDIV=pow2_divisor((nbytes + 3) // 4), num_warps=c.num_warps)
+        elif c.algo == "ll_twoshot":
+            nwords = (nbytes + 3) // 4
+            shard = round_up(-(-nwords // world), 16)  # words; 16-word multiples keep 16-byte vectors
+            half = 2 * world * self._ll2_slot_words * 8
+            ll_twoshot_allreduce_kernel[grid](
+                x, out, x.numel(), nwords, shard, bases, rank, timeout, diag, ch.epochs_off, ch.buffer_off,
+                ch.buffer_off + half, ch.buffer_off + 2 * half, self._ll2_slot_words, c.programs, WORLD=world,
+                BLOCK=c.block, NDIV=pow2_divisor(x.numel()), WDIV=pow2_divisor(nwords), num_warps=c.num_warps)
         elif c.algo == "oneshot":
             oneshot_allreduce_kernel[grid](
                 x, out, x.numel(), bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off,

@@ -19,7 +19,7 @@ log = logging.getLogger("tritoncomm")
 
 _OP_CODES = {"allreduce": 1, "allgather": 2, "reducescatter": 3, "fused_add_rmsnorm": 4, "gemm_allreduce": 5}
 _DTYPE_CODES = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
-_ALGO_CODES = {"ll": 1, "oneshot": 2, "twoshot": 3, "pipelined": 4, "push": 5, "fallback": 99}
+_ALGO_CODES = {"ll": 1, "oneshot": 2, "twoshot": 3, "pipelined": 4, "push": 5, "ll_twoshot": 6, "fallback": 99}
 
 
 def round_up(x: int, m: int) -> int:

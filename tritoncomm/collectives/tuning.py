@@ -18,7 +18,8 @@ from pathlib import Path
 __all__ = ["OPS", "Choice", "SelectionTable", "default_choice", "default_table", "load_table", "table_path"]
 
 OPS = ("allreduce", "allgather", "reducescatter")
-ALGOS = {"allreduce": ("ll", "oneshot", "twoshot", "pipelined"), "allgather": ("push",), "reducescatter": ("push",)}
+ALGOS = {"allreduce": ("ll", "ll_twoshot", "oneshot", "twoshot", "pipelined"), "allgather": ("push",),
+         "reducescatter": ("push",)}
 DTYPE_NAMES = ("bf16", "fp16", "fp32")
 TABLE_DIR = Path(__file__).with_name("tables")
 
@@ -96,9 +97,11 @@ class SelectionTable:
 
 
 _DEFAULT_SHAPES = {
-    "cuda": {"ll": (16, 1024, 4), "oneshot": (32, 4096, 8), "twoshot": (64, 4096, 8), "pipelined": (64, 8192, 8),
+    "cuda": {"ll": (16, 1024, 4), "ll_twoshot": (32, 1024, 4), "oneshot": (32, 4096, 8), "twoshot": (64, 4096, 8),
+             "pipelined": (64, 8192, 8),
              "push": (32, 4096, 8)},
-    "cpu": {"ll": (2, 1024, 1), "oneshot": (2, 2048, 1), "twoshot": (2, 2048, 1), "pipelined": (2, 1024, 1),
+    "cpu": {"ll": (2, 1024, 1), "ll_twoshot": (2, 512, 1), "oneshot": (2, 2048, 1), "twoshot": (2, 2048, 1),
+            "pipelined": (2, 1024, 1),
             "push": (2, 2048, 1)},
 }
 

@@ -215,11 +215,14 @@ def test_fused_ll_and_twoshot_compile():
     from tritoncomm.collectives.fused_norm_ll import ll_allreduce_add_rmsnorm_kernel
     from tritoncomm.collectives.fused_norm_twoshot import twoshot_allreduce_add_rmsnorm_kernel
 
-    sig = dict(FUSED_SIG, epochs_off="i64", buf_off="i64", slot_words="i64", xch_off="i64")
+    sig = dict(FUSED_SIG, epochs_off="i64", buf_off="i64", slot_words="i64", xch_off="i64", row_words="i32",
+               cww="i32")
     ptx = compile_ptx(ll_allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "CH": 16, "BLOCK_C": 512, "GEMMA": False,
                                                              "FP8": False},
-                      FUSED_ALIGNED | {"epochs_off", "buf_off", "xch_off"}, 4)
+                      FUSED_ALIGNED | {"epochs_off", "buf_off", "xch_off", "slot_words", "row_words", "cww"}, 4)
     o = ops(ptx)
+    # the row's packets move two per 16-byte store and poll (8-byte ones before row_words came from the host)
+    assert o["st.global.v2.b64"] >= 1 and o["ld.volatile.global.v2.b64"] >= 1, o
     assert any(k.startswith("ld.volatile") for k in o), o  # LL polls, for the peers' data and the partials
     # no release store, acquire load or fence (only the timeout record's claim, off the fast path): a
     # release here would wait for this program's NVLink pushes to be acknowledged
@@ -300,7 +303,7 @@ def test_rank_zero_and_one_get_the_same_specialisation():
     t = torch.zeros(64, dtype=torch.bfloat16)
 
     def spec(rank: int):
-        return binder(t, t, t, t, t, t, 3, 8192, 512, 1e-6, t, rank, 10**9, 4096, 0, 4096, 4096, 8192,
+        return binder(t, t, t, t, t, t, 3, 8192, 512, 1e-6, t, rank, 10**9, 4096, 0, 4096, 4096, 8192, 4096, 256,
                       WORLD=2, CH=16, BLOCK_C=512, GEMMA=False, FP8=False)[1]
 
     assert spec(0) == spec(1) == spec(2) == spec(3)

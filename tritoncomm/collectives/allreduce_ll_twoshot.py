@@ -129,6 +129,8 @@ def ll_twoshot_allreduce_kernel(x_ptr, out_ptr, n, nwords, shard, bases, rank, t
     only keep their epoch in step."""
     pid = tl.program_id(0)
     n = assume_multiple(n, NDIV)
+    nwords = assume_multiple(nwords, WDIV)
+    shard = assume_multiple(shard, 4)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     EPW: tl.constexpr = 32 // DTYPE.primitive_bitwidth
     diag = diag_addr.to(tl.pointer_type(tl.int64))
@@ -141,8 +143,6 @@ def ll_twoshot_allreduce_kernel(x_ptr, out_ptr, n, nwords, shard, bases, rank, t
         tok = heap_ptr(bases, tl.where(k < WORLD, k, rank), tok_off, tl.uint64) + parity * WORLD + rank
         ll8_store(tok, tl.zeros([W2], dtype=tl.uint32), e, mask=peers)
     if pid < active:
-        shard = assume_multiple(shard, 4)
-        nwords = assume_multiple(nwords, WDIV)
         iters = tl.cdiv(tl.cdiv(shard, BLOCK) - pid, active)
         rs_slot = rs_off + (parity * WORLD + rank) * slot_words * 8
         for i in range(0, iters):  # 1. reduce-scatter push

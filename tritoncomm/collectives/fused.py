@@ -213,7 +213,7 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
                 "num_warps": 8 if tile >= 4096 else 4}
         if algo == "ll":
             ll_allreduce_add_rmsnorm_kernel[grid](*common, ch_.epochs_off, ch_.buffer_off, self._ll_slot_words,
-                                                  xch_off, **meta)
+                                                  xch_off, (h + 1) // 2, cw // 2, **meta)
         elif algo == "oneshot":
             allreduce_add_rmsnorm_kernel[grid](*common, ch_.flags_off, ch_.epochs_off, ch_.buffer_off,
                                                self._stage_bytes, xch_off, **meta)

@@ -11,7 +11,9 @@ No barrier, no fence and no separate signal, between ranks or between programs: 
 says its data is there. Receive buffers alternate by epoch parity, as in ``allreduce_ll``: a rank
 can be at most one launch ahead of a peer that still reads. Buffer layout in every rank's heap:
 ``[parity][source rank][row][word]`` of uint64 packets, ``row_words = ceil(H / 2)`` words per row
-(16-bit inputs only); chunks start at even columns (``CW`` is even).
+(16-bit inputs only); chunks start at even columns (``CW`` is even), ``cww = CW / 2`` words.
+``row_words`` and ``cww`` come from the host, so that Triton sees their divisibility and the
+packets move as 16-byte stores and polls (computed here, they would compile to 8-byte ones).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = ["ll_allreduce_add_rmsnorm_kernel"]
 @triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, scale_ptr, T, H, CW, eps,
                                     bases, rank, timeout, diag_addr, epochs_off, buf_off, slot_words, xch_off,
+                                    row_words, cww,
                                     WORLD: tl.constexpr, CH: tl.constexpr, BLOCK_C: tl.constexpr,
                                     GEMMA: tl.constexpr, FP8: tl.constexpr):
     pid = tl.program_id(0)
@@ -38,8 +41,6 @@ def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr,
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     parity = (e & 1).to(tl.int64)
-    row_words = (H + 1) // 2
-    cww = CW // 2
     wds = tl.arange(0, BW)
     iters = tl.cdiv(T * CH - pid, nprog)
     dst_off = buf_off + ((parity * WORLD + rank) * slot_words) * 8

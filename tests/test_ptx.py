@@ -76,11 +76,13 @@ def test_ll_packets_are_16_byte_stores_and_volatile_polls(ll_ptx):
     assert "%globaltimer" in ll_ptx
 
 
-@pytest.mark.parametrize("world,block", [(4, 256), (4, 1024), (3, 512), (2, 1024)])
-def test_ll_twoshot_moves_16_byte_packets_and_has_no_fence(world, block):
+@pytest.mark.parametrize("world,block,dtype", [(4, 256, "bf16"), (4, 1024, "bf16"), (3, 512, "bf16"),
+                                              (2, 1024, "bf16"), (4, 1024, "fp32"), (3, 512, "fp32")])
+def test_ll_twoshot_moves_16_byte_packets_and_has_no_fence(world, block, dtype):
+    """(fp32 at world 3-4 once failed to compile on Triton 3.6: per-peer stores under `if p != rank`.)"""
     from tritoncomm.collectives.allreduce_ll_twoshot import ll_twoshot_allreduce_kernel
 
-    sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "nwords": "i32", "shard": "i32",
+    sig = {"x_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "n": "i32", "nwords": "i32", "shard": "i32",
            **COMMON, "epochs_off": "i64", "rs_off": "i64", "ag_off": "i64", "tok_off": "i64", "slot_words": "i64",
            "active": "i32"}
     ptx = compile_ptx(ll_twoshot_allreduce_kernel, sig, {"WORLD": world, "BLOCK": block},

@@ -37,7 +37,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import assume_multiple, epoch_commit, heap_ptr, ll8_poll, ll8_store, ll8_try, program_epoch, round_to
+from ..kernels import (
+    assume_multiple,
+    epoch_commit,
+    heap_ptr,
+    ll8_poll,
+    ll8_store,
+    ll8_try,
+    program_epoch,
+    round_to,
+)
 from .allreduce_ll import LL_TRIES, ll_sum_ranks, load_words
 
 __all__ = ["ll_twoshot_allreduce_kernel", "to_words", "words_to"]
@@ -159,10 +168,12 @@ def ll_twoshot_allreduce_kernel(x_ptr, out_ptr, n, nwords, shard, bases, rank, t
             red = round_to(acc, DTYPE)
             r = b * BLOCK * EPW + tl.arange(0, BLOCK * EPW)
             tl.store(out_ptr + mine * EPW + r, red, mask=(r < shard * EPW) & (mine * EPW + r < n))
+            # branch-free (my own slot's store is masked off): under `if p != rank` Triton 3.6's
+            # layout pass shares one conversion of the packets across the branches and fails to
+            # compile (fp32, world 3-4)
             words = to_words(red, BLOCK)
             for p in tl.static_range(WORLD):
-                if p != rank:
-                    ll8_store(heap_ptr(bases, p, ag_slot, tl.uint64) + j, words, e, mask=wmask)
+                ll8_store(heap_ptr(bases, p, ag_slot, tl.uint64) + j, words, e, mask=wmask & (p != rank))
         for i in range(0, iters):  # 3. all-gather: the other shards' blocks into out
             _gather_shards(out_ptr, n, nwords, shard, pid + i * active, bases, rank, ag_off, parity, slot_words, e,
                            timeout, diag, WORLD, BLOCK)

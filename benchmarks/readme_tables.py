@@ -1,6 +1,8 @@
-"""Print the README's all-reduce tables from the committed results (no transcription by hand):
+"""Print the README's all-reduce and fused-norm tables from the committed results (no transcription
+by hand):
 
     python benchmarks/readme_tables.py benchmarks/results/allreduce-h200-tp{2,4}.json
+    python benchmarks/readme_tables.py benchmarks/results/fused-h200-tp{2,4}.json
 """
 
 from __future__ import annotations
@@ -35,5 +37,20 @@ def table(path: str) -> str:
     return "\n".join(out)
 
 
+def norm_table(path: str) -> str:
+    """The all-reduce + residual + RMSNorm rows of a ``fused-h200-tp*.json``."""
+    d = json.load(open(path))
+    out = [f"**TP{d['world']}, all-reduce + residual + RMSNorm** (baseline: NCCL all-reduce + torch add + "
+           "`F.rms_norm`)", "",
+           "| tokens | variant | fused | our bare all-reduce | fused / bare | NCCL + torch | speedup |",
+           "|---|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        if r["op"] == "allreduce_add_rmsnorm":
+            us, bare, base = r["tritoncomm_us"], r["bare_allreduce_us"], r["baseline_us"]
+            out.append(f"| {r['shape'][0]} | {r['variant']} | {us:.1f} | {bare:.1f} | {us / bare:.2f} | {base:.1f} | "
+                       f"{base / us:.2f}x |")
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
-    print("\n\n".join(table(p) for p in sys.argv[1:]))
+    print("\n\n".join(norm_table(p) if "fused" in p else table(p) for p in sys.argv[1:]))

@@ -213,6 +213,28 @@ def test_fused_oneshot_compiles_with_row_chunk_exchange(fp8):
     assert o["ld.global.v4.b32"] >= 1 or o["ld.global.nc.v4.b32"] >= 1, o
 
 
+@pytest.mark.parametrize("world,nq,block_c,fp8", [(4, 4, 512, False), (2, 8, 512, False), (4, 1, 2048, False),
+                                                  (3, 2, 1024, True)])
+def test_fused_ll_twoshot_compiles_with_16_byte_packets_and_no_fence(world, nq, block_c, fp8):
+    from tritoncomm.collectives.fused_norm_ll_twoshot import ll_twoshot_allreduce_add_rmsnorm_kernel
+
+    sig = dict(FUSED_SIG, out_ptr="*fp8e4nv" if fp8 else "*bf16", epochs_off="i64", rs_off="i64", ag_off="i64",
+               tok_off="i64", slot_words="i64", xch_off="i64", row_words="i32", cww="i32")
+    ptx = compile_ptx(ll_twoshot_allreduce_add_rmsnorm_kernel, sig,
+                      {"WORLD": world, "NQ": nq, "BLOCK_C": block_c, "GEMMA": False, "FP8": fp8},
+                      FUSED_ALIGNED | {"epochs_off", "rs_off", "ag_off", "tok_off", "slot_words", "xch_off",
+                                       "row_words", "cww"}, 8 if block_c * triton_pow2(world) >= 4096 else 4)
+    o = ops(ptx)
+    assert o["st.global.v2.b64"] >= 2 and o["ld.volatile.global.v2.b64"] >= 2, o  # both LL trips, 16 bytes
+    assert o["ld.global.v4.b32"] >= 1 and o["st.global.v4.b32"] >= 1, o
+    assert not any(k.startswith(("st.release", "ld.acquire", "fence")) for k in o), o
+    assert "%globaltimer" in ptx
+
+
+def triton_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
 def test_fused_ll_and_twoshot_compile():
     from tritoncomm.collectives.fused_norm_ll import ll_allreduce_add_rmsnorm_kernel
     from tritoncomm.collectives.fused_norm_twoshot import twoshot_allreduce_add_rmsnorm_kernel

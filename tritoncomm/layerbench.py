@@ -70,7 +70,7 @@ def _norm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
     h, dev = sh["hidden"], ctx.device
     ar = AllReduce(comm, max_bytes=max(sh["tokens"]) * h * 2, name="bench.norm.ar")
     fused = FusedAllReduceAddRMSNorm(comm, max_tokens=max(sh["tokens"]), max_hidden=h, name="bench.norm",
-                                     algos=("ll", "oneshot", "twoshot"))
+                                     algos=("ll", "oneshot", "twoshot", "ll_twoshot"))
     whole_rows = FusedAllReduceAddRMSNorm(comm, max_tokens=max(sh["tokens"]), max_hidden=h, name="bench.norm1",
                                           max_chunks=1)
     rows = []
@@ -86,6 +86,10 @@ def _norm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
         res_b.add_(xb)
         yb = F.rms_norm(res_b, (h,), w, 1e-6)
         ok = bool(torch.allclose(y.float(), yb.float(), rtol=3e-2, atol=3e-2)) and _agree(ctx, y)
+        for a in fused.algorithms:  # every variant timed below gives the same answer
+            if t * h * 2 <= fused.capacity[a]:
+                ya = fused(x, res0.clone(), w, algo=a)
+                ok = ok and bool(torch.allclose(ya.float(), yb.float(), rtol=3e-2, atol=3e-2)) and _agree(ctx, ya)
         res, out, xo = res0.clone(), torch.empty_like(x), torch.empty_like(x)
         t_fused = timer(lambda: fused(x, res, w, out=out))
         variants = {a: timer(lambda a=a: fused(x, res, w, out=out, algo=a)) for a in fused.algorithms

@@ -1,10 +1,10 @@
 """Fused tensor-parallel epilogue: all-reduce + residual add + RMSNorm (+ FP8), host side.
 
-Three kernels, one per all-reduce shape: LL packets (``fused_norm_ll``), the one-shot
-(``fused_norm``) and the two-shot by rows (``fused_norm_twoshot``), picked by bytes from
-``MEASURED_SELECTION`` on GPUs at TP2/TP4, else as the all-reduce table picks for the same bytes. All three
-sum the ranks in order 0..W-1 in fp32, add the residual in fp32 and round once, so they give the
-same bits on every rank.
+Four kernels, one per all-reduce shape: LL packets (``fused_norm_ll``), the LL two-shot
+(``fused_norm_ll_twoshot``), the one-shot (``fused_norm``) and the two-shot by rows
+(``fused_norm_twoshot``), picked by bytes from ``MEASURED_SELECTION`` on GPUs at TP2/TP4, else as the
+all-reduce table picks for the same bytes. All of them sum the ranks in order 0..W-1 in fp32, add the
+residual in fp32 and round once, so they give the same bits on every rank.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import triton
 
 from ..channels import Communicator
 from ..errors import InvalidInputError
-from .allreduce import LL_MAX_BYTES
+from .allreduce import LL_MAX_BYTES, LL_TWOSHOT_MAX_BYTES
 from .common import CollectiveBase, round_up
 from .fused_norm import allreduce_add_rmsnorm_kernel
 from .fused_norm_ll import ll_allreduce_add_rmsnorm_kernel
+from .fused_norm_ll_twoshot import ll_twoshot_allreduce_add_rmsnorm_kernel
 from .fused_norm_twoshot import twoshot_allreduce_add_rmsnorm_kernel
 from .tuning import SelectionTable
 from .validation import DTYPE_NAMES, _overlap, check_input
@@ -28,13 +29,16 @@ __all__ = ["FUSED_ALGOS", "MAX_HIDDEN", "FusedAllReduceAddRMSNorm"]
 MAX_HIDDEN = 16384
 #: Most chunks a row is cut into (GPUs only; a power of two that divides every variant's grid).
 MAX_CHUNKS = 16
-FUSED_ALGOS = ("ll", "oneshot", "twoshot")
+FUSED_ALGOS = ("ll", "oneshot", "twoshot", "ll_twoshot")
+#: The LL two-shot cuts a row into at most this many chunks (``NQ`` groups of ``W``).
+LL2_MAX_CHUNKS = 32
 #: The two-shot walks a chunk in column blocks of at most this many columns (GPUs), so its 2-D
 #: accesses (a block of W rows) stay in registers; the CPU world uses smaller blocks so that its
 #: tests walk several.
 TWOSHOT_MAX_COLS = 2048
 TWOSHOT_MAX_COLS_CPU = 1024
-_FROM_TABLE = {"ll": "ll", "oneshot": "oneshot", "twoshot": "twoshot", "pipelined": "twoshot"}
+_FROM_TABLE = {"ll": "ll", "ll_twoshot": "ll_twoshot", "oneshot": "oneshot", "twoshot": "twoshot",
+               "pipelined": "twoshot"}
 
 #: Variant by bytes (``tokens x hidden x 2``), per world size, measured on H200 (hidden 8192, every
 #: variant timed in one run; ``benchmarks/results/fused-h200-tp{2,4}.json``): rows of
@@ -97,8 +101,11 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
                 caps[_FROM_TABLE[a]] = max(caps.get(_FROM_TABLE[a], 0), c)
         if "ll" in caps:
             caps["ll"] = min(caps["ll"], LL_MAX_BYTES)
+        if "ll_twoshot" in caps:
+            caps["ll_twoshot"] = min(caps["ll_twoshot"], LL_TWOSHOT_MAX_BYTES)
         self.capacity = caps
         p = programs or (64 if comm.backend == "cuda" else 2)
+        self._programs = p
         # rows are cut into chunks only where programs run concurrently (see fused_norm)
         self.max_chunks = min(max_chunks or MAX_CHUNKS, MAX_CHUNKS, p) if comm.backend == "cuda" else 1
         w, h = self.world, max_hidden
@@ -109,6 +116,14 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
             self._ll_slot_words = round_up(rows * ((h + 1) // 2), 32)
             self._xch["ll"] = 2 * w * self._ll_slot_words * 8
             self._add_channel("ll", programs=min(p, 32), barrier_slots=0, buffer_bytes=self._xch["ll"] + xch)
+        if "ll_twoshot" in caps:
+            rows = min(max_tokens, -(-caps["ll_twoshot"] // (2 * h)))
+            # words per (parity, source) slot: every group of the largest input, at any NQ it may use
+            self._ll2_slot_words = round_up(max(rows * nq * (cw // 2) for nq, cw in self._ll2_shapes(h)), 16)
+            half = 2 * w * self._ll2_slot_words * 8
+            self._xch["ll_twoshot"] = 2 * half + 256  # rs, ag, tokens; then the row exchange
+            self._add_channel("ll_twoshot", programs=p, barrier_slots=0,
+                              buffer_bytes=self._xch["ll_twoshot"] + round_up(rows * max(LL2_MAX_CHUNKS, w) * 8, 256))
         if "oneshot" in caps:
             rows = min(max_tokens, -(-caps["oneshot"] // (2 * h)))
             self._stage_bytes = round_up(rows * h * 2, 256)
@@ -134,6 +149,28 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
         while ch < self.max_chunks and tokens * ch * 2 <= 64 and hidden // (2 * ch) >= 512:
             ch *= 2
         return ch, round_up(-(-hidden // ch), 16)
+
+    def _ll2_shapes(self, hidden: int) -> list[tuple[int, int]]:
+        """Every ``(NQ, CW)`` the LL two-shot may use for rows of ``hidden`` columns."""
+        out, nq = [], 1
+        while True:
+            out.append((nq, round_up(-(-hidden // (nq * self.world)), 16)))
+            if self.comm.backend != "cuda" or 2 * nq * self.world > LL2_MAX_CHUNKS or 2 * nq > self._programs:
+                return out
+            nq *= 2
+
+    def ll2_groups(self, tokens: int, hidden: int) -> tuple[int, int]:
+        """``(NQ, CW)`` for the LL two-shot: a row is ``NQ`` groups of ``W`` chunks of ``CW`` columns
+        (a multiple of 16), the same on every rank. More groups per row while the groups still fit
+        in the grid and chunks keep at least 256 columns; ``NQ = 1`` in the CPU world, where
+        no program may wait for another of its rank."""
+        shapes = self._ll2_shapes(hidden)
+        nq, cw = shapes[0]
+        for n, c in shapes[1:]:
+            if tokens * n > self._programs or hidden // (n * self.world) < 256:
+                break
+            nq, cw = n, c
+        return nq, cw
 
     def select(self, tokens: int, hidden: int, dtype: torch.dtype = torch.bfloat16) -> str:
         """The variant for ``(tokens, hidden)`` (the same on every rank)."""
@@ -202,16 +239,25 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
         fp8 = fp8_scale is not None
         # the two-shot's rows: a shard's (R = ceil(t / world)); it walks chunks in column blocks
         ch, cw = self.chunks(-(-t // world), h) if algo == "twoshot" else self.chunks(t, h)
+        if algo == "ll_twoshot":
+            ch, cw = self.ll2_groups(t, h)  # NQ groups of W chunks per row
         block = triton.next_power_of_2(cw)
         if algo == "twoshot":
             block = min(block, TWOSHOT_MAX_COLS if self.comm.backend == "cuda" else TWOSHOT_MAX_COLS_CPU)
         ch_ = self._channels[algo]
         xch_off = ch_.buffer_off + self._xch[algo]
         common = (x, residual, residual_out, weight, out, scale, t, h, cw, self.eps, bases, rank, timeout, diag)
-        tile = block * (triton.next_power_of_2(world) if algo == "twoshot" else 1)  # the largest access
+        tile = block * (triton.next_power_of_2(world) if algo in ("twoshot", "ll_twoshot") else 1)  # largest access
         meta = {"WORLD": world, "CH": ch, "BLOCK_C": block, "GEMMA": gemma, "FP8": fp8,
                 "num_warps": 8 if tile >= 4096 else 4}
-        if algo == "ll":
+        if algo == "ll_twoshot":
+            meta["NQ"] = meta.pop("CH")
+            half = 2 * world * self._ll2_slot_words * 8
+            rs = ch_.buffer_off
+            ll_twoshot_allreduce_add_rmsnorm_kernel[grid](
+                *common, ch_.epochs_off, rs, rs + half, rs + 2 * half, self._ll2_slot_words, xch_off, (h + 1) // 2,
+                cw // 2, **meta)
+        elif algo == "ll":
             ll_allreduce_add_rmsnorm_kernel[grid](*common, ch_.epochs_off, ch_.buffer_off, self._ll_slot_words,
                                                   xch_off, (h + 1) // 2, cw // 2, **meta)
         elif algo == "oneshot":

@@ -1,0 +1,154 @@
+"""All-reduce + residual add + RMSNorm with the LL two-shot: the mid-size decode variant.
+
+The all-reduce is ``allreduce_ll_twoshot``'s (LL8 packets both ways, no barrier), cut along rows:
+a row's ``CH = NQ x W`` chunks of ``CW`` columns form ``NQ`` groups of ``W`` consecutive chunks, and
+chunk ``q * W + s`` of every row is owned by rank ``s``. Program ``pid`` handles groups ``pid, pid +
+P, ...`` (group ``g`` is row ``g // NQ``, chunks ``(g % NQ) * W + 0..W-1``):
+
+1. push every other rank's chunk of the group to its owner (packets into its ``rs`` buffer);
+2. sum my chunk over ranks 0..W-1 in fp32, add the residual (loaded before the wait) and round once:
+   the new residual. Store it and push it to every peer (packets into their ``ag`` buffers);
+3. poll the other chunks' new residual from my ``ag`` buffer and store them: every rank now holds
+   the group's whole new residual, with the owners' bits;
+4. the row's sum of squares: one fp32 partial per chunk, exchanged between the row's ``NQ``
+   programs as LL8 packets (as ``fused_norm.row_rstd_from_partial`` does) and added in chunk order,
+   then normalise the group's ``W`` chunks and store them.
+
+Residuals and outputs are the same bits on every rank. Compared with the LL one-shot variant
+(``fused_norm_ll``), each GPU sends half the bytes at TP4 (the owner sends a chunk once, reduced),
+for one more trip over NVLink. Buffer reuse by epoch parity and program 0's tokens are as in
+``allreduce_ll_twoshot``. The row exchange needs a row's ``NQ`` programs in the same round
+(``P`` a multiple of ``NQ``); in the CPU world ``NQ`` is 1 (no program waits for another of its
+rank). Layout: ``rs``/``ag`` ``[2][W][slot_words]`` packets, group ``g`` at word ``g * cww``
+(``cww = CW / 2``); the row exchange at ``xch_off``, ``CH`` packets per row; 16-bit inputs only.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..kernels import epoch_commit, heap_ptr, ll8_poll, ll8_store, ll8_try, program_epoch, round_to
+from .allreduce_ll import LL_TRIES, ll_sum_ranks, load_words
+from .allreduce_ll_twoshot import to_words, words_to
+from .fused_norm import add_residual, load_chunk
+
+__all__ = ["ll_twoshot_allreduce_add_rmsnorm_kernel"]
+
+
+@triton.jit
+def _group_tile(g, H, CW, cww, row_words, rank, WORLD: tl.constexpr, NQ: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Group ``g``'s row, its ``[W2, BLOCK_C]`` columns and their mask, the mask of its
+    ``[W2, BLOCK_C / 2]`` words, and which tile rows (chunks) other ranks own."""
+    W2: tl.constexpr = triton.next_power_of_2(WORLD)
+    row = (g // NQ).to(tl.int64)
+    c = (g % NQ) * WORLD + tl.arange(0, W2)  # the group's chunks; row s is owned by rank s
+    jc = tl.arange(0, BLOCK_C)
+    jw = tl.arange(0, BLOCK_C // 2)
+    live = (tl.arange(0, W2) < WORLD)[:, None]
+    cols = c[:, None] * CW + jc[None, :]
+    cmask = live & (jc[None, :] < CW) & (cols < H)
+    wds = c[:, None] * cww + jw[None, :]
+    wmask = live & (jw[None, :] < cww) & (wds < row_words)
+    others = (tl.arange(0, W2) != rank)[:, None]
+    return row, cols, cmask, wmask, others
+
+
+@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
+def ll_twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, scale_ptr, T, H, CW, eps,
+                                            bases, rank, timeout, diag_addr, epochs_off, rs_off, ag_off, tok_off,
+                                            slot_words, xch_off, row_words, cww, WORLD: tl.constexpr,
+                                            NQ: tl.constexpr, BLOCK_C: tl.constexpr, GEMMA: tl.constexpr,
+                                            FP8: tl.constexpr, TRIES: tl.constexpr = LL_TRIES):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    BW: tl.constexpr = BLOCK_C // 2
+    W2: tl.constexpr = triton.next_power_of_2(WORLD)
+    CH: tl.constexpr = NQ * WORLD
+    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    epoch_ptr, e = program_epoch(bases, rank, epochs_off)
+    parity = (e & 1).to(tl.int64)
+    k = tl.arange(0, W2)
+    peers = (k < WORLD) & (k != rank)
+    if pid == 0:  # token: this rank has started the launch (see allreduce_ll_twoshot)
+        tok = heap_ptr(bases, tl.where(k < WORLD, k, rank), tok_off, tl.uint64) + parity * WORLD + rank
+        ll8_store(tok, tl.zeros([W2], dtype=tl.uint32), e, mask=peers)
+    iters = tl.cdiv(T * NQ - pid, nprog)
+    to_owner = heap_ptr(bases, tl.where(k < WORLD, k, rank), rs_off + (parity * WORLD + rank) * slot_words * 8,
+                        tl.uint64)
+    for i in range(0, iters):  # 1. my copy of every other rank's chunk, to its owner
+        g = pid + i * nprog
+        row, cols, cmask, wmask, others = _group_tile(g, H, CW, cww, row_words, rank, WORLD, NQ, BLOCK_C)
+        v = tl.load(x_ptr + row * H + cols, mask=cmask & others, other=0.0)
+        lo, hi = tl.split(tl.reshape(v.to(tl.uint16, bitcast=True), [W2, BW, 2]))
+        words = lo.to(tl.uint32) | (hi.to(tl.uint32) << 16)
+        ll8_store(to_owner[:, None] + g * cww + tl.arange(0, BW)[None, :], words, e, mask=wmask & others)
+    ag_slot = ag_off + (parity * WORLD + rank) * slot_words * 8
+    for i in range(0, iters):
+        g = pid + i * nprog
+        row, cols, cmask, wmask, others = _group_tile(g, H, CW, cww, row_words, rank, WORLD, NQ, BLOCK_C)
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0)  # the weight and my chunk's residual before any wait
+        c = (g % NQ) * WORLD + rank  # 2. my chunk: sum over ranks, add the residual, round, share
+        mcols = c * CW + tl.arange(0, BLOCK_C)
+        mmask = (tl.arange(0, BLOCK_C) < CW) & (mcols < H)
+        res = load_chunk(res_ptr, row, H, mcols, mmask)
+        jw = tl.arange(0, BW)
+        mwmask = (jw < cww) & (c * cww + jw < row_words)
+        own = load_words(x_ptr + row * H + c * CW, tl.minimum(CW, H - c * CW), 0, BW)
+        acc = ll_sum_ranks(own, g * cww + jw, mwmask, bases, rank, rs_off, parity, slot_words, e, g, timeout, diag,
+                           WORLD, BW, DTYPE)
+        mine = add_residual(acc, res, res_out_ptr, row, H, mcols, mmask)
+        words = to_words(mine, BW)
+        for p in tl.static_range(WORLD):  # branch-free, as in allreduce_ll_twoshot
+            ll8_store(heap_ptr(bases, p, ag_slot, tl.uint64) + g * cww + jw, words, e, mask=mwmask & (p != rank))
+        # 3. the other chunks' new residual from their owners
+        src = heap_ptr(bases, rank, ag_off, tl.uint64) + (parity * WORLD + k[:, None]) * slot_words + g * cww + \
+            jw[None, :]
+        rmask = wmask & others
+        missing = tl.full([], 1, tl.int32)
+        got = tl.zeros([W2, BW], dtype=tl.uint32)
+        for _t in tl.static_range(TRIES):
+            if missing > 0:
+                got, bad = ll8_try(src, rmask, e)
+                missing = tl.sum(tl.sum(bad, axis=1), axis=0)
+        if missing > 0:
+            for p in tl.static_range(WORLD):
+                if p != rank:
+                    pw = ((g % NQ) * WORLD + p) * cww + jw  # chunk p's words within the row
+                    pk = heap_ptr(bases, rank, ag_off, tl.uint64) + (parity * WORLD + p) * slot_words + g * cww + jw
+                    ll8_poll(pk, (jw < cww) & (pw < row_words), e, p, g, rank, timeout, diag)
+            got, bad = ll8_try(src, rmask, e)  # every packet now carries e, and keeps it this launch
+        theirs = words_to(got, DTYPE, W2, BW)
+        tl.store(res_out_ptr + row * H + cols, theirs, mask=cmask & others)
+        resid = tl.where(others, theirs, mine[None, :]).to(tl.float32)
+        resid = tl.where(cmask, resid, 0.0)
+        # 4. the row's sum of squares: a partial per chunk, in chunk order across the row's programs
+        part = tl.sum(resid * resid, axis=1)
+        if NQ == 1:
+            total = tl.sum(tl.where(k < WORLD, part, 0.0), axis=0)
+        else:
+            slots = heap_ptr(bases, rank, xch_off, tl.uint64) + row * CH
+            ll8_store(slots + (g % NQ) * WORLD + k, part.to(tl.uint32, bitcast=True), e, mask=k < WORLD)
+            CH2: tl.constexpr = triton.next_power_of_2(CH)
+            kk = tl.arange(0, CH2)
+            pw = ll8_poll(slots + kk, kk < CH, e, rank, row, rank, timeout, diag)
+            total = tl.sum(tl.where(kk < CH, pw.to(tl.float32, bitcast=True), 0.0), axis=0)
+        rstd = 1.0 / tl.sqrt(total / H + eps)
+        wf = w.to(tl.float32)
+        if GEMMA:
+            wf = wf + 1.0
+        y = resid * rstd * wf
+        if FP8:
+            q = tl.minimum(tl.maximum(y / tl.load(scale_ptr), -448.0), 448.0)
+            tl.store(out_ptr + row * H + cols, round_to(q, out_ptr.dtype.element_ty), mask=cmask)
+        else:
+            tl.store(out_ptr + row * H + cols, round_to(y, DTYPE), mask=cmask)
+    if pid == 0:  # every peer has started this launch (usually long since: one look)
+        mytok = heap_ptr(bases, rank, tok_off, tl.uint64) + parity * WORLD + k
+        _, bad = ll8_try(mytok, peers, e)
+        if tl.sum(bad, axis=0) > 0:
+            for p in tl.static_range(WORLD):
+                if p != rank:
+                    ll8_poll(mytok, k == p, e, p, -1, rank, timeout, diag)
+    epoch_commit(epoch_ptr, e)

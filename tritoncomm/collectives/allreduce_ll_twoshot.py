@@ -49,7 +49,7 @@ from ..kernels import (
 )
 from .allreduce_ll import LL_TRIES, ll_sum_ranks, load_words
 
-__all__ = ["ll_twoshot_allreduce_kernel", "to_words", "words_to"]
+__all__ = ["ll_twoshot_allreduce_kernel", "ll_wait_rows", "to_words", "token_check", "token_send", "words_to"]
 
 
 @triton.jit
@@ -73,6 +73,54 @@ def words_to(words, DTYPE: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr):
         return tl.reshape(tl.join(lo, hi), [R, 2 * BLOCK])
     else:
         return words.to(DTYPE, bitcast=True)
+
+
+@triton.jit
+def token_send(bases, rank, tok_off, parity, e, WORLD: tl.constexpr):
+    """Program 0's token: one LL8 packet with flag ``e`` into slot ``[parity][rank]`` of every
+    peer's token area (``tokens[2][W]`` at heap offset ``tok_off``): this rank has started the launch."""
+    k = tl.arange(0, triton.next_power_of_2(WORLD))
+    tok = heap_ptr(bases, tl.where(k < WORLD, k, rank), tok_off, tl.uint64) + parity * WORLD + rank
+    ll8_store(tok, tl.zeros([triton.next_power_of_2(WORLD)], dtype=tl.uint32), e, mask=(k < WORLD) & (k != rank))
+
+
+@triton.jit
+def token_check(bases, rank, tok_off, parity, e, timeout, diag, WORLD: tl.constexpr):
+    """Program 0, last: wait until every peer's token of this launch is here (usually long since:
+    one look; else a bounded poll per peer, slot -1)."""
+    k = tl.arange(0, triton.next_power_of_2(WORLD))
+    peers = (k < WORLD) & (k != rank)
+    mytok = heap_ptr(bases, rank, tok_off, tl.uint64) + parity * WORLD + k
+    _, bad = ll8_try(mytok, peers, e)
+    if tl.sum(bad, axis=0) > 0:
+        for p in tl.static_range(WORLD):
+            if p != rank:
+                ll8_poll(mytok, k == p, e, p, -1, rank, timeout, diag)
+
+
+@triton.jit
+def ll_wait_rows(src, mask, e, rank, slot, timeout, diag, WORLD: tl.constexpr, TRIES: tl.constexpr = LL_TRIES):
+    """The data words of a ``[W2, B]`` tile of LL8 packets whose row ``s`` comes from rank ``s``
+    (where ``mask``; my own row and padding masked off). Up to ``TRIES`` looks at the whole tile
+    (``ll8_try``: every row's loads in flight together), then, only if packets are still missing, a
+    bounded ``ll8_poll`` per peer's row (a timeout names that peer and ``slot``) and one more look.
+    The contract is ``ll8_poll``'s: only the masked packets' data, once each carries ``e``."""
+    W2: tl.constexpr = src.shape[0]
+    B: tl.constexpr = src.shape[1]
+    missing = tl.full([], 1, tl.int32)
+    words = tl.zeros([W2, B], dtype=tl.uint32)
+    for _t in tl.static_range(TRIES):
+        if missing > 0:
+            words, bad = ll8_try(src, mask, e)
+            missing = tl.sum(tl.sum(bad, axis=1), axis=0)
+    if missing > 0:
+        row = tl.arange(0, W2)[:, None]
+        for p in tl.static_range(WORLD):
+            if p != rank:
+                ll8_poll(tl.reshape(src, [W2 * B]), tl.reshape(mask & (row == p), [W2 * B]), e, p, slot, rank,
+                         timeout, diag)
+        words, bad = ll8_try(src, mask, e)  # every packet now carries e, and keeps it this launch
+    return words
 
 
 @triton.jit
@@ -101,7 +149,7 @@ def _push_shards(x_ptr, n, nwords, shard, b, bases, rank, rs_slot_off, e, WORLD:
 def _gather_shards(out_ptr, n, nwords, shard, b, bases, rank, ag_off, parity, slot_words, e, timeout, diag,
                    WORLD: tl.constexpr, BLOCK: tl.constexpr, TRIES: tl.constexpr = LL_TRIES):
     """Step 3 for block ``b``: the other shards' reduced packets from my ``ag`` buffer into ``out``.
-    Up to ``TRIES`` looks at the whole ``[W, BLOCK]`` tile, then a bounded poll per peer."""
+    (``ll_wait_rows``)."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     EPW: tl.constexpr = 32 // DTYPE.primitive_bitwidth
     W2: tl.constexpr = triton.next_power_of_2(WORLD)
@@ -110,18 +158,7 @@ def _gather_shards(out_ptr, n, nwords, shard, b, bases, rank, ag_off, parity, sl
     rows = (s[:, None] < WORLD) & (s[:, None] != rank)
     wmask = rows & (j[None, :] < shard) & (s[:, None] * shard + j[None, :] < nwords)
     src = heap_ptr(bases, rank, ag_off, tl.uint64) + (parity * WORLD + s[:, None]) * slot_words + j[None, :]
-    missing = tl.full([], 1, tl.int32)
-    words = tl.zeros([W2, BLOCK], dtype=tl.uint32)
-    for _t in tl.static_range(TRIES):
-        if missing > 0:
-            words, bad = ll8_try(src, wmask, e)
-            missing = tl.sum(tl.sum(bad, axis=1), axis=0)
-    if missing > 0:
-        for p in tl.static_range(WORLD):
-            if p != rank:
-                row = heap_ptr(bases, rank, ag_off, tl.uint64) + (parity * WORLD + p) * slot_words + j
-                ll8_poll(row, (j < shard) & (p * shard + j < nwords), e, p, b, rank, timeout, diag)
-        words, bad = ll8_try(src, wmask, e)  # every packet now carries e, and keeps it this launch
+    words = ll_wait_rows(src, wmask, e, rank, b, timeout, diag, WORLD, TRIES)
     r = tl.arange(0, BLOCK * EPW)
     el = (s[:, None] * shard + b * BLOCK) * EPW + r[None, :]
     tl.store(out_ptr + el, words_to(words, DTYPE, W2, BLOCK),
@@ -145,12 +182,8 @@ def ll_twoshot_allreduce_kernel(x_ptr, out_ptr, n, nwords, shard, bases, rank, t
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     parity = (e & 1).to(tl.int64)
-    W2: tl.constexpr = triton.next_power_of_2(WORLD)
-    k = tl.arange(0, W2)
-    peers = (k < WORLD) & (k != rank)
-    if pid == 0:  # token: this rank has started the launch
-        tok = heap_ptr(bases, tl.where(k < WORLD, k, rank), tok_off, tl.uint64) + parity * WORLD + rank
-        ll8_store(tok, tl.zeros([W2], dtype=tl.uint32), e, mask=peers)
+    if pid == 0:
+        token_send(bases, rank, tok_off, parity, e, WORLD)
     if pid < active:
         iters = tl.cdiv(tl.cdiv(shard, BLOCK) - pid, active)
         rs_slot = rs_off + (parity * WORLD + rank) * slot_words * 8
@@ -177,11 +210,6 @@ def ll_twoshot_allreduce_kernel(x_ptr, out_ptr, n, nwords, shard, bases, rank, t
         for i in range(0, iters):  # 3. all-gather: the other shards' blocks into out
             _gather_shards(out_ptr, n, nwords, shard, pid + i * active, bases, rank, ag_off, parity, slot_words, e,
                            timeout, diag, WORLD, BLOCK)
-    if pid == 0:  # every peer has started this launch (usually long since: one look)
-        mytok = heap_ptr(bases, rank, tok_off, tl.uint64) + parity * WORLD + k
-        _, bad = ll8_try(mytok, peers, e)
-        if tl.sum(bad, axis=0) > 0:
-            for p in tl.static_range(WORLD):
-                if p != rank:
-                    ll8_poll(mytok, k == p, e, p, -1, rank, timeout, diag)
+    if pid == 0:  # every peer has started this launch
+        token_check(bases, rank, tok_off, parity, e, timeout, diag, WORLD)
     epoch_commit(epoch_ptr, e)

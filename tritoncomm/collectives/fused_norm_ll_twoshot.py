@@ -28,9 +28,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import epoch_commit, heap_ptr, ll8_poll, ll8_store, ll8_try, program_epoch, round_to
+from ..kernels import epoch_commit, heap_ptr, ll8_poll, ll8_store, program_epoch, round_to
 from .allreduce_ll import LL_TRIES, ll_sum_ranks, load_words
-from .allreduce_ll_twoshot import to_words, words_to
+from .allreduce_ll_twoshot import ll_wait_rows, to_words, token_check, token_send, words_to
 from .fused_norm import add_residual, load_chunk
 
 __all__ = ["ll_twoshot_allreduce_add_rmsnorm_kernel"]
@@ -70,10 +70,8 @@ def ll_twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, 
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     parity = (e & 1).to(tl.int64)
     k = tl.arange(0, W2)
-    peers = (k < WORLD) & (k != rank)
-    if pid == 0:  # token: this rank has started the launch (see allreduce_ll_twoshot)
-        tok = heap_ptr(bases, tl.where(k < WORLD, k, rank), tok_off, tl.uint64) + parity * WORLD + rank
-        ll8_store(tok, tl.zeros([W2], dtype=tl.uint32), e, mask=peers)
+    if pid == 0:  # this rank has started the launch (see allreduce_ll_twoshot)
+        token_send(bases, rank, tok_off, parity, e, WORLD)
     iters = tl.cdiv(T * NQ - pid, nprog)
     to_owner = heap_ptr(bases, tl.where(k < WORLD, k, rank), rs_off + (parity * WORLD + rank) * slot_words * 8,
                         tl.uint64)
@@ -105,20 +103,7 @@ def ll_twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, 
         # 3. the other chunks' new residual from their owners
         src = heap_ptr(bases, rank, ag_off, tl.uint64) + (parity * WORLD + k[:, None]) * slot_words + g * cww + \
             jw[None, :]
-        rmask = wmask & others
-        missing = tl.full([], 1, tl.int32)
-        got = tl.zeros([W2, BW], dtype=tl.uint32)
-        for _t in tl.static_range(TRIES):
-            if missing > 0:
-                got, bad = ll8_try(src, rmask, e)
-                missing = tl.sum(tl.sum(bad, axis=1), axis=0)
-        if missing > 0:
-            for p in tl.static_range(WORLD):
-                if p != rank:
-                    pw = ((g % NQ) * WORLD + p) * cww + jw  # chunk p's words within the row
-                    pk = heap_ptr(bases, rank, ag_off, tl.uint64) + (parity * WORLD + p) * slot_words + g * cww + jw
-                    ll8_poll(pk, (jw < cww) & (pw < row_words), e, p, g, rank, timeout, diag)
-            got, bad = ll8_try(src, rmask, e)  # every packet now carries e, and keeps it this launch
+        got = ll_wait_rows(src, wmask & others, e, rank, g, timeout, diag, WORLD, TRIES)
         theirs = words_to(got, DTYPE, W2, BW)
         tl.store(res_out_ptr + row * H + cols, theirs, mask=cmask & others)
         resid = tl.where(others, theirs, mine[None, :]).to(tl.float32)
@@ -144,11 +129,6 @@ def ll_twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, 
             tl.store(out_ptr + row * H + cols, round_to(q, out_ptr.dtype.element_ty), mask=cmask)
         else:
             tl.store(out_ptr + row * H + cols, round_to(y, DTYPE), mask=cmask)
-    if pid == 0:  # every peer has started this launch (usually long since: one look)
-        mytok = heap_ptr(bases, rank, tok_off, tl.uint64) + parity * WORLD + k
-        _, bad = ll8_try(mytok, peers, e)
-        if tl.sum(bad, axis=0) > 0:
-            for p in tl.static_range(WORLD):
-                if p != rank:
-                    ll8_poll(mytok, k == p, e, p, -1, rank, timeout, diag)
+    if pid == 0:  # every peer has started this launch
+        token_check(bases, rank, tok_off, parity, e, timeout, diag, WORLD)
     epoch_commit(epoch_ptr, e)

@@ -88,6 +88,8 @@ class AllReduce(CollectiveBase):
             grid = self._grid_for("ll_twoshot")
             half = 2 * w * self._ll2_slot_words * 8  # rs or ag: [parity][source][slot_words] packets
             self._add_channel("ll_twoshot", programs=grid, barrier_slots=0, buffer_bytes=2 * half + 2 * w * 8)
+            off = self._channels["ll_twoshot"].buffer_off
+            self._ll2_offs = (off, off + half, off + 2 * half)  # rs, ag, tokens
         if "oneshot" in caps:
             self._stage_bytes = round_up(self.capacity["oneshot"], 256)
             grid = self._grid_for("oneshot")
@@ -175,10 +177,9 @@ class AllReduce(CollectiveBase):
         elif c.algo == "ll_twoshot":
             nwords = (nbytes + 3) // 4
             shard = round_up(-(-nwords // world), 16)  # words; 16-word multiples keep 16-byte vectors
-            half = 2 * world * self._ll2_slot_words * 8
             ll_twoshot_allreduce_kernel[grid](
-                x, out, x.numel(), nwords, shard, bases, rank, timeout, diag, ch.epochs_off, ch.buffer_off,
-                ch.buffer_off + half, ch.buffer_off + 2 * half, self._ll2_slot_words, c.programs, WORLD=world,
+                x, out, x.numel(), nwords, shard, bases, rank, timeout, diag, ch.epochs_off, *self._ll2_offs,
+                self._ll2_slot_words, c.programs, WORLD=world,
                 BLOCK=c.block, NDIV=pow2_divisor(x.numel()), WDIV=pow2_divisor(nwords), num_warps=c.num_warps)
         elif c.algo == "oneshot":
             oneshot_allreduce_kernel[grid](

@@ -78,7 +78,9 @@ def words_to(words, DTYPE: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr):
 @triton.jit
 def token_send(bases, rank, tok_off, parity, e, WORLD: tl.constexpr):
     """Program 0's token: one LL8 packet with flag ``e`` into slot ``[parity][rank]`` of every
-    peer's token area (``tokens[2][W]`` at heap offset ``tok_off``): this rank has started the launch."""
+    peer's token area (``tokens[2][W]`` at heap offset ``tok_off``): this rank has started the launch.
+    Like every ``ll8_store``, a plain store: it orders nothing else this rank wrote; a peer that sees it
+    learns only that this rank's previous launch (kernels of one stream do not overlap) is over."""
     k = tl.arange(0, triton.next_power_of_2(WORLD))
     tok = heap_ptr(bases, tl.where(k < WORLD, k, rank), tok_off, tl.uint64) + parity * WORLD + rank
     ll8_store(tok, tl.zeros([triton.next_power_of_2(WORLD)], dtype=tl.uint32), e, mask=(k < WORLD) & (k != rank))
@@ -87,7 +89,9 @@ def token_send(bases, rank, tok_off, parity, e, WORLD: tl.constexpr):
 @triton.jit
 def token_check(bases, rank, tok_off, parity, e, timeout, diag, WORLD: tl.constexpr):
     """Program 0, last: wait until every peer's token of this launch is here (usually long since:
-    one look; else a bounded poll per peer, slot -1)."""
+    one look; else a bounded ``ll8_poll`` per peer, whose timeout names the peer and slot -1). After
+    it, every peer has finished its previous launch, so none still reads the buffers of this launch's
+    parity that the next-but-one launch will write; no data is made visible by it."""
     k = tl.arange(0, triton.next_power_of_2(WORLD))
     peers = (k < WORLD) & (k != rank)
     mytok = heap_ptr(bases, rank, tok_off, tl.uint64) + parity * WORLD + k

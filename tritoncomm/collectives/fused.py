@@ -126,6 +126,8 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
             self._xch["ll_twoshot"] = 2 * half + 256  # rs, ag, tokens; then the row exchange
             self._add_channel("ll_twoshot", programs=p, barrier_slots=0,
                               buffer_bytes=self._xch["ll_twoshot"] + round_up(rows * max(LL2_MAX_CHUNKS, w) * 8, 256))
+            off = self._channels["ll_twoshot"].buffer_off
+            self._ll2_offs = (off, off + half, off + 2 * half)  # rs, ag, tokens
         if "oneshot" in caps:
             rows = min(max_tokens, -(-caps["oneshot"] // (2 * h)))
             self._stage_bytes = round_up(rows * h * 2, 256)
@@ -240,9 +242,10 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
         scale = fp8_scale if fp8_scale is not None else weight  # any pointer when unused; no copy
         fp8 = fp8_scale is not None
         # the two-shot's rows: a shard's (R = ceil(t / world)); it walks chunks in column blocks
-        ch, cw = self.chunks(-(-t // world), h) if algo == "twoshot" else self.chunks(t, h)
         if algo == "ll_twoshot":
             ch, cw = self.ll2_groups(t, h)  # NQ groups of W chunks per row
+        else:
+            ch, cw = self.chunks(-(-t // world), h) if algo == "twoshot" else self.chunks(t, h)
         block = triton.next_power_of_2(cw)
         if algo == "twoshot":
             block = min(block, TWOSHOT_MAX_COLS if self.comm.backend == "cuda" else TWOSHOT_MAX_COLS_CPU)
@@ -254,11 +257,9 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
                 "num_warps": 8 if tile >= 4096 else 4}
         if algo == "ll_twoshot":
             meta["NQ"] = meta.pop("CH")
-            half = 2 * world * self._ll2_slot_words * 8
-            rs = ch_.buffer_off
             ll_twoshot_allreduce_add_rmsnorm_kernel[grid](
-                *common, ch_.epochs_off, rs, rs + half, rs + 2 * half, self._ll2_slot_words, xch_off, (h + 1) // 2,
-                cw // 2, **meta)
+                *common, ch_.epochs_off, *self._ll2_offs, self._ll2_slot_words, xch_off, (h + 1) // 2, cw // 2,
+                **meta)
         elif algo == "ll":
             ll_allreduce_add_rmsnorm_kernel[grid](*common, ch_.epochs_off, ch_.buffer_off, self._ll_slot_words,
                                                   xch_off, (h + 1) // 2, cw // 2, **meta)

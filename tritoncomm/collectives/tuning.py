@@ -98,11 +98,9 @@ class SelectionTable:
 
 _DEFAULT_SHAPES = {
     "cuda": {"ll": (16, 1024, 4), "ll_twoshot": (32, 1024, 4), "oneshot": (32, 4096, 8), "twoshot": (64, 4096, 8),
-             "pipelined": (64, 8192, 8),
-             "push": (32, 4096, 8)},
+             "pipelined": (64, 8192, 8), "push": (32, 4096, 8)},
     "cpu": {"ll": (2, 1024, 1), "ll_twoshot": (2, 512, 1), "oneshot": (2, 2048, 1), "twoshot": (2, 2048, 1),
-            "pipelined": (2, 1024, 1),
-            "push": (2, 2048, 1)},
+            "pipelined": (2, 1024, 1), "push": (2, 2048, 1)},
 }
 
 

@@ -181,3 +181,51 @@ def _job_not_one_node(ctx):
 def test_group_spanning_hosts_is_refused_on_every_rank(worlds):
     for msg in worlds(2).run(_job_not_one_node):
         assert msg and "another host" in msg
+
+
+def _job_reused_heap_region(ctx, kind, algo):
+    """A collective created where a closed one lived (the heap's first fit gives it the same
+    offsets) must not take the old one's packets for its own: its epochs restart at 1, so an LL
+    packet the old one left with flag 1 would match. Rank 0 calls the new one first and its peers
+    2 s later, so rank 0 polls before any new packet arrives."""
+    from tritoncomm.collectives import FusedAllReduceAddRMSNorm
+
+    from .helpers import check_close, reference_sum
+
+    comm = make_comm(ctx)
+    errs = []
+    h = 64
+    for rnd in range(2):
+        if kind == "allreduce":
+            op = tc.AllReduce(comm, max_bytes=1 << 14, algos=(algo,))
+        else:
+            op = FusedAllReduceAddRMSNorm(comm, max_tokens=4, max_hidden=h, algos=(algo,))
+        g = torch.Generator().manual_seed(100 * rnd + ctx.rank)
+        x = (torch.randn(4 * h, generator=g) * (1 + 3 * rnd)).to(torch.bfloat16).to(ctx.device)
+        if rnd == 1 and ctx.rank != 0:
+            time.sleep(2.0)
+        if kind == "allreduce":
+            out = torch.full_like(x, float("nan"))
+            op(x, out=out, algo=algo)
+            comm.synchronize()
+            ref = reference_sum(ctx, x)
+        else:
+            res = torch.ones(4, h, dtype=torch.bfloat16, device=ctx.device)
+            w = torch.ones(h, dtype=torch.bfloat16, device=ctx.device)
+            op(x.view(4, h), res, w, algo=algo)
+            comm.synchronize()
+            out, ref = res.view(-1), reference_sum(ctx, x) + 1
+        try:
+            check_close(out, ref, torch.bfloat16)
+        except AssertionError as e:
+            errs.append(f"round {rnd}: {e}")
+        op.close()
+    comm.close()
+    return errs
+
+
+@pytest.mark.parametrize("kind,algo", [("allreduce", "ll"), ("allreduce", "ll_twoshot"),
+                                       ("fused", "ll"), ("fused", "ll_twoshot")])
+def test_new_collective_in_a_reused_heap_region_ignores_old_packets(worlds, kind, algo):
+    errs = worlds(2).run(_job_reused_heap_region, kind, algo)
+    assert errs == [[], []], errs

@@ -11,9 +11,11 @@ Layout in every rank's heap (same offsets everywhere):
 * ``epochs``: one uint32 per program, read and written only by this rank's program of that id;
 * ``buffer``: ``buffer_bytes`` of scratch, written by peers (LL packets, staged data, ...).
 
-Flags and epochs are zeroed at creation, and creation ends with a check that every rank built
-the same layout (which is also the barrier that keeps peers from signalling into memory that is
-still being zeroed).
+Flags, epochs and the buffer are zeroed at creation, and creation ends with a check that every
+rank built the same layout (which is also the barrier that keeps peers from signalling into memory
+that is still being zeroed). The buffer is zeroed because the heap is reused: a channel created
+where a closed one lived starts its epochs at 1 again, and an LL packet the old one left there
+with flag 1 would otherwise pass for this channel's (flag 0 never matches an epoch).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class Channel:
             self.epochs = self._alloc(4 * programs, "epochs")
             self.flags = self._alloc(barrier_flag_bytes(barrier_slots), "flags") if barrier_slots else None
             self.buffer = self._alloc(buffer_bytes, "buffer") if buffer_bytes else None
-            for region in (self.epochs, self.flags):
+            for region in (self.epochs, self.flags, self.buffer):
                 if region is not None:
                     heap.view(region).zero_()
             if comm.backend == "cuda":

@@ -34,7 +34,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import barrier, copy_block, epoch_commit, heap_ptr, ll8_poll, ll8_store, program_epoch, round_to
+from ..kernels import barrier, copy_block, epoch_commit, heap_ptr, ll8_poll_sum_f32, ll8_store, program_epoch, round_to
 
 __all__ = ["add_residual", "allreduce_add_rmsnorm_kernel", "block_cols", "chunk_cols", "load_chunk", "row_rstd",
            "row_rstd_from_partial", "store_norm", "work_item"]
@@ -97,8 +97,9 @@ def row_rstd_from_partial(part, row, c, H, eps, bases, rank, xch_off, e, timeout
     With ``CH > 1`` the chunks of the row exchange partial sums through this rank's heap at
     ``xch_off``: one LL8 packet per (row, chunk), the fp32 partial as its data word and the launch
     epoch ``e`` as its flag. A chunk stores its packet, then polls the row's ``CH`` packets until
-    all carry ``e`` (volatile loads, bounded) and adds the partials in chunk order: every chunk of
-    the row computes the same ``rstd``. Only the partials travel; no other write is published.
+    all carry ``e`` (``ll8_poll_sum_f32``: volatile loads, bounded; the sum comes from the look
+    that saw them all) and adds the partials in one fixed order: every chunk of the row computes
+    the same ``rstd``. Only the partials travel; no other write is published.
     Epochs only grow, so a stale packet never matches a later launch; a later launch rewrites a
     packet only after this kernel has ended (launches of one stream do not overlap)."""
     if CH == 1:
@@ -107,8 +108,7 @@ def row_rstd_from_partial(part, row, c, H, eps, bases, rank, xch_off, e, timeout
         slots = heap_ptr(bases, rank, xch_off, tl.uint64) + row * CH
         ll8_store(slots + c, part.to(tl.uint32, bitcast=True), e)
         k = tl.arange(0, CH)
-        words = ll8_poll(slots + k, k < CH, e, rank, row, rank, timeout, diag)
-        total = tl.sum(words.to(tl.float32, bitcast=True), axis=0)
+        total = ll8_poll_sum_f32(slots + k, k < CH, e, rank, row, rank, timeout, diag)
     return 1.0 / tl.sqrt(total / H + eps)
 
 

@@ -2,8 +2,9 @@
 
 Work items are (row, chunk) pairs as in ``fused_norm``. Program ``pid`` pushes its items' chunks
 of ``x`` to every peer as LL8 packets (one 8-byte store carries 4 bytes of data and the launch's
-epoch as flag), then polls the same chunks from every peer's packets, sums the ranks in order
-0..W-1 in fp32 (its own chunk read from ``x``), adds the residual (loaded before the polls), rounds
+epoch as flag), then polls the same chunks from every peer's packets and sums the ranks in order
+0..W-1 in fp32 (``allreduce_ll.ll_sum_ranks``: rounds of looks at every peer's packets issued
+together, its own chunk read from ``x``), adds the residual (loaded before the polls), rounds
 once, exchanges the row's sum of squares with the row's other chunks (LL8 packets too) and
 normalises.
 
@@ -21,8 +22,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import epoch_commit, heap_ptr, ll8_poll, ll8_store, program_epoch
-from .allreduce_ll import load_words, words_to_f32
+from ..kernels import epoch_commit, heap_ptr, ll8_store, program_epoch
+from .allreduce_ll import ll_sum_ranks, load_words
 from .fused_norm import add_residual, chunk_cols, load_chunk, row_rstd, store_norm, work_item
 
 __all__ = ["ll_allreduce_add_rmsnorm_kernel"]
@@ -58,14 +59,9 @@ def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr,
         cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
         res = load_chunk(res_ptr, row, H, cols, cmask)
         w = load_chunk(w_ptr, 0, 0, cols, cmask)
-        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
-        for s in tl.static_range(WORLD):
-            if s == rank:
-                words = load_words(x_ptr + row * H + c * CW, tl.minimum(CW, H - c * CW), 0, BW)
-            else:
-                src = heap_ptr(bases, rank, buf_off + ((parity * WORLD + s) * slot_words) * 8, tl.uint64)
-                words = ll8_poll(src + row * row_words + c * cww + wds, wmask, e, s, row, rank, timeout, diag)
-            acc += words_to_f32(words, DTYPE, BW)
+        own = load_words(x_ptr + row * H + c * CW, tl.minimum(CW, H - c * CW), 0, BW)
+        acc = ll_sum_ranks(own, row * row_words + c * cww + wds, wmask, bases, rank, buf_off, parity, slot_words, e,
+                           row, timeout, diag, WORLD, BW, DTYPE)
         resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask)
         rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
         store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..kernels import epoch_commit, heap_ptr, ll8_poll, ll8_store, program_epoch, round_to
+from ..kernels import epoch_commit, heap_ptr, ll8_poll_sum_f32, ll8_store, program_epoch, round_to
 from .allreduce_ll import LL_TRIES, ll_sum_ranks, load_words
 from .allreduce_ll_twoshot import ll_wait_rows, to_words, token_check, token_send, words_to
 from .fused_norm import add_residual, load_chunk
@@ -117,8 +117,7 @@ def ll_twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, 
             ll8_store(slots + (g % NQ) * WORLD + k, part.to(tl.uint32, bitcast=True), e, mask=k < WORLD)
             CH2: tl.constexpr = triton.next_power_of_2(CH)
             kk = tl.arange(0, CH2)
-            pw = ll8_poll(slots + kk, kk < CH, e, rank, row, rank, timeout, diag)
-            total = tl.sum(tl.where(kk < CH, pw.to(tl.float32, bitcast=True), 0.0), axis=0)
+            total = ll8_poll_sum_f32(slots + kk, kk < CH, e, rank, row, rank, timeout, diag)
         rstd = 1.0 / tl.sqrt(total / H + eps)
         wf = w.to(tl.float32)
         if GEMMA:

@@ -19,6 +19,10 @@ Contract:
   did. Use a fresh flag value per use of a buffer (an epoch), so a stale packet never matches; a
   buffer may be rewritten only once every reader is known to be done with it (for example by
   alternating two buffers by epoch parity). Bounded like ``signals.wait`` (kind 2 in ``diag``).
+* ``ll8_poll_sum_f32(ptrs, mask, flag, ...)``: the same wait for packets whose data words are fp32
+  values; returns their sum (``tl.sum`` over the block: the same order in every program and rank
+  that polls a block of the same shape), taken from the very look that found every packet, so
+  there is no reload after a spin. For small exchanges between programs (partial sums).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from .diag import already_failed, record_timeout
 from .ordering import clock_ns
 from .signals import _CHECK_EVERY, _expired
 
-__all__ = ["ll8_pack", "ll8_poll", "ll8_store", "ll8_try", "ll8_unpack"]
+__all__ = ["ll8_pack", "ll8_poll", "ll8_poll_sum_f32", "ll8_store", "ll8_try", "ll8_unpack"]
 
 
 @triton.jit
@@ -91,3 +95,37 @@ def ll8_poll(ptrs, mask, flag, peer, slot, rank, timeout, diag):
                         missing = 0
         pk = tl.load(ptrs, mask=mask, volatile=True)
     return (pk & 0xFFFFFFFF).to(tl.uint32)
+
+
+@triton.jit
+def _look_sum_f32(ptrs, mask, flag):
+    pk = tl.load(ptrs, mask=mask, volatile=True)
+    missing = tl.sum((((pk >> 32).to(tl.uint32) != flag) & mask).to(tl.int32), axis=0)
+    vals = tl.where(mask, (pk & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True), 0.0)
+    return missing, tl.sum(vals, axis=0)
+
+
+@triton.jit
+def ll8_poll_sum_f32(ptrs, mask, flag, peer, slot, rank, timeout, diag):
+    """Wait for packets with ``flag`` at ``ptrs`` (where ``mask``); return the sum of their data
+    words read as fp32, from the look that saw them all."""
+    flag = tl.cast(flag, tl.uint32)
+    missing, total = _look_sum_f32(ptrs, mask, flag)
+    if missing > 0:
+        t0 = clock_ns()
+        spins = 0
+        while missing > 0:
+            missing, total = _look_sum_f32(ptrs, mask, flag)
+            spins += 1
+            if missing > 0:
+                if (spins % _CHECK_EVERY) == 0:
+                    if already_failed(diag):
+                        missing = 0
+                if timeout > 0:
+                    if _expired(t0, spins, timeout):
+                        seen = tl.load(ptrs, mask=mask, volatile=True)
+                        bad = (((seen >> 32).to(tl.uint32) != flag) & mask)
+                        first = tl.max(tl.where(bad, (seen >> 32).to(tl.int64), -1), axis=0)
+                        record_timeout(diag, 2, rank, peer, slot, flag.to(tl.int64), first, spins)
+                        missing = 0
+    return total

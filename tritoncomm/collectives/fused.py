@@ -45,10 +45,12 @@ _FROM_TABLE = {"ll": "ll", "ll_twoshot": "ll_twoshot", "oneshot": "oneshot", "tw
 #: ``(max_bytes, variant)``, the last serving everything larger. Used on GPUs; elsewhere, and for
 #: other world sizes, the all-reduce table's choice for the same bytes.
 MEASURED_SELECTION: dict[int, tuple[tuple[int, str], ...]] = {
-    # TP2, 2048 tokens (32 MB): one-shot 132.9 µs, two-shot 203.6 (session 5, 2026-11-21); 8 tokens
-    # (128 KB): LL two-shot 5.94 µs, one-shot 6.21, LL 7.37; 32 tokens: LL two-shot 9.40, one-shot 7.78
-    # (session 7, 2026-11-22). At TP4 the LL two-shot tied at 8 tokens (7.05 vs 6.97) and lost at 32.
-    2: ((16 << 10, "ll"), (128 << 10, "ll_twoshot"), (32 << 20, "oneshot"), (1 << 62, "twoshot")),
+    # TP2, 2048 tokens (32 MB): one-shot 132.9 µs, two-shot 203.6 (session 5, 2026-11-21). 8 tokens
+    # (128 KB): LL 5.81 µs, one-shot 6.29, LL two-shot 7.18 (session 8, 2xH200, after the LL variant
+    # took one item per program; session 7 on 4xH200 had the LL two-shot at 5.94 and the LL, then
+    # two items per program, at 7.37); 32 tokens: one-shot 7.78-8.14, LL 9.7-10.0, LL two-shot 9.4-11.8.
+    # At TP4 the LL two-shot tied at 8 tokens (7.05 vs 6.97) and lost at 32 (session 7).
+    2: ((128 << 10, "ll"), (32 << 20, "oneshot"), (1 << 62, "twoshot")),
     4: ((16 << 10, "ll"), (512 << 10, "oneshot"), (1 << 62, "twoshot")),
 }
 

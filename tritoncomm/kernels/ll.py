@@ -71,6 +71,25 @@ def ll8_try(ptrs, mask, flag):
 
 
 @triton.jit
+def _give_up(ptrs, mask, flag, t0, spins, peer, slot, rank, timeout, diag):
+    """Whether a poll that has spun ``spins`` times since ``t0`` stops: another wait already failed
+    (looked at every ``_CHECK_EVERY`` spins), or the bound passed, which is then recorded (kind 2:
+    the peer, the slot, the expected flag and the first stale flag seen)."""
+    stop = False
+    if (spins % _CHECK_EVERY) == 0:
+        if already_failed(diag):
+            stop = True
+    if timeout > 0:
+        if _expired(t0, spins, timeout):
+            seen = tl.load(ptrs, mask=mask, volatile=True)
+            bad = (((seen >> 32).to(tl.uint32) != flag) & mask)
+            first = tl.max(tl.where(bad, (seen >> 32).to(tl.int64), -1), axis=0)
+            record_timeout(diag, 2, rank, peer, slot, flag.to(tl.int64), first, spins)
+            stop = True
+    return stop
+
+
+@triton.jit
 def ll8_poll(ptrs, mask, flag, peer, slot, rank, timeout, diag):
     """Wait for packets with ``flag`` at ``ptrs`` (where ``mask``); return their data words."""
     flag = tl.cast(flag, tl.uint32)
@@ -83,16 +102,8 @@ def ll8_poll(ptrs, mask, flag, peer, slot, rank, timeout, diag):
             missing = _missing(ptrs, mask, flag)
             spins += 1
             if missing > 0:
-                if (spins % _CHECK_EVERY) == 0:
-                    if already_failed(diag):
-                        missing = 0
-                if timeout > 0:
-                    if _expired(t0, spins, timeout):
-                        seen = tl.load(ptrs, mask=mask, volatile=True)
-                        bad = (((seen >> 32).to(tl.uint32) != flag) & mask)
-                        first = tl.max(tl.where(bad, (seen >> 32).to(tl.int64), -1), axis=0)
-                        record_timeout(diag, 2, rank, peer, slot, flag.to(tl.int64), first, spins)
-                        missing = 0
+                if _give_up(ptrs, mask, flag, t0, spins, peer, slot, rank, timeout, diag):
+                    missing = 0
         pk = tl.load(ptrs, mask=mask, volatile=True)
     return (pk & 0xFFFFFFFF).to(tl.uint32)
 
@@ -118,14 +129,6 @@ def ll8_poll_sum_f32(ptrs, mask, flag, peer, slot, rank, timeout, diag):
             missing, total = _look_sum_f32(ptrs, mask, flag)
             spins += 1
             if missing > 0:
-                if (spins % _CHECK_EVERY) == 0:
-                    if already_failed(diag):
-                        missing = 0
-                if timeout > 0:
-                    if _expired(t0, spins, timeout):
-                        seen = tl.load(ptrs, mask=mask, volatile=True)
-                        bad = (((seen >> 32).to(tl.uint32) != flag) & mask)
-                        first = tl.max(tl.where(bad, (seen >> 32).to(tl.int64), -1), axis=0)
-                        record_timeout(diag, 2, rank, peer, slot, flag.to(tl.int64), first, spins)
-                        missing = 0
+                if _give_up(ptrs, mask, flag, t0, spins, peer, slot, rank, timeout, diag):
+                    missing = 0
     return total

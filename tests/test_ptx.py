@@ -130,10 +130,9 @@ def test_twoshot_and_push_collectives_compile_vectorised():
            "epochs_off": "i64", "rs_off": "i64", "ag_off": "i64", "active": "i32", "x_off": "i64", "out_off": "i64"}
     aligned2 = {"x_ptr", "out_ptr", "n", "shard", "bases", "flags_off", "epochs_off", "rs_off", "ag_off", "x_off",
                 "out_off"}
-    # staged, zero-copy (inputs and outputs in the heap), and the pulled all-gather (regular output)
-    for heap, pull in ((False, False), (True, False), (False, True)):
+    for heap in (False, True):  # staged, and zero-copy (inputs and outputs in the heap)
         o = ops(compile_ptx(twoshot_allreduce_kernel, sig, {"WORLD": 4, "BLOCK": 4096, "X_HEAP": heap,
-                                                            "OUT_HEAP": heap, "PULL": pull}, aligned2, 8))
+                                                            "OUT_HEAP": heap}, aligned2, 8))
         assert o["ld.global.v4.b32"] >= 3 and o["st.global.v4.b32"] >= 3, o
         assert o["st.release.sys.global.b32"] >= 2 and o["ld.acquire.sys.global.b32"] >= 2, o  # two barriers
     sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "m": "i32", **COMMON, "flags_off": "i64", "epochs_off": "i64",

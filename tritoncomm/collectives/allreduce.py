@@ -38,9 +38,6 @@ PIPE_MIN_BLOCK = 1024
 #: µs (up to 70%) at 4-16 MB, where the extra barriers outweigh the hidden copy.
 TWOSHOT_ROUNDS = 4
 TWOSHOT_ROUND_MIN_ITERS = 4
-#: World sizes at which the two-shot pulls its all-gather into a regular output (``PULL`` in
-#: ``twoshot_allreduce_kernel``) instead of pushing it into peers' heaps and copying it out.
-TWOSHOT_PULL_WORLDS: frozenset[int] = frozenset()
 
 
 class AllReduce(CollectiveBase):
@@ -103,7 +100,6 @@ class AllReduce(CollectiveBase):
             self._add_channel("twoshot", programs=grid, barrier_slots=2 * TWOSHOT_ROUNDS * grid,
                               buffer_bytes=2 * w * self._shard_cap)
         self._rounds_override: int | None = None  # experiments only (benchmarks/experiments)
-        self._pull_override: bool | None = None  # experiments only
         if "pipelined" in caps:
             self._pipe_shard_cap = round_up(-(-self.capacity["pipelined"] // w) + 128, 256)
             self._pipe_rows = -(-self._pipe_shard_cap // (2 * PIPE_MIN_BLOCK))  # blocks per shard, at most
@@ -200,15 +196,13 @@ class AllReduce(CollectiveBase):
             shard = round_up(-(-x.numel() // world), 16)
             nblocks = -(-shard // c.block)
             iters = -(-nblocks // c.programs)  # blocks of program 0
-            pull = not out_heap and world in TWOSHOT_PULL_WORLDS
-            pull = pull if self._pull_override is None else (self._pull_override and not out_heap)
-            # rounds hide the copy-out; with the output in the heap, or pulled, there is none to hide
-            many = iters >= TWOSHOT_ROUNDS * TWOSHOT_ROUND_MIN_ITERS and not out_heap and not pull
+            # rounds hide the copy-out; with the output in the heap there is none to hide
+            many = iters >= TWOSHOT_ROUNDS * TWOSHOT_ROUND_MIN_ITERS and not out_heap
             rounds = TWOSHOT_ROUNDS if many else 1
             rounds = self._rounds_override or rounds
             twoshot_allreduce_kernel[grid](
                 x, out, x.numel(), shard, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off,
                 ch.buffer_off + world * self._shard_cap, c.programs, x_off, out_off, WORLD=world,
                 BLOCK=c.block, X_HEAP=x_heap, OUT_HEAP=out_heap, NDIV=pow2_divisor(x.numel()), ROUNDS=rounds,
-                PULL=pull, num_warps=c.num_warps)
+                num_warps=c.num_warps)
         return out

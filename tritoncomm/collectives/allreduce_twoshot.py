@@ -15,15 +15,6 @@ the reduced block straight into every rank's output and step 4 disappears. Eithe
 (``out`` = ``x``): only the owner of shard ``s`` reads or writes shard ``s`` of anyone's tensor, block
 by block in the same program, and nobody returns (and reuses its tensor) before the second barrier.
 
-Pulled all-gather (``PULL``), for a regular output: step 3 stores the reduced block into my own
-``ag`` slot [my rank] (a local store) instead of pushing it, and step 4 reads the other shards'
-blocks from their owners' ``ag`` slots over NVLink straight into ``out``. The pushed form writes
-every reduced byte twice on the receiver (the push into ``ag``, then the copy into ``out``) and
-reads it once more; the pulled form writes it once. Reuse: I overwrite my slot [my rank] in launch
-k+1 only after the first barrier of launch k+1, which every peer reaches after its launch-k reads
-of that slot (same program, program order, release). Pushed and pulled launches may alternate on
-one channel: a pulled launch writes only my own slot, which no pushed launch writes.
-
 Program ``pid`` handles blocks ``pid, pid + P, ...`` of every shard on every rank, so each barrier
 is between matching programs. No buffer needs a second copy by parity: a rank's pushes of launch
 k+1 into a peer's ``rs`` (``ag``) buffer come after the second (first) barrier of launch k+1's
@@ -47,8 +38,7 @@ from ..kernels import (
     round_to,
 )
 
-__all__ = ["twoshot_allreduce_kernel", "twoshot_gather_block", "twoshot_pull_block", "twoshot_reduce_block",
-           "twoshot_scatter_block"]
+__all__ = ["twoshot_allreduce_kernel", "twoshot_gather_block", "twoshot_reduce_block", "twoshot_scatter_block"]
 
 
 @triton.jit
@@ -72,11 +62,10 @@ def twoshot_scatter_block(x_ptr, n, shard, b, bases, rank, rs_off, WORLD: tl.con
 @triton.jit
 def twoshot_reduce_block(x_ptr, out_ptr, n, shard, b, bases, rank, rs_off, ag_off, WORLD: tl.constexpr,
                          BLOCK: tl.constexpr, x_off=0, out_off=0, X_HEAP: tl.constexpr = False,
-                         OUT_HEAP: tl.constexpr = False, PULL: tl.constexpr = False):
+                         OUT_HEAP: tl.constexpr = False):
     """Sum block ``b`` of my shard over ranks 0..W-1 (mine from ``x``; the others from ``rs``, or
     with ``X_HEAP`` from their inputs at heap offset ``x_off``), write it to ``out`` and push it to
-    every peer (``ag`` slot [rank], or with ``OUT_HEAP`` their outputs at heap offset ``out_off``).
-    With ``PULL`` it goes to my own ``ag`` slot [rank] instead, for the peers to read."""
+    every peer (``ag`` slot [rank], or with ``OUT_HEAP`` their outputs at heap offset ``out_off``)."""
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     j = b * BLOCK + tl.arange(0, BLOCK)
     slot_bytes = shard * (DTYPE.primitive_bitwidth // 8)
@@ -91,10 +80,8 @@ def twoshot_reduce_block(x_ptr, out_ptr, n, shard, b, bases, rank, rs_off, ag_of
         else:
             acc += tl.load(heap_ptr(bases, rank, rs_off + s * slot_bytes, DTYPE) + j, mask=m).to(tl.float32)
     red = round_to(acc, DTYPE)
-    if PULL:
-        tl.store(heap_ptr(bases, rank, ag_off + rank * slot_bytes, DTYPE) + j, red, mask=m)
     for s in tl.static_range(WORLD):
-        if s != rank and not PULL:
+        if s != rank:
             if OUT_HEAP:
                 tl.store(heap_ptr(bases, s, out_off, DTYPE) + idx, red, mask=m)
             else:
@@ -116,27 +103,11 @@ def twoshot_gather_block(out_ptr, n, shard, b, bases, rank, ag_off, WORLD: tl.co
     tl.store(out_ptr + idx, v, mask=m)
 
 
-@triton.jit
-def twoshot_pull_block(out_ptr, n, shard, b, bases, rank, ag_off, WORLD: tl.constexpr, BLOCK: tl.constexpr):
-    """Copy block ``b`` of every other rank's reduced shard from that rank's own ``ag`` slot (over
-    NVLink) into ``out``: one 2-D load of every peer's block, then one 2-D store. The caller has
-    passed a barrier after the owners' stores (``PULL`` in ``twoshot_reduce_block``)."""
-    DTYPE: tl.constexpr = out_ptr.dtype.element_ty
-    W2: tl.constexpr = triton.next_power_of_2(WORLD)
-    s = tl.arange(0, W2)
-    j = b * BLOCK + tl.arange(0, BLOCK)
-    idx = s[:, None] * shard + j[None, :]  # slot [s] of rank s's ``ag`` holds shard s
-    m = (j[None, :] < shard) & (idx < n) & (s[:, None] < WORLD) & (s[:, None] != rank)
-    src = heap_ptr(bases, tl.where(s < WORLD, s, rank), ag_off, DTYPE)
-    v = tl.load(src[:, None] + idx, mask=m)
-    tl.store(out_ptr + idx, v, mask=m)
-
-
 @triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_addr, flags_off, epochs_off,
                              rs_off, ag_off, active, x_off, out_off, WORLD: tl.constexpr, BLOCK: tl.constexpr,
                              X_HEAP: tl.constexpr = False, OUT_HEAP: tl.constexpr = False, NDIV: tl.constexpr = 1,
-                             ROUNDS: tl.constexpr = 1, PULL: tl.constexpr = False):
+                             ROUNDS: tl.constexpr = 1):
     """Sum ``n`` elements (a multiple of ``NDIV``) over the ranks into ``out_ptr`` (may equal
     ``x_ptr``); ``shard`` elements per rank (a multiple of 16); programs ``>= active`` only keep
     their epoch in step. ``x_off``/``out_off``: heap offsets of ``x``/``out`` (16-byte aligned),
@@ -147,8 +118,7 @@ def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, dia
     arrive that ends round c, a release, comes after that copy). Barrier slots: ``pid + k * grid``
     for k < 2 x ROUNDS, so the channel needs 2 x ROUNDS x grid slots. The reuse argument of the
     module docstring holds per round: a rank pushes into a peer's ``rs``/``ag`` blocks of launch
-    k+1 only after that peer has arrived at a barrier of launch k+1. ``PULL`` (not with ``OUT_HEAP``):
-    step 4 reads the owners' ``ag`` slots instead of mine (module docstring)."""
+    k+1 only after that peer has arrived at a barrier of launch k+1."""
     pid = tl.program_id(0)
     n = assume_multiple(n, NDIV)
     diag = diag_addr.to(tl.pointer_type(tl.int64))
@@ -165,21 +135,15 @@ def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, dia
             barrier(bases, rank, WORLD, flags_off, pid + (2 * c) * grid, e, timeout, diag)
             for i in range(lo, hi):  # 2. reduce my shard, write it out, push it to every peer
                 twoshot_reduce_block(x_ptr, out_ptr, n, shard, pid + i * active, bases, rank, rs_off, ag_off, WORLD,
-                                     BLOCK, x_off, out_off, X_HEAP, OUT_HEAP, PULL)
+                                     BLOCK, x_off, out_off, X_HEAP, OUT_HEAP)
             if c > 0:  # 3. (previous round) gather the other shards while this round's pushes drain
                 barrier_wait(bases, rank, WORLD, flags_off, pid + (2 * c - 1) * grid, e, timeout, diag)
-                if PULL:
-                    for i in range(iters * (c - 1) // ROUNDS, lo):
-                        twoshot_pull_block(out_ptr, n, shard, pid + i * active, bases, rank, ag_off, WORLD, BLOCK)
-                elif not OUT_HEAP:
+                if not OUT_HEAP:
                     for i in range(iters * (c - 1) // ROUNDS, lo):
                         twoshot_gather_block(out_ptr, n, shard, pid + i * active, bases, rank, ag_off, WORLD, BLOCK)
             barrier_arrive(bases, rank, WORLD, flags_off, pid + (2 * c + 1) * grid, e)
         barrier_wait(bases, rank, WORLD, flags_off, pid + (2 * ROUNDS - 1) * grid, e, timeout, diag)
-        if PULL:
-            for i in range(iters * (ROUNDS - 1) // ROUNDS, iters):  # 3. (last round)
-                twoshot_pull_block(out_ptr, n, shard, pid + i * active, bases, rank, ag_off, WORLD, BLOCK)
-        elif not OUT_HEAP:
+        if not OUT_HEAP:
             for i in range(iters * (ROUNDS - 1) // ROUNDS, iters):  # 3. (last round)
                 twoshot_gather_block(out_ptr, n, shard, pid + i * active, bases, rank, ag_off, WORLD, BLOCK)
     epoch_commit(epoch_ptr, e)

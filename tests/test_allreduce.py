@@ -305,8 +305,9 @@ def _bit_mismatches(ctx, got: torch.Tensor, want: torch.Tensor, tag: tuple) -> l
 
 
 def _job_symmetric_tensors(ctx, sizes):
-    """Inputs and outputs made by ``comm.empty``: the two-shot reads peers' inputs and writes peers'
-    outputs in place of its staging buffers; the bits equal the staged path's."""
+    """Inputs and outputs made by ``comm.empty``: with a symmetric output the two-shot writes peers'
+    outputs in place of its all-gather buffer; a symmetric input is pushed like a regular one. The
+    bits equal the staged path's in every combination, in place too."""
     comm = make_comm(ctx)
     ar = tc.AllReduce(comm, max_bytes=1 << 20, algos=("twoshot",))
     n_max = max(sizes)
@@ -348,8 +349,8 @@ def test_symmetric_tensors_zero_copy_twoshot(worlds, world):
 
 
 def _job_symmetric_mismatch(ctx):
-    """Debug mode: one rank passing a symmetric tensor where another passes a plain one (or another
-    offset) would make the zero-copy two-shot read the wrong memory; it raises on every rank."""
+    """Debug mode: one rank passing a symmetric output where another passes a plain one (or another
+    offset) would make the zero-copy two-shot write the wrong memory; it raises on every rank."""
     comm = make_comm(ctx, debug=True)
     ar = tc.AllReduce(comm, max_bytes=1 << 16, algos=("twoshot",))
     a, b = comm.empty(4096, torch.bfloat16), comm.empty(4096, torch.bfloat16)
@@ -357,9 +358,9 @@ def _job_symmetric_mismatch(ctx):
     a.fill_(1.0)
     b.fill_(1.0)
     fields = []
-    for mine in ((a if ctx.rank == 0 else plain), (a if ctx.rank == 0 else b)):
+    for mine in ((a if ctx.rank == 0 else torch.empty_like(plain)), (a if ctx.rank == 0 else b)):
         try:
-            ar(mine, out=torch.empty_like(plain), algo="twoshot")
+            ar(plain, out=mine, algo="twoshot")
             comm.synchronize()
             fields.append(None)
         except tc.CollectiveMismatchError as e:

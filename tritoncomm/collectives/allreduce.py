@@ -154,18 +154,15 @@ class AllReduce(CollectiveBase):
         c = self._choice(algo, dtype, nbytes)
         if programs is not None and programs < c.programs:
             c = Choice(c.algo, programs, c.block, c.num_warps)
-        x_heap = out_heap = False
-        x_off = out_off = 0
-        if c.algo == "twoshot":  # symmetric tensors (Communicator.empty): read/write peers' directly
-            xo, oo = comm.heap_offset(x), comm.heap_offset(out)
+        out_heap, out_off = False, 0
+        if c.algo == "twoshot":  # a symmetric output (Communicator.empty): write peers' outputs directly
+            oo = comm.heap_offset(out)
             out_heap = oo is not None and oo % 16 == 0
-            # With a symmetric output, pushing from the input beats pulling peers' inputs even when
-            # the input is symmetric too (4xH200: TP4 128 MB 609 vs 674 µs, 32 MB 157 vs 178; TP2 within
-            # 2%): read peers' inputs only when the output is a regular tensor.
-            x_heap = xo is not None and xo % 16 == 0 and not out_heap
-            x_off, out_off = (xo or 0) if x_heap else 0, (oo or 0) if out_heap else 0
-        # debug mode also compares the zero-copy choice and the symmetric tensors' offsets
-        self._debug_check(x.dtype, x.numel(), c.algo, (x_heap, x_off, out_heap, out_off, c.programs))
+            out_off = oo if out_heap else 0
+            # The input is pushed even when it is symmetric: reading peers' inputs instead measured
+            # slower (allreduce_twoshot's docstring).
+        # debug mode also compares the zero-copy choice and the symmetric output's offset
+        self._debug_check(x.dtype, x.numel(), c.algo, (out_heap, out_off, c.programs))
         ch = self._channels[c.algo]
         bases, rank, world, timeout, diag = comm.kernel_args()
         grid = (self._grids[c.algo],)
@@ -202,7 +199,7 @@ class AllReduce(CollectiveBase):
             rounds = self._rounds_override or rounds
             twoshot_allreduce_kernel[grid](
                 x, out, x.numel(), shard, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off,
-                ch.buffer_off + world * self._shard_cap, c.programs, x_off, out_off, WORLD=world,
-                BLOCK=c.block, X_HEAP=x_heap, OUT_HEAP=out_heap, NDIV=pow2_divisor(x.numel()), ROUNDS=rounds,
+                ch.buffer_off + world * self._shard_cap, c.programs, out_off, WORLD=world,
+                BLOCK=c.block, OUT_HEAP=out_heap, NDIV=pow2_divisor(x.numel()), ROUNDS=rounds,
                 num_warps=c.num_warps)
         return out

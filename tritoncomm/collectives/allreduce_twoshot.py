@@ -8,12 +8,15 @@ The input is cut into ``W`` shards of ``S`` elements; rank ``s`` owns shard ``s`
    writes it to its output and pushes it to every peer (slot [my rank] of their ``ag`` buffer).
 4. Second barrier; then every rank copies the other shards' blocks from its ``ag`` buffer.
 
-Zero-copy forms, when the tensors live in the symmetric heap (``Communicator.empty``) at the same
-offset on every rank: with ``X_HEAP`` step 1 disappears (the first barrier only says "every input is
-ready") and step 3 reads its shard straight from every rank's input; with ``OUT_HEAP`` step 3 writes
-the reduced block straight into every rank's output and step 4 disappears. Either is safe in place
-(``out`` = ``x``): only the owner of shard ``s`` reads or writes shard ``s`` of anyone's tensor, block
-by block in the same program, and nobody returns (and reuses its tensor) before the second barrier.
+Zero-copy form, when the output lives in the symmetric heap (``Communicator.empty``) at the same
+offset on every rank (``OUT_HEAP``): step 3 writes the reduced block straight into every rank's
+output and step 4 disappears. It is safe in place (``out`` = ``x``): rank ``s`` writes shard ``s``
+of a peer's tensor only after the first barrier, which that peer reaches after pushing (reading)
+its own shard ``s``, and nobody returns (and reuses its tensor) before the second barrier. The
+input is always pushed, even when it lives in the heap: reading the shard from every peer's input
+instead (no step 1) measured slower on 4xH200 (2026-11-22, TP4 32 MB 187.6 vs 173.6 µs, 128 MB
+679.0 vs 639.8; TP2 within 2% up to 8 MB, 4-8% slower from 32 MB): a pull over NVLink moves less
+per SM than a push.
 
 Program ``pid`` handles blocks ``pid, pid + P, ...`` of every shard on every rank, so each barrier
 is between matching programs. No buffer needs a second copy by parity: a rank's pushes of launch
@@ -61,11 +64,10 @@ def twoshot_scatter_block(x_ptr, n, shard, b, bases, rank, rs_off, WORLD: tl.con
 
 @triton.jit
 def twoshot_reduce_block(x_ptr, out_ptr, n, shard, b, bases, rank, rs_off, ag_off, WORLD: tl.constexpr,
-                         BLOCK: tl.constexpr, x_off=0, out_off=0, X_HEAP: tl.constexpr = False,
-                         OUT_HEAP: tl.constexpr = False):
-    """Sum block ``b`` of my shard over ranks 0..W-1 (mine from ``x``; the others from ``rs``, or
-    with ``X_HEAP`` from their inputs at heap offset ``x_off``), write it to ``out`` and push it to
-    every peer (``ag`` slot [rank], or with ``OUT_HEAP`` their outputs at heap offset ``out_off``)."""
+                         BLOCK: tl.constexpr, out_off=0, OUT_HEAP: tl.constexpr = False):
+    """Sum block ``b`` of my shard over ranks 0..W-1 (mine from ``x``, the others from ``rs``), write
+    it to ``out`` and push it to every peer (``ag`` slot [rank], or with ``OUT_HEAP`` their outputs
+    at heap offset ``out_off``)."""
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     j = b * BLOCK + tl.arange(0, BLOCK)
     slot_bytes = shard * (DTYPE.primitive_bitwidth // 8)
@@ -75,8 +77,6 @@ def twoshot_reduce_block(x_ptr, out_ptr, n, shard, b, bases, rank, rs_off, ag_of
     for s in tl.static_range(WORLD):
         if s == rank:
             acc += tl.load(x_ptr + idx, mask=m).to(tl.float32)
-        elif X_HEAP:
-            acc += tl.load(heap_ptr(bases, s, x_off, DTYPE) + idx, mask=m).to(tl.float32)
         else:
             acc += tl.load(heap_ptr(bases, rank, rs_off + s * slot_bytes, DTYPE) + j, mask=m).to(tl.float32)
     red = round_to(acc, DTYPE)
@@ -105,13 +105,13 @@ def twoshot_gather_block(out_ptr, n, shard, b, bases, rank, ag_off, WORLD: tl.co
 
 @triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_addr, flags_off, epochs_off,
-                             rs_off, ag_off, active, x_off, out_off, WORLD: tl.constexpr, BLOCK: tl.constexpr,
-                             X_HEAP: tl.constexpr = False, OUT_HEAP: tl.constexpr = False, NDIV: tl.constexpr = 1,
+                             rs_off, ag_off, active, out_off, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                             OUT_HEAP: tl.constexpr = False, NDIV: tl.constexpr = 1,
                              ROUNDS: tl.constexpr = 1):
     """Sum ``n`` elements (a multiple of ``NDIV``) over the ranks into ``out_ptr`` (may equal
     ``x_ptr``); ``shard`` elements per rank (a multiple of 16); programs ``>= active`` only keep
-    their epoch in step. ``x_off``/``out_off``: heap offsets of ``x``/``out`` (16-byte aligned),
-    used with ``X_HEAP``/``OUT_HEAP``.
+    their epoch in step. ``out_off``: the heap offset of ``out`` (16-byte aligned),
+    used with ``OUT_HEAP``.
 
     ``ROUNDS`` > 1 cuts each program's blocks into that many rounds, each with its own pair of
     barriers, and copies round c-1 out while round c's all-gather pushes drain over NVLink (the
@@ -129,13 +129,12 @@ def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, dia
         for c in tl.static_range(ROUNDS):
             lo = iters * c // ROUNDS
             hi = iters * (c + 1) // ROUNDS
-            if not X_HEAP:
-                for i in range(lo, hi):  # 1. reduce-scatter push
-                    twoshot_scatter_block(x_ptr, n, shard, pid + i * active, bases, rank, rs_off, WORLD, BLOCK)
+            for i in range(lo, hi):  # 1. reduce-scatter push
+                twoshot_scatter_block(x_ptr, n, shard, pid + i * active, bases, rank, rs_off, WORLD, BLOCK)
             barrier(bases, rank, WORLD, flags_off, pid + (2 * c) * grid, e, timeout, diag)
             for i in range(lo, hi):  # 2. reduce my shard, write it out, push it to every peer
                 twoshot_reduce_block(x_ptr, out_ptr, n, shard, pid + i * active, bases, rank, rs_off, ag_off, WORLD,
-                                     BLOCK, x_off, out_off, X_HEAP, OUT_HEAP)
+                                     BLOCK, out_off, OUT_HEAP)
             if c > 0:  # 3. (previous round) gather the other shards while this round's pushes drain
                 barrier_wait(bases, rank, WORLD, flags_off, pid + (2 * c - 1) * grid, e, timeout, diag)
                 if not OUT_HEAP:

@@ -10,11 +10,11 @@ Three paths, chosen by the number of tokens (rows of ``x``):
   capturable in CUDA graphs as a fork and join);
 * ``"plain"``: ``torch.matmul`` (cuBLAS on GPUs), then tritoncomm's ``AllReduce``.
 
-The plain and chunked paths write the GEMM's output into a symmetric staging tensor in the heap
-(``Communicator.empty``), so the all-reduce reads peers' products in place instead of copying them
-in first. The next call may overwrite it: only the two-shot reads peers' inputs, and it returns
-only after its second barrier, past every peer's reads (``allreduce_twoshot``); the other
-algorithms read their own input only. The chunked path joins its side stream before it returns.
+The plain and chunked paths write the GEMM's output into a staging tensor allocated once at set-up
+(in the heap, ``Communicator.empty``), so no call allocates. No peer reads it: every all-reduce
+algorithm pushes from its input (reading peers' staged products in place measured slower, see
+``allreduce_twoshot``), so the next call may overwrite it. The chunked path joins its side stream
+before it returns.
 
 The plain path serves decode-sized inputs, where there is too little compute to hide anything
 behind; ``select`` picks by rows with thresholds measured on H200 (``benchmarks/NOTES.md``), and

@@ -1,5 +1,5 @@
-"""Print the README's all-reduce and fused-norm tables from the committed results (no transcription
-by hand):
+"""Print the README's all-reduce, fused-norm, GEMM + all-reduce and decoder tables from the committed
+results (no transcription by hand):
 
     python benchmarks/readme_tables.py benchmarks/results/allreduce-h200-tp{2,4}.json
     python benchmarks/readme_tables.py benchmarks/results/fused-h200-tp{2,4}.json
@@ -52,5 +52,48 @@ def norm_table(path: str) -> str:
     return "\n".join(out)
 
 
+def _us(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def gemm_table(path: str) -> str:
+    """The GEMM + all-reduce rows of a ``fused-h200-tp*.json``."""
+    d = json.load(open(path))
+    out = [f"**TP{d['world']}, GEMM + all-reduce** (baseline: `torch.matmul` + NCCL all-reduce; tritoncomm: the "
+           "path the library selects)", "",
+           "| M | path | tritoncomm | baseline | speedup | GEMM alone | plain | chunked 2 (uncapped) | "
+           "chunked 2, cuBLASLt carve-out 32 | overlap kernel |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        if r["op"] == "gemm_allreduce":
+            us, base = r["tritoncomm_us"], r["baseline_us"]
+            out.append(f"| {r['shape'][0]} | {r['path']} | {us:.1f} | {base:.1f} | {base / us:.2f}x | "
+                       f"{r['gemm_only_us']:.1f} | {r['plain_us']:.1f} | {_us(r.get('chunked2_us'))} | "
+                       f"{_us(r.get('chunked2_p32_cv32_us'))} | {r['overlap_us']:.1f} |")
+    return "\n".join(out)
+
+
+def decoder_table(path: str) -> str:
+    """The decoder rows (decode steps, prefill) of a ``fused-h200-tp*.json``."""
+    d = json.load(open(path))
+    out = [f"**TP{d['world']}, decoder** (baseline: the same layers with NCCL + torch add/RMSNorm for every "
+           "reduction)", "",
+           "| step | tokens | tritoncomm µs | NCCL µs | tritoncomm tok/s | NCCL tok/s | speedup |",
+           "|---|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        if r["op"] in ("decode_step", "prefill"):
+            sh = r["shape"]
+            step = f"decode, batch {sh['batch']}" if r["op"] == "decode_step" else "prefill"
+            out.append(f"| {step} | {sh['batch'] * sh['tokens']} | {r['tritoncomm_us']:.1f} | {r['baseline_us']:.1f} | "
+                       f"{r['tritoncomm_tok_s']:.0f} | {r['baseline_tok_s']:.0f} | "
+                       f"{r['baseline_us'] / r['tritoncomm_us']:.2f}x |")
+    return "\n".join(out)
+
+
+def tables(path: str) -> str:
+    if "fused" not in path:
+        return table(path)
+    return "\n\n".join(f(path) for f in (norm_table, gemm_table, decoder_table))
+
+
 if __name__ == "__main__":
-    print("\n\n".join(norm_table(p) if "fused" in p else table(p) for p in sys.argv[1:]))
+    print("\n\n".join(tables(p) for p in sys.argv[1:]))

@@ -106,7 +106,9 @@ def ll_allreduce_kernel(x_ptr, out_ptr, n, nwords, bases, rank, timeout, diag_ad
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     parity = (e & 1).to(tl.int64)
     nblocks = tl.cdiv(nwords, BLOCK)
-    iters = tl.cdiv(nblocks - pid, nprog)
+    # programs >= active take no block (else, with more blocks than active programs, they would redo
+    # block pid - active's work: the same packets and outputs again)
+    iters = tl.where(pid < nprog, tl.cdiv(nblocks - pid, nprog), 0)
     # 1. push packets of my blocks to every peer: slot [parity][rank] of its buffer
     dst_off = buf_off + ((parity * WORLD + rank) * slot_words) * 8
     for i in range(0, iters):

@@ -37,18 +37,12 @@ def table(path: str) -> str:
     return "\n".join(out)
 
 
-def norm_table(path: str) -> str:
-    """The all-reduce + residual + RMSNorm rows of a ``fused-h200-tp*.json``."""
+def _fused_table(path: str, title: str, cols: tuple[str, ...], ops: tuple[str, ...], cells) -> str:
+    """A table of the rows of a ``fused-h200-tp*.json`` whose op is in ``ops``: ``cells(row)`` gives
+    the row's cells after the first column's."""
     d = json.load(open(path))
-    out = [f"**TP{d['world']}, all-reduce + residual + RMSNorm** (baseline: NCCL all-reduce + torch add + "
-           "`F.rms_norm`)", "",
-           "| tokens | variant | fused | our bare all-reduce | fused / bare | NCCL + torch | speedup |",
-           "|---|---|---|---|---|---|---|"]
-    for r in d["rows"]:
-        if r["op"] == "allreduce_add_rmsnorm":
-            us, bare, base = r["tritoncomm_us"], r["bare_allreduce_us"], r["baseline_us"]
-            out.append(f"| {r['shape'][0]} | {r['variant']} | {us:.1f} | {bare:.1f} | {us / bare:.2f} | {base:.1f} | "
-                       f"{base / us:.2f}x |")
+    out = [f"**TP{d['world']}, {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(cells(r)) + " |" for r in d["rows"] if r["op"] in ops]
     return "\n".join(out)
 
 
@@ -56,43 +50,43 @@ def _us(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
-def gemm_table(path: str) -> str:
-    """The GEMM + all-reduce rows of a ``fused-h200-tp*.json``."""
-    d = json.load(open(path))
-    out = [f"**TP{d['world']}, GEMM + all-reduce** (baseline: `torch.matmul` + NCCL all-reduce; tritoncomm: the "
-           "path the library selects)", "",
-           "| M | path | tritoncomm | baseline | speedup | GEMM alone | plain | chunked 2 (uncapped) | "
-           "chunked 2, cuBLASLt carve-out 32 | overlap kernel |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in d["rows"]:
-        if r["op"] == "gemm_allreduce":
-            us, base = r["tritoncomm_us"], r["baseline_us"]
-            out.append(f"| {r['shape'][0]} | {r['path']} | {us:.1f} | {base:.1f} | {base / us:.2f}x | "
-                       f"{r['gemm_only_us']:.1f} | {r['plain_us']:.1f} | {_us(r.get('chunked2_us'))} | "
-                       f"{_us(r.get('chunked2_p32_cv32_us'))} | {r['overlap_us']:.1f} |")
-    return "\n".join(out)
+def _norm_cells(r: dict) -> list[str]:
+    us, bare, base = r["tritoncomm_us"], r["bare_allreduce_us"], r["baseline_us"]
+    return [str(r["shape"][0]), r["variant"], f"{us:.1f}", f"{bare:.1f}", f"{us / bare:.2f}", f"{base:.1f}",
+            f"{base / us:.2f}x"]
 
 
-def decoder_table(path: str) -> str:
-    """The decoder rows (decode steps, prefill) of a ``fused-h200-tp*.json``."""
-    d = json.load(open(path))
-    out = [f"**TP{d['world']}, decoder** (baseline: the same layers with NCCL + torch add/RMSNorm for every "
-           "reduction)", "",
-           "| step | tokens | tritoncomm µs | NCCL µs | tritoncomm tok/s | NCCL tok/s | speedup |",
-           "|---|---|---|---|---|---|---|"]
-    for r in d["rows"]:
-        if r["op"] in ("decode_step", "prefill"):
-            sh = r["shape"]
-            step = f"decode, batch {sh['batch']}" if r["op"] == "decode_step" else "prefill"
-            out.append(f"| {step} | {sh['batch'] * sh['tokens']} | {r['tritoncomm_us']:.1f} | {r['baseline_us']:.1f} | "
-                       f"{r['tritoncomm_tok_s']:.0f} | {r['baseline_tok_s']:.0f} | "
-                       f"{r['baseline_us'] / r['tritoncomm_us']:.2f}x |")
-    return "\n".join(out)
+def _gemm_cells(r: dict) -> list[str]:
+    us, base = r["tritoncomm_us"], r["baseline_us"]
+    return [str(r["shape"][0]), r["path"], f"{us:.1f}", f"{base:.1f}", f"{base / us:.2f}x", _us(r["gemm_only_us"]),
+            _us(r["plain_us"]), _us(r.get("chunked2_us")), _us(r.get("chunked2_p32_cv32_us")), _us(r["overlap_us"])]
+
+
+def _decoder_cells(r: dict) -> list[str]:
+    sh = r["shape"]
+    step = f"decode, batch {sh['batch']}" if r["op"] == "decode_step" else "prefill"
+    us, base = r["tritoncomm_us"], r["baseline_us"]
+    return [step, str(sh["batch"] * sh["tokens"]), f"{us:.1f}", f"{base:.1f}", f"{r['tritoncomm_tok_s']:.0f}",
+            f"{r['baseline_tok_s']:.0f}", f"{base / us:.2f}x"]
+
+
+def fused_tables(path: str) -> str:
+    """The fused-norm, GEMM + all-reduce and decoder tables of a ``fused-h200-tp*.json``."""
+    return "\n\n".join([
+        _fused_table(path, "all-reduce + residual + RMSNorm** (baseline: NCCL all-reduce + torch add + `F.rms_norm`)",
+                     ("tokens", "variant", "fused", "our bare all-reduce", "fused / bare", "NCCL + torch", "speedup"),
+                     ("allreduce_add_rmsnorm",), _norm_cells),
+        _fused_table(path, "GEMM + all-reduce** (baseline: `torch.matmul` + NCCL all-reduce; tritoncomm: the path "
+                     "the library selects)", ("M", "path", "tritoncomm", "baseline", "speedup", "GEMM alone", "plain",
+                                              "chunked 2 (uncapped)", "chunked 2, cuBLASLt carve-out 32",
+                                              "overlap kernel"), ("gemm_allreduce",), _gemm_cells),
+        _fused_table(path, "decoder** (baseline: the same layers with NCCL + torch add/RMSNorm for every reduction)",
+                     ("step", "tokens", "tritoncomm µs", "NCCL µs", "tritoncomm tok/s", "NCCL tok/s", "speedup"),
+                     ("decode_step", "prefill"), _decoder_cells)])
 
 
 def tables(path: str) -> str:
-    if "fused" not in path:
-        return table(path)
-    return "\n\n".join(f(path) for f in (norm_table, gemm_table, decoder_table))
+    return fused_tables(path) if "fused" in path else table(path)
 
 
 if __name__ == "__main__":

@@ -157,8 +157,8 @@ class AllReduce(CollectiveBase):
         out_heap, out_off = False, 0
         if c.algo == "twoshot":  # a symmetric output (Communicator.empty): write peers' outputs directly
             oo = comm.heap_offset(out)
-            out_heap = oo is not None and oo % 16 == 0
-            out_off = oo if out_heap else 0
+            if oo is not None and oo % 16 == 0:
+                out_heap, out_off = True, oo
             # The input is pushed even when it is symmetric: reading peers' inputs instead measured
             # slower (allreduce_twoshot's docstring).
         # debug mode also compares the zero-copy choice and the symmetric output's offset

@@ -15,8 +15,8 @@ of a peer's tensor only after the first barrier, which that peer reaches after p
 its own shard ``s``, and nobody returns (and reuses its tensor) before the second barrier. The
 input is always pushed, even when it lives in the heap: reading the shard from every peer's input
 instead (no step 1) measured slower on 4xH200 (2026-11-22, TP4 32 MB 187.6 vs 173.6 µs, 128 MB
-679.0 vs 639.8; TP2 within 2.5% up to 16 MB, 4-8% slower from 32 MB): a pull over NVLink moves less
-per SM than a push.
+679.0 vs 639.8; TP2 within 2.5% up to 16 MB, 4-8% slower from 32 MB); pulls over NVLink also measured
+slower than pushes on their own (2xH200, 2026-11-22: 329 vs 361 GB/s per direction).
 
 Program ``pid`` handles blocks ``pid, pid + P, ...`` of every shard on every rank, so each barrier
 is between matching programs. No buffer needs a second copy by parity: a rank's pushes of launch

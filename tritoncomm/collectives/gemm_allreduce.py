@@ -11,9 +11,10 @@ Three paths, chosen by the number of tokens (rows of ``x``):
 * ``"plain"``: ``torch.matmul`` (cuBLAS on GPUs), then tritoncomm's ``AllReduce``.
 
 The plain and chunked paths write the GEMM's output into a staging tensor allocated once at set-up
-(in the heap, ``Communicator.empty``), so no call allocates. No peer reads it: every all-reduce
-algorithm pushes from its input (reading peers' staged products in place measured slower, see
-``allreduce_twoshot``), so the next call may overwrite it. The chunked path joins its side stream
+(in the heap, ``Communicator.empty``), so no call allocates. No peer reads it: the all-reduce
+algorithms push from their input or copy it into their own staging buffer first (reading peers'
+staged products in place measured slower, see ``allreduce_twoshot``), so the next call may
+overwrite it. The chunked path joins its side stream
 before it returns.
 
 The plain path serves decode-sized inputs, where there is too little compute to hide anything

@@ -2,6 +2,8 @@
 
 ``TRITONCOMM_TEST_BACKEND`` picks the world: ``cpu`` (default; the CPU world, as in CI) or ``cuda``
 (one process per GPU; run on a GPU machine). Tests marked ``gpu`` only run with ``cuda``.
+``TRITONCOMM_TEST_WORLDS`` (e.g. ``8``) runs the world-parametrized tests at those sizes only and
+skips every test that asks for another size (``helpers.world_sizes``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import pytest
 from tritoncomm.launch import LocalWorld
 
 BACKEND = os.environ.get("TRITONCOMM_TEST_BACKEND", "cpu")
+ONLY_WORLDS = {int(w) for w in os.environ.get("TRITONCOMM_TEST_WORLDS", "").split(",") if w.strip()}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -34,6 +37,8 @@ class Worlds:
         self._worlds: dict[int, LocalWorld] = {}
 
     def __call__(self, n: int) -> LocalWorld:
+        if ONLY_WORLDS and n not in ONLY_WORLDS:
+            pytest.skip(f"world {n} not in TRITONCOMM_TEST_WORLDS")
         if BACKEND == "cuda":
             import torch
 

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import tritoncomm as tc
 from tritoncomm.collectives import Choice, SelectionTable
 
-from .helpers import check_close, make_comm, reference_sum, same_on_all_ranks
+from .helpers import check_close, make_comm, reference_sum, same_on_all_ranks, world_sizes
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 ALGOS = ["ll", "ll_twoshot", "oneshot", "twoshot", "pipelined"]
@@ -49,7 +49,7 @@ def _job_sizes(ctx, algo, dtype, sizes, inplace, programs=None):
     return rows
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", world_sizes(2, 3, 4))
 @pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_allreduce_matches_torch_distributed(worlds, world, algo, dtype):
@@ -68,7 +68,7 @@ def test_allreduce_capped_programs(worlds, algo):
             assert identical and err < 5e-2, f"n={n}: err {err}, identical {identical}"
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", world_sizes(2, 3))
 @pytest.mark.parametrize("algo", ALGOS)
 def test_allreduce_in_place(worlds, world, algo):
     results = worlds(world).run(_job_sizes, algo, torch.bfloat16, [1, 33, 5003], True)
@@ -97,7 +97,7 @@ def _job_table_driven(ctx, sizes, dtype):
     return picks, bad
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", world_sizes(2, 3, 4))
 def test_odd_sizes_at_every_algorithm_boundary(worlds, world):
     # bf16 boundaries: 1K, 2K, 8K, 32K elements
     sizes = [1, 1023, 1024, 1025, 2047, 2048, 2049, 8191, 8192, 8193, 32767, 32768, 32769, 40001]
@@ -132,7 +132,7 @@ def _job_repeated(ctx, calls, dtype):
     return bad
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", world_sizes(2, 4))
 def test_allreduce_100_repeated_calls(worlds, world):
     for bad in worlds(world).run(_job_repeated, 100, torch.bfloat16):
         assert bad == []
@@ -202,7 +202,7 @@ def _job_gather_scatter(ctx, dtype, ms):
     return bad
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", world_sizes(2, 3, 4))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_allgather_and_reducescatter(worlds, world, dtype):
     for bad in worlds(world).run(_job_gather_scatter, dtype, [1, 7, 1000, 4097]):
@@ -248,7 +248,7 @@ def _job_two_groups_two_streams(ctx, rounds):
     return bad
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", world_sizes(2, 3))
 def test_two_groups_and_two_streams_do_not_share_slots(worlds, world):
     for bad in worlds(world).run(_job_two_groups_two_streams, 12):
         assert bad == []
@@ -286,7 +286,7 @@ def _job_graph_replay(ctx, algo, n, replays):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", world_sizes(2, 4))
 @pytest.mark.parametrize("algo", ALGOS)
 def test_graph_capture_and_replay_with_fresh_data(worlds, world, algo):
     n = 4099 if algo == "ll" else 1_000_003
@@ -342,7 +342,7 @@ def _job_symmetric_tensors(ctx, sizes):
     return bad
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", world_sizes(2, 3, 4))
 def test_symmetric_tensors_zero_copy_twoshot(worlds, world):
     for bad in worlds(world).run(_job_symmetric_tensors, [4099, 1001, 40000, 7]):
         assert bad == []
@@ -414,7 +414,7 @@ def _job_twoshot_rounds(ctx, sizes):
     return bad
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", world_sizes(2, 3, 4))
 def test_twoshot_rounds_match_one_round(worlds, world):
     for bad in worlds(world).run(_job_twoshot_rounds, [40000, 4099, 7]):
         assert bad == []

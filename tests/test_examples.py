@@ -7,6 +7,8 @@ import pathlib
 
 import pytest
 
+from .helpers import world_sizes
+
 EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "custom_collective.py"
 
 
@@ -17,7 +19,7 @@ def _job(ctx):
     return mod.demo(ctx, 3001)
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", world_sizes(2, 3))
 def test_custom_broadcast_example(worlds, world):
     assert all(worlds(world).run(_job))
 

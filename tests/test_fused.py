@@ -8,7 +8,7 @@ import torch
 import tritoncomm as tc
 from tritoncomm.collectives import FUSED_ALGOS, FusedAllReduceAddRMSNorm
 
-from .helpers import make_comm, reference_sum, same_on_all_ranks
+from .helpers import make_comm, reference_sum, same_on_all_ranks, world_sizes
 
 
 def _reference(ctx, x, residual, weight, eps, gemma):
@@ -51,7 +51,7 @@ def _job_fused(ctx, shapes, dtype, gemma, fp8, algos=(None,)):
     return bad
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", world_sizes(2, 3, 4))
 def test_fused_every_variant_matches_unfused(worlds, world):
     """LL, one-shot and two-shot (rows not a multiple of the world, odd hidden) give the reference."""
     for bad in worlds(world).run(_job_fused, [(1, 1000), (7, 4097), (33, 64)], torch.bfloat16, False, False,
@@ -59,7 +59,7 @@ def test_fused_every_variant_matches_unfused(worlds, world):
         assert bad == []
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", world_sizes(2, 4))
 def test_fused_fp16_selected_variant(worlds, world):
     for bad in worlds(world).run(_job_fused, [(3, 1001), (64, 130)], torch.float16, False, False):
         assert bad == []

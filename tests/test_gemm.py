@@ -8,7 +8,7 @@ import torch
 import tritoncomm as tc
 from tritoncomm.collectives import GemmAllReduce
 
-from .helpers import make_comm, reference_sum, same_on_all_ranks
+from .helpers import make_comm, reference_sum, same_on_all_ranks, world_sizes
 
 
 def _inputs(ctx, m, k, n, dtype, seed):
@@ -44,7 +44,7 @@ def _job_gemm(ctx, shapes, dtype, paths):
     return bad
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", world_sizes(2, 3, 4))
 def test_gemm_allreduce_both_paths(worlds, world):
     # M not a multiple of the tile, K not a multiple of BK, N not a multiple of BN; repeated calls
     # with different M alternate the tile buffers.

@@ -10,7 +10,7 @@ from tritoncomm.collectives import FUSED_ALGOS, FusedAllReduceAddRMSNorm, GemmAl
 from tritoncomm.integrations import TritonCommCustomAllreduce
 from tritoncomm.integrations.tp import LlamaDecoderLayer, TritonCommReducer
 
-from .helpers import make_comm, reference_sum, same_on_all_ranks
+from .helpers import make_comm, reference_sum, same_on_all_ranks, world_sizes
 from .test_integrations import _StandInCudaCommunicator
 from .test_tp import HEADS, KV, LAYERS, H, _weights
 
@@ -63,7 +63,7 @@ def _job_fused_graph(ctx, t, h):
     return bad
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", world_sizes(2, 4))
 def test_fused_norm_graph_replay_fresh_data(worlds, world):
     for bad in worlds(world).run(_job_fused_graph, 37, 8192):
         assert bad == []
@@ -94,7 +94,7 @@ def _job_gemm_graph(ctx, m, k, n):
     return bad
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", world_sizes(2, 4))
 def test_gemm_allreduce_graph_replay_fresh_data(worlds, world):
     for bad in worlds(world).run(_job_gemm_graph, 300, 1000, 1536):
         assert bad == []
@@ -125,7 +125,7 @@ def _job_adapter_graph(ctx):
     return bad
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", world_sizes(2, 4))
 def test_vllm_adapter_graph_replay_fresh_data(worlds, world):
     for bad in worlds(world).run(_job_adapter_graph):
         assert bad == []
@@ -240,7 +240,7 @@ def _job_ops_and_communicator_graph(ctx):
     return bad
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", world_sizes(2, 4))
 def test_custom_ops_and_vllm_communicator_graph_replay(worlds, world):
     for bad in worlds(world).run(_job_ops_and_communicator_graph):
         assert bad == []

@@ -31,7 +31,7 @@ from tritoncomm.kernels import (
     wait_relaxed,
 )
 
-from .helpers import make_comm
+from .helpers import make_comm, world_sizes
 
 # --------------------------------------------------------------------------------------------
 # kernels
@@ -301,7 +301,7 @@ def _job_counter(ctx, launches):
 # tests
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", world_sizes(2, 3))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.uint8])
 def test_put_get_odd_sizes(worlds, world, dtype):
     sizes = [1, 7, 511, 513, 1000, 4097]
@@ -311,25 +311,25 @@ def test_put_get_odd_sizes(worlds, world, dtype):
             assert get_ok, f"get of {n} elements ({dtype}) read wrong data"
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", world_sizes(2, 4))
 def test_signal_wait_handshake_never_reads_stale_data(worlds, world):
     for bad in worlds(world).run(_job_handshake, 200, 300):
         assert bad == [0, 0], f"{bad} stale or wrong elements read after wait"
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", world_sizes(2, 3))
 def test_barrier_1000_times(worlds, world):
     for bad in worlds(world).run(_job_barrier, 1000, 2):
         assert bad == [0, 0], "a barrier returned before a peer arrived"
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", world_sizes(2, 4))
 def test_ll_packets_across_epochs(worlds, world):
     for ok in worlds(world).run(_job_ll, 30, 777):
         assert all(ok), f"LL delivery wrong at launches {[i for i, v in enumerate(ok) if not v]}"
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", world_sizes(2, 3))
 def test_ll8_try_reports_missing_packets_without_waiting(worlds, world):
     for before, after, stale in worlds(world).run(_job_try, 777):
         assert before[0] == 777, before

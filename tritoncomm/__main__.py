@@ -176,6 +176,8 @@ def _tune(args: argparse.Namespace) -> int:
             tuned = {(m["op"], m["world"]) for m in rep["measured"]}
             rep["measured"] = [m for m in old.get("measured", []) if (m["op"], m.get("world")) not in tuned] + \
                 rep["measured"]
+            for key, value in old.items():  # keep what the old file records beside the table (e.g. "adopted")
+                rep.setdefault(key, value)
         rep["table"] = table.to_json()
         with open(args.out, "w") as f:
             json.dump(rep, f, indent=1)

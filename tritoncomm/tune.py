@@ -135,6 +135,8 @@ def tune_rank(ctx: RankContext, ops: list[str], sizes: list[int], dtype_name: st
             picks.append((nbytes, best))
             measured.append({"op": op, "world": w, "bytes": nbytes, "best": repr(best), "best_us": worst[best],
                              "candidates": {repr(c): t for c, t in worst.items()}})
+            if ctx.rank == 0:  # progress, so that a run cut short still shows what it measured
+                print(f"tune {op} world {w} {nbytes} B: {worst[best]:.1f} us {best}", flush=True)
         coll.table = grid_table
         coll.close()
         # merge neighbouring sizes with the same choice; the last row serves everything larger

@@ -14,8 +14,10 @@ import pytest
 
 from tritoncomm.launch import LocalWorld
 
+from .helpers import only_worlds
+
 BACKEND = os.environ.get("TRITONCOMM_TEST_BACKEND", "cpu")
-ONLY_WORLDS = {int(w) for w in os.environ.get("TRITONCOMM_TEST_WORLDS", "").split(",") if w.strip()}
+ONLY_WORLDS = only_worlds()
 
 
 def pytest_configure(config: pytest.Config) -> None:

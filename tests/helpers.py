@@ -11,12 +11,15 @@ import torch.distributed as dist
 import tritoncomm as tc
 
 
+def only_worlds() -> tuple[int, ...]:
+    """The sizes in ``TRITONCOMM_TEST_WORLDS`` (comma-separated, e.g. ``8`` on an 8-GPU machine); empty
+    when it is not set. With it set, the ``worlds`` fixture skips tests that ask for any other size."""
+    return tuple(int(w) for w in os.environ.get("TRITONCOMM_TEST_WORLDS", "").split(",") if w.strip())
+
+
 def world_sizes(*default: int) -> tuple[int, ...]:
-    """World sizes a parametrized test runs at: ``default``, or the sizes in ``TRITONCOMM_TEST_WORLDS``
-    (comma-separated, e.g. ``8`` on an 8-GPU machine) when it is set. With it set, the ``worlds``
-    fixture also skips tests that ask for any other size, so one run covers exactly those sizes."""
-    env = os.environ.get("TRITONCOMM_TEST_WORLDS", "").strip()
-    return tuple(int(w) for w in env.split(",")) if env else default
+    """World sizes a parametrized test runs at: ``only_worlds()`` when set, else ``default``."""
+    return only_worlds() or default
 
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}

@@ -14,26 +14,40 @@ import sys
 from tritoncomm.units import format_bytes
 
 
+def _geo(ratios: list[float]) -> float:
+    return math.exp(sum(map(math.log, ratios)) / len(ratios))
+
+
 def table(path: str) -> str:
     d = json.load(open(path))
     rows = [r for r in d["rows"] if r.get("dtype", "bf16") in ("bf16", "bfloat16")]
+    reg = "tritoncomm_registered_us" in rows[0]  # session 11 on
     ratios = [r["nccl_us"] / r["tritoncomm_us"] for r in rows if r["bytes"] >= 8192]
-    geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
     head = (f"**All-reduce, TP{d['world']}** — {d['device']}, {d['date']}, torch {d['torch']}, triton {d['triton']}; "
             "bf16, µs per call in CUDA graphs (32 calls captured, median of 20 replays, max over ranks). Geomean "
-            f"speedup over NCCL for 8 KB-128 MB: {geo:.2f}x (lowest {min(ratios):.2f}x). Workspace "
-            f"{d['workspace_bytes'] / 2**20:.0f} MiB = {d['workspace_over_largest_message']:.2f}x the largest message. "
-            '"symmetric": the same all-reduce on tensors from `comm.empty`, the setting torch symm_mem is timed in; '
-            "the last column compares that one with the better symm_mem.")
-    cols = ("bytes", "algorithm", "tritoncomm", "symmetric", "NCCL", "symm_mem 1-shot", "symm_mem 2-shot", "vs NCCL",
+            f"speedup over NCCL for 8 KB-128 MB: {_geo(ratios):.2f}x (lowest {min(ratios):.2f}x)")
+    if reg:
+        rr = [r["nccl_us"] / r["tritoncomm_registered_us"] for r in rows if r["bytes"] >= 8192]
+        head += f"; with registered outputs {_geo(rr):.2f}x (lowest {min(rr):.2f}x)"
+    head += (f". Workspace {d['workspace_bytes'] / 2**20:.0f} MiB = {d['workspace_over_largest_message']:.2f}x the "
+             'largest message. "symmetric": the same all-reduce on tensors from `comm.empty`, the setting torch '
+             "symm_mem is timed in")
+    head += ('; "registered": a regular input and a regular output registered with `comm.register` (what '
+             "`comm.graph_capture` does for a graph's outputs); the last column compares it with the better "
+             "symm_mem." if reg else "; the last column compares that one with the better symm_mem.")
+    cols = ("bytes", "algorithm", "tritoncomm", *(("registered",) if reg else ()), "symmetric", "NCCL",
+            "symm_mem 1-shot", "symm_mem 2-shot", "vs NCCL", *(("registered vs NCCL",) if reg else ()),
             "vs best symm_mem")
     out = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         heap, s1, s2 = r["tritoncomm_heap_us"], r["symm_one_shot_us"], r["symm_two_shot_us"]
         us, nccl = r["tritoncomm_us"], r["nccl_us"]
+        mine = r["tritoncomm_registered_us"] if reg else heap
         size = format_bytes(r["bytes"], sep=" ", suffix="B")
-        out.append(f"| {size} | {r['algo']} | {us:.1f} | {heap:.1f} | {nccl:.1f} | {s1:.1f} | {s2:.1f} | "
-                   f"{nccl / us:.2f}x | {min(s1, s2) / heap:.2f}x |")
+        cells = [size, r["algo"], f"{us:.1f}", *([f"{mine:.1f}"] if reg else []), f"{heap:.1f}", f"{nccl:.1f}",
+                 f"{s1:.1f}", f"{s2:.1f}", f"{nccl / us:.2f}x", *([f"{nccl / mine:.2f}x"] if reg else []),
+                 f"{min(s1, s2) / mine:.2f}x"]
+        out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 

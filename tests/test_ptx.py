@@ -127,12 +127,15 @@ def test_twoshot_and_push_collectives_compile_vectorised():
     from tritoncomm.collectives.reducescatter_push import reducescatter_kernel
 
     sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "shard": "i32", **COMMON, "flags_off": "i64",
-           "epochs_off": "i64", "rs_off": "i64", "ag_off": "i64", "active": "i32", "out_off": "i64"}
-    aligned2 = {"x_ptr", "out_ptr", "n", "shard", "bases", "flags_off", "epochs_off", "rs_off", "ag_off", "out_off"}
-    for heap in (False, True):  # staged, and zero-copy (the output in the heap)
-        o = ops(compile_ptx(twoshot_allreduce_kernel, sig, {"WORLD": 4, "BLOCK": 4096, "OUT_HEAP": heap},
-                            aligned2, 8))
+           "epochs_off": "i64", "rs_off": "i64", "ag_off": "i64", "active": "i32", "out_off": "i64", "out_tab": "i64"}
+    aligned2 = {"x_ptr", "out_ptr", "n", "shard", "bases", "flags_off", "epochs_off", "rs_off", "ag_off", "out_off",
+                "out_tab"}
+    # staged; zero-copy with the output in the heap; zero-copy through a registered row
+    for heap, reg in ((False, False), (True, False), (False, True)):
+        o = ops(compile_ptx(twoshot_allreduce_kernel, sig, {"WORLD": 4, "BLOCK": 4096, "OUT_HEAP": heap,
+                                                            "OUT_REG": reg}, aligned2, 8))
         assert o["ld.global.v4.b32"] >= 3 and o["st.global.v4.b32"] >= 3, o
+        assert o["st.global.b16"] == 0, o
         assert o["st.release.sys.global.b32"] >= 2 and o["ld.acquire.sys.global.b32"] >= 2, o  # two barriers
     sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "m": "i32", **COMMON, "flags_off": "i64", "epochs_off": "i64",
            "buf_off": "i64", "half_bytes": "i64", "stride": "i64", "active": "i32"}
@@ -161,8 +164,9 @@ def test_sizes_that_are_multiples_of_8_but_not_16_stay_vectorised():
         o = ops(compile_ptx(kernel, sig, {"WORLD": 4, "BLOCK": 4096, "MDIV": pow2_divisor(375000)}, aligned, 8))
         assert o["ld.global.v4.b32"] >= 2 and o["st.global.v4.b32"] >= 2 and o["st.global.b16"] == 0, (kernel, o)
     sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "shard": "i32", **COMMON, "flags_off": "i64",
-           "epochs_off": "i64", "rs_off": "i64", "ag_off": "i64", "active": "i32", "out_off": "i64"}
-    aligned2 = {"x_ptr", "out_ptr", "shard", "bases", "flags_off", "epochs_off", "rs_off", "ag_off", "out_off"}  # not n
+           "epochs_off": "i64", "rs_off": "i64", "ag_off": "i64", "active": "i32", "out_off": "i64", "out_tab": "i64"}
+    aligned2 = {"x_ptr", "out_ptr", "shard", "bases", "flags_off", "epochs_off", "rs_off", "ag_off", "out_off",
+                "out_tab"}  # not n
     o = ops(compile_ptx(twoshot_allreduce_kernel, sig, {"WORLD": 4, "BLOCK": 4096, "NDIV": 8}, aligned2, 8))
     assert o["ld.global.v4.b32"] >= 3 and o["st.global.v4.b32"] >= 3 and o["st.global.b16"] == 0, o
 

@@ -94,9 +94,13 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
     else:
         coll = ReduceScatter(comm, max_bytes=max_bytes, table=table)
 
-    hx_all = hout_all = None
+    hx_all = hout_all = rout_all = None
     if symmetric:
         hx_all, hout_all = comm.empty(max_bytes // esize, dtype), comm.empty(max_bytes // esize, dtype)
+    registered = symmetric and comm.backend == "cuda"  # regular outputs mapped into peers (GPU world)
+    if registered:
+        rout_all = torch.empty(max_bytes // esize, dtype=dtype, device=ctx.device)
+        comm.register(rout_all)
 
     rows = []
     for nbytes in sizes:
@@ -157,6 +161,13 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
             coll(hx, hout)
             heap_same = bool(torch.equal(hout, out))
             times["heap_graph"] = time_per_call_us(lambda hx=hx, hout=hout: coll(hx, hout), ctx.device, ctx.barrier)
+        reg_same = None
+        if registered:  # a regular input and a registered regular output (Communicator.register)
+            rout = rout_all[:n]
+            rout.fill_(float("nan"))
+            coll(x, rout)
+            reg_same = bool(torch.equal(rout, out))
+            times["reg_graph"] = time_per_call_us(lambda x=x, rout=rout: coll(x, rout), ctx.device, ctx.barrier)
         if op == "allreduce" and ctx.backend == "cuda":
             sm = _symm_mem_ops(ctx, n, dtype)
             for kind in ("one_shot", "two_shot"):
@@ -184,6 +195,8 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
             "symm_one_shot_us": t.get("symm_one_shot"), "symm_two_shot_us": t.get("symm_two_shot"),
             **({"tritoncomm_heap_us": t["heap_graph"], "heap_same_bits": _all_true(ctx, heap_same)}
                if symmetric else {}),
+            **({"tritoncomm_registered_us": t["reg_graph"], "registered_same_bits": _all_true(ctx, reg_same)}
+               if registered else {}),
             "algbw_GBps": algbw, "busbw_GBps": algbw * factor if algbw else None,
             **{f"{k}_us": v for k, v in t.items() if k.endswith("_eager")},
         })
@@ -204,7 +217,9 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
         "workspace_over_largest_message": workspace / max(r["bytes"] for r in rows),
         "method": f"{modes[0]} mode: per call, 32 calls, median of 20 samples per rank, max over ranks"
                   + ("; heap_us: the same all-reduce on symmetric tensors (comm.empty), as torch symm_mem is "
-                     "timed on its symmetric buffer; xSYMM compares those two" if symmetric else ""),
+                     "timed on its symmetric buffer; xSYMM compares those two" if symmetric else "")
+                  + ("; reg_us: a regular input and a registered regular output (Communicator.register)"
+                     if registered else ""),
         "rows": rows,
     }
 
@@ -222,8 +237,10 @@ def format_bench(rep: dict[str, Any]) -> str:
              f"({rep['workspace_over_largest_message']:.2f}x the largest message)",
              f"{'bytes':>6} {'algo':>8} {'ok':>3} {'us':>8} {'algbw':>7} {'busbw':>7} {'nccl_us':>8} {'xNCCL':>6}"
              + (f" {'heap_us':>8} {'symm1_us':>8} {'symm2_us':>8} {'xSYMM':>6}" if ar else "")
+             + (f" {'reg_us':>8}" if "tritoncomm_registered_us" in rep["rows"][0] else "")
              + (f" {'eager_us':>8} {'nccl_eg':>8}" if "tritoncomm_eager_us" in rep["rows"][0] else "")]
-    speedups = []
+    speedups: list[float] = []
+    reg_speedups: list[float] = []
     for r in rep["rows"]:
         sp = r["nccl_us"] / r["tritoncomm_us"] if r["nccl_us"] and r["tritoncomm_us"] else None
         if sp and r["bytes"] >= 8192:
@@ -236,12 +253,17 @@ def format_bench(rep: dict[str, Any]) -> str:
             ssp = r["symm_mem_us"] / mine if r["symm_mem_us"] and mine else None
             line += (f" {_f(r.get('tritoncomm_heap_us'), '8.1f')} {_f(r['symm_one_shot_us'], '8.1f')} "
                      f"{_f(r['symm_two_shot_us'], '8.1f')} {_f(ssp, '6.2f')}")
+        if "tritoncomm_registered_us" in r:
+            line += f" {_f(r['tritoncomm_registered_us'], '8.1f')}"
+            if r["nccl_us"] and r["tritoncomm_registered_us"] and r["bytes"] >= 8192:
+                reg_speedups.append(r["nccl_us"] / r["tritoncomm_registered_us"])
         if "tritoncomm_eager_us" in r:
             line += f" {_f(r['tritoncomm_eager_us'], '8.1f')} {_f(r.get('nccl_eager_us'), '8.1f')}"
         lines.append(line)
-    if speedups:
-        geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
-        lines.append(f"geomean speedup over NCCL (>= 8 KB): {geo:.2f}x; min {min(speedups):.2f}x")
+    for what, sps in (("", speedups), (" with registered outputs", reg_speedups)):
+        if sps:
+            geo = math.exp(sum(math.log(s) for s in sps) / len(sps))
+            lines.append(f"geomean speedup over NCCL{what} (>= 8 KB): {geo:.2f}x; min {min(sps):.2f}x")
     return "\n".join(lines)
 
 

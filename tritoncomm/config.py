@@ -25,6 +25,9 @@ class CommConfig:
         debug: before every collective, the ranks compare (op, dtype, element count, algorithm)
             through the heap and raise ``CollectiveMismatchError`` on every rank if they differ
             (one small kernel and, outside graph capture, one stream synchronisation per call).
+        registered_slots: rows of the registered-buffer table (``Communicator.register``,
+            ``Communicator.graph_capture``): one per registered tensor or captured call that
+            writes peers' regular outputs.
     """
 
     backend: str = "auto"
@@ -32,6 +35,7 @@ class CommConfig:
     timeout_s: float = 60.0
     cpu_spins_per_s: int = 2000
     debug: bool = False
+    registered_slots: int = 16384
 
     def __post_init__(self) -> None:
         if self.backend not in _BACKENDS:
@@ -40,6 +44,8 @@ class CommConfig:
             raise ValueError(f"heap_bytes must be an int of at least 1 MiB, got {self.heap_bytes!r}")
         if not (self.timeout_s >= 0):
             raise ValueError(f"timeout_s must be >= 0, got {self.timeout_s!r}")
+        if not isinstance(self.registered_slots, int) or self.registered_slots < 1:
+            raise ValueError(f"registered_slots must be a positive int, got {self.registered_slots!r}")
         if self.cpu_spins_per_s <= 0:
             raise ValueError(f"cpu_spins_per_s must be > 0, got {self.cpu_spins_per_s!r}")
 

@@ -7,6 +7,9 @@ kernel afterwards needs only what ``kernel_args`` and a channel's offsets hand o
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.distributed as dist
 
@@ -24,6 +27,7 @@ from ..kernels.diag import DIAG_WORDS, KIND_NAMES, F
 from .bootstrap import Bootstrap, default_bootstrap
 from .cuda_ipc import HostMappedWords
 from .heap import Region, SymmetricHeap
+from .registered import RegisteredBuffers
 from .topology import check_topology
 
 __all__ = ["Communicator", "resolve_backend"]
@@ -96,6 +100,8 @@ class Communicator:
             memory = ShmPeerMemory(nbytes, self.bootstrap)
         self.heap = SymmetricHeap(memory, self.device, self.bootstrap)
         self.diag = HostMappedWords(DIAG_WORDS, cuda=self.backend == "cuda")
+        self.registered = RegisteredBuffers(self.heap, self.bootstrap, self.device, self.backend,
+                                            self.config.registered_slots)
         #: Wait bound in kernel units (ns on CUDA, spins on CPU); 0 = unbounded.
         self.timeout = self.config.timeout_units(self.backend)
         self._debug_channel = None
@@ -155,6 +161,65 @@ class Communicator:
         start = t.data_ptr() - base
         end = start + t.numel() * t.element_size()
         return start if 0 <= start and end <= self.heap.nbytes and t.is_contiguous() else None
+
+    # -- registered buffers (regular tensors that peers store into) ---------------------------
+    def register(self, *tensors: torch.Tensor) -> None:
+        """Collective, at set-up time: map these regular tensors into every peer, so that a
+        collective given one as its output writes peers' parts straight into it (the two-shot
+        all-reduce then skips its copy out of the heap).
+
+        Every rank registers as many tensors, in corresponding order, and later passes the
+        corresponding tensors to the same calls (debug mode checks the slot). Each tensor must stay
+        allocated while it may be used. See ``channels.registered`` for which memory qualifies.
+        Ordering: registering publishes addresses only; what peers store into the tensor is
+        visible after the collective that stores it returns on this rank's stream.
+        """
+        self.registered.register(list(tensors))
+
+    def peer_row(self, t: torch.Tensor) -> int | None:
+        """Launch path (host-only): the device address of the table row that lists every rank's
+        tensor corresponding to ``t`` (``world`` int64 addresses), or None. A tensor registered with
+        ``register`` has one; inside ``graph_capture``, a tensor met while the stream captures
+        takes a fresh row, written when the context exits."""
+        if not t.is_contiguous():
+            return None
+        reg = self.registered
+        slot = reg.slot_of(t.data_ptr())
+        if slot is None and reg.deferring and torch.cuda.is_current_stream_capturing():
+            slot = reg.reserve(t.data_ptr())
+        return None if slot is None else reg.row_addr(slot)
+
+    def peer_slot(self, row: int) -> int:
+        """The slot number of a row address from ``peer_row`` (debug-mode signatures)."""
+        return (row - self.registered.table.data_ptr()) // (8 * self.world)
+
+    @contextmanager
+    def graph_capture(self) -> Iterator[None]:
+        """Capture CUDA graphs inside this context to have the collectives write peers' regular
+        outputs directly (what vLLM's custom all-reduce does with its graph buffers).
+
+        While a stream captures, each two-shot all-reduce with a regular output takes a fresh row
+        of the registered-buffer table; on exit, collectively, every rank maps the captured
+        outputs' allocations into every peer and writes the rows, so replays of graphs captured
+        inside run with them. Every rank must capture the same sequence of collectives (checked
+        by count). Replay only after the context has exited. Kernels launched outside capture are
+        unaffected. If the body raises, the reserved rows are dropped unwritten and the graphs
+        captured inside must not be replayed.
+        """
+        if self.backend != "cuda":
+            raise TritonCommError("graph_capture: CUDA graphs exist in the GPU world only")
+        reg = self.registered
+        if reg.deferring:
+            raise TritonCommError("graph_capture: already inside graph_capture")
+        reg.deferring = True
+        try:
+            yield
+        except BaseException:
+            reg.deferring = False
+            reg.discard()
+            raise
+        reg.deferring = False
+        reg.commit()
 
     # -- debug mode --------------------------------------------------------------------------
     @property
@@ -257,6 +322,7 @@ class Communicator:
         if self._debug_channel is not None:
             self._debug_channel.close()
         self._closed = True
+        self.registered.close()
         self.heap.close(barrier=self.close_barrier)
         self.diag.close()
 

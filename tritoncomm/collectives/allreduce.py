@@ -154,15 +154,17 @@ class AllReduce(CollectiveBase):
         c = self._choice(algo, dtype, nbytes)
         if programs is not None and programs < c.programs:
             c = Choice(c.algo, programs, c.block, c.num_warps)
-        out_heap, out_off = False, 0
-        if c.algo == "twoshot":  # a symmetric output (Communicator.empty): write peers' outputs directly
-            oo = comm.heap_offset(out)
+        out_heap, out_off, out_tab = False, 0, 0
+        if c.algo == "twoshot":  # write peers' outputs directly: a registered output (Communicator.register,
+            out_tab = comm.peer_row(out) or 0  # graph_capture) or a symmetric one (Communicator.empty)
+            oo = comm.heap_offset(out) if not out_tab else None
             if oo is not None and oo % 16 == 0:
                 out_heap, out_off = True, oo
             # The input is pushed even when it is symmetric: reading peers' inputs instead measured
             # slower (allreduce_twoshot's docstring).
-        # debug mode also compares the zero-copy choice and the symmetric output's offset
-        self._debug_check(x.dtype, x.numel(), c.algo, (out_heap, out_off, c.programs))
+        # debug mode also compares the zero-copy choice, the symmetric output's offset and the registered slot
+        self._debug_check(x.dtype, x.numel(), c.algo,
+                          (out_heap, out_off, comm.peer_slot(out_tab) if out_tab else -1, c.programs))
         ch = self._channels[c.algo]
         bases, rank, world, timeout, diag = comm.kernel_args()
         grid = (self._grids[c.algo],)
@@ -193,13 +195,13 @@ class AllReduce(CollectiveBase):
             shard = round_up(-(-x.numel() // world), 16)
             nblocks = -(-shard // c.block)
             iters = -(-nblocks // c.programs)  # blocks of program 0
-            # rounds hide the copy-out; with the output in the heap there is none to hide
-            many = iters >= TWOSHOT_ROUNDS * TWOSHOT_ROUND_MIN_ITERS and not out_heap
+            # rounds hide the copy-out; with peers writing the output directly there is none to hide
+            many = iters >= TWOSHOT_ROUNDS * TWOSHOT_ROUND_MIN_ITERS and not out_heap and not out_tab
             rounds = TWOSHOT_ROUNDS if many else 1
             rounds = self._rounds_override or rounds
             twoshot_allreduce_kernel[grid](
                 x, out, x.numel(), shard, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off,
-                ch.buffer_off + world * self._shard_cap, c.programs, out_off, WORLD=world,
-                BLOCK=c.block, OUT_HEAP=out_heap, NDIV=pow2_divisor(x.numel()), ROUNDS=rounds,
+                ch.buffer_off + world * self._shard_cap, c.programs, out_off, out_tab, WORLD=world,
+                BLOCK=c.block, OUT_HEAP=out_heap, OUT_REG=bool(out_tab), NDIV=pow2_divisor(x.numel()), ROUNDS=rounds,
                 num_warps=c.num_warps)
         return out

@@ -18,6 +18,11 @@ instead (no step 1) measured slower on 4xH200 (2026-11-22, TP4 32 MB 187.6 vs 17
 679.0 vs 639.8; TP2 within 2.5% up to 16 MB, 4-8% slower from 32 MB); pulls over NVLink also measured
 slower than pushes on their own (2xH200, 2026-11-22: 329 vs 361 GB/s per direction).
 
+Registered form (``OUT_REG``): the output is a regular tensor that every rank registered
+(``Communicator.register`` or ``graph_capture``); ``out_tab`` is the address of its table row, the
+addresses of every rank's corresponding output. Step 3 stores through the row instead of the heap
+offset, and step 4 disappears, with the same safety argument.
+
 Program ``pid`` handles blocks ``pid, pid + P, ...`` of every shard on every rank, so each barrier
 is between matching programs. No buffer needs a second copy by parity: a rank's pushes of launch
 k+1 into a peer's ``rs`` (``ag``) buffer come after the second (first) barrier of launch k+1's
@@ -64,10 +69,11 @@ def twoshot_scatter_block(x_ptr, n, shard, b, bases, rank, rs_off, WORLD: tl.con
 
 @triton.jit
 def twoshot_reduce_block(x_ptr, out_ptr, n, shard, b, bases, rank, rs_off, ag_off, WORLD: tl.constexpr,
-                         BLOCK: tl.constexpr, out_off=0, OUT_HEAP: tl.constexpr = False):
+                         BLOCK: tl.constexpr, out_off=0, OUT_HEAP: tl.constexpr = False, out_tab=0,
+                         OUT_REG: tl.constexpr = False):
     """Sum block ``b`` of my shard over ranks 0..W-1 (mine from ``x``, the others from ``rs``), write
-    it to ``out`` and push it to every peer (``ag`` slot [rank], or with ``OUT_HEAP`` their outputs
-    at heap offset ``out_off``)."""
+    it to ``out`` and push it to every peer (``ag`` slot [rank]; with ``OUT_HEAP`` their outputs
+    at heap offset ``out_off``; with ``OUT_REG`` their outputs listed at address ``out_tab``)."""
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     j = b * BLOCK + tl.arange(0, BLOCK)
     slot_bytes = shard * (DTYPE.primitive_bitwidth // 8)
@@ -84,6 +90,8 @@ def twoshot_reduce_block(x_ptr, out_ptr, n, shard, b, bases, rank, rs_off, ag_of
         if s != rank:
             if OUT_HEAP:
                 tl.store(heap_ptr(bases, s, out_off, DTYPE) + idx, red, mask=m)
+            elif OUT_REG:
+                tl.store(heap_ptr(out_tab.to(tl.pointer_type(tl.int64)), s, 0, DTYPE) + idx, red, mask=m)
             else:
                 tl.store(heap_ptr(bases, s, ag_off + rank * slot_bytes, DTYPE) + j, red, mask=m)
     tl.store(out_ptr + idx, red, mask=m)
@@ -105,13 +113,14 @@ def twoshot_gather_block(out_ptr, n, shard, b, bases, rank, ag_off, WORLD: tl.co
 
 @triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_addr, flags_off, epochs_off,
-                             rs_off, ag_off, active, out_off, WORLD: tl.constexpr, BLOCK: tl.constexpr,
-                             OUT_HEAP: tl.constexpr = False, NDIV: tl.constexpr = 1,
+                             rs_off, ag_off, active, out_off, out_tab, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                             OUT_HEAP: tl.constexpr = False, OUT_REG: tl.constexpr = False, NDIV: tl.constexpr = 1,
                              ROUNDS: tl.constexpr = 1):
     """Sum ``n`` elements (a multiple of ``NDIV``) over the ranks into ``out_ptr`` (may equal
     ``x_ptr``); ``shard`` elements per rank (a multiple of 16); programs ``>= active`` only keep
     their epoch in step. ``out_off``: the heap offset of ``out`` (16-byte aligned),
-    used with ``OUT_HEAP``.
+    used with ``OUT_HEAP``; ``out_tab``: the address of ``out``'s registered row, used with
+    ``OUT_REG`` (every listed output 16-byte aligned).
 
     ``ROUNDS`` > 1 cuts each program's blocks into that many rounds, each with its own pair of
     barriers, and copies round c-1 out while round c's all-gather pushes drain over NVLink (the
@@ -134,15 +143,15 @@ def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, dia
             barrier(bases, rank, WORLD, flags_off, pid + (2 * c) * grid, e, timeout, diag)
             for i in range(lo, hi):  # 2. reduce my shard, write it out, push it to every peer
                 twoshot_reduce_block(x_ptr, out_ptr, n, shard, pid + i * active, bases, rank, rs_off, ag_off, WORLD,
-                                     BLOCK, out_off, OUT_HEAP)
+                                     BLOCK, out_off, OUT_HEAP, out_tab, OUT_REG)
             if c > 0:  # 3. (previous round) gather the other shards while this round's pushes drain
                 barrier_wait(bases, rank, WORLD, flags_off, pid + (2 * c - 1) * grid, e, timeout, diag)
-                if not OUT_HEAP:
+                if not (OUT_HEAP or OUT_REG):
                     for i in range(iters * (c - 1) // ROUNDS, lo):
                         twoshot_gather_block(out_ptr, n, shard, pid + i * active, bases, rank, ag_off, WORLD, BLOCK)
             barrier_arrive(bases, rank, WORLD, flags_off, pid + (2 * c + 1) * grid, e)
         barrier_wait(bases, rank, WORLD, flags_off, pid + (2 * ROUNDS - 1) * grid, e, timeout, diag)
-        if not OUT_HEAP:
+        if not (OUT_HEAP or OUT_REG):
             for i in range(iters * (ROUNDS - 1) // ROUNDS, iters):  # 3. (last round)
                 twoshot_gather_block(out_ptr, n, shard, pid + i * active, bases, rank, ag_off, WORLD, BLOCK)
     epoch_commit(epoch_ptr, e)

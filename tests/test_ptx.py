@@ -141,8 +141,14 @@ def test_twoshot_and_push_collectives_compile_vectorised():
            "buf_off": "i64", "half_bytes": "i64", "stride": "i64", "active": "i32"}
     aligned = {"x_ptr", "out_ptr", "m", "bases", "flags_off", "epochs_off", "buf_off", "half_bytes", "stride"}
     for kernel in (allgather_kernel, reducescatter_kernel):
-        o = ops(compile_ptx(kernel, sig, {"WORLD": 4, "BLOCK": 4096}, aligned, 8))
+        ksig = dict(sig, out_tab="i64") if kernel is allgather_kernel else sig
+        o = ops(compile_ptx(kernel, ksig, {"WORLD": 4, "BLOCK": 4096}, aligned, 8))
         assert o["ld.global.v4.b32"] >= 2 and o["st.global.v4.b32"] >= 2, (kernel, o)
+    # the direct all-gather (a registered output): 16-byte stores through the row, two barriers
+    o = ops(compile_ptx(allgather_kernel, dict(sig, out_tab="i64"), {"WORLD": 4, "BLOCK": 4096, "DIRECT": True},
+                        aligned | {"out_tab"}, 8))
+    assert o["ld.global.v4.b32"] >= 1 and o["st.global.v4.b32"] >= 2 and o["st.global.b16"] == 0, o
+    assert o["st.release.sys.global.b32"] >= 2 and o["ld.acquire.sys.global.b32"] >= 2, o
 
 
 def test_sizes_that_are_multiples_of_8_but_not_16_stay_vectorised():
@@ -159,9 +165,10 @@ def test_sizes_that_are_multiples_of_8_but_not_16_stay_vectorised():
            "buf_off": "i64", "half_bytes": "i64", "stride": "i64", "active": "i32"}
     aligned = {"x_ptr", "out_ptr", "bases", "flags_off", "epochs_off", "buf_off", "half_bytes", "stride"}  # not m
     for kernel in (allgather_kernel, reducescatter_kernel):
-        scalar = ops(compile_ptx(kernel, sig, {"WORLD": 4, "BLOCK": 4096, "MDIV": 1}, aligned, 8))
+        ksig = dict(sig, out_tab="i64") if kernel is allgather_kernel else sig
+        scalar = ops(compile_ptx(kernel, ksig, {"WORLD": 4, "BLOCK": 4096, "MDIV": 1}, aligned, 8))
         assert scalar["st.global.b16"] > 0 and scalar["st.global.v4.b32"] == 0, scalar  # the bug, reproduced
-        o = ops(compile_ptx(kernel, sig, {"WORLD": 4, "BLOCK": 4096, "MDIV": pow2_divisor(375000)}, aligned, 8))
+        o = ops(compile_ptx(kernel, ksig, {"WORLD": 4, "BLOCK": 4096, "MDIV": pow2_divisor(375000)}, aligned, 8))
         assert o["ld.global.v4.b32"] >= 2 and o["st.global.v4.b32"] >= 2 and o["st.global.b16"] == 0, (kernel, o)
     sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "shard": "i32", **COMMON, "flags_off": "i64",
            "epochs_off": "i64", "rs_off": "i64", "ag_off": "i64", "active": "i32", "out_off": "i64", "out_tab": "i64"}

@@ -181,3 +181,78 @@ def test_graph_capture_registers_graph_outputs(worlds, world):
     for taken, rows in worlds(world).run(_job_graph_capture, 1_000_003, 5):
         assert taken == 3
         assert all(a and b for _, a, b in rows)
+
+
+def _job_engine_capture(ctx, n, replays):
+    """GPU: vLLM's contract. Graphs captured inside ``capture()`` (as the engines capture all theirs)
+    get their two-shot outputs registered; replays with fresh data match torch.distributed."""
+    from tritoncomm.integrations import TritonCommCustomAllreduce
+
+    ca = TritonCommCustomAllreduce(ctx.cpu_group, ctx.device, max_size=8 << 20)
+    x = torch.randn(n, device=ctx.device).to(torch.bfloat16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ca.custom_all_reduce(x)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    used = ca.comm.registered._next
+    with ca.capture():
+        with torch.cuda.graph(graph):
+            y = ca.custom_all_reduce(x)
+    taken = ca.comm.registered._next - used
+    ok = []
+    g = torch.Generator().manual_seed(3 + ctx.rank)
+    for _ in range(replays):
+        x.copy_(torch.randn(n, generator=g).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_close(y, reference_sum(ctx, x), torch.bfloat16)
+        ok.append(same_on_all_ranks(ctx, y))
+    del graph
+    ca.close()
+    return taken, ok
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", world_sizes(2, 4))
+def test_engine_capture_registers_graph_outputs(worlds, world):
+    for taken, ok in worlds(world).run(_job_engine_capture, 2_000_000, 4):  # 4 MB: the two-shot
+        assert taken == 1 and all(ok)
+
+
+def _job_allgather_direct(ctx, shards):
+    """The direct all-gather into a registered output: the staged path's bits on every rank, call
+    after call (the entry barrier keeps a fast peer's stores out of a tensor still being read)."""
+    comm = make_comm(ctx, debug=True)
+    ag = tc.AllGather(comm, max_bytes=1 << 20)
+    w = ctx.world
+    out = _registrable(ctx, comm, w * max(shards))
+    comm.register(out)
+    bad = []
+    for it, m in enumerate(shards):
+        g = torch.Generator().manual_seed(13 * it + ctx.rank)
+        x = torch.randn(m, generator=g).to(torch.bfloat16).to(ctx.device)
+        staged = ag(x)
+        for call in range(3):
+            o = out[:w * m]
+            o.fill_(float("nan"))
+            ag(x, o, direct=True)
+            comm.synchronize()
+            bad += _bit_mismatches(ctx, o, staged, (m, call, "direct"))
+            o.add_(1)  # the next call's peers must not store before this rank is done with the tensor
+    try:
+        ag(torch.ones(8, dtype=torch.bfloat16, device=ctx.device), direct=True)  # not registered
+        bad.append("direct=True on an unregistered output did not raise")
+    except tc.InvalidInputError:
+        pass
+    ag.close()
+    comm.close()
+    return bad
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3, 4))
+def test_direct_allgather_gives_the_staged_bits(worlds, world):
+    for bad in worlds(world).run(_job_allgather_direct, [1001, 4096, 7, 20000]):
+        assert bad == []

@@ -97,7 +97,8 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
     hx_all = hout_all = rout_all = None
     if symmetric:
         hx_all, hout_all = comm.empty(max_bytes // esize, dtype), comm.empty(max_bytes // esize, dtype)
-    registered = symmetric and comm.backend == "cuda"  # regular outputs mapped into peers (GPU world)
+    # regular outputs mapped into peers (GPU world): the all-reduce's two-shot, the direct all-gather
+    registered = op in ("allreduce", "allgather") and comm.backend == "cuda"
     if registered:
         rout_all = torch.empty(max_bytes // esize, dtype=dtype, device=ctx.device)
         comm.register(rout_all)
@@ -163,11 +164,13 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
             times["heap_graph"] = time_per_call_us(lambda hx=hx, hout=hout: coll(hx, hout), ctx.device, ctx.barrier)
         reg_same = None
         if registered:  # a regular input and a registered regular output (Communicator.register)
-            rout = rout_all[:n]
+            rout = rout_all[:out.numel()]
             rout.fill_(float("nan"))
-            coll(x, rout)
+            kw = {"direct": True} if op == "allgather" else {}  # the all-gather's direct form at every size
+            coll(x, rout, **kw)
             reg_same = bool(torch.equal(rout, out))
-            times["reg_graph"] = time_per_call_us(lambda x=x, rout=rout: coll(x, rout), ctx.device, ctx.barrier)
+            times["reg_graph"] = time_per_call_us(lambda x=x, rout=rout, kw=kw: coll(x, rout, **kw), ctx.device,
+                                                  ctx.barrier)
         if op == "allreduce" and ctx.backend == "cuda":
             sm = _symm_mem_ops(ctx, n, dtype)
             for kind in ("one_shot", "two_shot"):
@@ -219,7 +222,8 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
                   + ("; heap_us: the same all-reduce on symmetric tensors (comm.empty), as torch symm_mem is "
                      "timed on its symmetric buffer; xSYMM compares those two" if symmetric else "")
                   + ("; reg_us: a regular input and a registered regular output (Communicator.register)"
-                     if registered else ""),
+                     + ("; the direct form (entry barrier, stores into every rank's output)" if op == "allgather"
+                        else "") if registered else ""),
         "rows": rows,
     }
 

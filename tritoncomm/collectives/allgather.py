@@ -28,18 +28,20 @@ class _PushCollective(CollectiveBase):
             max_bytes = comm.heap.nbytes // 8 if comm.backend == "cuda" else 1 << 20
         self.max_bytes = max_bytes
         self._half = self.world * round_up(-(-max_bytes // self.world) + 128, 256)
-        grid = self._grid_for("push")
-        self._add_channel("push", programs=grid, barrier_slots=grid, buffer_bytes=2 * self._half)
+        grid = self._grid_for("push")  # two barrier slots a program: the direct all-gather's entry and exit
+        self._add_channel("push", programs=grid, barrier_slots=2 * grid, buffer_bytes=2 * self._half)
         comm.bootstrap.barrier()
 
-    def _launch(self, kernel, x: torch.Tensor, out: torch.Tensor, m: int, full_bytes: int) -> None:
+    def _launch(self, kernel, x: torch.Tensor, out: torch.Tensor, m: int, full_bytes: int, row: int = 0) -> None:
         c = self._choice("push", DTYPE_NAMES[x.dtype], full_bytes)
-        self._debug_check(x.dtype, m, "push")
+        self._debug_check(x.dtype, m, "push", (self.comm.peer_slot(row),) if row else ())
         ch = self._channels["push"]
         bases, rank, world, timeout, diag = self.comm.kernel_args()
+        extra = {"DIRECT": True} if row else {}
         kernel[(self._grids["push"],)](
             x, out, m, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off, self._half,
-            round_up(m, 16), c.programs, WORLD=world, BLOCK=c.block, MDIV=pow2_divisor(m), num_warps=c.num_warps)
+            round_up(m, 16), c.programs, *((row,) if row else ()), WORLD=world, BLOCK=c.block, MDIV=pow2_divisor(m),
+            num_warps=c.num_warps, **extra)
 
     def _too_large(self, x: torch.Tensor, m: int, nbytes: int, what: str) -> bool:
         if nbytes <= self.max_bytes:
@@ -59,12 +61,18 @@ class AllGather(_PushCollective):
     """
 
     op = "allgather"
+    #: Registered outputs from this size (bytes of the output) take the direct form by default.
+    DIRECT_MIN_BYTES = 1 << 62
 
     def __init__(self, comm: Communicator, max_bytes: int | None = None, *, table: SelectionTable | None = None,
                  fallback_group: dist.ProcessGroup | None = None, name: str = "allgather") -> None:
         super().__init__(comm, max_bytes, table, fallback_group, name)
 
-    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, *, direct: bool | None = None) -> torch.Tensor:
+        """``direct``: store straight into every rank's registered output (``Communicator.register``,
+        ``graph_capture``) after an entry barrier, instead of pushing into the heap and copying out.
+        None (the default) takes it for registered outputs of at least ``DIRECT_MIN_BYTES``; True
+        needs a registered output; every rank must pass the same."""
         check_input(x, self.comm.device, "all_gather")
         w = self.world
         if out is not None:
@@ -77,7 +85,14 @@ class AllGather(_PushCollective):
         if self._too_large(x, x.numel(), out.numel() * out.element_size(), "all_gather"):
             dist.all_gather_into_tensor(out, x, group=self.fallback_group)
             return out
-        self._launch(allgather_kernel, x, out, x.numel(), out.numel() * out.element_size())
+        nbytes = out.numel() * out.element_size()
+        row = 0
+        if direct or (direct is None and nbytes >= self.DIRECT_MIN_BYTES):
+            row = self.comm.peer_row(out) or 0
+            if direct and not row:
+                raise InvalidInputError("all_gather: direct=True needs an output registered with Communicator.register "
+                                        "(or met inside graph_capture)")
+        self._launch(allgather_kernel, x, out, x.numel(), nbytes, row)
         return out
 
 

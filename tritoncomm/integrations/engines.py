@@ -14,8 +14,11 @@ vote on that group, whether tritoncomm serves it; if not, ``disabled`` is True, 
 ``tritoncomm disabled because ...`` is logged, ``custom_all_reduce`` returns None and the engine
 falls back to NCCL, exactly as with its own custom all-reduce. Nothing here exits or hangs.
 
-Unlike the engines' own kernels, ours need no buffer registration: every launch is graph-safe, so
-``capture()`` only records that a capture is in progress.
+Every launch is graph-safe without registration. ``capture()``, which both engines wrap around
+all their graph captures, also registers the captured all-reduce outputs on exit
+(``Communicator.graph_capture``), as the engines' own kernels do with their graph buffers: the
+two-shot then writes peers' outputs directly instead of copying out of the heap. Graphs captured
+inside are replayed after it exits, as both engines do.
 """
 
 from __future__ import annotations
@@ -63,9 +66,15 @@ class TritonCommCustomAllreduce:
 
     @contextmanager
     def capture(self) -> Iterator[None]:
+        """Collective: wrap every graph capture; on GPUs the captured outputs are registered on exit
+        (replay only after it)."""
+        self._IS_CAPTURING = True
         try:
-            self._IS_CAPTURING = True
-            yield
+            if self.disabled or self.comm.backend != "cuda":
+                yield
+            else:
+                with self.comm.graph_capture():
+                    yield
         finally:
             self._IS_CAPTURING = False
 

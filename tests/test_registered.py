@@ -242,6 +242,17 @@ def _job_allgather_direct(ctx, shards):
             comm.synchronize()
             bad += _bit_mismatches(ctx, o, staged, (m, call, "direct"))
             o.add_(1)  # the next call's peers must not store before this rank is done with the tensor
+        ag.DIRECT_FROM, ag.DIRECT_MIN_BYTES = {}, 0  # the size rule picks the direct form for this tensor
+        rows = []
+        comm.peer_row = lambda t, real=comm.peer_row, rows=rows: rows.append(real(t)) or rows[-1]
+        o = out[:w * m]
+        o.fill_(float("nan"))
+        ag(x, o)
+        comm.synchronize()
+        bad += _bit_mismatches(ctx, o, staged, (m, "by size"))
+        if len(rows) != 1 or not rows[0]:
+            bad.append(("by size: no registered row looked up", rows))
+        del ag.DIRECT_FROM, ag.DIRECT_MIN_BYTES, comm.peer_row
     try:
         ag(torch.ones(8, dtype=torch.bfloat16, device=ctx.device), direct=True)  # not registered
         bad.append("direct=True on an unregistered output did not raise")

@@ -66,7 +66,7 @@ class AllGather(_PushCollective):
     op = "allgather"
     #: Registered outputs of at least this many bytes take the direct form by default, by world
     #: size (others: ``DIRECT_MIN_BYTES``). Measured on 4x H200 (session 11 run 2, 2026-11-22, CUDA
-    #: graphs): the direct form's entry barrier costs 0.5-1.6 µs below 512 KB; it is faster from
+    #: graphs): the direct form costs 0.5-0.8 µs (TP4) and 0.9-1.6 µs (TP2) up to 512 KB; it is faster from
     #: 1 MB at TP4 (7.9 vs 8.3 µs; 128 MB 301.3 vs 418.2) and from 4 MB at TP2 (11.7 vs 11.9 µs;
     #: 2 MB 8.7 vs 8.3; 128 MB 209.7 vs 288.0).
     DIRECT_FROM: Mapping[int, int] = MappingProxyType({2: 4 << 20, 4: 1 << 20})

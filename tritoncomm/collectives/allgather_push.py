@@ -23,6 +23,23 @@ from ..kernels import assume_multiple, barrier, epoch_commit, heap_ptr, program_
 __all__ = ["allgather_kernel"]
 
 
+@triton.jit
+def _push_shard(x_ptr, out_ptr, m, iters, pid, active, rank, table, dst_off, dst_elem, WORLD: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """Store this program's blocks of ``x`` at ``out[rank*m:]`` and, for every peer ``s``, at byte
+    ``dst_off`` + element ``dst_elem`` of the memory ``table[s]`` points to (a heap base or a
+    registered output)."""
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    for i in range(0, iters):
+        j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
+        mask = j < m
+        v = tl.load(x_ptr + j, mask=mask)
+        for s in tl.static_range(WORLD):
+            if s != rank:
+                tl.store(heap_ptr(table, s, dst_off, DTYPE) + dst_elem + j, v, mask=mask)
+        tl.store(out_ptr + rank * m + j, v, mask=mask)
+
+
 @triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def allgather_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, flags_off, epochs_off, buf_off, half_bytes,
                      stride, active, out_tab=0, WORLD: tl.constexpr = 2, BLOCK: tl.constexpr = 1024,
@@ -35,37 +52,23 @@ def allgather_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, flags_o
     ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
-    if DIRECT:
-        if pid < active:
+    if pid < active:
+        iters = tl.cdiv(tl.cdiv(m, BLOCK) - pid, active)
+        if DIRECT:
             barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)  # every rank has entered
-            row = out_tab.to(tl.pointer_type(tl.int64))
-            iters = tl.cdiv(tl.cdiv(m, BLOCK) - pid, active)
+            _push_shard(x_ptr, out_ptr, m, iters, pid, active, rank, out_tab.to(tl.pointer_type(tl.int64)), 0,
+                        rank * m, WORLD, BLOCK)
+            barrier(bases, rank, WORLD, flags_off, pid + tl.num_programs(0), e, timeout, diag)
+        else:
+            base = buf_off + (e & 1).to(tl.int64) * half_bytes
+            _push_shard(x_ptr, out_ptr, m, iters, pid, active, rank, bases, base + rank * stride * ESIZE, 0,
+                        WORLD, BLOCK)
+            barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
             for i in range(0, iters):
                 j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
                 mask = j < m
-                v = tl.load(x_ptr + j, mask=mask)
                 for s in tl.static_range(WORLD):
                     if s != rank:
-                        tl.store(heap_ptr(row, s, 0, DTYPE) + rank * m + j, v, mask=mask)
-                tl.store(out_ptr + rank * m + j, v, mask=mask)
-            barrier(bases, rank, WORLD, flags_off, pid + tl.num_programs(0), e, timeout, diag)
-    elif pid < active:
-        base = buf_off + (e & 1).to(tl.int64) * half_bytes
-        iters = tl.cdiv(tl.cdiv(m, BLOCK) - pid, active)
-        for i in range(0, iters):
-            j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
-            mask = j < m
-            v = tl.load(x_ptr + j, mask=mask)
-            for s in tl.static_range(WORLD):
-                if s != rank:
-                    tl.store(heap_ptr(bases, s, base + rank * stride * ESIZE, DTYPE) + j, v, mask=mask)
-            tl.store(out_ptr + rank * m + j, v, mask=mask)
-        barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
-        for i in range(0, iters):
-            j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
-            mask = j < m
-            for s in tl.static_range(WORLD):
-                if s != rank:
-                    v = tl.load(heap_ptr(bases, rank, base + s * stride * ESIZE, DTYPE) + j, mask=mask)
-                    tl.store(out_ptr + s * m + j, v, mask=mask)
+                        v = tl.load(heap_ptr(bases, rank, base + s * stride * ESIZE, DTYPE) + j, mask=mask)
+                        tl.store(out_ptr + s * m + j, v, mask=mask)
     epoch_commit(epoch_ptr, e)

@@ -166,7 +166,7 @@ class Communicator:
     def register(self, *tensors: torch.Tensor) -> None:
         """Collective, at set-up time: map these regular tensors into every peer, so that a
         collective given one as its output writes peers' parts straight into it (the two-shot
-        all-reduce then skips its copy out of the heap).
+        all-reduce and the direct all-gather then skip their copy out of the heap).
 
         Every rank registers as many tensors, in corresponding order, and later passes the
         corresponding tensors to the same calls (debug mode checks the slot). Each tensor must stay
@@ -198,10 +198,10 @@ class Communicator:
         """Capture CUDA graphs inside this context to have the collectives write peers' regular
         outputs directly (what vLLM's custom all-reduce does with its graph buffers).
 
-        While a stream captures, each two-shot all-reduce with a regular output takes a fresh row
-        of the registered-buffer table; on exit, collectively, every rank maps the captured
-        outputs' allocations into every peer and writes the rows, so replays of graphs captured
-        inside run with them. Every rank must capture the same sequence of collectives (checked
+        While a stream captures, each two-shot all-reduce and each direct all-gather with a regular
+        output takes a fresh row of the registered-buffer table; on exit, collectively, every rank
+        maps the captured outputs' allocations into every peer and writes the rows, so replays of
+        graphs captured inside run with them. Every rank must capture the same sequence of collectives (checked
         by count). Replay only after the context has exited. Kernels launched outside capture are
         unaffected. If the body raises, the reserved rows are dropped unwritten and the graphs
         captured inside must not be replayed.

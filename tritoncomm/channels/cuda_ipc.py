@@ -20,7 +20,7 @@ import torch
 from ..errors import PeerAccessError, TritonCommError
 from .bootstrap import Bootstrap
 
-__all__ = ["CudaIpcPeerMemory", "HostMappedWords", "cuda_check"]
+__all__ = ["CudaIpcPeerMemory", "HostMappedWords", "cuda_check", "driver_check", "ipc_export", "ipc_open"]
 
 _HANDLE_BYTES = 64
 
@@ -44,6 +44,32 @@ def cuda_check(result: Any, what: str) -> Any:
     if not values:
         return None
     return values[0] if len(values) == 1 else values
+
+
+def driver_check(result: Any, what: str) -> Any:
+    """``cuda_check`` for the driver API (``cuda.bindings.driver``)."""
+    from cuda.bindings import driver
+
+    err, *values = result
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(err)
+        raise TritonCommError(f"{what} failed: {name.decode() if isinstance(name, bytes) else name}")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def ipc_export(ptr: int, what: str = "cudaIpcGetMemHandle") -> bytes:
+    """The legacy IPC handle of the ``cudaMalloc`` allocation that starts at ``ptr``, as bytes."""
+    handle = cuda_check(_rt().cudaIpcGetMemHandle(ptr), what)
+    return ctypes.string_at(handle.getPtr(), _HANDLE_BYTES)
+
+
+def ipc_open(raw: bytes, what: str) -> int:
+    """Map a peer's allocation from its ``ipc_export`` bytes (lazy peer access); close it with
+    ``cudaIpcCloseMemHandle``."""
+    rt = _rt()
+    handle = rt.cudaIpcMemHandle_t()
+    ctypes.memmove(handle.getPtr(), raw, _HANDLE_BYTES)
+    return int(cuda_check(rt.cudaIpcOpenMemHandle(handle, rt.cudaIpcMemLazyEnablePeerAccess), what))
 
 
 class _CudaBytes:
@@ -70,9 +96,7 @@ class CudaIpcPeerMemory:
         try:
             cuda_check(rt.cudaMemset(self._own, 0, nbytes), "cudaMemset")
             cuda_check(rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
-            handle = cuda_check(rt.cudaIpcGetMemHandle(self._own), "cudaIpcGetMemHandle")
-            raw = ctypes.string_at(handle.getPtr(), _HANDLE_BYTES)
-            handles = bootstrap.all_gather(raw)
+            handles = bootstrap.all_gather(ipc_export(self._own))
             error = None
             addrs: list[int] = []
             for r, h in enumerate(handles):
@@ -80,12 +104,9 @@ class CudaIpcPeerMemory:
                     addrs.append(int(self._own))
                     continue
                 try:
-                    peer_handle = rt.cudaIpcMemHandle_t()
-                    ctypes.memmove(peer_handle.getPtr(), h, _HANDLE_BYTES)
-                    ptr = cuda_check(rt.cudaIpcOpenMemHandle(peer_handle, rt.cudaIpcMemLazyEnablePeerAccess),
-                                     f"cudaIpcOpenMemHandle(rank {r})")
-                    self._opened.append(int(ptr))
-                    addrs.append(int(ptr))
+                    ptr = ipc_open(h, f"cudaIpcOpenMemHandle(rank {r})")
+                    self._opened.append(ptr)
+                    addrs.append(ptr)
                 except TritonCommError as e:
                     error = str(e)
                     break

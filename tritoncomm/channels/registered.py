@@ -31,32 +31,13 @@ caching allocator's cache in between). Mappings are closed by ``close``.
 
 from __future__ import annotations
 
-import ctypes
-from typing import Any
-
 import torch
 
 from ..errors import InvalidInputError, PeerAccessError, SetupMismatchError, TritonCommError
 from .bootstrap import Bootstrap
 from .heap import SymmetricHeap
 
-__all__ = ["DEFAULT_SLOTS", "RegisteredBuffers"]
-
-#: Slots in a communicator's table: every all-reduce captured with a regular output takes one
-#: (``world`` x 8 bytes each; 512 KiB at world 4).
-DEFAULT_SLOTS = 16384
-
-_HANDLE_BYTES = 64
-
-
-def _driver_check(result: Any, what: str) -> Any:
-    from cuda.bindings import driver
-
-    err, *values = result
-    if err != driver.CUresult.CUDA_SUCCESS:
-        _, name = driver.cuGetErrorName(err)
-        raise TritonCommError(f"{what} failed: {name.decode() if isinstance(name, bytes) else name}")
-    return values[0] if len(values) == 1 else tuple(values)
+__all__ = ["RegisteredBuffers"]
 
 
 class RegisteredBuffers:
@@ -67,11 +48,11 @@ class RegisteredBuffers:
         bootstrap: the set-up channel.
         device: where the table lives (the rank's GPU, or the CPU).
         backend: ``"cuda"`` or ``"cpu"``.
-        slots: table rows.
+        slots: table rows (``CommConfig.registered_slots``; ``world`` x 8 bytes each).
     """
 
     def __init__(self, heap: SymmetricHeap, bootstrap: Bootstrap, device: torch.device, backend: str,
-                 slots: int = DEFAULT_SLOTS) -> None:
+                 slots: int) -> None:
         self.heap = heap
         self.bootstrap = bootstrap
         self.rank = bootstrap.rank
@@ -169,17 +150,14 @@ class RegisteredBuffers:
             raise InvalidInputError("register: in the CPU world only tensors in the symmetric heap "
                                     "(Communicator.empty) can be registered")
         from cuda.bindings import driver
-        from cuda.bindings import runtime as rt
 
-        from .cuda_ipc import cuda_check
+        from .cuda_ipc import driver_check, ipc_export
 
-        alloc, _size = _driver_check(driver.cuMemGetAddressRange(driver.CUdeviceptr(ptr)),
-                                     f"cuMemGetAddressRange({ptr:#x})")
-        alloc = int(alloc)
-        handle = cuda_check(rt.cudaIpcGetMemHandle(alloc),
-                            "cudaIpcGetMemHandle (is PYTORCH_CUDA_ALLOC_CONF=expandable_segments set? its "
-                            "memory cannot be registered)")
-        return ("ipc", ctypes.string_at(handle.getPtr(), _HANDLE_BYTES), ptr - alloc)
+        alloc, _size = driver_check(driver.cuMemGetAddressRange(driver.CUdeviceptr(ptr)),
+                                    f"cuMemGetAddressRange({ptr:#x})")
+        raw = ipc_export(int(alloc), "cudaIpcGetMemHandle (is PYTORCH_CUDA_ALLOC_CONF=expandable_segments set? "
+                                     "its memory cannot be registered)")
+        return ("ipc", raw, ptr - int(alloc))
 
     def _peer_addr(self, peer: int, desc: tuple) -> int:
         if desc[0] == "heap":
@@ -187,14 +165,9 @@ class RegisteredBuffers:
         _, raw, offset = desc
         key = (peer, raw)
         if key not in self._opened:
-            from cuda.bindings import runtime as rt
+            from .cuda_ipc import ipc_open
 
-            from .cuda_ipc import cuda_check
-
-            h = rt.cudaIpcMemHandle_t()
-            ctypes.memmove(h.getPtr(), raw, _HANDLE_BYTES)
-            self._opened[key] = int(cuda_check(rt.cudaIpcOpenMemHandle(h, rt.cudaIpcMemLazyEnablePeerAccess),
-                                               f"cudaIpcOpenMemHandle(rank {peer})"))
+            self._opened[key] = ipc_open(raw, f"cudaIpcOpenMemHandle(rank {peer})")
         return self._opened[key] + offset
 
     def _fill(self, entries: list[tuple[int, int]]) -> None:

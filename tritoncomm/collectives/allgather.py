@@ -35,16 +35,17 @@ class _PushCollective(CollectiveBase):
         self._add_channel("push", programs=grid, barrier_slots=2 * grid, buffer_bytes=2 * self._half)
         comm.bootstrap.barrier()
 
-    def _launch(self, kernel, x: torch.Tensor, out: torch.Tensor, m: int, full_bytes: int, row: int = 0) -> None:
+    def _launch(self, kernel, x: torch.Tensor, out: torch.Tensor, m: int, full_bytes: int, **extra: int) -> None:
+        """``extra``: the kernel's own arguments (the all-gather's ``out_tab`` and ``DIRECT``)."""
         c = self._choice("push", DTYPE_NAMES[x.dtype], full_bytes)
+        row = extra.get("out_tab", 0)
         self._debug_check(x.dtype, m, "push", (self.comm.peer_slot(row),) if row else ())
         ch = self._channels["push"]
         bases, rank, world, timeout, diag = self.comm.kernel_args()
-        extra = {"DIRECT": True} if row else {}
         kernel[(self._grids["push"],)](
             x, out, m, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off, self._half,
-            round_up(m, 16), c.programs, *((row,) if row else ()), WORLD=world, BLOCK=c.block, MDIV=pow2_divisor(m),
-            num_warps=c.num_warps, **extra)
+            round_up(m, 16), c.programs, WORLD=world, BLOCK=c.block, MDIV=pow2_divisor(m), num_warps=c.num_warps,
+            **extra)
 
     def _too_large(self, x: torch.Tensor, m: int, nbytes: int, what: str) -> bool:
         if nbytes <= self.max_bytes:
@@ -100,7 +101,7 @@ class AllGather(_PushCollective):
             if direct and not row:
                 raise InvalidInputError("all_gather: direct=True needs an output registered with Communicator.register "
                                         "(or met inside graph_capture)")
-        self._launch(allgather_kernel, x, out, x.numel(), nbytes, row)
+        self._launch(allgather_kernel, x, out, x.numel(), nbytes, out_tab=row, DIRECT=bool(row))
         return out
 
 

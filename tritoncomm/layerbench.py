@@ -38,7 +38,7 @@ __all__ = ["format_layers", "layers_rank"]
 def _shapes(cuda: bool, world: int) -> dict[str, Any]:
     if cuda:
         return {"hidden": 8192, "tokens": [1, 8, 32, 128, 512, 2048], "k": 28672 // world, "n": 8192,
-                "gemm_m": [1, 16, 64, 512, 2048, 8192], "gemm_chunks": [2, 4], "gemm_side_programs": [None, 32, 16],
+                "gemm_m": [1, 16, 64, 512, 2048, 8192], "gemm_chunks": [2], "gemm_side_programs": [32],
                 "gemm_chunk_min_m": 512, "heads": 64, "kv_heads": 8, "inter": 28672, "layers": 4,
                 "batches": [1, 4, 16, 64], "context": 1024, "prefill": 2048,
                 "hier_sizes": [8 << 10, 128 << 10, 1 << 20, 8 << 20, 32 << 20, 128 << 20]}
@@ -119,39 +119,46 @@ def _gemm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
     ar = AllReduce(comm, max_bytes=max(ms) * n * 2, name="bench.gemm.ar")
     op = GemmAllReduce(comm, max(ms), n, config=GemmConfig.for_backend(comm.backend), allreduce=ar,
                        name="bench.gemm.op")
-    # chunked path: slices x the program cap of the slices' all-reduce (None: the table's shape)
-    # and, with a program cap, the GEMMs leaving as many SMs free (cuBLASLt carve-out) or not
     cuda = comm.backend == "cuda"
-    chunked = [(c, p, cv) for c in sh["gemm_chunks"] for p in sh["gemm_side_programs"]
-               for cv in ((None, p) if p and cuda else (None,))]
+    # chunked path: slices x the program cap of the slices' all-reduce (None: the table's shape)
+    chunked = [(c, p) for c in sh["gemm_chunks"] for p in sh["gemm_side_programs"]]
 
-    def label(c: int, p: int | None, cv: int | None) -> str:
-        return f"chunked{c}" + (f"_p{p}" if p else "") + (f"_cv{cv}" if cv else "")
+    def label(c: int, p: int | None) -> str:
+        return f"chunked{c}" + (f"_p{p}" if p else "")
 
     w = (torch.randn(n, k, device=dev, generator=torch.Generator(device=dev).manual_seed(3 + ctx.rank)) /
          math.sqrt(k)).to(torch.bfloat16)
     rows = []
+    regs = []  # registered outputs stay allocated (a freed one's address could come back unregistered)
     for m in ms:
         x = torch.randn(m, k, device=dev, generator=torch.Generator(device=dev).manual_seed(m + ctx.rank))
         x = x.to(torch.bfloat16)
         ref = torch.matmul(x, w.t())
         dist.all_reduce(ref, group=ctx.group)
-        mine = [(c, p, cv) for c, p, cv in chunked if m >= sh["gemm_chunk_min_m"] and m >= c]
-        outs = {"overlap": op(x, w, path="overlap"), "plain": op(x, w, path="plain")}
-        for c, p, cv in mine:
-            outs[label(c, p, cv)] = op(x, w, path="chunked", chunks=c, side_programs=p, sm_carveout=cv)
+        mine = [(c, p) for c, p in chunked if m >= sh["gemm_chunk_min_m"] and m >= c]
+        # a registered output (what engines get inside comm.graph_capture): peers store into it
+        reg = torch.empty(m, n, dtype=torch.bfloat16, device=dev) if cuda else comm.empty((m, n))
+        comm.register(reg)
+        regs.append(reg)
+        outs = {"overlap": op(x, w, path="overlap"), "plain": op(x, w, path="plain"),
+                "overlap_reg": op(x, w, out=reg, path="overlap").clone(), "plain_reg": op(x, w, out=reg, path="plain")}
+        for c, p in mine:
+            outs[label(c, p)] = op(x, w, path="chunked", chunks=c, side_programs=p)
         scale = ref.float().abs().max().item()
         ok = all(bool(((o.float() - ref.float()).abs().max() / scale) < 2e-2) and _agree(ctx, o)
                  for o in outs.values())
+        ok = ok and torch.equal(outs["overlap"], outs["overlap_reg"]) and torch.equal(outs["plain"], outs["plain_reg"])
         big = m * k * n >= 1 << 34
         kw = {"calls": 4, "replays": 6} if big else {"calls": 16, "replays": 10}
         o = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
         t: dict[str, float | None] = {"overlap": timer(lambda: op(x, w, out=o, path="overlap"), **kw),
-                                      "plain": timer(lambda: op(x, w, out=o, path="plain"), **kw)}
-        for c, p, cv in mine:
-            t[label(c, p, cv)] = timer(lambda c=c, p=p, cv=cv: op(x, w, out=o, path="chunked", chunks=c,
-                                                                   side_programs=p, sm_carveout=cv), **kw)
+                                      "plain": timer(lambda: op(x, w, out=o, path="plain"), **kw),
+                                      "overlap_reg": timer(lambda: op(x, w, out=reg, path="overlap"), **kw),
+                                      "plain_reg": timer(lambda: op(x, w, out=reg, path="plain"), **kw)}
+        for c, p in mine:
+            t[label(c, p)] = timer(lambda c=c, p=p: op(x, w, out=o, path="chunked", chunks=c, side_programs=p), **kw)
         t["gemm_only"] = timer(lambda: torch.matmul(x, w.t(), out=o), **kw)
+        t["triton_gemm_only"] = timer(lambda: op.local_gemm(x, w, o), **kw)
 
         def base() -> None:
             torch.matmul(x, w.t(), out=o)
@@ -161,16 +168,22 @@ def _gemm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
         paths = ["plain", *(label(*spec) for spec in mine), "overlap"]
         best = min(paths, key=lambda q: v[q] or math.inf)
         # what the library runs by default: its selected path with its own chunked settings
-        sel = op.select(m)
-        chosen = label(op.chunks, op.side_programs, op.sm_carveout) if sel == "chunked" else sel
+        sel = op.select(m, k)
+        chosen = label(op.chunks, op.side_programs) if sel == "chunked" else sel
         if chosen not in v:
             raise RuntimeError(f"the selected path {chosen} was not timed; add it to the sweep")
         rows.append({"op": "gemm_allreduce", "shape": [m, k, n], "dtype": "bf16", "path": chosen,
                      "tritoncomm_us": v[chosen], "baseline_us": v["base"], "baseline": "torch.matmul + NCCL all_reduce",
-                     "best_path": best, **{f"{q}_us": v[q] for q in (*paths, "gemm_only")},
-                     "speedup": v["base"] / v[chosen], "correct": _all_true(ctx, ok)})
+                     "tritoncomm_registered_us": v.get(f"{chosen}_reg", v[chosen]), "best_path": best,
+                     **{f"{q}_us": v[q] for q in (*paths, "overlap_reg", "plain_reg", "gemm_only", "triton_gemm_only")},
+                     "speedup": v["base"] / v[chosen],
+                     "speedup_registered": v["base"] / v.get(f"{chosen}_reg", v[chosen]),
+                     "correct": _all_true(ctx, ok)})
     op.close()
     ar.close()
+    if not cuda:
+        for reg in regs:
+            comm.free(reg)
     return rows
 
 

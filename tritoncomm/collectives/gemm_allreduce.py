@@ -2,8 +2,9 @@
 
 Three paths, chosen by the number of tokens (rows of ``x``):
 
-* ``"overlap"``: one persistent Triton kernel (``gemm_overlap``) whose reducer programs pull and
-  sum finished output tiles from every rank while its worker programs compute the next ones;
+* ``"overlap"``: one persistent Triton kernel (``gemm_twoshot``): a TMA GEMM whose epilogue pushes
+  each output tile's product to the tile's owner rank, which sums the tile and pushes the result to
+  every rank while the GEMM goes on (a two-shot all-reduce folded into the GEMM);
 * ``"chunked"``: the rows in ``chunks`` slices; cuBLAS computes slice i+1 on the caller's stream
   while tritoncomm's ``AllReduce`` reduces slice i on a high-priority side stream with at most
   ``side_programs`` programs, so the GEMM keeps most SMs (an event per slice orders them;
@@ -19,8 +20,10 @@ before it returns.
 
 The plain path serves decode-sized inputs, where there is too little compute to hide anything
 behind; ``select`` picks by rows with thresholds measured on H200 (``benchmarks/NOTES.md``), and
-``path=`` forces one. Every path gives the same bits on every rank; they round differently from
-each other (cuBLAS's and Triton's GEMMs sum K in different orders).
+``path=`` forces one. The overlapped kernel loads its operands through TMA descriptors, so it needs
+``K`` a multiple of 8 elements (16-byte rows); other shapes take the plain path. Every path gives
+the same bits on every rank; they round differently from each other (cuBLAS's and Triton's GEMMs
+sum K in different orders).
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ import torch
 
 from ..channels import Channel, Communicator
 from ..errors import InvalidInputError
+from ..kernels import MAX_WORLD
 from .allreduce import AllReduce
-from .common import _DTYPE_CODES, _OP_CODES, round_up
-from .gemm_overlap import gemm_allreduce_kernel
+from .common import _DTYPE_CODES, _OP_CODES
+from .gemm_twoshot import gemm_twoshot_kernel
 from .validation import check_input
 
 __all__ = ["GEMM_PATHS", "GemmAllReduce", "GemmConfig"]
@@ -45,14 +49,16 @@ MAX_CHUNKS = 16
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """Launch shape of the overlapped kernel: tile sizes, programs per role, pipelining."""
+    """Launch shape of the overlapped kernel: tile sizes, programs, pipelining.
+
+    ``programs``: the persistent grid (None: one per SM). Every program must be resident at once
+    (see ``gemm_twoshot``), so it may not exceed the SM count; the CPU world always runs one."""
 
     bm: int = 128
     bn: int = 256
     bk: int = 64
     group_m: int = 8
-    workers: int = 116
-    reducers: int = 16
+    programs: int | None = None
     rows_per_step: int = 16
     num_warps: int = 8
     num_stages: int = 3
@@ -62,15 +68,14 @@ class GemmConfig:
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"GemmConfig.{name} must be a power of two >= 16, got {v}")
-        if self.rows_per_step > self.bm or self.workers < 1 or self.reducers < 1 or self.group_m < 1:
+        if self.rows_per_step > self.bm or self.group_m < 1 or (self.programs is not None and self.programs < 1):
             raise ValueError(f"bad GemmConfig {self}")
 
     @classmethod
     def for_backend(cls, backend: str) -> GemmConfig:
         if backend == "cuda":
             return cls()
-        return cls(bm=16, bn=16, bk=16, group_m=2, workers=2, reducers=2, rows_per_step=16, num_warps=1,
-                   num_stages=1)
+        return cls(bm=16, bn=16, bk=16, group_m=2, programs=1, rows_per_step=16, num_warps=1, num_stages=1)
 
 
 class GemmAllReduce:
@@ -81,7 +86,7 @@ class GemmAllReduce:
         max_tokens: the most rows ``x`` may have.
         n: the output features ``N`` (rows of every ``w`` passed).
         overlap_min_tokens: inputs with at least this many rows take the overlapped kernel (default:
-            never; it measured slower than cuBLAS + all-reduce on H200).
+            never).
         chunked_min_tokens, chunks: inputs with at least this many rows take the chunked path, in
             this many row slices (measured on H200: from 4096 rows, 2 slices).
         side_programs: the most programs a slice's all-reduce may use in the chunked path (None:
@@ -97,8 +102,9 @@ class GemmAllReduce:
         allreduce: an ``AllReduce`` for the plain path (default: one of its own, sized for the
             largest output).
 
-    Workspace: ``3 x max_tokens x N`` elements (the staging tensor and two tile buffers) plus one
-    flag row per tile. Collective to create and close; one instance per stream.
+    Workspace: about ``3 x max_tokens x N`` elements (the staging tensor, and the overlapped
+    kernel's ``recv`` and ``fin`` tile buffers, padded to whole tiles) plus two flags per tile.
+    Collective to create and close; one instance per stream.
     """
 
     def __init__(self, comm: Communicator, max_tokens: int, n: int, *, overlap_min_tokens: int | None = None,
@@ -120,15 +126,21 @@ class GemmAllReduce:
         self._side = torch.cuda.Stream(comm.device, priority=-1) if comm.backend == "cuda" else None
         self._events = [torch.cuda.Event() for _ in range(MAX_CHUNKS)] if comm.backend == "cuda" else []
         self.cfg = config or GemmConfig.for_backend(comm.backend)
+        c = self.cfg
+        self._programs = 1 if comm.backend != "cuda" else self._check_programs(c.programs, comm)
         self._own_ar = allreduce is None
         self.allreduce = allreduce or AllReduce(comm, max_bytes=max_tokens * n * 2, name=f"{name}.ar")  # 16-bit
-        c = self.cfg
         max_tiles = -(-max_tokens // c.bm) * -(-n // c.bn)
-        self._slot_bytes = round_up(max_tokens * n * 2, 256)
+        tile_bytes = c.bm * c.bn * 2
+        recv_tiles = -(-max_tiles // comm.world) * comm.world
+        # flags: (owned tile, source) for the partials, then one per tile for the finals
+        self._fflags = recv_tiles
+        flag_words = recv_tiles + max_tiles
         self._stage: torch.Tensor | None = None
         try:
-            self.channel = Channel(comm, name, programs=c.workers + c.reducers, barrier_slots=max_tiles,
-                                   buffer_bytes=2 * self._slot_bytes)
+            self.channel = Channel(comm, name, programs=self._programs,
+                                   barrier_slots=-(-flag_words // MAX_WORLD.value),
+                                   buffer_bytes=(recv_tiles + max_tiles) * tile_bytes)
             self._stage = comm.empty(max_tokens * n * 2, torch.uint8)  # the GEMM's output, symmetric
         except BaseException:
             if getattr(self, "channel", None) is not None:
@@ -148,10 +160,21 @@ class GemmAllReduce:
         assert self._stage is not None
         return self._stage[:m * self.n * 2].view(dtype).view(m, self.n)
 
-    def select(self, tokens: int) -> str:
-        if self.overlap_min_tokens is not None and tokens >= self.overlap_min_tokens:
+    def select(self, tokens: int, k: int = 8) -> str:
+        """The path for ``tokens`` rows and ``k`` input features (the overlapped kernel needs ``k`` a
+        multiple of 8)."""
+        if self.overlap_min_tokens is not None and tokens >= self.overlap_min_tokens and k % 8 == 0:
             return "overlap"
         return "chunked" if tokens >= self.chunked_min_tokens else "plain"
+
+    @staticmethod
+    def _check_programs(programs: int | None, comm: Communicator) -> int:
+        sms = torch.cuda.get_device_properties(comm.device).multi_processor_count
+        if programs is None:
+            return sms
+        if programs > sms:
+            raise InvalidInputError(f"GemmConfig.programs must be at most the {sms} SMs (all resident), got {programs}")
+        return programs
 
     @staticmethod
     def _check_carveout(sm_carveout: int | None, comm: Communicator) -> int | None:
@@ -221,7 +244,7 @@ class GemmAllReduce:
             out = torch.empty((m, self.n), dtype=x.dtype, device=x.device)
         elif out.shape != (m, self.n) or out.dtype != x.dtype or not out.is_contiguous():
             raise InvalidInputError(f"{what}: out must be a contiguous ({m}, {self.n}) {x.dtype} tensor")
-        path = path or self.select(m)
+        path = path or self.select(m, k)
         if path == "chunked" and m > 0 and k > 0:
             c = chunks if chunks is not None else self.chunks
             if not 1 <= c <= MAX_CHUNKS:
@@ -239,16 +262,36 @@ class GemmAllReduce:
             stage = self._staged(m, x.dtype)
             torch.matmul(x, w.t(), out=stage)
             return self.allreduce(stage, out=out)
-        self.comm.check()
-        if self.comm.debug:  # op, dtype, element count and the (M, K) shape must agree
-            self.comm.debug_check(_OP_CODES["gemm_allreduce"], _DTYPE_CODES[x.dtype], m * self.n, k)
+        if k % 8:
+            raise InvalidInputError(f"{what}: the overlapped path loads rows of x and w through TMA and needs K a "
+                                    f"multiple of 8, got {k}")
+        return self._overlap(x, w, out, comm=True)
+
+    def local_gemm(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out = x @ w.T`` on this rank alone, by the overlapped kernel's GEMM with no communication:
+        what the overlap costs is measured against it. Same input rules as the overlapped path."""
+        return self._overlap(x, w, out, comm=False)
+
+    def _overlap(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, comm: bool) -> torch.Tensor:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        m, k = x.shape
         c = self.cfg
-        bases, rank, world, timeout, diag = self.comm.kernel_args()
+        cm = self.comm
+        cm.check()
+        row = (cm.peer_row(out) or 0) if comm else 0
+        if cm.debug and comm:  # op, dtype, element count, the (M, K) shape and the output's row must agree
+            cm.debug_check(_OP_CODES["gemm_allreduce"], _DTYPE_CODES[x.dtype], m * self.n,
+                           k * 4096 + (cm.peer_slot(row) + 1 if row else 0))
+        bases, rank, world, timeout, diag = cm.kernel_args()
         ch = self.channel
-        gemm_allreduce_kernel[(c.workers + c.reducers,)](
-            x, w, out, m, self.n, k, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off,
-            self._slot_bytes, c.workers, WORLD=world, BM=c.bm, BN=c.bn, BK=c.bk, GROUP_M=c.group_m,
-            RB=c.rows_per_step, EVEN_K=k % c.bk == 0, num_warps=c.num_warps, num_stages=c.num_stages)
+        tile_bytes = c.bm * c.bn * 2
+        gemm_twoshot_kernel[(self._programs,)](
+            TensorDescriptor.from_tensor(x, [c.bm, c.bk]), TensorDescriptor.from_tensor(w, [c.bn, c.bk]), out, row,
+            m, self.n, k, bases, rank, timeout, diag, ch.epochs_off, ch.flags_off, ch.flags_off + 4 * self._fflags,
+            ch.buffer_off, ch.buffer_off + self._fflags * tile_bytes, WORLD=world, BM=c.bm, BN=c.bn, BK=c.bk,
+            GROUP_M=c.group_m, RB=c.rows_per_step, OUT_REG=bool(row), COMM=comm, num_warps=c.num_warps,
+            num_stages=c.num_stages)
         return out
 
     def close(self) -> None:

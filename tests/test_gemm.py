@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -101,10 +103,12 @@ def test_gemm_allreduce_bad_input(worlds):
 
 def _job_gemm_registered(ctx, shapes):
     """The overlapped path into a registered output (peers store the reduced tiles straight into it)
-    gives the bits of the same path into a regular output, which peers do not touch."""
+    gives the bits of the same path into a regular output, which peers do not touch; so does the
+    kernel that publishes each tile's stores one tile later (``defer``)."""
     comm = make_comm(ctx)
     n = shapes[0][2]
     op = GemmAllReduce(comm, max_tokens=48, n=n)
+    deferred = GemmAllReduce(comm, max_tokens=48, n=n, config=dataclasses.replace(op.cfg, defer=True))
     bad = []
     reg = comm.empty((48, n), torch.bfloat16) if ctx.backend != "cuda" else torch.empty(48, n, dtype=torch.bfloat16,
                                                                                           device=ctx.device)
@@ -118,8 +122,13 @@ def _job_gemm_registered(ctx, shapes):
         op(x, w, out=out, path="overlap")
         comm.synchronize()
         err = ((out.float().cpu() - ref).abs().max() / ref.abs().max()).item()
+        late = deferred(x, w, path="overlap")  # signals published one tile later: the same bits
+        comm.synchronize()
         if not torch.equal(out, plain) or not err < 2e-2 or not same_on_all_ranks(ctx, out):
             bad.append((m, k, err))
+        if not torch.equal(late, plain):
+            bad.append((m, k, "defer"))
+    deferred.close()
     op.close()
     if ctx.backend != "cuda":
         comm.free(reg)

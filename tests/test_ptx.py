@@ -271,19 +271,24 @@ def test_fused_ll_and_twoshot_compile():
     assert o["st.global.v4.b32"] >= 1, o
 
 
-def test_gemm_overlap_uses_wgmma_and_system_scope_flags():
-    from tritoncomm.collectives.gemm_overlap import gemm_allreduce_kernel
+@pytest.mark.parametrize("out_reg", [False, True])
+def test_gemm_overlap_uses_tma_wgmma_and_system_scope_flags(out_reg):
+    from tritoncomm.collectives.gemm_twoshot import gemm_twoshot_kernel
 
-    sig = {"a_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", **COMMON,
-           "flags_off": "i64", "epochs_off": "i64", "buf_off": "i64", "slot_bytes": "i64", "WORKERS": "i32"}
-    ptx = compile_ptx(gemm_allreduce_kernel, sig, {"WORLD": 4, "BM": 128, "BN": 256, "BK": 64, "GROUP_M": 8,
-                                                   "RB": 16, "EVEN_K": True},
-                      {"a_ptr", "w_ptr", "out_ptr", "N", "K", "bases", "flags_off", "epochs_off", "buf_off",
-                       "slot_bytes"}, 8)
+    sig = {"a_desc": "tensordesc<bf16[128,64]>", "w_desc": "tensordesc<bf16[256,64]>", "out_ptr": "*bf16",
+           "out_tab": "i64", "M": "i32", "N": "i32", "K": "i32", **COMMON, "epochs_off": "i64", "pflags_off": "i64",
+           "fflags_off": "i64", "recv_off": "i64", "fin_off": "i64"}
+    ptx = compile_ptx(gemm_twoshot_kernel, sig, {"WORLD": 4, "BM": 128, "BN": 256, "BK": 64, "GROUP_M": 8,
+                                                 "RB": 16, "OUT_REG": out_reg},
+                      {"out_ptr", "N", "K", "bases", "epochs_off", "pflags_off", "fflags_off", "recv_off", "fin_off"},
+                      8)
     o = ops(ptx)
+    assert "cp.async.bulk.tensor.2d" in ptx  # operands through TMA
     assert "wgmma.mma_async" in ptx  # Hopper tensor cores
-    assert o["st.release.sys.global.b32"] >= 1 and o["ld.acquire.sys.global.b32"] >= 1, o
-    assert o["ld.global.v4.b32"] >= 1 or o["ld.global.nc.v4.b32"] >= 1, o  # wide tile pulls
+    # partial and final tiles published with system-scope releases, awaited with acquires
+    assert o["st.release.sys.global.b32"] >= 2 and o["ld.acquire.sys.global.b32"] >= 2, o
+    # 16-byte stores of partial tiles, reduced tiles and (registered) peers' outputs, 16-byte loads of partials
+    assert o["st.global.v4.b32"] >= 4 and o["ld.global.v4.b32"] >= 1, o
 
 
 def _entry_kernels():

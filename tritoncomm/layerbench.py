@@ -17,6 +17,7 @@ small shapes (a smoke test of the code, not a measurement).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 from typing import Any
@@ -39,11 +40,14 @@ def _shapes(cuda: bool, world: int) -> dict[str, Any]:
     if cuda:
         return {"hidden": 8192, "tokens": [1, 8, 32, 128, 512, 2048], "k": 28672 // world, "n": 8192,
                 "gemm_m": [1, 16, 64, 512, 2048, 8192], "gemm_chunks": [2], "gemm_side_programs": [32],
+                "gemm_variants": {"overlap_defer": {"defer": True}, "overlap_s3": {"num_stages": 3},
+                                  "overlap_g16": {"group_m": 16}},
                 "gemm_chunk_min_m": 512, "heads": 64, "kv_heads": 8, "inter": 28672, "layers": 4,
                 "batches": [1, 4, 16, 64], "context": 1024, "prefill": 2048,
                 "hier_sizes": [8 << 10, 128 << 10, 1 << 20, 8 << 20, 32 << 20, 128 << 20]}
     return {"hidden": 256, "tokens": [1, 5], "k": 64, "n": 48, "gemm_m": [3, 20], "gemm_chunks": [2],
-            "gemm_side_programs": [None, 1], "gemm_chunk_min_m": 4, "heads": 4, "kv_heads": 4,
+            "gemm_side_programs": [None, 1], "gemm_variants": {"overlap_defer": {"defer": True}},
+            "gemm_chunk_min_m": 4, "heads": 4, "kv_heads": 4,
             "inter": 128, "layers": 1, "batches": [1, 2], "context": 8, "prefill": 8, "hier_sizes": [4096]}
 
 
@@ -157,6 +161,16 @@ def _gemm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
                                       "plain_reg": timer(lambda: op(x, w, out=reg, path="plain"), **kw)}
         for c, p in mine:
             t[label(c, p)] = timer(lambda c=c, p=p: op(x, w, out=o, path="chunked", chunks=c, side_programs=p), **kw)
+        base_cfg = op.cfg
+        for name, change in sh["gemm_variants"].items():  # the overlapped kernel's launch variants
+            op.cfg = dataclasses.replace(base_cfg, **change)  # same tile sizes: the same workspace layout
+            try:
+                outs[name] = op(x, w, path="overlap")
+                t[name] = timer(lambda: op(x, w, out=o, path="overlap"), **kw)
+                t[name + "_reg"] = timer(lambda: op(x, w, out=reg, path="overlap"), **kw)
+            finally:
+                op.cfg = base_cfg
+        ok = ok and all(torch.equal(outs[name], outs["overlap"]) for name in sh["gemm_variants"])
         t["gemm_only"] = timer(lambda: torch.matmul(x, w.t(), out=o), **kw)
         t["triton_gemm_only"] = timer(lambda: op.local_gemm(x, w, o), **kw)
 
@@ -176,6 +190,7 @@ def _gemm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
                      "tritoncomm_us": v[chosen], "baseline_us": v["base"], "baseline": "torch.matmul + NCCL all_reduce",
                      "tritoncomm_registered_us": v.get(f"{chosen}_reg", v[chosen]), "best_path": best,
                      **{f"{q}_us": v[q] for q in (*paths, "overlap_reg", "plain_reg", "gemm_only", "triton_gemm_only")},
+                     **{f"{q}_us": v[q] for name in sh["gemm_variants"] for q in (name, name + "_reg")},
                      "speedup": v["base"] / v[chosen],
                      "speedup_registered": v["base"] / v.get(f"{chosen}_reg", v[chosen]),
                      "correct": _all_true(ctx, ok)})

@@ -52,7 +52,9 @@ class GemmConfig:
     """Launch shape of the overlapped kernel: tile sizes, programs, pipelining.
 
     ``programs``: the persistent grid (None: one per SM). Every program must be resident at once
-    (see ``gemm_twoshot``), so it may not exceed the SM count; the CPU world always runs one."""
+    (see ``gemm_twoshot``), so it may not exceed the SM count; the CPU world always runs one.
+    ``defer``: publish each tile's stores after the next tile's product (``gemm_twoshot``'s
+    ``DEFER``)."""
 
     bm: int = 128
     bn: int = 256
@@ -61,7 +63,8 @@ class GemmConfig:
     programs: int | None = None
     rows_per_step: int = 16
     num_warps: int = 8
-    num_stages: int = 3
+    num_stages: int = 4
+    defer: bool = False
 
     def __post_init__(self) -> None:
         for name in ("bm", "bn", "bk", "rows_per_step"):
@@ -85,10 +88,14 @@ class GemmAllReduce:
         comm: the communicator.
         max_tokens: the most rows ``x`` may have.
         n: the output features ``N`` (rows of every ``w`` passed).
-        overlap_min_tokens: inputs with at least this many rows take the overlapped kernel (default:
-            never).
-        chunked_min_tokens, chunks: inputs with at least this many rows take the chunked path, in
-            this many row slices (measured on H200: from 4096 rows, 2 slices).
+        overlap_min_tokens: inputs with at least this many rows take the overlapped kernel (None:
+            never). Default 512: on H200 (2xH200, 2026-11-22) it beat cuBLAS + our all-reduce from
+            512 rows at TP2 and lost below (its GEMM reads the weight with too few tiles in flight
+            for a few rows: 140-163 µs alone at M = 1-64 against cuBLAS's 59-63). GPUs without TMA
+            (before sm_90) never take it.
+        chunked_min_tokens, chunks: inputs with at least this many rows (and below
+            ``overlap_min_tokens``, or on GPUs without TMA) take the chunked path, in this many row
+            slices (measured on H200 before the overlapped kernel: from 4096 rows, 2 slices).
         side_programs: the most programs a slice's all-reduce may use in the chunked path (None:
             the table's shape; default 32 on GPUs): fewer leave more SMs to the GEMM it overlaps.
             Measured on 4xH200 (2026-11-21) at M = 8192, TP4: 2 slices capped at 32 programs
@@ -107,7 +114,7 @@ class GemmAllReduce:
     Collective to create and close; one instance per stream.
     """
 
-    def __init__(self, comm: Communicator, max_tokens: int, n: int, *, overlap_min_tokens: int | None = None,
+    def __init__(self, comm: Communicator, max_tokens: int, n: int, *, overlap_min_tokens: int | None = 512,
                  chunked_min_tokens: int = 4096, chunks: int = 2, side_programs: int | None = 32,
                  sm_carveout: int | None = None, config: GemmConfig | None = None, allreduce: AllReduce | None = None,
                  name: str = "gemm_allreduce") -> None:
@@ -115,6 +122,8 @@ class GemmAllReduce:
             raise InvalidInputError(f"max_tokens and n must be positive, got {max_tokens}, {n}")
         self.comm, self.max_tokens, self.n = comm, max_tokens, n
         self.overlap_min_tokens = overlap_min_tokens
+        # the overlapped kernel loads through TMA descriptors: Hopper or newer (the CPU world emulates them)
+        self._tma = comm.backend != "cuda" or torch.cuda.get_device_capability(comm.device)[0] >= 9
         self.chunked_min_tokens, self.chunks = chunked_min_tokens, chunks
         if not 1 <= chunks <= MAX_CHUNKS:
             raise InvalidInputError(f"chunks must be in 1..{MAX_CHUNKS}, got {chunks}")
@@ -163,7 +172,7 @@ class GemmAllReduce:
     def select(self, tokens: int, k: int = 8) -> str:
         """The path for ``tokens`` rows and ``k`` input features (the overlapped kernel needs ``k`` a
         multiple of 8)."""
-        if self.overlap_min_tokens is not None and tokens >= self.overlap_min_tokens and k % 8 == 0:
+        if self._tma and self.overlap_min_tokens is not None and tokens >= self.overlap_min_tokens and k % 8 == 0:
             return "overlap"
         return "chunked" if tokens >= self.chunked_min_tokens else "plain"
 
@@ -262,6 +271,8 @@ class GemmAllReduce:
             stage = self._staged(m, x.dtype)
             torch.matmul(x, w.t(), out=stage)
             return self.allreduce(stage, out=out)
+        if not self._tma:
+            raise InvalidInputError(f"{what}: the overlapped path needs TMA (sm_90 or newer)")
         if k % 8:
             raise InvalidInputError(f"{what}: the overlapped path loads rows of x and w through TMA and needs K a "
                                     f"multiple of 8, got {k}")
@@ -290,7 +301,7 @@ class GemmAllReduce:
             TensorDescriptor.from_tensor(x, [c.bm, c.bk]), TensorDescriptor.from_tensor(w, [c.bn, c.bk]), out, row,
             m, self.n, k, bases, rank, timeout, diag, ch.epochs_off, ch.flags_off, ch.flags_off + 4 * self._fflags,
             ch.buffer_off, ch.buffer_off + self._fflags * tile_bytes, WORLD=world, BM=c.bm, BN=c.bn, BK=c.bk,
-            GROUP_M=c.group_m, RB=c.rows_per_step, OUT_REG=bool(row), COMM=comm, num_warps=c.num_warps,
+            GROUP_M=c.group_m, RB=c.rows_per_step, OUT_REG=bool(row), COMM=comm, DEFER=c.defer, num_warps=c.num_warps,
             num_stages=c.num_stages)
         return out
 

@@ -104,15 +104,34 @@ def _out_strip(bm, bn, r0, M, N, BM: tl.constexpr, BN: tl.constexpr, RB: tl.cons
     return dense, grow[:, None] * N + gcol[None, :], (grow[:, None] < M) & (gcol[None, :] < N)
 
 
+@triton.jit
+def _publish(t, T, bases, rank, pflags_off, fflags_off, e, WORLD: tl.constexpr):
+    """Signal what the epilogue of tile ``t`` stored: its partial, to the owner (step 1), or, when
+    this rank owns it, the reduced tile, to every rank (step 2)."""
+    owner = tile_owner(t, T, WORLD)
+    if owner != rank:
+        li = t - chunk_start(owner, T, WORLD)
+        signal(heap_ptr(bases, owner, pflags_off, tl.uint32) + li * WORLD + rank, e)
+    else:
+        lanes = tl.arange(0, triton.next_power_of_2(WORLD))
+        everyone = tl.where(lanes < WORLD, lanes, rank)
+        signal((heap_base(bases, everyone) + fflags_off + t * 4).to(tl.pointer_type(tl.uint32)), e)
+
+
 @triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def gemm_twoshot_kernel(a_desc, w_desc, out_ptr, out_tab, M, N, K, bases, rank, timeout, diag_addr, epochs_off,
                         pflags_off, fflags_off, recv_off, fin_off, WORLD: tl.constexpr, BM: tl.constexpr,
                         BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, RB: tl.constexpr,
-                        OUT_REG: tl.constexpr, COMM: tl.constexpr = True):
+                        OUT_REG: tl.constexpr, COMM: tl.constexpr = True, DEFER: tl.constexpr = False):
     """See the module docstring. ``pflags_off``: ``ceil(T/W) x W`` uint32 flags (slot = owned tile
     x W + source); ``fflags_off``: ``T`` flags; ``recv_off`` / ``fin_off``: tile slots of ``BM x BN``
     elements. ``out_tab``: the address of ``out``'s registered row (with ``OUT_REG``). Without
-    ``COMM`` the kernel is the bare GEMM (``out = a @ w.T`` on this rank), for measurements."""
+    ``COMM`` the kernel is the bare GEMM (``out = a @ w.T`` on this rank), for measurements.
+
+    ``DEFER``: publish a tile's stores (the ``signal``, a system-scope release that waits until
+    the NVLink stores before it have landed) after the *next* tile's product instead of right
+    after the stores, so that the wait overlaps nothing but finished work. Always before any wait
+    of this program, so the argument against cycles holds."""
     pid = tl.program_id(0)
     progs = tl.num_programs(0)
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
@@ -126,6 +145,7 @@ def gemm_twoshot_kernel(a_desc, w_desc, out_ptr, out_tab, M, N, K, bases, rank, 
         first = chunk_start((rank + 1) % WORLD, T, WORLD)
     else:
         first = 0
+    pend = -1  # with DEFER: the tile whose stores this program has not yet published
     for v in range(pid, T, progs):
         t = v + first
         if t >= T:
@@ -138,14 +158,15 @@ def gemm_twoshot_kernel(a_desc, w_desc, out_ptr, out_tab, M, N, K, bases, rank, 
             tl.store(out_ptr + rows[:, None] * N + cols[None, :], part,
                      mask=(rows[:, None] < M) & (cols[None, :] < N))
         else:
+            if DEFER:
+                if pend >= 0:
+                    _publish(pend, T, bases, rank, pflags_off, fflags_off, e, WORLD)
             owner = tile_owner(t, T, WORLD)
             li = t - chunk_start(owner, T, WORLD)
             dense = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
             mine = (li * WORLD + rank).to(tl.int64)
             tl.store(heap_ptr(bases, owner, recv_off, DTYPE) + mine * TILE + dense, part)  # 1. partial -> owner
-            if owner != rank:
-                signal(heap_ptr(bases, owner, pflags_off, tl.uint32) + mine, e)
-            else:  # 2. I own the tile: every partial, then the sum to everyone
+            if owner == rank:  # 2. I own the tile: every partial, then the sum to everyone
                 peers = tl.where((lanes < WORLD) & (lanes != rank), lanes, (rank + 1) % WORLD)
                 tl.debug_barrier()  # my own partial, stored by all my threads, before anyone reads it
                 wait(heap_ptr(bases, rank, pflags_off, tl.uint32) + li * WORLD + peers, e, peers, t, rank, timeout,
@@ -165,9 +186,14 @@ def gemm_twoshot_kernel(a_desc, w_desc, out_ptr, out_tab, M, N, K, bases, rank, 
                                          mask=m)
                             else:
                                 tl.store(heap_ptr(bases, s, fin_off, DTYPE) + t.to(tl.int64) * TILE + d, red)
-                everyone = tl.where(lanes < WORLD, lanes, rank)
-                signal((heap_base(bases, everyone) + fflags_off + t * 4).to(tl.pointer_type(tl.uint32)), e)
+            if DEFER:
+                pend = t
+            else:
+                _publish(t, T, bases, rank, pflags_off, fflags_off, e, WORLD)
     if COMM:  # 3. the tiles I sent away come back reduced
+        if DEFER:
+            if pend >= 0:
+                _publish(pend, T, bases, rank, pflags_off, fflags_off, e, WORLD)
         for v in range(pid, T, progs):
             t = v + first
             if t >= T:

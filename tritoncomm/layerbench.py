@@ -41,7 +41,8 @@ def _shapes(cuda: bool, world: int) -> dict[str, Any]:
     if cuda:
         return {"hidden": 8192, "tokens": [1, 8, 32, 128, 512, 2048], "k": 28672 // world, "n": 8192,
                 "gemm_m": [1, 16, 64, 512, 2048, 8192], "gemm_chunks": [2], "gemm_side_programs": [32],
-                "gemm_variants": {"overlap_defer": {"defer": True}}, "gemm_rounds": 3,
+                "gemm_variants": {"overlap_defer": {"defer": True}, "overlap_rb16": {"rows_per_step": 16},
+                                  "overlap_rb128": {"rows_per_step": 128}}, "gemm_rounds": 3,
                 "gemm_chunk_min_m": 512, "heads": 64, "kv_heads": 8, "inter": 28672, "layers": 4,
                 "batches": [1, 4, 16, 64], "context": 1024, "prefill": 2048,
                 "hier_sizes": [8 << 10, 128 << 10, 1 << 20, 8 << 20, 32 << 20, 128 << 20]}

@@ -54,14 +54,15 @@ class GemmConfig:
     ``programs``: the persistent grid (None: one per SM). Every program must be resident at once
     (see ``gemm_twoshot``), so it may not exceed the SM count; the CPU world always runs one.
     ``defer``: publish each tile's stores after the next tile's product (``gemm_twoshot``'s
-    ``DEFER``)."""
+    ``DEFER``). ``rows_per_step``: rows of a tile that the owner sums (and step 3 copies) at a
+    time; each step waits for its loads, so fewer, larger steps shorten the epilogue."""
 
     bm: int = 128
     bn: int = 256
     bk: int = 64
     group_m: int = 8
     programs: int | None = None
-    rows_per_step: int = 16
+    rows_per_step: int = 64
     num_warps: int = 8
     num_stages: int = 4
     defer: bool = False

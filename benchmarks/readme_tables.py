@@ -71,9 +71,13 @@ def _norm_cells(r: dict) -> list[str]:
 
 
 def _gemm_cells(r: dict) -> list[str]:
+    """Rows of session 12 on have the registered-output and Triton-GEMM-alone columns; older rows
+    (the old pull-based overlap kernel) show "-" there."""
     us, base = r["tritoncomm_us"], r["baseline_us"]
-    return [str(r["shape"][0]), r["path"], f"{us:.1f}", f"{base:.1f}", f"{base / us:.2f}x", _us(r["gemm_only_us"]),
-            _us(r["plain_us"]), _us(r.get("chunked2_us")), _us(r.get("chunked2_p32_cv32_us")), _us(r["overlap_us"])]
+    reg = r.get("tritoncomm_registered_us")
+    return [str(r["shape"][0]), r["path"], f"{us:.1f}", _us(reg), f"{base:.1f}", f"{base / us:.2f}x",
+            "-" if reg is None else f"{base / reg:.2f}x", _us(r["gemm_only_us"]), _us(r.get("triton_gemm_only_us")),
+            _us(r["plain_us"]), _us(r.get("chunked2_p32_us")), _us(r["overlap_us"])]
 
 
 def _decoder_cells(r: dict) -> list[str]:
@@ -91,9 +95,10 @@ def fused_tables(path: str) -> str:
                      ("tokens", "variant", "fused", "our bare all-reduce", "fused / bare", "NCCL + torch", "speedup"),
                      ("allreduce_add_rmsnorm",), _norm_cells),
         _fused_table(path, "GEMM + all-reduce** (baseline: `torch.matmul` + NCCL all-reduce; tritoncomm: the path "
-                     "the library selects)", ("M", "path", "tritoncomm", "baseline", "speedup", "GEMM alone", "plain",
-                                              "chunked 2 (uncapped)", "chunked 2, cuBLASLt carve-out 32",
-                                              "overlap kernel"), ("gemm_allreduce",), _gemm_cells),
+                     "the library selects, into a regular and into a registered output)",
+                     ("M", "path", "tritoncomm", "registered out", "baseline", "speedup", "speedup (registered)",
+                      "cuBLAS GEMM alone", "Triton GEMM alone", "plain", "chunked 2 (32 programs)", "overlap"),
+                     ("gemm_allreduce",), _gemm_cells),
         _fused_table(path, "decoder** (baseline: the same layers with NCCL + torch add/RMSNorm for every reduction)",
                      ("step", "tokens", "tritoncomm µs", "NCCL µs", "tritoncomm tok/s", "NCCL tok/s", "speedup"),
                      ("decode_step", "prefill"), _decoder_cells)])

@@ -56,3 +56,14 @@ def check_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> flo
     err = ((o - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
     assert err <= TOL[dtype], f"relative error {err:.3g} > {TOL[dtype]} for {dtype}"
     return err
+
+
+def warm_up_for_capture(fn) -> None:
+    """GPU: run ``fn`` once on a side stream (it compiles and allocates there, as torch advises before a
+    CUDA-graph capture) and wait for it."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()

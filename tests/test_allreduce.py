@@ -9,7 +9,7 @@ import torch.distributed as dist
 import tritoncomm as tc
 from tritoncomm.collectives import Choice, SelectionTable
 
-from .helpers import check_close, make_comm, reference_sum, same_on_all_ranks, world_sizes
+from .helpers import check_close, make_comm, reference_sum, same_on_all_ranks, warm_up_for_capture, world_sizes
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 ALGOS = ["ll", "ll_twoshot", "oneshot", "twoshot", "pipelined"]
@@ -260,12 +260,7 @@ def _job_graph_replay(ctx, algo, n, replays):
     ar = tc.AllReduce(comm, max_bytes=1 << 22, algos=(algo,))
     x = torch.randn(n, device=ctx.device).to(torch.bfloat16)
     out = torch.empty_like(x)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        ar(x, out=out, algo=algo)
-    torch.cuda.current_stream().wait_stream(s)
-    comm.synchronize()
+    warm_up_for_capture(lambda: ar(x, out=out, algo=algo))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(3):

@@ -10,7 +10,7 @@ import torch
 import tritoncomm as tc
 from tritoncomm.collectives import GemmAllReduce
 
-from .helpers import make_comm, reference_sum, same_on_all_ranks, world_sizes
+from .helpers import make_comm, reference_sum, same_on_all_ranks, warm_up_for_capture, world_sizes
 
 
 def _inputs(ctx, m, k, n, dtype, seed):
@@ -149,12 +149,7 @@ def _job_gemm_graph(ctx, m, k, n, replays):
     comm = make_comm(ctx, debug=False)
     op = GemmAllReduce(comm, max_tokens=m, n=n)
     x, w = _inputs(ctx, m, k, n, torch.bfloat16, 0)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        op(x, w, path="overlap")
-    torch.cuda.current_stream().wait_stream(s)
-    comm.synchronize()
+    warm_up_for_capture(lambda: op(x, w, path="overlap"))
     used = comm.registered._next
     graph = torch.cuda.CUDAGraph()
     with comm.graph_capture():

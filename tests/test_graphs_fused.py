@@ -10,7 +10,7 @@ from tritoncomm.collectives import FUSED_ALGOS, FusedAllReduceAddRMSNorm, GemmAl
 from tritoncomm.integrations import TritonCommCustomAllreduce
 from tritoncomm.integrations.tp import LlamaDecoderLayer, TritonCommReducer
 
-from .helpers import make_comm, reference_sum, same_on_all_ranks, world_sizes
+from .helpers import make_comm, reference_sum, same_on_all_ranks, warm_up_for_capture, world_sizes
 from .test_integrations import _StandInCudaCommunicator
 from .test_tp import HEADS, KV, LAYERS, H, _weights
 
@@ -18,12 +18,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _capture(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
+    warm_up_for_capture(fn)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()

@@ -12,7 +12,7 @@ import torch
 import tritoncomm as tc
 
 from .conftest import BACKEND
-from .helpers import check_close, make_comm, reference_sum, same_on_all_ranks, world_sizes
+from .helpers import check_close, make_comm, reference_sum, same_on_all_ranks, warm_up_for_capture, world_sizes
 from .test_allreduce import _bit_mismatches
 
 
@@ -143,12 +143,7 @@ def _job_graph_capture(ctx, n, replays):
     comm = make_comm(ctx, debug=False)
     ar = tc.AllReduce(comm, max_bytes=1 << 24, algos=("twoshot",))
     x = torch.randn(n, device=ctx.device).to(torch.bfloat16)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        ar(x, algo="twoshot")
-    torch.cuda.current_stream().wait_stream(s)
-    comm.synchronize()
+    warm_up_for_capture(lambda: ar(x, algo="twoshot"))
     used = comm.registered._next
     graph = torch.cuda.CUDAGraph()
     with comm.graph_capture():
@@ -190,12 +185,7 @@ def _job_engine_capture(ctx, n, replays):
 
     ca = TritonCommCustomAllreduce(ctx.cpu_group, ctx.device, max_size=8 << 20)
     x = torch.randn(n, device=ctx.device).to(torch.bfloat16)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        ca.custom_all_reduce(x)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
+    warm_up_for_capture(lambda: ca.custom_all_reduce(x))
     graph = torch.cuda.CUDAGraph()
     used = ca.comm.registered._next
     with ca.capture():

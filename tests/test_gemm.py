@@ -79,6 +79,10 @@ def _job_gemm_bad(ctx):
         "path": lambda: op(x, w, path="magic"),
         "side_programs": lambda: op(x, w, path="chunked", side_programs=0),
         "chunks": lambda: op(x, w, path="chunked", chunks=0),
+        "k_tma": lambda: op(torch.ones(4, 12, dtype=torch.bfloat16, device=d),
+                            torch.ones(32, 12, dtype=torch.bfloat16, device=d), path="overlap"),
+        "misaligned": lambda: op(torch.ones(4 * 16 + 1, dtype=torch.bfloat16, device=d)[1:].view(4, 16), w,
+                                 path="overlap"),
     }
     caught = {}
     for key, fn in cases.items():
@@ -90,6 +94,14 @@ def _job_gemm_bad(ctx):
     out = op(x, w, path="overlap")  # still works after the refusals
     comm.synchronize()
     ok = bool((out.float().cpu() == 16 * ctx.world).all())
+    # selected (not forced), a misaligned view takes the plain path instead of failing
+    eager = GemmAllReduce(comm, max_tokens=16, n=32, overlap_min_tokens=1)
+    assert eager.select(4, 16) == "overlap"
+    view = torch.ones(4 * 16 + 1, dtype=torch.bfloat16, device=d)[1:].view(4, 16)
+    out = eager(view, w)
+    comm.synchronize()
+    ok = ok and bool((out.float().cpu() == 16 * ctx.world).all())
+    eager.close()
     op.close()
     comm.close()
     return caught, ok

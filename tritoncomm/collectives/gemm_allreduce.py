@@ -254,7 +254,10 @@ class GemmAllReduce:
             out = torch.empty((m, self.n), dtype=x.dtype, device=x.device)
         elif out.shape != (m, self.n) or out.dtype != x.dtype or not out.is_contiguous():
             raise InvalidInputError(f"{what}: out must be a contiguous ({m}, {self.n}) {x.dtype} tensor")
+        forced = path is not None
         path = path or self.select(m, k)
+        if path == "overlap" and not forced and (x.data_ptr() % 16 or w.data_ptr() % 16):
+            path = "plain"  # a view off 16-byte alignment: TMA cannot load it
         if path == "chunked" and m > 0 and k > 0:
             c = chunks if chunks is not None else self.chunks
             if not 1 <= c <= MAX_CHUNKS:
@@ -274,9 +277,9 @@ class GemmAllReduce:
             return self.allreduce(stage, out=out)
         if not self._tma:
             raise InvalidInputError(f"{what}: the overlapped path needs TMA (sm_90 or newer)")
-        if k % 8:
+        if k % 8 or x.data_ptr() % 16 or w.data_ptr() % 16:
             raise InvalidInputError(f"{what}: the overlapped path loads rows of x and w through TMA and needs K a "
-                                    f"multiple of 8, got {k}")
+                                    f"multiple of 8 and both 16-byte aligned, got K = {k}")
         return self._overlap(x, w, out, comm=True)
 
     def local_gemm(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -9,8 +9,10 @@ its work but drop one ingredient, loaded from a temporary file and launched in i
 * ``no_sync``: both, and no signal or wait (the GEMM with the same stores, loads and copies).
 
 The probes compute wrong sums (timing only). Against them: the kernel as shipped and its GEMM alone
-(``local_gemm``). Run: ``PYTHONPATH=. python3 -m benchmarks.experiments.gemm_overlap_ablation`` on a
-GPU machine (world = every GPU, at most 4; writes ``$OUT/gemm_ablation.json``).
+(``local_gemm``). Run: ``PYTHONPATH=. python3 benchmarks/experiments/gemm_overlap_ablation.py`` on a
+GPU machine (world = every GPU, at most 4; writes ``$OUT/gemm_ablation_tp{world}.json``). With
+``CLOCK_LOG`` naming an ``nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw --format=csv,
+noheader,nounits -lms 50`` log written meanwhile, it adds GPU 0's mean SM clock and power per probe.
 """
 
 # ruff: noqa: B023  (each closure is timed at once, inside the iteration that made it)
@@ -24,6 +26,7 @@ import os
 import pathlib
 import statistics
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -85,6 +88,7 @@ def job(ctx, ms, rounds, k=None, n=8192):
     op = GemmAllReduce(comm, max(ms), n, config=GemmConfig.for_backend(comm.backend))
     shipped = gemm_allreduce.gemm_twoshot_kernel
     rows = []
+    windows = []  # (m, probe, start, end) wall clock of each timing, to match with clock/power samples
     with tempfile.TemporaryDirectory() as tmp:
         probes = _probe_kernels(tmp)
         g = torch.Generator(device=ctx.device).manual_seed(ctx.rank)
@@ -111,21 +115,50 @@ def job(ctx, ms, rounds, k=None, n=8192):
             samples = {name: [] for name in fns}
             for _ in range(rounds):
                 for name, fn in fns.items():
+                    t0 = time.time()
                     samples[name].append(time_per_call_us(fn, ctx.device, ctx.barrier, calls=4, replays=6))
+                    windows.append((m, name, t0, time.time()))
             v = _max_over_ranks(ctx, {name: statistics.median(s) for name, s in samples.items()})
             rows.append({"m": m, "k": k, "n": n, "correct": ok, **{f"{q}_us": v[q] for q in fns}})
     op.close()
     comm.close()
-    return rows if ctx.rank == 0 else None
+    return (rows, windows) if ctx.rank == 0 else None
+
+
+def _clocks(log: str, windows: list) -> dict:
+    """Mean SM clock (MHz) and power (W) of GPU 0 over each probe's timing windows, from an
+    ``nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw --format=csv,noheader,nounits`` log."""
+    import datetime
+
+    samples = []
+    for line in pathlib.Path(log).read_text().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 4 or parts[1] != "0":
+            continue
+        ts = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+        samples.append((ts, float(parts[2]), float(parts[3])))
+    out: dict = {}
+    for m, name, t0, t1 in windows:
+        got = [(c, p) for ts, c, p in samples if t0 <= ts <= t1]
+        acc = out.setdefault(f"{m}:{name}", [])
+        acc.extend(got)
+    return {k: {"sm_mhz": statistics.mean(c for c, _ in v), "power_w": statistics.mean(p for _, p in v), "n": len(v)}
+            for k, v in out.items() if v}
 
 
 def main() -> None:
     world = min(4, torch.cuda.device_count())
+    ms = [int(v) for v in os.environ.get("ABLATION_M", "2048,8192").split(",")]
     with LocalWorld(world, "cuda") as lw:
-        rows = lw.run(job, [2048, 8192], 3, timeout=900)[0]
+        rows, windows = lw.run(job, ms, 3, timeout=900)[0]
     out = os.environ.get("OUT", ".")
+    log = os.environ.get("CLOCK_LOG")
+    clocks = _clocks(log, windows) if log and os.path.exists(log) else {}
     with open(os.path.join(out, f"gemm_ablation_tp{world}.json"), "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(0), "world": world, "rows": rows}, f, indent=1)
+        json.dump({"device": torch.cuda.get_device_name(0), "world": world, "rows": rows, "gpu0_clocks": clocks}, f,
+                  indent=1)
+    for key, c in clocks.items():
+        print(f"GPU0 {key}: {c['sm_mhz']:.0f} MHz {c['power_w']:.0f} W ({c['n']} samples)")
     for r in rows:
         base = r["gemm_alone_us"]
         print(f"TP{world} M={r['m']} correct={r['correct']} " +

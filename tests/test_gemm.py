@@ -190,3 +190,33 @@ def test_gemm_overlap_graph_replay(worlds, world):
     # 300 rows: three row blocks of 128 with a ragged last one; N = 1000: four column blocks, ragged
     for rows in worlds(world).run(_job_gemm_graph, 300, 1024, 1000, 4):
         assert all(rows), rows
+
+
+def _job_gemm_mismatch(ctx):
+    """Debug mode: ranks that pass different K (or different registered outputs) to the overlapped
+    path get ``CollectiveMismatchError`` on every rank before any rank waits, and the op stays usable."""
+    comm = make_comm(ctx, debug=True)
+    op = GemmAllReduce(comm, max_tokens=16, n=32)
+    d = ctx.device
+    w = torch.ones(32, 16, dtype=torch.bfloat16, device=d)
+    caught = []
+    k = 16 if ctx.rank == 0 else 8
+    try:
+        op(torch.ones(4, k, dtype=torch.bfloat16, device=d), torch.ones(32, k, dtype=torch.bfloat16, device=d),
+           path="overlap")
+        comm.synchronize()
+        caught.append(None)
+    except tc.CollectiveMismatchError as e:
+        caught.append(e.field)
+    out = op(torch.ones(4, 16, dtype=torch.bfloat16, device=d), w, path="overlap")
+    comm.synchronize()
+    ok = bool((out.float().cpu() == 16 * ctx.world).all())
+    op.close()
+    comm.close()
+    return caught, ok
+
+
+def test_gemm_overlap_debug_mode_catches_mismatched_shapes(worlds):
+    for caught, ok in worlds(2).run(_job_gemm_mismatch):
+        assert caught == ["algorithm"], caught  # the (K, output row) word of the signature
+        assert ok

@@ -1,8 +1,19 @@
-"""Byte sizes as people write them: ``parse_size("2K") == 2048``, ``format_bytes(2048) == "2K"``."""
+"""Sizes: as people write them (``parse_size("2K") == 2048``, ``format_bytes(2048) == "2K"``) and the
+integer arithmetic that lays buffers out (``cdiv``, ``round_up``)."""
 
 from __future__ import annotations
 
-__all__ = ["format_bytes", "parse_size"]
+__all__ = ["cdiv", "format_bytes", "parse_size", "round_up"]
+
+
+def cdiv(x: int, m: int) -> int:
+    """``ceil(x / m)`` for integers (``m > 0``)."""
+    return -(-x // m)
+
+
+def round_up(x: int, m: int) -> int:
+    """The smallest multiple of ``m`` that is at least ``x``."""
+    return cdiv(x, m) * m
 
 
 def parse_size(text: str) -> int:

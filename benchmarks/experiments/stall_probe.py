@@ -1,5 +1,5 @@
 """Experiment: how often does an all-reduce launch shape hit the rare 10-30x slow measurements seen in
-sweeps and benches (2026-11-21), and does NCCL hit them too? Not part of the library:
+sweeps and benches, and does NCCL hit them too? Not part of the library:
 
     PYTHONPATH=. python3 benchmarks/experiments/stall_probe.py --world 4 --bytes 16M --rounds 12
 
@@ -17,10 +17,10 @@ import torch.distributed as dist
 
 from tritoncomm.channels import Communicator
 from tritoncomm.collectives import AllReduce, Choice, SelectionTable
-from tritoncomm.collectives.tuning import DTYPE_NAMES
+from tritoncomm.collectives.selection import DTYPES
 from tritoncomm.config import CommConfig
 from tritoncomm.launch import launch
-from tritoncomm.timing import time_per_call_us
+from tritoncomm.tools.timing import time_per_call_us
 from tritoncomm.units import parse_size
 
 SHAPES = [(64, 8192, 8), (64, 2048, 8), (128, 2048, 8), (128, 8192, 16)]
@@ -32,7 +32,7 @@ def probe_rank(ctx, nbytes: int, rounds: int) -> dict | None:
     cands = [Choice("twoshot", p, b, nw) for p, b, nw in SHAPES]
     ar = AllReduce(comm, max_bytes=nbytes, algos={"twoshot": nbytes},
                    table=SelectionTable({("allreduce", w, d): [(i + 1, c) for i, c in enumerate(cands)]
-                                         for d in DTYPE_NAMES}, "probe"))
+                                         for d in DTYPES}, "probe"))
     x = torch.randn(nbytes // 2, device=ctx.device).to(torch.bfloat16)
     out = torch.empty_like(x)
     nb = x.clone()
@@ -41,7 +41,7 @@ def probe_rank(ctx, nbytes: int, rounds: int) -> dict | None:
     for r in range(rounds):
         t = {}
         for c in cands:
-            ar.table = SelectionTable({("allreduce", w, d): [(1 << 62, c)] for d in DTYPE_NAMES}, "one")
+            ar.table = SelectionTable({("allreduce", w, d): [(1 << 62, c)] for d in DTYPES}, "one")
             key = f"p{c.programs} b{c.block} w{c.num_warps}"
             t[key] = time_per_call_us(lambda: ar(x, out), ctx.device, ctx.barrier, replays=5)
             if r % 3 == 0:

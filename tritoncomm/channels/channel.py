@@ -20,9 +20,15 @@ with flag 1 would otherwise pass for this channel's (flag 0 never matches an epo
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import torch
+
 from ..kernels.barrier import barrier_flag_bytes
-from .communicator import Communicator
 from .heap import Region
+
+if TYPE_CHECKING:  # the communicator creates channels (its debug channel); channels only use it
+    from .communicator import Communicator
 
 __all__ = ["Channel"]
 
@@ -48,8 +54,6 @@ class Channel:
                 if region is not None:
                     heap.view(region).zero_()
             if comm.backend == "cuda":
-                import torch
-
                 torch.cuda.synchronize(comm.device)
             heap.verify()
         except BaseException:
@@ -88,10 +92,8 @@ class Channel:
         memory is gone anyway and nothing is waited for."""
         if not self._regions:
             return
-        if not self.comm._closed:
+        if not self.comm.closed:
             if self.comm.backend == "cuda" and not self.comm.broken:
-                import torch
-
                 torch.cuda.synchronize(self.comm.device)
             self.comm.close_barrier()
         for region in self._regions:

@@ -22,9 +22,10 @@ from ..errors import (
     TritonCommError,
 )
 from ..kernels.backend import MAX_WORLD, interpreting
-from ..kernels.consistency import check_signatures, signature_table_bytes
+from ..kernels.consistency import SIGNATURE_FIELDS, check_signatures, code_name, signature_table_bytes
 from ..kernels.diag import DIAG_WORDS, KIND_NAMES, F
 from .bootstrap import Bootstrap, default_bootstrap
+from .channel import Channel
 from .cuda_ipc import HostMappedWords
 from .heap import Region, SymmetricHeap
 from .registered import RegisteredBuffers
@@ -106,8 +107,6 @@ class Communicator:
         self.timeout = self.config.timeout_units(self.backend)
         self._debug_channel = None
         if self.config.debug:
-            from .channel import Channel
-
             self._debug_channel = Channel(self, "debug", programs=1, barrier_slots=1,
                                           buffer_bytes=signature_table_bytes())
         self.bootstrap.barrier()
@@ -256,13 +255,13 @@ class Communicator:
             return
         kind = KIND_NAMES.get(status, f"wait kind {status}")
         if status == 3:  # consistency check: nothing ran, epochs agree; clear and stay usable
-            fields = ("op", "dtype", "element count", "algorithm")
-            field = fields[words[F.SLOT]] if 0 <= words[F.SLOT] < 4 else str(words[F.SLOT])
+            slot = words[F.SLOT]
+            field = SIGNATURE_FIELDS[slot] if 0 <= slot < len(SIGNATURE_FIELDS) else str(slot)
+            mine, theirs = code_name(slot, words[F.EXPECTED]), code_name(slot, words[F.SEEN])
             self.diag.clear()
             raise CollectiveMismatchError(
                 f"tritoncomm debug: rank {words[F.RANK]} and rank {words[F.PEER]} called different collectives: "
-                f"{field} {words[F.EXPECTED]} here, {words[F.SEEN]} there (codes: op 1 all-reduce, 2 all-gather, "
-                "3 reduce-scatter; dtype 1 bf16, 2 fp16, 3 fp32)",
+                f"{field} {mine} here, {theirs} there",
                 rank=words[F.RANK], peer=words[F.PEER], field=field, mine=words[F.EXPECTED], theirs=words[F.SEEN])
         err = CommTimeoutError(
             f"tritoncomm: {kind} timed out on rank {words[F.RANK]} waiting for peer {words[F.PEER]} "
@@ -282,6 +281,11 @@ class Communicator:
         self.check()
 
     # -- lifetime ----------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """True once ``close`` has run: the heap is gone."""
+        return self._closed
+
     @property
     def broken(self) -> bool:
         """True once a wait has expired (a peer may be dead): ``close`` then releases this rank's

@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 
 from ..errors import InvalidInputError, SetupMismatchError
+from ..units import round_up
 from .bootstrap import Bootstrap
 
 __all__ = ["HEAP_ALIGN", "HeapAllocator", "PeerMemory", "Region", "SymmetricHeap"]
@@ -54,7 +55,7 @@ class HeapAllocator:
         return sorted(self._live.values(), key=lambda r: r.offset)
 
     def _round(self, nbytes: int) -> int:
-        return max(self.align, -(-nbytes // self.align) * self.align)
+        return max(self.align, round_up(nbytes, self.align))
 
     def alloc(self, nbytes: int, tag: str = "") -> Region:
         if nbytes <= 0:

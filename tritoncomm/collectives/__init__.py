@@ -1,14 +1,23 @@
-"""Collective algorithms written with the public primitives of ``tritoncomm.kernels``."""
+"""Collective algorithms written with the public primitives of ``tritoncomm.kernels``.
+
+One family per package (``allreduce``, ``allgather`` with reduce-scatter, ``fused_norm``, ``gemm``),
+one kernel and its launcher per module; the shared selection (``selection``), validation
+(``validation``) and base classes (``base``) beside them.
+"""
 
 from .allgather import AllGather, ReduceScatter
-from .allreduce import ALGORITHMS, LL_MAX_BYTES, AllReduce
-from .fused import FUSED_ALGOS, MAX_HIDDEN, FusedAllReduceAddRMSNorm
-from .gemm_allreduce import GEMM_PATHS, GemmAllReduce, GemmConfig
-from .tuning import Choice, SelectionTable, default_table, load_table
+from .allreduce import ALGORITHMS, AllReduce
+from .base import Algorithm, CollectiveBase, PeerOutput, Workspace
+from .fused_norm import FUSED_ALGORITHMS, MAX_HIDDEN, FusedAllReduceAddRMSNorm
+from .gemm import GEMM_PATHS, GemmAllReduce, GemmConfig
+from .selection import Choice, SelectionTable, default_table, load_table
 from .validation import SUPPORTED_DTYPES, SUPPORTED_OPS
 
+#: Names of the fused variants, in registry order.
+FUSED_ALGOS = tuple(FUSED_ALGORITHMS)
+
 __all__ = [
-    "ALGORITHMS", "FUSED_ALGOS", "GEMM_PATHS", "LL_MAX_BYTES", "MAX_HIDDEN", "SUPPORTED_DTYPES", "SUPPORTED_OPS",
-    "AllGather", "AllReduce", "Choice", "FusedAllReduceAddRMSNorm", "GemmAllReduce", "GemmConfig", "ReduceScatter",
-    "SelectionTable", "default_table", "load_table",
+    "ALGORITHMS", "FUSED_ALGORITHMS", "FUSED_ALGOS", "GEMM_PATHS", "MAX_HIDDEN", "SUPPORTED_DTYPES", "SUPPORTED_OPS",
+    "Algorithm", "AllGather", "AllReduce", "Choice", "CollectiveBase", "FusedAllReduceAddRMSNorm", "GemmAllReduce",
+    "GemmConfig", "PeerOutput", "ReduceScatter", "SelectionTable", "Workspace", "default_table", "load_table",
 ]

@@ -8,7 +8,7 @@ import torch
 from ..errors import InvalidInputError
 
 __all__ = ["DTYPE_NAMES", "SUPPORTED_DTYPES", "SUPPORTED_OPS", "check_input", "check_op", "check_out",
-           "check_reduce_args"]
+           "check_reduce_args", "overlap"]
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -50,7 +50,7 @@ def check_out(out: object, x: torch.Tensor, numel: int, what: str, *, may_alias:
     if out.data_ptr() % out.element_size():
         raise InvalidInputError(f"{what}: out is not aligned to its {out.element_size()}-byte elements")
     same = out.data_ptr() == x.data_ptr()
-    if (same and not may_alias) or (not same and _overlap(x, out)):
+    if (same and not may_alias) or (not same and overlap(x, out)):
         raise InvalidInputError(f"{what}: out overlaps the input" + (" (use out=x for in-place)" if may_alias else ""))
 
 
@@ -69,7 +69,8 @@ def check_reduce_args(x: object, out: object, op: str, device: torch.device, max
             raise InvalidInputError(f"{what}: out shape {tuple(out.shape)} differs from input {tuple(x.shape)}")
 
 
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the bytes of ``a`` and ``b`` overlap."""
     a0, a1 = a.data_ptr(), a.data_ptr() + a.numel() * a.element_size()
     b0, b1 = b.data_ptr(), b.data_ptr() + b.numel() * b.element_size()
     return a0 < b1 and b0 < a1

@@ -1,10 +1,11 @@
-"""Integrations: torch.library ops, a torch.distributed-style API, engine adapters (vLLM, SGLang),
-a capability probe, and hierarchical (multi-node) all-reduce. Built on ``collectives``."""
+"""Integrations, built on ``collectives``: the torch-style API with its custom ops (``torch_api``),
+one module per engine (``vllm``, ``sglang``), tensor-parallel layers (``tp``), hierarchical
+(multi-node) all-reduce (``hierarchical``) and the capability probe they share (``capability``)."""
 
-from . import ops  # registers the tritoncomm:: custom ops with torch.library
 from .capability import Verdict, probe
-from .engines import SGLangCustomAllreduce, TritonCommCustomAllreduce
-from .functional import (
+from .hierarchical import HierarchicalAllReduce, NodeGroups, node_groups
+from .sglang import SGLangCustomAllreduce
+from .torch_api import (  # importing it registers the tritoncomm:: custom ops with torch.library
     GroupCollectives,
     Registry,
     all_gather_into_tensor,
@@ -13,7 +14,6 @@ from .functional import (
     reduce_scatter_tensor,
     shutdown,
 )
-from .hierarchical import HierarchicalAllReduce, NodeGroups, node_groups
 from .tp import (
     ColumnParallelLinear,
     FusedAddRMSNorm,
@@ -24,12 +24,12 @@ from .tp import (
     TritonCommReducer,
     VocabParallelEmbedding,
 )
+from .vllm import TritonCommCustomAllreduce
 
 __all__ = [
-    "ColumnParallelLinear", "FusedAddRMSNorm", "LlamaDecoderLayer", "MergedColumnParallelLinear", "RowParallelLinear",
-    "TorchReducer",
-    "TritonCommReducer", "VocabParallelEmbedding",
-    "GroupCollectives", "HierarchicalAllReduce", "NodeGroups", "Registry", "SGLangCustomAllreduce",
-    "TritonCommCustomAllreduce", "Verdict", "all_gather_into_tensor", "all_reduce", "default_registry", "node_groups",
-    "ops", "probe", "reduce_scatter_tensor", "shutdown",
+    "ColumnParallelLinear", "FusedAddRMSNorm", "GroupCollectives", "HierarchicalAllReduce", "LlamaDecoderLayer",
+    "MergedColumnParallelLinear", "NodeGroups", "Registry", "RowParallelLinear", "SGLangCustomAllreduce",
+    "TorchReducer", "TritonCommCustomAllreduce", "TritonCommReducer", "Verdict", "VocabParallelEmbedding",
+    "all_gather_into_tensor", "all_reduce", "default_registry", "node_groups", "probe", "reduce_scatter_tensor",
+    "shutdown",
 ]

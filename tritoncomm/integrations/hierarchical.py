@@ -21,6 +21,7 @@ from ..collectives import AllGather, ReduceScatter
 from ..collectives.validation import check_input, check_out
 from ..config import CommConfig
 from ..errors import InvalidInputError
+from ..units import cdiv, round_up
 
 __all__ = ["HierarchicalAllReduce", "NodeGroups", "node_groups"]
 
@@ -76,7 +77,7 @@ class HierarchicalAllReduce:
         self.ag = AllGather(self.comm, max_bytes=max_bytes, fallback_group=groups.local_device)
         lw = groups.local_world
         # whole-input bytes, rounded so that every dtype's shard starts 16-byte aligned
-        self._padded_bytes = -(-max_bytes // (16 * lw)) * 16 * lw
+        self._padded_bytes = round_up(max_bytes, 16 * lw)
         self._workspace = torch.empty(self._padded_bytes + self._padded_bytes // lw, dtype=torch.uint8,
                                       device=self.comm.device)
 
@@ -105,7 +106,7 @@ class HierarchicalAllReduce:
             dist.all_reduce(out)
             return out
         lw = self.groups.local_world
-        m = -(-n // lw)
+        m = cdiv(n, lw)
         padded, shard = self._views(x.dtype, m)
         flat, o = x.view(-1), out.view(-1)
         if n % lw == 0:  # straight from x into out (the reduce-scatter has read x before out is written)

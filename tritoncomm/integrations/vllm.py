@@ -1,9 +1,13 @@
-"""vLLM: a device communicator a platform plugin can name, and the fused all-reduce + RMSNorm entry
-in the shape vLLM's all-reduce fusion pass calls.
+"""vLLM: a drop-in for its custom all-reduce (``TritonCommCustomAllreduce``), a device communicator
+a platform plugin can name, and the fused all-reduce + RMSNorm entry in the shape vLLM's all-reduce
+fusion pass calls.
 
-Written against vLLM main (``vllm/distributed/device_communicators/cuda_communicator.py`` and
-``vllm/compilation/passes/fusion/allreduce_rms_fusion.py``, 2026-11):
+Written against vLLM's published source (``vllm/distributed/device_communicators/custom_all_reduce.py``,
+``cuda_communicator.py`` and ``vllm/compilation/passes/fusion/allreduce_rms_fusion.py``):
 
+* ``CustomAllreduce(group, device, max_size=8192 * 1024, symm_mem_enabled=False)`` with
+  ``disabled``, ``should_custom_ar(inp)``, ``all_reduce(inp, *, out=None, registered=False)``,
+  ``custom_all_reduce(input) -> Tensor | None``, ``capture()``, ``finalize_p2p()``, ``close()``;
 * ``CudaCommunicator(cpu_group, device=None, device_group=None, unique_name="")`` with
   ``all_reduce(input_) -> Tensor`` (which tries ``ca_comm`` before pynccl) and ``destroy()``;
 * ``flashinfer_trtllm_fused_allreduce_norm(allreduce_in, residual, rms_gamma, rms_eps, world_size,
@@ -14,31 +18,111 @@ Written against vLLM main (``vllm/distributed/device_communicators/cuda_communic
   left alone. ``weight_bias=1.0`` is Gemma's ``(1 + w)``. Pattern codes (FlashInfer's
   ``AllReduceFusionPattern``): 1 = residual + RMSNorm, 2 = ... + FP8 quant into ``quant_out``.
 
+``group`` is the engine's CPU (gloo) group. A capability probe decides, by one vote on that group,
+whether tritoncomm serves it; if not, ``disabled`` is True, one line ``tritoncomm disabled because
+...`` is logged, ``custom_all_reduce`` returns None and the engine falls back to NCCL, exactly as
+with its own custom all-reduce. Nothing here exits or hangs.
+
+Every launch is graph-safe without registration. ``capture()``, which the engine wraps around its
+graph captures, also registers the captured all-reduce outputs on exit
+(``Communicator.graph_capture``), as the engine's own kernels do with their graph buffers: the
+two-shot then writes peers' outputs directly instead of copying out of the heap. Graphs captured
+inside are replayed after it exits.
+
 The communicator subclass is built on first use from the installed vLLM (``TritonCommCudaCommunicator``
 below, e.g. ``get_device_communicator_cls()`` returning
 ``"tritoncomm.integrations.vllm.TritonCommCudaCommunicator"``); ``make_device_communicator(base)``
-builds it over any base with vLLM's constructor, which is how the tests pin the contract without
-vLLM installed. For TP groups it puts ``TritonCommCustomAllreduce`` in front of vLLM's own path;
-when the probe says no (or an input does not qualify) vLLM's path runs unchanged.
+builds it over any base with vLLM's constructor. For TP groups it puts ``TritonCommCustomAllreduce``
+in front of vLLM's own path; when the probe says no (or an input does not qualify) vLLM's path runs
+unchanged.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch.distributed import ProcessGroup
 
 from ..channels import Communicator
-from ..collectives import FusedAllReduceAddRMSNorm
+from ..collectives import AllReduce, FusedAllReduceAddRMSNorm
+from ..collectives.validation import SUPPORTED_DTYPES
 from ..errors import InvalidInputError
-from .engines import TritonCommCustomAllreduce
+from .capability import probe
 
-__all__ = ["PATTERN_RESIDUAL_RMSNORM", "PATTERN_RESIDUAL_RMSNORM_FP8", "VllmFusedAllReduceNorm",
-           "make_device_communicator"]
+__all__ = ["PATTERN_RESIDUAL_RMSNORM", "PATTERN_RESIDUAL_RMSNORM_FP8", "TritonCommCustomAllreduce",
+           "VllmFusedAllReduceNorm", "make_device_communicator"]
 
 PATTERN_RESIDUAL_RMSNORM = 1
 PATTERN_RESIDUAL_RMSNORM_FP8 = 2
+
+
+class TritonCommCustomAllreduce:
+    """vLLM's ``CustomAllreduce`` contract, served by tritoncomm."""
+
+    _SUPPORTED_WORLD_SIZES = (2, 3, 4, 5, 6, 7, 8)
+
+    def __init__(self, group: ProcessGroup, device: int | str | torch.device, max_size: int = 8192 * 1024,
+                 symm_mem_enabled: bool = False) -> None:
+        self._IS_CAPTURING = False
+        self.disabled = True
+        self.max_size = max_size
+        self.group = group
+        if isinstance(device, int):
+            device = torch.device("cuda", device)
+        elif isinstance(device, str):
+            device = torch.device(device)
+        self.device = device
+        verdict = probe(group, device)
+        if not verdict.ok:
+            verdict.log_once()
+            return
+        self.comm = Communicator(group, device=device)
+        self.ar = AllReduce(self.comm, max_bytes=max_size)
+        self.disabled = False
+
+    def finalize_p2p(self) -> None:
+        """Nothing to finish: peer access was checked by the probe at construction."""
+
+    @contextmanager
+    def capture(self) -> Iterator[None]:
+        """Collective: wrap every graph capture; on GPUs the captured outputs are registered on exit
+        (replay only after it)."""
+        self._IS_CAPTURING = True
+        try:
+            if self.disabled or self.comm.backend != "cuda":
+                yield
+            else:
+                with self.comm.graph_capture():
+                    yield
+        finally:
+            self._IS_CAPTURING = False
+
+    def should_custom_ar(self, inp: torch.Tensor) -> bool:
+        if self.disabled:
+            return False
+        return (inp.dtype in SUPPORTED_DTYPES and inp.is_contiguous() and inp.device == self.device
+                and inp.numel() * inp.element_size() < self.max_size)
+
+    def all_reduce(self, inp: torch.Tensor, *, out: torch.Tensor | None = None,
+                   registered: bool = False) -> torch.Tensor:
+        """Out-of-place sum (``registered`` is accepted for compatibility and ignored)."""
+        return self.ar(inp, out=out)
+
+    def custom_all_reduce(self, input: torch.Tensor) -> torch.Tensor | None:
+        """The sum of ``input`` over the group, or None when the caller should use NCCL."""
+        if not self.should_custom_ar(input):
+            return None
+        return self.all_reduce(input)
+
+    def close(self) -> None:
+        if not self.disabled:
+            self.ar.close()
+            self.comm.close()
+            self.disabled = True
 
 
 class VllmFusedAllReduceNorm:

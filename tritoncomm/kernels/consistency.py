@@ -6,6 +6,9 @@ table, meets them at a barrier, and compares every rank's signature with its own
 difference is recorded in the diagnostic record as kind 3 (``slot`` = the differing word,
 ``expected`` = mine, ``seen`` = the peer's); since every rank compares all signatures, every rank
 finds the mismatch. Tables alternate by epoch parity, like one-shot staging.
+
+The words' vocabulary (``OP_CODES``, ``DTYPE_CODES``) lives here too, so that the host turns a
+recorded mismatch back into names with the same tables that made the signature.
 """
 
 from __future__ import annotations
@@ -19,10 +22,28 @@ from .diag import record_timeout
 from .memory import heap_ptr
 from .signals import epoch_commit, epoch_next
 
-__all__ = ["SIGNATURE_WORDS", "check_signatures", "signature_table_bytes"]
+__all__ = ["DTYPE_CODES", "FALLBACK_CODE", "OP_CODES", "SIGNATURE_FIELDS", "SIGNATURE_WORDS", "check_signatures",
+           "code_name", "signature_table_bytes"]
 
 SIGNATURE_WORDS = tl.constexpr(4)
 KIND_MISMATCH = tl.constexpr(3)
+#: What each signature word holds.
+SIGNATURE_FIELDS = ("op", "dtype", "element count", "algorithm")
+#: Word 0: the collective.
+OP_CODES = {"allreduce": 1, "allgather": 2, "reducescatter": 3, "fused_add_rmsnorm": 4, "gemm_allreduce": 5}
+#: Word 1: the element type.
+DTYPE_CODES = {"bf16": 1, "fp16": 2, "fp32": 3}
+#: Word 3's low byte when the call goes to the fallback group (algorithms are numbered from 1 by their
+#: collective's registry).
+FALLBACK_CODE = 99
+
+
+def code_name(field: int, value: int) -> str:
+    """``value`` of signature word ``field`` as a person reads it (``"allreduce"``, ``"bf16"``, a number)."""
+    names = {0: OP_CODES, 1: DTYPE_CODES}.get(field)
+    if names is None:
+        return str(value)
+    return next((n for n, c in names.items() if c == value), str(value))
 
 
 def signature_table_bytes() -> int:

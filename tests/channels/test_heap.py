@@ -1,0 +1,139 @@
+"""Symmetric heap: sub-allocation, alignment, reuse, layout checks and cleanup."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+import torch
+
+import tritoncomm as tc
+from tritoncomm.channels import Channel, HeapAllocator
+from tritoncomm.channels.shm import SHM_PREFIX
+
+from ..helpers import make_comm
+
+
+def test_allocations_are_aligned_and_disjoint():
+    a = HeapAllocator(1 << 20)
+    regions = [a.alloc(n, f"r{n}") for n in (1, 17, 256, 257, 4096, 3)]
+    for r in regions:
+        assert r.offset % 256 == 0
+    spans = sorted((r.offset, r.offset + r.nbytes) for r in regions)
+    assert all(e0 <= s1 for (_, e0), (s1, _) in itertools.pairwise(spans))
+
+
+def test_free_space_is_reused_and_coalesced():
+    a = HeapAllocator(4096)
+    r1, r2, r3 = a.alloc(1024), a.alloc(1024), a.alloc(1024)
+    a.free(r2)
+    assert a.alloc(1000).offset == r2.offset  # first fit reuses the hole
+    a.free(r1)
+    a.free(a.live[0])  # the 1000-byte block at r2's offset
+    big = a.alloc(2048)  # r1 and r2 holes coalesced
+    assert big.offset == 0
+    a.free(big)
+    a.free(r3)
+    assert a.used_bytes == 0
+    assert a.alloc(4096).offset == 0
+
+
+def test_exhaustion_and_bad_free_raise():
+    a = HeapAllocator(4096)
+    a.alloc(4000)
+    with pytest.raises(tc.InvalidInputError, match="heap exhausted"):
+        a.alloc(512)
+    with pytest.raises(ValueError):
+        a.free(tc.channels.Region(512, 10))
+
+
+def test_same_sequence_gives_same_offsets():
+    def run() -> list[int]:
+        a = HeapAllocator(1 << 16)
+        xs = [a.alloc(n) for n in (100, 3000, 7, 900)]
+        a.free(xs[1])
+        xs.append(a.alloc(1500))
+        return [r.offset for r in a.live]
+
+    assert run() == run()
+
+
+def _segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(SHM_PREFIX)} if os.path.isdir("/dev/shm") else set()
+
+
+def _job_lifecycle(ctx, rounds):
+    import threading
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    def free_device_memory() -> int:
+        if ctx.backend != "cuda":
+            return 0
+        torch.cuda.synchronize()
+        return torch.cuda.mem_get_info(ctx.device)[0]
+
+    names = []
+
+    def one_round(i: int) -> None:
+        comm = make_comm(ctx, heap_bytes=64 << 20)
+        names.append(getattr(comm.heap.memory, "name", ""))
+        assert not (_segments() & set(names)), "segment left in /dev/shm after set-up"
+        ch = Channel(comm, f"c{i}", programs=2, barrier_slots=2, buffer_bytes=4096)
+        view = comm.heap.view(ch.buffer)
+        view.fill_(i % 256)
+        assert int(view[17]) == i % 256
+        del view
+        ch.close()
+        assert comm.heap.allocator.used_bytes == 0
+        comm.close()
+
+    one_round(0)  # first use may start driver threads or caches; measure after it
+    before = (_segments(), fds(), threading.active_count(), free_device_memory())
+    for i in range(1, rounds + 1):
+        one_round(i)
+    after = (_segments(), fds(), threading.active_count(), free_device_memory())
+    return before, after
+
+
+def test_create_and_destroy_leaks_nothing(worlds):
+    for before, after in worlds(2).run(_job_lifecycle, 20):
+        assert after[0] <= before[0], "shared-memory segments leaked"
+        assert after[1] <= before[1], f"file descriptors leaked: {before[1]} -> {after[1]}"
+        assert after[2] <= before[2], "threads leaked"
+        assert before[3] - after[3] < 32 << 20, f"device memory leaked: {before[3] - after[3]} bytes"
+
+
+def _job_layout_mismatch(ctx):
+    comm = make_comm(ctx)
+    try:
+        Channel(comm, "c", programs=1, buffer_bytes=1024 * (1 + ctx.rank))
+    except tc.SetupMismatchError as e:
+        return str(e)
+    finally:
+        comm.close()
+    return None
+
+
+def test_layout_mismatch_raises_on_every_rank(worlds):
+    for msg in worlds(2).run(_job_layout_mismatch):
+        assert msg is not None and "layouts differ" in msg
+
+
+def _job_view(ctx):
+    comm = make_comm(ctx)
+    ch = Channel(comm, "v", programs=1, buffer_bytes=64)
+    v = comm.heap.view(ch.buffer, torch.float32)
+    v.copy_(torch.arange(16, dtype=torch.float32) + ctx.rank)
+    comm.bootstrap.barrier()
+    peer = (ctx.rank + 1) % ctx.world
+    addr = comm.heap.peer_addr(peer, ch.buffer)
+    ch.close()
+    comm.close()
+    return addr != 0
+
+
+def test_heap_views_and_peer_addresses(worlds):
+    assert all(worlds(2).run(_job_view))

@@ -1,0 +1,148 @@
+"""Bad input raises a clear error on every rank before anyone waits; dead peers raise, not hang."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import tritoncomm as tc
+
+from ..conftest import BACKEND
+from ..helpers import make_comm
+
+
+def _job_bad_inputs(ctx):
+    comm = make_comm(ctx)
+    ar = tc.AllReduce(comm, max_bytes=4096)
+    dev = ctx.device
+    cases = {
+        "dtype": lambda: ar(torch.ones(8, dtype=torch.int32, device=dev)),
+        "op": lambda: ar(torch.ones(8, device=dev), op="max"),
+        "contiguous": lambda: ar(torch.ones(8, 8, device=dev).t()),
+        "too_large": lambda: ar(torch.ones(4097, device=dev)),
+        "device": lambda: ar(torch.ones(8, device="meta")),
+        "out_shape": lambda: ar(torch.ones(8, device=dev), out=torch.ones(9, device=dev)),
+        "algo": lambda: ar(torch.ones(8, device=dev), algo="ring"),
+        "not_tensor": lambda: ar([1.0, 2.0]),
+        # torch itself refuses misaligned views; a buffer at an odd address makes one (CPU world only)
+        "misaligned": lambda: ar(torch.frombuffer(bytearray(64), dtype=torch.float16, offset=1, count=8)
+                                 if dev.type == "cpu" else torch.ones(8, dtype=torch.int32, device=dev)),
+    }
+    caught = {}
+    for name, fn in cases.items():
+        try:
+            fn()
+            caught[name] = None
+        except tc.InvalidInputError as e:
+            caught[name] = str(e)
+    # the communicator still works afterwards: nobody waited on anybody
+    x = torch.ones(16, device=dev)
+    ok = torch.equal(ar(x).cpu(), torch.full((16,), float(ctx.world)))
+    comm.synchronize()
+    ar.close()
+    comm.close()
+    return caught, ok
+
+
+def test_bad_inputs_raise_before_waiting(worlds):
+    for caught, ok in worlds(2).run(_job_bad_inputs):
+        for name, msg in caught.items():
+            assert msg, f"{name}: no InvalidInputError"
+        assert "not supported" in caught["dtype"] and "int32" in caught["dtype"]
+        assert "contiguous" in caught["contiguous"]
+        assert "exceed" in caught["too_large"]
+        assert "meta" in caught["device"]
+        assert "aligned" in caught["misaligned"] or "not supported" in caught["misaligned"]
+        assert ok
+
+
+def _job_heap_too_small(ctx):
+    comm = make_comm(ctx, heap_bytes=1 << 20)
+    try:
+        tc.AllReduce(comm, max_bytes=1 << 20)
+    except tc.InvalidInputError as e:
+        return str(e)
+    finally:
+        comm.close()
+    return None
+
+
+def test_workspace_larger_than_heap_raises(worlds):
+    for msg in worlds(2).run(_job_heap_too_small):
+        assert msg and "heap exhausted" in msg
+
+
+def _job_no_peer_access(ctx):
+    from tritoncomm.channels import topology
+
+    if ctx.rank == 1:  # this rank cannot reach rank 0
+        real = topology.local_peer_access
+
+        def fake(backend, device, infos, rank):
+            out = real(backend, device, infos, rank)
+            out[0] = "no peer access (simulated)"
+            return out
+
+        topology.local_peer_access = fake
+    try:
+        make_comm(ctx)
+    except tc.PeerAccessError as e:
+        return str(e)
+    finally:
+        if ctx.rank == 1:
+            topology.local_peer_access = real
+    return None
+
+
+def test_world_without_peer_access_raises_on_every_rank(worlds):
+    for msg in worlds(3).run(_job_no_peer_access):
+        assert msg and "rank 1 -> rank 0" in msg and "simulated" in msg
+
+
+def _job_config_mismatch(ctx):
+    try:
+        make_comm(ctx, timeout_s=10.0 + ctx.rank)
+    except tc.SetupMismatchError as e:
+        return str(e)
+    return None
+
+
+def test_config_mismatch_raises_on_every_rank(worlds):
+    assert all(worlds(2).run(_job_config_mismatch))
+
+
+def _job_dead_peer(ctx, algo):
+    comm = make_comm(ctx, timeout_s=1.0)
+    ar = tc.AllReduce(comm, max_bytes=1 << 16, algos=("ll", "ll_twoshot", "oneshot", "twoshot", "pipelined"))
+    err = None
+    t0 = time.monotonic()
+    if ctx.rank == 0:  # rank 1 never joins this all-reduce
+        x = torch.ones(1000, device=ctx.device)
+        try:
+            ar(x, algo=algo)
+            comm.synchronize()
+        except tc.CommTimeoutError as e:
+            err = (e.rank, e.peer, e.slot, e.expected, e.seen, str(e))
+        try:  # the communicator stays failed
+            ar(x, algo=algo)
+            err = (*err, "second call did not raise")
+        except tc.CommTimeoutError:
+            pass
+    elapsed = time.monotonic() - t0
+    comm.bootstrap.barrier()
+    comm.close()
+    return err, elapsed
+
+
+@pytest.mark.parametrize("algo", ["ll", "ll_twoshot", "oneshot", "twoshot", "pipelined"])
+def test_dead_peer_turns_into_timeout_error(worlds, algo):
+    (err, elapsed), _ = worlds(2).run(_job_dead_peer, algo, timeout=300)
+    assert err is not None, "no CommTimeoutError on rank 0"
+    rank, peer, slot, expected, seen, msg = err
+    assert (rank, peer) == (0, 1)
+    assert expected == 1 and seen != 1
+    assert "rank 0" in msg and "peer 1" in msg and f"slot {slot}" in msg
+    if BACKEND == "cuda":
+        assert elapsed < 10

@@ -1,0 +1,170 @@
+"""Fused all-reduce + residual add + RMSNorm (+ FP8) against the unfused reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tritoncomm as tc
+from tritoncomm.collectives import FUSED_ALGOS, FusedAllReduceAddRMSNorm
+
+from ..helpers import make_comm, reference_sum, same_on_all_ranks, world_sizes
+
+
+def _reference(ctx, x, residual, weight, eps, gemma):
+    summed = reference_sum(ctx, x).view(x.shape)  # fp32 sum over ranks, on the CPU
+    new_res = (summed + residual.float().cpu()).to(x.dtype)
+    v = new_res.float()
+    wf = weight.float().cpu()
+    y = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * ((1 + wf) if gemma else wf)
+    return new_res, y
+
+
+def _job_fused(ctx, shapes, dtype, gemma, fp8, algos=(None,)):
+    comm = make_comm(ctx)
+    fused = FusedAllReduceAddRMSNorm(comm, max_tokens=64, max_hidden=4200, algos=FUSED_ALGOS)
+    bad = []
+    for (t, h), algo in [(sh, a) for sh in shapes for a in algos]:
+        g = torch.Generator().manual_seed(1000 * t + h + ctx.rank)
+        x = torch.randn(t, h, generator=g).to(dtype).to(ctx.device)
+        residual = torch.randn(t, h, generator=torch.Generator().manual_seed(t * h)).to(dtype).to(ctx.device)
+        weight = (torch.rand(h, generator=torch.Generator().manual_seed(h)) + 0.5).to(dtype).to(ctx.device)
+        exp_res, exp_y = _reference(ctx, x, residual, weight, 1e-6, gemma)
+        scale = torch.tensor([0.05], device=ctx.device) if fp8 else None
+        out = torch.full((t, h), float("nan"), device=ctx.device).to(torch.float8_e4m3fn if fp8 else dtype)
+        fused(x, residual, weight, gemma=gemma, fp8_scale=scale, out=out, algo=algo)
+        comm.synchronize()
+        if not torch.allclose(residual.float().cpu(), exp_res.float(), rtol=1e-2, atol=1e-2):
+            bad.append((t, h, algo, "residual"))
+        if fp8:
+            got = out.float().cpu() * 0.05
+            want = (exp_y / 0.05).clamp(-448, 448) * 0.05
+            ok = torch.allclose(got, want, rtol=0.13, atol=0.05 * 0.02)
+        else:
+            ok = torch.allclose(out.float().cpu(), exp_y, rtol=2e-2, atol=2e-2)
+        if not ok:
+            bad.append((t, h, algo, "output"))
+        if not (same_on_all_ranks(ctx, residual) and same_on_all_ranks(ctx, out.view(torch.uint8))):
+            bad.append((t, h, algo, "ranks differ"))
+    fused.close()
+    comm.close()
+    return bad
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3, 4))
+def test_fused_every_variant_matches_unfused(worlds, world):
+    """LL, one-shot and two-shot (rows not a multiple of the world, odd hidden) give the reference."""
+    for bad in worlds(world).run(_job_fused, [(1, 1000), (7, 4097), (33, 64)], torch.bfloat16, False, False,
+                                 FUSED_ALGOS):
+        assert bad == []
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 4))
+def test_fused_fp16_selected_variant(worlds, world):
+    for bad in worlds(world).run(_job_fused, [(3, 1001), (64, 130)], torch.float16, False, False):
+        assert bad == []
+
+
+def _job_variants_agree(ctx):
+    """The three variants give the same bits as each other (same order, same single rounding)."""
+    comm = make_comm(ctx)
+    fused = FusedAllReduceAddRMSNorm(comm, max_tokens=16, max_hidden=300, algos=FUSED_ALGOS)
+    g = torch.Generator().manual_seed(7 + ctx.rank)
+    x = torch.randn(9, 300, generator=g).to(torch.bfloat16).to(ctx.device)
+    res0 = torch.randn(9, 300, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16).to(ctx.device)
+    w = torch.rand(300, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16).to(ctx.device)
+    outs = []
+    for algo in FUSED_ALGOS:
+        r = res0.clone()
+        o = fused(x, r, w, algo=algo)
+        comm.synchronize()
+        outs.append((r.view(torch.int16).cpu(), o.view(torch.int16).cpu()))
+    fused.close()
+    comm.close()
+    return all(torch.equal(a[0], outs[0][0]) and torch.equal(a[1], outs[0][1]) for a in outs)
+
+
+def test_fused_variants_bitwise_equal(worlds):
+    assert all(worlds(4).run(_job_variants_agree))
+
+
+@pytest.mark.parametrize("gemma,fp8", [(True, False), (False, True)])
+def test_fused_gemma_and_fp8(worlds, gemma, fp8):
+    for bad in worlds(2).run(_job_fused, [(5, 1000), (2, 333)], torch.bfloat16, gemma, fp8):
+        assert bad == []
+
+
+def _job_fused_bad(ctx):
+    comm = make_comm(ctx)
+    fused = FusedAllReduceAddRMSNorm(comm, max_tokens=8, max_hidden=128)
+    d = ctx.device
+    x = torch.ones(4, 128, dtype=torch.bfloat16, device=d)
+    r = torch.ones(4, 128, dtype=torch.bfloat16, device=d)
+    w = torch.ones(128, dtype=torch.bfloat16, device=d)
+    cases = {
+        "shape": lambda: fused(x, torch.ones(4, 64, dtype=torch.bfloat16, device=d), w),
+        "weight": lambda: fused(x, r, torch.ones(100, dtype=torch.bfloat16, device=d)),
+        "hidden": lambda: fused(torch.ones(4, 256, dtype=torch.bfloat16, device=d),
+                                torch.ones(4, 256, dtype=torch.bfloat16, device=d),
+                                torch.ones(256, dtype=torch.bfloat16, device=d)),
+        "dtype": lambda: fused(x.float(), r.float(), w.float()),
+    }
+    caught = {}
+    for k, fn in cases.items():
+        try:
+            fn()
+            caught[k] = None
+        except tc.InvalidInputError as e:
+            caught[k] = str(e)
+    try:
+        FusedAllReduceAddRMSNorm(comm, max_tokens=8, max_hidden=20000)
+        caught["max_hidden"] = None
+    except tc.InvalidInputError as e:
+        caught["max_hidden"] = str(e)
+    out = fused(x, r, w)  # still works
+    comm.synchronize()
+    ok = bool(torch.isfinite(out.float()).all())
+    fused.close()
+    comm.close()
+    return caught, ok
+
+
+def test_fused_bad_input(worlds):
+    for caught, ok in worlds(2).run(_job_fused_bad):
+        assert all(caught.values()), caught
+        assert "does not match" in caught["shape"] and "weight" in caught["weight"]
+        assert ok
+
+
+def _job_aliasing(ctx):
+    """vLLM's two conventions: the norm written over the input (residual in place), and the new
+    residual written over the input (norm to a separate tensor, residual untouched)."""
+    comm = make_comm(ctx)
+    fused = FusedAllReduceAddRMSNorm(comm, max_tokens=16, max_hidden=260, algos=FUSED_ALGOS)
+    bad = []
+    for algo in FUSED_ALGOS:
+        g = torch.Generator().manual_seed(11 + ctx.rank)
+        x0 = torch.randn(6, 260, generator=g).to(torch.bfloat16).to(ctx.device)
+        res0 = torch.randn(6, 260, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).to(ctx.device)
+        w = torch.rand(260, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16).to(ctx.device)
+        exp_res, exp_y = _reference(ctx, x0, res0, w, 1e-6, False)
+        x, r = x0.clone(), res0.clone()
+        fused(x, r, w, out=x, algo=algo)  # norm over the input, residual in place
+        comm.synchronize()
+        if not (torch.allclose(x.float().cpu(), exp_y, rtol=2e-2, atol=2e-2) and
+                torch.allclose(r.float().cpu(), exp_res.float(), rtol=1e-2, atol=1e-2)):
+            bad.append((algo, "out=x"))
+        x, r, y = x0.clone(), res0.clone(), torch.empty_like(x0)
+        fused(x, r, w, out=y, residual_out=x, algo=algo)  # new residual over the input
+        comm.synchronize()
+        if not (torch.allclose(y.float().cpu(), exp_y, rtol=2e-2, atol=2e-2) and
+                torch.allclose(x.float().cpu(), exp_res.float(), rtol=1e-2, atol=1e-2) and torch.equal(r, res0)):
+            bad.append((algo, "residual_out=x"))
+    fused.close()
+    comm.close()
+    return bad
+
+
+def test_fused_output_aliasing(worlds):
+    for bad in worlds(2).run(_job_aliasing):
+        assert bad == []

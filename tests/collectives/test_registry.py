@@ -1,0 +1,72 @@
+"""Algorithms as objects: every collective's names, debug codes, default shapes and tuning candidates
+come from its registry, and every table row names a registered algorithm."""
+
+from __future__ import annotations
+
+import pytest
+
+from tritoncomm.collectives import (
+    ALGORITHMS,
+    FUSED_ALGORITHMS,
+    AllGather,
+    AllReduce,
+    Choice,
+    FusedAllReduceAddRMSNorm,
+    ReduceScatter,
+    SelectionTable,
+    load_table,
+)
+from tritoncomm.collectives.base import Algorithm
+from tritoncomm.tools.tune import COLLECTIVES, candidates
+
+FAMILIES = [AllReduce, AllGather, ReduceScatter, FusedAllReduceAddRMSNorm]
+
+
+@pytest.mark.parametrize("coll", FAMILIES, ids=lambda c: c.__name__)
+def test_registry_names_match_classes_and_shapes_cover_both_worlds(coll):
+    assert coll.ALGORITHMS, coll
+    for name, cls in coll.ALGORITHMS.items():
+        assert issubclass(cls, Algorithm) and cls.name == name
+        for backend in ("cuda", "cpu"):
+            c = cls.default_choice(backend)
+            assert c.algo == name and c.programs >= 1
+
+
+def test_allreduce_registry_is_the_public_list():
+    assert list(ALGORITHMS) == ["ll", "ll_twoshot", "oneshot", "twoshot", "pipelined"]
+    assert list(FUSED_ALGORITHMS) == ["ll", "oneshot", "twoshot", "ll_twoshot"]
+    assert ALGORITHMS["ll"].limit == 1 << 20 and ALGORITHMS["ll_twoshot"].limit == 4 << 20
+
+
+@pytest.mark.parametrize("op", list(COLLECTIVES))
+@pytest.mark.parametrize("backend", ["cuda", "cpu"])
+def test_tuning_candidates_come_from_the_registry(op, backend):
+    names = set(COLLECTIVES[op].ALGORITHMS)
+    seen = set()
+    for k in range(10, 28):
+        for c in candidates(op, 1 << k, backend):
+            assert c.algo in names
+            seen.add(c.algo)
+    assert seen, f"{op} has no tuning candidate on {backend}"
+    if op == "allreduce":
+        assert ("pipelined" in seen) == (backend == "cpu")  # never won on GPUs: not a GPU candidate
+
+
+def test_shipped_and_default_tables_name_only_registered_algorithms():
+    for table in (load_table("cuda", "NVIDIA H200"), load_table("cpu")):
+        for op, coll in COLLECTIVES.items():
+            table.check_algorithms(op, tuple(coll.ALGORITHMS))
+
+
+def test_a_table_naming_an_unknown_algorithm_is_refused():
+    t = SelectionTable({("allreduce", 2, "bf16"): [(1 << 20, Choice("nosuch", 1, 1024, 4))]}, "bad")
+    with pytest.raises(ValueError, match="nosuch"):
+        t.check_algorithms("allreduce", tuple(ALGORITHMS))
+
+
+def test_choice_rounds_survive_json_and_old_tables_read_without_them():
+    c = Choice("twoshot", 8, 2048, 8, rounds=2)
+    assert Choice.from_json(c.to_json()) == c
+    assert "rounds" not in Choice("twoshot", 8, 2048, 8).to_json()  # old digests stay the same
+    with pytest.raises(ValueError):
+        Choice("twoshot", 8, 2048, 8, rounds=0)

@@ -1,0 +1,129 @@
+"""All-gather and reduce-scatter into tensors: the host side and their registries (kernels and
+launchers in ``push`` and ``reducescatter``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import torch
+import torch.distributed as dist
+
+from ...channels import Communicator
+from ...errors import InvalidInputError
+from ..base import NO_PEER_OUTPUT, CollectiveBase, PeerOutput
+from ..selection import SelectionTable
+from ..validation import DTYPE_NAMES, check_input, check_op, check_out
+from .push import AllGatherDirect, AllGatherPush, PushAlgorithm
+from .reducescatter import ReduceScatterPush
+
+__all__ = ["AllGather", "ReduceScatter"]
+
+
+class _PushCollective(CollectiveBase):
+    """Shared set-up: every algorithm sized for ``max_bytes`` with the grid of the table's ``push``."""
+
+    def __init__(self, comm: Communicator, max_bytes: int | None, table: SelectionTable | None,
+                 fallback_group: dist.ProcessGroup | None, name: str) -> None:
+        super().__init__(comm, table=table, fallback_group=fallback_group, name=name)
+        self.max_bytes = max_bytes if max_bytes is not None else \
+            comm.heap.nbytes // 8 if comm.backend == "cuda" else 1 << 20
+        grid = self._grid_for("push")
+        self._setup(dict.fromkeys(self.ALGORITHMS, self.max_bytes), dict.fromkeys(self.ALGORITHMS, grid))
+
+    def _launch(self, algo: str, x: torch.Tensor, out: torch.Tensor, m: int, full_bytes: int,
+                dest: PeerOutput) -> None:
+        """One launch of ``algo`` with the table's ``push`` shape for ``full_bytes``."""
+        a: PushAlgorithm = self._algos[algo]  # type: ignore[assignment]
+        c = self._choice("push", DTYPE_NAMES[x.dtype], full_bytes)
+        self._debug_check(x.dtype, m, algo, (dest.signature(self.comm)[2],) if dest.row else ())
+        a.launch(x, out, m, c, dest)
+
+    def _too_large(self, x: torch.Tensor, m: int, nbytes: int, what: str) -> bool:
+        if nbytes <= self.max_bytes:
+            return False
+        self._debug_check(x.dtype, m, "fallback")
+        if self.fallback_group is None:
+            raise InvalidInputError(f"{what}: {nbytes} bytes exceed max_bytes={self.max_bytes} and no fallback "
+                                    "group was given")
+        self._note_fallback(nbytes, self.max_bytes)
+        return True
+
+
+class AllGather(_PushCollective):
+    """``out = cat([x of rank 0, ..., x of rank W-1])`` along dim 0 (``all_gather_into_tensor``).
+
+    ``max_bytes`` bounds the *output* size. Workspace: about 2 x ``max_bytes`` per rank.
+    """
+
+    op = "allgather"
+    ALGORITHMS = MappingProxyType({cls.name: cls for cls in (AllGatherPush, AllGatherDirect)})
+    #: Registered outputs of at least this many bytes take the direct form by default, by world
+    #: size (others: ``DIRECT_MIN_BYTES``); measured crossovers in ``docs/algorithms.md``.
+    DIRECT_FROM: Mapping[int, int] = MappingProxyType({2: 4 << 20, 4: 1 << 20})
+    DIRECT_MIN_BYTES = 4 << 20
+
+    def __init__(self, comm: Communicator, max_bytes: int | None = None, *, table: SelectionTable | None = None,
+                 fallback_group: dist.ProcessGroup | None = None, name: str = "allgather") -> None:
+        super().__init__(comm, max_bytes, table, fallback_group, name)
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, *, direct: bool | None = None) -> torch.Tensor:
+        """``direct``: store straight into every rank's registered output (``Communicator.register``,
+        ``graph_capture``) after an entry barrier, instead of pushing into the heap and copying out.
+        None (the default) takes it for registered outputs from ``DIRECT_FROM``'s size; True
+        needs a registered output; every rank must pass the same."""
+        check_input(x, self.comm.device, "all_gather")
+        w = self.world
+        if out is not None:
+            check_out(out, x, w * x.numel(), "all_gather", may_alias=False)
+        self.comm.check()
+        if out is None:
+            out = x.new_empty((w * x.shape[0], *x.shape[1:]) if x.dim() else (w,))
+        if x.numel() == 0:
+            return out
+        nbytes = out.numel() * out.element_size()
+        if self._too_large(x, x.numel(), nbytes, "all_gather"):
+            dist.all_gather_into_tensor(out, x, group=self.fallback_group)
+            return out
+        dest = NO_PEER_OUTPUT
+        if direct or (direct is None and nbytes >= self.DIRECT_FROM.get(self.world, self.DIRECT_MIN_BYTES)):
+            dest = self._peer_output(out, heap=False)
+            if direct and not dest.row:
+                raise InvalidInputError("all_gather: direct=True needs an output registered with "
+                                        "Communicator.register (or met inside graph_capture)")
+        algo = "direct" if dest.row else "push"
+        self._launch(algo, x, out, x.numel(), nbytes, dest)
+        return out
+
+
+class ReduceScatter(_PushCollective):
+    """``out = (sum over ranks of x)[rank * m : (rank + 1) * m]`` with ``m = x.numel() / world``
+    (``reduce_scatter_tensor``). ``max_bytes`` bounds the *input* size. Sum in fp32, ranks in order.
+    Workspace: about 2 x ``max_bytes`` per rank."""
+
+    op = "reducescatter"
+    ALGORITHMS = MappingProxyType({cls.name: cls for cls in (ReduceScatterPush,)})
+
+    def __init__(self, comm: Communicator, max_bytes: int | None = None, *, table: SelectionTable | None = None,
+                 fallback_group: dist.ProcessGroup | None = None, name: str = "reducescatter") -> None:
+        super().__init__(comm, max_bytes, table, fallback_group, name)
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, *, op: str = "sum") -> torch.Tensor:
+        check_input(x, self.comm.device, "reduce_scatter")
+        check_op(op, "reduce_scatter")
+        w = self.world
+        if x.numel() % w:
+            raise InvalidInputError(f"reduce_scatter: {x.numel()} elements do not split into {w} equal shards")
+        m = x.numel() // w
+        if out is not None:
+            check_out(out, x, m, "reduce_scatter", may_alias=False)
+        self.comm.check()
+        if out is None:
+            out = x.new_empty((x.shape[0] // w, *x.shape[1:]) if x.dim() and x.shape[0] % w == 0 else (m,))
+        if m == 0:
+            return out
+        if self._too_large(x, m, x.numel() * x.element_size(), "reduce_scatter"):
+            dist.reduce_scatter_tensor(out, x, group=self.fallback_group)
+            return out
+        self._launch("push", x, out, m, x.numel() * x.element_size(), NO_PEER_OUTPUT)
+        return out

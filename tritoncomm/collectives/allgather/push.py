@@ -1,0 +1,142 @@
+"""All-gather into a tensor, and the push layout it shares with reduce-scatter.
+
+Staged form (``AllGatherPush``): every rank pushes its shard into slot [my rank] of every peer's
+buffer, meets them at a barrier, then copies the other shards out.
+
+Direct form (``AllGatherDirect``, kernel flag ``DIRECT``), for a registered output
+(``Communicator.register``/``graph_capture``): ``out_tab`` is the address of the output's table
+row; after an entry barrier every rank stores its shard straight into every rank's output, and a
+second barrier ends the launch (no copy-out). The
+entry barrier is what makes it safe: a peer may store into this rank's output only once this rank
+has started the launch, i.e. once its stream is past every earlier use of that memory.
+
+Buffers alternate by epoch parity (halves of the channel buffer, each sized for the largest
+output): a rank cannot finish launch k+1 before every peer has started it, so the half it writes
+for launch k+1 is never the one a peer still reads for launch k. Program ``pid`` handles blocks
+``pid, pid + active, ...`` of every shard on every rank (barriers between matching programs).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import torch
+import triton
+import triton.language as tl
+
+from ...kernels import assume_multiple, barrier, epoch_commit, heap_ptr, pow2_divisor, program_epoch
+from ...units import cdiv, round_up
+from ..base import Algorithm, PeerOutput, Workspace
+from ..selection import Choice
+
+__all__ = ["AllGatherDirect", "AllGatherPush", "PushAlgorithm", "allgather_kernel"]
+
+
+@triton.jit
+def _push_shard(x_ptr, out_ptr, m, iters, pid, active, rank, table, dst_off, dst_elem, WORLD: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """Store this program's blocks of ``x`` at ``out[rank*m:]`` and, for every peer ``s``, at byte
+    ``dst_off`` + element ``dst_elem`` of the memory ``table[s]`` points to (a heap base or a
+    registered output)."""
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    for i in range(0, iters):
+        j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
+        mask = j < m
+        v = tl.load(x_ptr + j, mask=mask)
+        for s in tl.static_range(WORLD):
+            if s != rank:
+                tl.store(heap_ptr(table, s, dst_off, DTYPE) + dst_elem + j, v, mask=mask)
+        tl.store(out_ptr + rank * m + j, v, mask=mask)
+
+
+@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
+def allgather_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, flags_off, epochs_off, buf_off, half_bytes,
+                     stride, active, out_tab=0, WORLD: tl.constexpr = 2, BLOCK: tl.constexpr = 1024,
+                     MDIV: tl.constexpr = 1, DIRECT: tl.constexpr = False):
+    """``out[r*m:(r+1)*m] = x`` of rank ``r``, for every rank; ``m`` is a multiple of ``MDIV``. Barrier
+    slots ``pid`` and (``DIRECT``) ``pid + grid``."""
+    pid = tl.program_id(0)
+    m = assume_multiple(m, MDIV)
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
+    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    epoch_ptr, e = program_epoch(bases, rank, epochs_off)
+    if pid < active:
+        iters = tl.cdiv(tl.cdiv(m, BLOCK) - pid, active)
+        if DIRECT:
+            barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)  # every rank has entered
+            _push_shard(x_ptr, out_ptr, m, iters, pid, active, rank, out_tab.to(tl.pointer_type(tl.int64)), 0,
+                        rank * m, WORLD, BLOCK)
+            barrier(bases, rank, WORLD, flags_off, pid + tl.num_programs(0), e, timeout, diag)
+        else:
+            base = buf_off + (e & 1).to(tl.int64) * half_bytes
+            _push_shard(x_ptr, out_ptr, m, iters, pid, active, rank, bases, base + rank * stride * ESIZE, 0,
+                        WORLD, BLOCK)
+            barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
+            for i in range(0, iters):
+                j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
+                mask = j < m
+                for s in tl.static_range(WORLD):
+                    if s != rank:
+                        v = tl.load(heap_ptr(bases, rank, base + s * stride * ESIZE, DTYPE) + j, mask=mask)
+                        tl.store(out_ptr + s * m + j, v, mask=mask)
+    epoch_commit(epoch_ptr, e)
+
+
+class PushAlgorithm(Algorithm):
+    """The push family's launcher interface and staged layout (all-gather and reduce-scatter):
+    ``launch(x, out, m, c, dest)`` moves ``m`` elements per rank with launch shape ``c``. Workspace:
+    two halves (parities) of W slots, each half the capacity plus padding, and a barrier slot per
+    program. The capacity bounds the all-gather's output and the reduce-scatter's input."""
+
+    shapes = MappingProxyType({"cuda": (32, 4096, 8), "cpu": (2, 2048, 1)})
+
+    def layout(self) -> Workspace:
+        self.half = self.world * round_up(cdiv(self.capacity, self.world) + 128, 256)
+        return Workspace(barrier_slots=self.grid, buffer_bytes=2 * self.half)
+
+    @classmethod
+    def candidates(cls, nbytes: int, backend: str) -> list[Choice]:
+        if backend != "cuda":
+            return [Choice(cls.name, 2, 2048, 1)]
+        return [Choice(cls.name, min(progs, max(1, nbytes // 2 // block)), block, 8 if block > 1024 else 4)
+                for block in (1024, 4096) for progs in (8, 32, 64)]
+
+    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput) -> None:
+        raise NotImplementedError
+
+    def _run(self, kernel, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, **extra) -> None:
+        bases, rank, world, timeout, diag = self.comm.kernel_args()
+        ch = self.channel
+        kernel[(self.grid,)](x, out, m, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off,
+                             self.half, round_up(m, 16), c.programs, WORLD=world, BLOCK=c.block,
+                             MDIV=pow2_divisor(m), num_warps=c.num_warps, **extra)
+
+
+class AllGatherPush(PushAlgorithm):
+    """Staged all-gather (``allgather_kernel``): push into peers' heaps, barrier, copy out."""
+
+    name = "push"
+
+    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput) -> None:
+        self._run(allgather_kernel, x, out, m, c)
+
+
+class AllGatherDirect(PushAlgorithm):
+    """Direct all-gather into a registered output (``allgather_kernel`` with ``DIRECT``): entry
+    barrier, stores into every rank's output, exit barrier. No buffer; two barrier slots per
+    program. Its launch shape is the staged form's at the same size."""
+
+    name = "direct"
+    writes_peer_outputs = True
+
+    def layout(self) -> Workspace:
+        self.half = 0
+        return Workspace(barrier_slots=2 * self.grid)
+
+    @classmethod
+    def candidates(cls, nbytes: int, backend: str) -> list[Choice]:
+        return []
+
+    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput) -> None:
+        self._run(allgather_kernel, x, out, m, c, out_tab=dest.row, DIRECT=True)

@@ -1,0 +1,54 @@
+"""The fused norm family's launcher interface (see ``collectives.base.Algorithm``)."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import torch
+import triton
+
+from ...channels import Communicator
+from ...units import round_up
+from ..base import Algorithm
+from .rows import RowPlan
+
+__all__ = ["FusedAlgorithm"]
+
+
+class FusedAlgorithm(Algorithm):
+    """A variant of the fused all-reduce + residual add + RMSNorm (+ FP8): ``launch`` runs it on
+    ``x`` (tokens, hidden) with the caller's already validated tensors. Every variant's buffer ends
+    with its row exchange (``fused_norm.rows``), ``xch_rel`` bytes into the channel's buffer.
+    ``capacity`` bounds ``tokens x hidden x 2`` bytes; ``plan`` says how rows are cut."""
+
+    shapes = MappingProxyType({"cuda": (64, 1024, 4), "cpu": (2, 1024, 1)})
+
+    def __init__(self, comm: Communicator, capacity: int, grid: int, tag: str, plan: RowPlan) -> None:
+        self.plan = plan
+        self.rows = plan.rows_for(capacity)  # the most rows a launch serves
+        super().__init__(comm, capacity, grid, tag)
+
+    @property
+    def exchange_bytes(self) -> int:
+        """The row exchange: one LL8 packet per (row, chunk) of the largest input."""
+        return round_up(self.plan.max_tokens * self.plan.max_chunks * 8, 256)
+
+    def launch(self, x: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor,
+               out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float) -> None:
+        raise NotImplementedError
+
+    def _args(self, x: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor,
+              out: torch.Tensor, scale: torch.Tensor, cw: int, eps: float) -> tuple:
+        """The arguments every variant's kernel starts with."""
+        bases, rank, _, timeout, diag = self.comm.kernel_args()
+        t, h = x.shape
+        return (x, residual, residual_out, weight, out, scale, t, h, cw, eps, bases, rank, timeout, diag)
+
+    def _meta(self, chunks: int, block: int, tile: int, gemma: bool, fp8: bool) -> dict:
+        """The constexprs every variant's kernel takes; ``tile``: its largest access, in elements."""
+        return {"WORLD": self.world, "CH": chunks, "BLOCK_C": block, "GEMMA": gemma, "FP8": fp8,
+                "num_warps": 8 if tile >= 4096 else 4}
+
+    @staticmethod
+    def _block(cw: int) -> int:
+        return triton.next_power_of_2(cw)

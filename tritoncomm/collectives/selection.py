@@ -1,0 +1,154 @@
+"""Which algorithm and launch shape serve a given (collective, world size, dtype, bytes).
+
+The choices are data: a ``SelectionTable`` maps ``(op, world, dtype)`` to rows of
+``(max_bytes, Choice)``; the first row whose ``max_bytes`` covers the message wins, and the last
+row also serves anything larger (up to the collective's own ``max_bytes``). Tables measured on a
+machine (``python -m tritoncomm tune``) ship in ``collectives/tables/<device>.json``; without one,
+``default_table`` gives rules of thumb. Every rank reads the same table and so makes the same
+choice for the same size; collectives also check the table's digest across ranks at set-up, and
+that every algorithm it names is one of theirs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .validation import DTYPE_NAMES
+
+__all__ = ["DTYPES", "OPS", "Choice", "SelectionTable", "default_table", "load_table", "table_path"]
+
+#: The collectives a table has rows for.
+OPS = ("allreduce", "allgather", "reducescatter")
+#: The dtype keys of a table's rows.
+DTYPES = tuple(DTYPE_NAMES.values())
+TABLE_DIR = Path(__file__).with_name("tables")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """An algorithm and its launch shape: active programs, block size (elements; words for LL),
+    warps, and for the two-shot all-reduce its rounds (``None``: by size, see
+    ``allreduce.twoshot.TwoShot.rounds_for``)."""
+
+    algo: str
+    programs: int
+    block: int
+    num_warps: int
+    rounds: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"bad launch shape {self}")
+        if self.block < 16 or self.block & (self.block - 1):
+            raise ValueError(f"block must be a power of two >= 16, got {self.block}")
+        if self.rounds is not None and self.rounds < 1:
+            raise ValueError(f"rounds must be positive, got {self.rounds}")
+
+    def to_json(self) -> dict:
+        out = {"algo": self.algo, "programs": self.programs, "block": self.block, "num_warps": self.num_warps}
+        if self.rounds is not None:
+            out["rounds"] = self.rounds
+        return out
+
+    @classmethod
+    def from_json(cls, e: dict) -> Choice:
+        return cls(e["algo"], int(e["programs"]), int(e["block"]), int(e["num_warps"]),
+                   int(e["rounds"]) if e.get("rounds") is not None else None)
+
+
+class SelectionTable:
+    """Rows of ``(max_bytes, Choice)`` per ``(op, world, dtype)``."""
+
+    def __init__(self, rows: dict[tuple[str, int, str], list[tuple[int, Choice]]], source: str = "") -> None:
+        for (op, _world, dtype), entries in rows.items():
+            if op not in OPS or dtype not in DTYPES:
+                raise ValueError(f"unknown table key {(op, dtype)}")
+            if [b for b, _ in entries] != sorted(b for b, _ in entries) or not entries:
+                raise ValueError(f"rows for {op}/{dtype} must be non-empty and sorted by max_bytes")
+        self.rows = rows
+        self.source = source
+
+    def lookup(self, op: str, world: int, dtype: str, nbytes: int) -> Choice:
+        entries = self.entries(op, world, dtype)
+        for max_bytes, choice in entries:
+            if nbytes <= max_bytes:
+                return choice
+        return entries[-1][1]
+
+    def entries(self, op: str, world: int, dtype: str, backend: str = "cuda") -> list[tuple[int, Choice]]:
+        """The rows for ``(op, world, dtype)``, ``backend``'s defaults where this table has none."""
+        return self.rows.get((op, world, dtype)) or default_table(backend).rows[(op, min(world, 8), dtype)]
+
+    def choices(self, op: str, world: int) -> list[tuple[int, Choice]]:
+        """Every row for ``op`` at ``world`` (all dtypes)."""
+        return [row for dtype in DTYPES for row in self.entries(op, world, dtype)]
+
+    def check_algorithms(self, op: str, known: tuple[str, ...]) -> None:
+        """Raise ``ValueError`` if a row of ``op`` names an algorithm not in ``known``."""
+        for (o, world, dtype), entries in self.rows.items():
+            bad = [c.algo for _, c in entries if o == op and c.algo not in known]
+            if bad:
+                raise ValueError(f"table {self.source!r}: {op} at world {world} ({dtype}) names {bad[0]!r}; "
+                                 f"known: {known}")
+
+    def digest(self) -> str:
+        return hashlib.sha1(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:12]
+
+    def to_json(self) -> dict:
+        out: dict = {}
+        for (op, world, dtype), entries in sorted(self.rows.items()):
+            out.setdefault(op, {}).setdefault(str(world), {})[dtype] = [
+                {"max_bytes": b, **c.to_json()} for b, c in entries]
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict, source: str = "") -> SelectionTable:
+        rows = {}
+        for op in OPS:
+            for world, per_dtype in data.get(op, {}).items():
+                for dtype, entries in per_dtype.items():
+                    rows[(op, int(world), dtype)] = [(int(e["max_bytes"]), Choice.from_json(e)) for e in entries]
+        return cls(rows, source)
+
+    def merged(self, other: SelectionTable) -> SelectionTable:
+        return SelectionTable({**self.rows, **other.rows}, other.source or self.source)
+
+
+def default_table(backend: str = "cuda") -> SelectionTable:
+    """Rules of thumb, used where no measured table has rows."""
+    rows: dict[tuple[str, int, str], list[tuple[int, Choice]]] = {}
+    big = 1 << 62
+    for world in range(1, 9):
+        for dtype in DTYPES:
+            if backend == "cuda":
+                ar = [(128 << 10, Choice("ll", 16, 1024, 4)), (1 << 20, Choice("oneshot", 32, 4096, 8)),
+                      (big, Choice("twoshot", 64, 4096, 8))]
+                push = [(big, Choice("push", 32, 4096, 8))]
+            else:  # the interpreter runs programs one after another: few programs, big blocks
+                ar = [(16 << 10, Choice("ll", 2, 1024, 1)), (256 << 10, Choice("oneshot", 2, 2048, 1)),
+                      (big, Choice("twoshot", 2, 2048, 1))]
+                push = [(big, Choice("push", 2, 2048, 1))]
+            rows[("allreduce", world, dtype)] = ar
+            rows[("allgather", world, dtype)] = push
+            rows[("reducescatter", world, dtype)] = push
+    return SelectionTable(rows, f"default ({backend})")
+
+
+def table_path(device_name: str) -> Path:
+    slug = "".join(ch if ch.isalnum() else "-" for ch in device_name.lower()).strip("-")
+    return TABLE_DIR / f"{slug}.json"
+
+
+def load_table(backend: str, device_name: str = "") -> SelectionTable:
+    """The measured table for this device merged over the defaults (CPU world: defaults only)."""
+    base = default_table(backend)
+    if backend != "cuda":
+        return base
+    path = table_path(device_name)
+    if path.exists():
+        data = json.loads(path.read_text())
+        return base.merged(SelectionTable.from_json(data.get("table", data), str(path)))
+    return base

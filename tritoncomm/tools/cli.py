@@ -1,0 +1,186 @@
+"""Command line: ``python -m tritoncomm {demo,bench,layers,tune} ...`` (``--help`` lists each one's options)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..launch import LocalWorld, detect_backend, launch
+from ..units import parse_size
+
+DEFAULT_SIZES = {
+    "cuda": "2K,8K,32K,128K,512K,1M,2M,8M,32M",
+    "cpu": "1K,4K,16K,64K,256K",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tritoncomm")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    demo = sub.add_parser("demo", help="all-reduce correctness and timing table on local ranks")
+    demo.add_argument("--world", type=int, default=None, help="ranks (default: 4, or the GPU count if fewer)")
+    demo.add_argument("--backend", choices=["auto", "cuda", "cpu"], default="auto")
+    demo.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    demo.add_argument("--sizes", default=None, help="comma-separated byte sizes, e.g. 2K,1M")
+    demo.add_argument("--json", default=None, help="also write the report here")
+    demo.add_argument("--no-timing", action="store_true", help="check correctness only")
+    bench = sub.add_parser("bench", help="nccl-tests style benchmark against NCCL and torch symmetric memory")
+    bench.add_argument("--op", default="allreduce", help="allreduce, allgather, reducescatter, primitives, costs "
+                       "or zerocopy (comma-separated)")
+    bench.add_argument("--world", type=int, default=None)
+    bench.add_argument("--backend", choices=["auto", "cuda", "cpu"], default="auto")
+    bench.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    bench.add_argument("--sizes", default=None, help="comma-separated byte sizes (default: 2K..128M and odd ones)")
+    bench.add_argument("--modes", default="graph,eager", help="graph and/or eager")
+    bench.add_argument("--table", default=None, help="a table JSON from `tune` to use instead of the packaged one")
+    bench.add_argument("--json", default=None, help="write the report(s) here (one file per op: {op} in the name)")
+    bench.add_argument("--plot", default=None, help="write a PNG plot here")
+    layers = sub.add_parser("layers", help="fused TP layers vs their baselines: norm, gemm, decoder, hier (2x2)")
+    layers.add_argument("--parts", default="norm,gemm,decoder,hier")
+    layers.add_argument("--world", type=int, default=None)
+    layers.add_argument("--backend", choices=["auto", "cuda", "cpu"], default="auto")
+    layers.add_argument("--json", default=None, help="write each part's report here ({part} in the name)")
+    tune = sub.add_parser("tune", help="measure candidates under CUDA graphs and write the selection table")
+    tune.add_argument("--world", type=int, default=None)
+    tune.add_argument("--backend", choices=["auto", "cuda", "cpu"], default="auto")
+    tune.add_argument("--op", default="allreduce,allgather,reducescatter")
+    tune.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    tune.add_argument("--sizes", default=None)
+    tune.add_argument("--out", default=None, help="table JSON to write (merged with an existing file)")
+    args = parser.parse_args(argv)
+    if args.cmd == "bench":
+        return _bench(args)
+    if args.cmd == "tune":
+        return _tune(args)
+    if args.cmd == "layers":
+        return _layers(args)
+
+    from .demo import demo_rank, format_table
+    from .report import write_json
+
+    backend = detect_backend() if args.backend == "auto" else args.backend
+    world = args.world
+    if world is None:
+        world = 4
+        if backend == "cuda":
+            import torch
+
+            world = min(4, torch.cuda.device_count())
+    sizes = [parse_size(s) for s in (args.sizes or DEFAULT_SIZES[backend]).split(",")]
+    print(f"starting {world} {backend} ranks ...", flush=True)
+    report = launch(demo_rank, world, sizes, args.dtype, not args.no_timing, backend=backend, timeout=1800)[0]
+    print(format_table(report))
+    if args.json:
+        write_json(report, args.json)
+    ok = all(r["correct"] and r["identical"] for r in report["rows"])
+    return 0 if ok else 1
+
+
+def _world(args: argparse.Namespace, backend: str) -> int:
+    if args.world is not None:
+        return args.world
+    if backend == "cuda":
+        import torch
+
+        return min(4, torch.cuda.device_count())
+    return 4
+
+
+BENCH_SIZES = {
+    "cuda": ",".join([f"{1 << k}" for k in range(11, 28)] + ["3000", "100000", "3000000"]),
+    "cpu": "1K,4K,16K,64K",
+}
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import json
+
+    from .bench import (
+        bench_rank,
+        format_bench,
+        format_cost,
+        format_zero_copy,
+        plot_bench,
+        reliability_cost_rank,
+        zero_copy_rank,
+    )
+    from .microbench import format_micro, micro_rank
+    from .report import write_json
+
+    backend = detect_backend() if args.backend == "auto" else args.backend
+    sizes = sorted({parse_size(s) for s in (args.sizes or BENCH_SIZES[backend]).split(",")})
+    table = json.load(open(args.table))["table"] if args.table else None
+    reports, all_reports, ok = [], [], True
+    with LocalWorld(_world(args, backend), backend) as world:
+        for op in args.op.split(","):
+            if op == "primitives":
+                rep = world.run(micro_rank, timeout=1800)[0]
+                print(format_micro(rep), flush=True)
+            elif op == "zerocopy":
+                rep = world.run(zero_copy_rank, sizes if args.sizes else None, timeout=1800)[0]
+                print(format_zero_copy(rep), flush=True)
+            elif op == "costs":
+                rep = world.run(reliability_cost_rank, sizes if args.sizes else None, timeout=1800)[0]
+                print(format_cost(rep), flush=True)
+            else:
+                rep = world.run(bench_rank, op, sizes, args.dtype, args.modes.split(","), table, timeout=3600)[0]
+                print(format_bench(rep), flush=True)
+                ok &= all(r["correct"] and r["identical"] for r in rep["rows"])
+                reports.append(rep)
+            if args.json and "{op}" in args.json:
+                write_json(rep, args.json.replace("{op}", op))
+            all_reports.append(rep)
+    if args.json and "{op}" not in args.json:
+        with open(args.json, "w") as f:
+            json.dump({"reports": all_reports}, f, indent=1)
+    if args.plot and reports:
+        plot_bench(reports, args.plot)
+    return 0 if ok else 1
+
+
+def _layers(args: argparse.Namespace) -> int:
+    import json
+
+    from .layers import format_layers, layers_rank
+
+    backend = detect_backend() if args.backend == "auto" else args.backend
+    ok = True
+    with LocalWorld(_world(args, backend), backend) as world:
+        for part in args.parts.split(","):  # one part per job: a failure in one keeps the others' results
+            rep = world.run(layers_rank, [part], timeout=3600)[0][part]
+            print(format_layers(rep), flush=True)
+            ok &= all(r["correct"] for r in rep["rows"])
+            if args.json:
+                with open(args.json.replace("{part}", part), "w") as f:
+                    json.dump(rep, f, indent=1)
+    return 0 if ok else 1
+
+
+def _tune(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from ..collectives import SelectionTable
+    from .tune import tune_rank
+
+    backend = detect_backend() if args.backend == "auto" else args.backend
+    default = ",".join(str(1 << k) for k in range(11, 28)) if backend == "cuda" else "1K,16K,64K"
+    sizes = sorted({parse_size(s) for s in (args.sizes or default).split(",")})
+    rep = launch(tune_rank, _world(args, backend), args.op.split(","), sizes, args.dtype, backend=backend,
+                 timeout=3600)[0]
+    table = SelectionTable.from_json(rep["table"], "tune")
+    for m in rep["measured"]:
+        print(f"{m['op']:>13} {m['bytes']:>10} {m['best_us']:9.1f} us  {m['best']}")
+    if args.out:
+        if os.path.exists(args.out):
+            old = json.load(open(args.out))
+            table = SelectionTable.from_json(old["table"]).merged(table)
+            tuned = {(m["op"], m["world"]) for m in rep["measured"]}
+            rep["measured"] = [m for m in old.get("measured", []) if (m["op"], m.get("world")) not in tuned] + \
+                rep["measured"]
+            for key, value in old.items():  # keep what the old file records beside the table (e.g. "adopted")
+                rep.setdefault(key, value)
+        rep["table"] = table.to_json()
+        with open(args.out, "w") as f:
+            json.dump(rep, f, indent=1)
+        print(f"wrote {args.out}")
+    return 0

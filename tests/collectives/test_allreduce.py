@@ -12,15 +12,17 @@ from tritoncomm.collectives import Choice, SelectionTable
 from ..helpers import check_close, make_comm, reference_sum, same_on_all_ranks, warm_up_for_capture, world_sizes
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-ALGOS = ["ll", "ll_twoshot", "oneshot", "twoshot", "pipelined"]
+ALGOS = list(tc.collectives.ALGORITHMS)
 
 
 def small_table(world: int) -> SelectionTable:
-    """Boundaries at 2, 4, 16 and 64 KiB, so short tests cross every algorithm (the LL two-shot
+    """Boundaries at 2, 4, 6, 12, 16 and 64 KiB, so short tests cross every algorithm (the LL two-shot
     first: the smallest sizes leave some ranks' shards empty)."""
     rows = {}
     for dtype in ("bf16", "fp16", "fp32"):
         rows[("allreduce", world, dtype)] = [(2048, Choice("ll_twoshot", 2, 256, 1)), (4096, Choice("ll", 2, 256, 1)),
+                                             (6144, Choice("lamport", 2, 512, 1)),
+                                             (12288, Choice("lamport_twoshot", 2, 256, 1)),
                                              (16384, Choice("oneshot", 2, 512, 1)),
                                              (65536, Choice("twoshot", 2, 512, 1)),
                                              (1 << 40, Choice("pipelined", 2, 1024, 1))]
@@ -53,7 +55,7 @@ def _job_sizes(ctx, algo, dtype, sizes, inplace, programs=None):
 @pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_allreduce_matches_torch_distributed(worlds, world, algo, dtype):
-    sizes = [1, 2, 3, 127, 1001, 4099, 20011 if algo == "ll" else 65537]
+    sizes = [1, 2, 3, 127, 1001, 4099, 20011 if algo in ("ll", "lamport") else 65537]
     for rows in worlds(world).run(_job_sizes, algo, dtype, sizes, False):
         for n, _err, identical in rows:
             assert identical, f"rank results differ at n={n}"
@@ -99,11 +101,13 @@ def _job_table_driven(ctx, sizes, dtype):
 
 @pytest.mark.parametrize("world", world_sizes(2, 3, 4))
 def test_odd_sizes_at_every_algorithm_boundary(worlds, world):
-    # bf16 boundaries: 1K, 2K, 8K, 32K elements
-    sizes = [1, 1023, 1024, 1025, 2047, 2048, 2049, 8191, 8192, 8193, 32767, 32768, 32769, 40001]
+    # bf16 boundaries: 1K, 2K, 3K, 6K, 8K, 32K elements
+    sizes = [1, 1023, 1024, 1025, 2047, 2048, 2049, 3072, 3073, 6144, 6145, 8191, 8192, 8193, 32767, 32768, 32769,
+             40001]
     results = worlds(world).run(_job_table_driven, sizes, torch.bfloat16)
     picks = results[0][0]
-    assert picks == ["ll_twoshot"] * 3 + ["ll"] * 3 + ["oneshot"] * 3 + ["twoshot"] * 3 + ["pipelined"] * 2
+    assert picks == (["ll_twoshot"] * 3 + ["ll"] * 3 + ["lamport"] * 2 + ["lamport_twoshot"] * 2 + ["oneshot"] * 3
+                     + ["twoshot"] * 3 + ["pipelined"] * 2)
     for p, bad in results:
         assert p == picks and bad == []
 

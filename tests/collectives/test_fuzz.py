@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import tritoncomm as tc
 from tritoncomm.channels import HeapAllocator
-from tritoncomm.collectives import Choice, SelectionTable
+from tritoncomm.collectives import ALGORITHMS, Choice, SelectionTable
 from tritoncomm.collectives.base import CollectiveBase
 from tritoncomm.collectives.validation import SUPPORTED_DTYPES, check_reduce_args
 
@@ -71,7 +71,7 @@ def test_validation_raises_exactly_on_bad_input(dtype, shape, transpose, op, max
     assert raised == bad
 
 
-choices = st.builds(Choice, algo=st.sampled_from(["ll", "ll_twoshot", "oneshot", "twoshot", "pipelined"]),
+choices = st.builds(Choice, algo=st.sampled_from(list(ALGORITHMS)),
                     programs=st.integers(1, 128), block=st.sampled_from([256, 1024, 4096]),
                     num_warps=st.sampled_from([1, 4, 8]))
 

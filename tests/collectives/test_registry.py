@@ -33,8 +33,8 @@ def test_registry_names_match_classes_and_shapes_cover_both_worlds(coll):
 
 
 def test_allreduce_registry_is_the_public_list():
-    assert list(ALGORITHMS) == ["ll", "ll_twoshot", "oneshot", "twoshot", "pipelined"]
-    assert list(FUSED_ALGORITHMS) == ["ll", "oneshot", "twoshot", "ll_twoshot"]
+    assert list(ALGORITHMS) == ["ll", "ll_twoshot", "oneshot", "twoshot", "pipelined", "lamport", "lamport_twoshot"]
+    assert list(FUSED_ALGORITHMS) == ["ll", "oneshot", "twoshot", "ll_twoshot", "lamport"]
     assert ALGORITHMS["ll"].limit == 1 << 20 and ALGORITHMS["ll_twoshot"].limit == 4 << 20
 
 

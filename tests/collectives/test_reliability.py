@@ -73,7 +73,7 @@ def _job_stress(ctx, calls, seed, stragglers):
     cuda = ctx.backend == "cuda"
     streams = [torch.cuda.Stream(), torch.cuda.Stream()] if cuda else None
     for i in range(calls):
-        n = schedule.choice([1, 7, 100, 1000, 2049, 5000, 9000, 20000])
+        n = schedule.choice([1, 7, 100, 1000, 2049, 5000, 7000, 9000, 20000])
         dtype = schedule.choice([torch.bfloat16, torch.float16, torch.float32])
         which = schedule.randrange(2)
         late = schedule.randrange(ctx.world) if stragglers and schedule.random() < 0.05 else -1
@@ -102,11 +102,14 @@ def _job_stress(ctx, calls, seed, stragglers):
     return mismatches, sorted(algos)
 
 
-@pytest.mark.parametrize("world,calls", [(2, 10_000), (3, 600), (4, 400)])
-def test_stress_random_sizes_with_stragglers(worlds, world, calls):
+@pytest.mark.parametrize("world,gpu_calls,cpu_calls", [(2, 10_000, 1_000), (3, 600, 200), (4, 400, 150)])
+def test_stress_random_sizes_with_stragglers(worlds, world, gpu_calls, cpu_calls):
+    """Full length on GPUs; in the CPU world (CI) a tenth of the 10,000 calls at world 2, every
+    algorithm still met many times."""
+    calls = gpu_calls if BACKEND == "cuda" else cpu_calls
     for mismatches, algos in worlds(world).run(_job_stress, calls, 2026 + world, True, timeout=3000):
         assert mismatches == 0
-        assert algos == ["ll", "ll_twoshot", "oneshot", "pipelined", "twoshot"]
+        assert algos == sorted(tc.collectives.ALGORITHMS)
 
 
 # --------------------------------------------------------------------------------------------
@@ -229,3 +232,41 @@ def _job_reused_heap_region(ctx, kind, algo):
 def test_new_collective_in_a_reused_heap_region_ignores_old_packets(worlds, kind, algo):
     errs = worlds(2).run(_job_reused_heap_region, kind, algo)
     assert errs == [[], []], errs
+
+
+# --------------------------------------------------------------------------------------------
+# GPU: the Lamport algorithms under stragglers, calls queued back to back with no host sync
+
+def _job_lamport_stragglers(ctx, calls, seed):
+    comm = make_comm(ctx, timeout_s=60)
+    ar = tc.AllReduce(comm, max_bytes=8 << 20, algos=("lamport", "lamport_twoshot"))
+    schedule = random.Random(seed)  # the same sequence on every rank
+    plan, outs = [], []
+    for i in range(calls):
+        n = schedule.choice([1, 7, 4096, 33333, 200_000, 1 << 20, 3_000_000])
+        algo = schedule.choice(["lamport", "lamport_twoshot"])
+        late = schedule.randrange(ctx.world) if schedule.random() < 0.2 else -1
+        cycles = schedule.randrange(1, 2_000_000)
+        g = torch.Generator(device=ctx.device).manual_seed(seed * 1_000_003 + i * 16 + ctx.rank)
+        x = torch.randn(n, device=ctx.device, generator=g).to(torch.bfloat16)
+        if late == ctx.rank:
+            torch.cuda._sleep(cycles)  # this rank's stream falls behind; nobody waits on the host
+        outs.append(ar(x, algo=algo if n * 2 <= ar.capacity[algo] else "lamport_twoshot"))
+        plan.append(n)
+    comm.synchronize()
+    mismatches = 0
+    for i, (n, out) in enumerate(zip(plan, outs, strict=True)):
+        acc = torch.zeros(n, device=ctx.device)
+        for r in range(ctx.world):  # every rank's input, regenerated; summed in rank order as the kernels do
+            g = torch.Generator(device=ctx.device).manual_seed(seed * 1_000_003 + i * 16 + r)
+            acc += torch.randn(n, device=ctx.device, generator=g).to(torch.bfloat16).float()
+        mismatches += int(not torch.equal(out.view(torch.int16), acc.to(torch.bfloat16).view(torch.int16)))
+    ar.close()
+    comm.close()
+    return mismatches
+
+
+@pytest.mark.gpu
+def test_lamport_stragglers_random_sizes_no_sync(worlds):
+    for mismatches in worlds(2).run(_job_lamport_stragglers, 400, 7, timeout=300):
+        assert mismatches == 0

@@ -14,11 +14,11 @@ from ..helpers import check_close, make_comm, reference_sum, same_on_all_ranks
 
 def _job_world8(ctx):
     comm = make_comm(ctx, timeout_s=120)
-    ar = tc.AllReduce(comm, max_bytes=1 << 16, algos=("ll", "ll_twoshot", "oneshot", "twoshot", "pipelined"))
+    ar = tc.AllReduce(comm, max_bytes=1 << 16, algos=tuple(tc.collectives.ALGORITHMS))
     ag = tc.AllGather(comm, max_bytes=1 << 16)
     rs = tc.ReduceScatter(comm, max_bytes=1 << 16)
     bad = []
-    for algo in ("ll", "ll_twoshot", "oneshot", "twoshot", "pipelined"):
+    for algo in tc.collectives.ALGORITHMS:
         for n in (5, 3001):
             x = torch.randn(n, generator=torch.Generator().manual_seed(n + ctx.rank)).to(torch.bfloat16).to(ctx.device)
             out = ar(x, algo=algo)
@@ -62,10 +62,10 @@ def test_tuned_and_candidate_barrier_grids_stay_under_the_warp_cap():
     """Shapes past MAX_BARRIER_WARPS or MAX_BARRIER_PROGRAMS were intermittently 3-100x slow on
     H200 (tune.py): neither the tuning candidates nor the shipped table may use them for kernels
     with cross-rank barriers."""
-    from tritoncomm.tools.tune import MAX_BARRIER_PROGRAMS, MAX_BARRIER_WARPS
+    from tritoncomm.tools.tune import COLLECTIVES, MAX_BARRIER_PROGRAMS, MAX_BARRIER_WARPS
 
     def ok(c) -> bool:
-        no_barrier = c.algo in ("ll", "ll_twoshot")
+        no_barrier = not COLLECTIVES[op].ALGORITHMS[c.algo].barriers
         return no_barrier or (c.programs * c.num_warps <= MAX_BARRIER_WARPS and c.programs <= MAX_BARRIER_PROGRAMS)
 
     for op in ("allreduce", "allgather", "reducescatter"):

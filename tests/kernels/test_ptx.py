@@ -98,7 +98,7 @@ def test_ll_twoshot_moves_16_byte_packets_and_has_no_fence(world, block, dtype):
 
 
 def test_user_primitives_compile_with_their_ordering():
-    from tests.test_primitives import _counter_kernel, _handshake_kernel, _put_get_kernel
+    from tests.kernels.test_primitives import _counter_kernel, _handshake_kernel, _put_get_kernel
 
     hs = compile_ptx(_handshake_kernel, {"out_bad": "*i32", "rounds": "i32", "n": "i32", "bases": "*i64",
                                          "rank": "i32", "world": "i32", "timeout": "i64", "diag_addr": "i64",
@@ -305,7 +305,7 @@ def _entry_kernels():
 
     mods = [importlib.import_module(m.name) for m in pkgutil.walk_packages(tritoncomm.__path__, "tritoncomm.")
             if not m.name.endswith("__main__")]
-    path = pathlib.Path(__file__).parent.parent / "examples" / "custom_collective.py"
+    path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "custom_collective.py"
     spec = importlib.util.spec_from_file_location("custom_collective_example", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)

@@ -9,7 +9,7 @@ import pytest
 
 from ..helpers import world_sizes
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "custom_collective.py"
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "custom_collective.py"
 
 
 def _job(ctx):

@@ -24,6 +24,7 @@ from ..errors import (
 from ..kernels.backend import MAX_WORLD, interpreting
 from ..kernels.consistency import SIGNATURE_FIELDS, check_signatures, code_name, signature_table_bytes
 from ..kernels.diag import DIAG_WORDS, KIND_NAMES, F
+from ..kernels.lamport import KIND_LAMPORT
 from .bootstrap import Bootstrap, default_bootstrap
 from .channel import Channel
 from .cuda_ipc import HostMappedWords
@@ -263,10 +264,12 @@ class Communicator:
                 f"tritoncomm debug: rank {words[F.RANK]} and rank {words[F.PEER]} called different collectives: "
                 f"{field} {mine} here, {theirs} there",
                 rank=words[F.RANK], peer=words[F.PEER], field=field, mine=words[F.EXPECTED], theirs=words[F.SEEN])
+        what = (f"{words[F.SEEN]} elements still at the sentinel" if status == KIND_LAMPORT.value else
+                f"expected epoch {words[F.EXPECTED]}, saw {words[F.SEEN]}")
         err = CommTimeoutError(
             f"tritoncomm: {kind} timed out on rank {words[F.RANK]} waiting for peer {words[F.PEER]} "
-            f"(slot {words[F.SLOT]}, program {words[F.PROGRAM]}): expected epoch {words[F.EXPECTED]}, "
-            f"saw {words[F.SEEN]} after {words[F.SPINS]} spins (limit {self.config.timeout_s:g} s). "
+            f"(slot {words[F.SLOT]}, program {words[F.PROGRAM]}): {what} "
+            f"after {words[F.SPINS]} spins (limit {self.config.timeout_s:g} s). "
             "The peer is dead, hung, or ran a different sequence of collectives; this communicator is "
             "no longer usable.",
             rank=words[F.RANK], peer=words[F.PEER], slot=words[F.SLOT], expected=words[F.EXPECTED],

@@ -71,9 +71,19 @@ class Algorithm:
     limit: ClassVar[int | None] = None
     #: Whether peers may store into the output directly (``PeerOutput``).
     writes_peer_outputs: ClassVar[bool] = False
+    #: Whether the kernel meets peers at cross-rank barriers (such grids stay within ``tools.tune``'s
+    #: caps on programs and warps).
+    barriers: ClassVar[bool] = True
+    #: Whether the kernel supports programmatic dependent launch (it calls ``kernels.pdl_wait`` before
+    #: touching memory): launched so on GPUs that have it (sm_90+), to overlap its start with the
+    #: previous kernel's end.
+    pdl: ClassVar[bool] = False
 
     def __init__(self, comm: Communicator, capacity: int, grid: int, tag: str) -> None:
         self.comm, self.capacity, self.grid, self.world = comm, capacity, grid, comm.world
+        pdl = self.pdl and comm.backend == "cuda" and torch.cuda.get_device_capability(comm.device)[0] >= 9
+        #: Extra launch options of the kernel (set once here: nothing is decided on the launch path).
+        self.launch_opts: dict[str, bool] = {"launch_pdl": True} if pdl else {}
         ws = self.layout()
         self.channel = Channel(comm, tag, programs=grid, barrier_slots=ws.barrier_slots,
                                buffer_bytes=ws.buffer_bytes)

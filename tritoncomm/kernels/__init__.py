@@ -8,7 +8,10 @@ The public surface (each module's docstring states its memory-ordering contract)
   ``wait``, ``wait_relaxed``, ``barrier`` (and its halves ``barrier_arrive``/``barrier_wait``),
   ``epoch_next``, ``epoch_commit``;
 * LL packets (``ll``): ``ll8_store``, ``ll8_try``, ``ll8_poll``, ``ll8_poll_sum_f32``, ``ll8_pack``, ``ll8_unpack``;
-* ordering building blocks (``ordering``): ``ld_acquire``, ``st_release``, ``fence_sys``, ...
+* Lamport buffers (``lamport``): ``lamport_store``, ``lamport_try``, ``lamport_poll``, ``lamport_reset``,
+  ``lamport_canonical``, ``lamport_missing`` and, on the host, ``lamport_fill``;
+* ordering building blocks (``ordering``): ``ld_acquire``, ``st_release``, ``fence_sys``, and for
+  programmatic dependent launch ``pdl_wait``, ``pdl_launch_dependents``, ...
 
 The library's collectives are written with exactly these functions.
 
@@ -23,10 +26,29 @@ from .barrier import barrier, barrier_arrive, barrier_flag_bytes, barrier_wait
 from .consistency import check_signatures, signature_table_bytes
 from .copy import copy_block, get, put
 from .diag import DIAG_WORDS, KIND_NAMES, already_failed, record_timeout
+from .lamport import (
+    LAMPORT_SENTINEL16,
+    lamport_canonical,
+    lamport_fill,
+    lamport_missing,
+    lamport_poll,
+    lamport_reset,
+    lamport_store,
+    lamport_try,
+)
 from .ll import ll8_pack, ll8_poll, ll8_poll_sum_f32, ll8_store, ll8_try, ll8_unpack
 from .memory import assume_multiple, heap_base, heap_ptr, pow2_divisor, translate
 from .numerics import round_to
-from .ordering import clock_ns, fence_sys, ld_acquire, ld_volatile, st_relaxed, st_release
+from .ordering import (
+    clock_ns,
+    fence_sys,
+    ld_acquire,
+    ld_volatile,
+    pdl_launch_dependents,
+    pdl_wait,
+    st_relaxed,
+    st_release,
+)
 from .signals import (
     epoch_commit,
     epoch_next,
@@ -39,10 +61,12 @@ from .signals import (
 )
 
 __all__ = [
-    "DIAG_WORDS", "INTERPRET", "KIND_NAMES", "MAX_WORLD", "already_failed", "assume_multiple", "barrier",
-    "barrier_arrive", "barrier_flag_bytes", "barrier_wait", "check_signatures", "clock_ns", "copy_block",
-    "epoch_commit", "epoch_next", "fence_sys", "get", "heap_base", "heap_ptr", "interpreting", "ld_acquire",
-    "ld_volatile", "ll8_pack", "ll8_poll", "ll8_poll_sum_f32", "ll8_store", "ll8_try", "ll8_unpack", "pow2_divisor",
-    "program_epoch", "put", "record_timeout", "round_to", "signal", "signal_add", "signal_relaxed",
-    "signature_table_bytes", "st_relaxed", "st_release", "translate", "wait", "wait_relaxed",
+    "DIAG_WORDS", "INTERPRET", "KIND_NAMES", "LAMPORT_SENTINEL16", "MAX_WORLD", "already_failed", "assume_multiple",
+    "barrier", "barrier_arrive", "barrier_flag_bytes", "barrier_wait", "check_signatures", "clock_ns", "copy_block",
+    "epoch_commit", "epoch_next", "fence_sys", "get", "heap_base", "heap_ptr", "interpreting", "lamport_canonical",
+    "lamport_fill", "lamport_missing", "lamport_poll", "lamport_reset", "lamport_store", "lamport_try", "ld_acquire",
+    "ld_volatile", "ll8_pack", "ll8_poll", "ll8_poll_sum_f32", "ll8_store", "ll8_try", "ll8_unpack",
+    "pdl_launch_dependents", "pdl_wait", "pow2_divisor", "program_epoch", "put", "record_timeout", "round_to",
+    "signal", "signal_add", "signal_relaxed", "signature_table_bytes", "st_relaxed", "st_release", "translate",
+    "wait", "wait_relaxed",
 ]

@@ -40,7 +40,7 @@ _PROGRAM = tl.constexpr(F.PROGRAM)
 _SPINS = tl.constexpr(F.SPINS)
 
 #: STATUS values (>0) and what they name in error messages.
-KIND_NAMES = {1: "signal wait", 2: "LL packet poll", 3: "cross-rank consistency check"}
+KIND_NAMES = {1: "signal wait", 2: "LL packet poll", 3: "cross-rank consistency check", 4: "Lamport buffer poll"}
 
 
 @triton.jit

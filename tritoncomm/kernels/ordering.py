@@ -20,6 +20,19 @@ Contracts (per lane):
 * ``fence_sys()``: a full acquire-release fence at system scope for this thread.
 * ``clock_ns()``: ``%globaltimer`` on the GPU (nanoseconds). The interpreter has no clock; it
   returns 0 and waits bound themselves by counting spins instead.
+
+Programmatic dependent launch (Hopper; a kernel launched with ``launch_pdl=True`` may start before the
+previous kernel on its stream has ended):
+
+* ``pdl_wait()``: returns once the previous kernel on the stream has completed and its memory
+  operations are visible. A kernel launched with ``launch_pdl=True`` calls it before its first access
+  to memory that an earlier kernel may write (its inputs, its epochs, its buffers); after it, ordering
+  is as between ordinary back-to-back launches.
+* ``pdl_launch_dependents()``: lets the next kernel on the stream, if launched with ``launch_pdl``,
+  start once every program of this one has called it or ended (its ``pdl_wait`` still waits for this
+  kernel to end). Publishes nothing.
+
+Both are no-ops without PDL and in the interpreter.
 """
 
 from __future__ import annotations
@@ -29,7 +42,8 @@ import triton.language as tl
 
 from .backend import INTERPRET
 
-__all__ = ["clock_ns", "fence_sys", "ld_acquire", "ld_volatile", "st_relaxed", "st_release"]
+__all__ = ["clock_ns", "fence_sys", "ld_acquire", "ld_volatile", "pdl_launch_dependents", "pdl_wait", "st_relaxed",
+           "st_release"]
 
 
 @triton.jit
@@ -92,3 +106,23 @@ def clock_ns():
     else:
         return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.uint64,
                                          is_pure=False, pack=1)
+
+
+@triton.jit
+def pdl_wait():
+    """Wait for the previous kernel on the stream to complete (see the module docstring)."""
+    if INTERPRET:
+        pass
+    else:
+        tl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, 0;", "=r", [], dtype=tl.uint32, is_pure=False,
+                                  pack=1)
+
+
+@triton.jit
+def pdl_launch_dependents():
+    """Allow the next PDL kernel on the stream to start early (see the module docstring)."""
+    if INTERPRET:
+        pass
+    else:
+        tl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r", [], dtype=tl.uint32,
+                                  is_pure=False, pack=1)

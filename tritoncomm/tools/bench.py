@@ -24,7 +24,7 @@ from ..collectives import AllGather, AllReduce, ReduceScatter, SelectionTable
 from ..config import CommConfig
 from ..launch import RankContext
 from ..units import format_bytes
-from .peers import symm_mem_ops
+from .peers import FI_HIDDEN, FlashInferAllReduce, VllmCustomAllReduce, fi_shape, symm_mem_ops
 from .report import DTYPES, TOL, all_true, fmt, max_over_ranks
 from .timing import time_per_call_us
 
@@ -64,6 +64,12 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
     if registered:
         rout_all = torch.empty(max_bytes // esize, dtype=dtype, device=ctx.device)
         comm.register(rout_all)
+
+    # the engines' all-reduces, timed beside ours (bf16 only; GPUs only)
+    peers = op == "allreduce" and comm.backend == "cuda" and dtype == torch.bfloat16
+    fi = FlashInferAllReduce(ctx, max(1, max_bytes // esize // FI_HIDDEN)) if peers else None
+    vca = VllmCustomAllReduce(ctx, min(max_bytes, VLLM_CA_MAX_BYTES)) if peers else None
+    peer_out = torch.empty(max_bytes // esize, dtype=dtype, device=ctx.device) if peers else None
 
     rows = []
     for nbytes in sizes:
@@ -145,6 +151,11 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
                 else:
                     times[f"symm_{kind}"] = None
             del sm
+        peer_ok = True
+        if peers:
+            checked = _time_peers(ctx, fi, vca, x, peer_out[:n], ref, TOL[dtype])
+            peer_ok = checked.pop("ok")
+            times.update(checked)
         comm.synchronize()
         t = max_over_ranks(ctx, times)
         mode0 = modes[0]
@@ -164,6 +175,7 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
                if registered else {}),
             "algbw_GBps": algbw, "busbw_GBps": algbw * factor if algbw else None,
             **{f"{k}_us": v for k, v in t.items() if k.endswith("_eager")},
+            **(_peer_columns(t, all_true(ctx, peer_ok)) if peers else {}),
         })
     workspace = coll.workspace_bytes
     if symmetric:
@@ -171,6 +183,9 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
         comm.free(hx_all)
     coll.close()
     comm.close()
+    for p in (fi, vca):
+        if p is not None:
+            p.close()
     if ctx.rank != 0:
         return None
     import triton
@@ -186,10 +201,56 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
                   + ("; reg_us: a regular input and a registered regular output (Communicator.register)"
                      + ("; the direct form (entry barrier, stores into every rank's output)" if op == "allgather"
                         else "") if registered else ""),
+        **({"peers": {"flashinfer": fi.why_not or "timed", "vllm_ca": vca.why_not or "timed"}} if peers else {}),
         "rows": rows,
     }
 
 
+#: vLLM's custom all-reduce is set up for at most this many bytes (its shared buffers: twice that per rank).
+VLLM_CA_MAX_BYTES = 64 << 20
+
+
+def _time_peers(ctx: RankContext, fi: FlashInferAllReduce, vca: VllmCustomAllReduce, x: torch.Tensor,
+                out: torch.Tensor, ref: torch.Tensor, tol: float) -> dict[str, Any]:
+    """Graph-mode times of FlashInfer's TRT-LLM all-reduce (its own choice, one-shot, two-shot) and of
+    vLLM's custom all-reduce on ``x``, each first checked against ``ref``; None where a peer cannot
+    serve this size. ``ok``: every result that ran was right."""
+    times: dict[str, Any] = {"flashinfer_auto": None, "flashinfer_oneshot": None, "flashinfer_twoshot": None,
+                             "vllm_ca": None}
+    ok = True
+
+    def check_and_time(key: str, fn, after_capture=None) -> None:
+        nonlocal ok
+        try:
+            out.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            good = bool(((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item() <= tol)
+        except Exception:  # this peer cannot serve this shape
+            torch.cuda.synchronize()
+            good = None
+        if not all_true(ctx, good is not None):  # the same decision on every rank
+            return
+        ok &= all_true(ctx, good)
+        times[key] = time_per_call_us(fn, ctx.device, ctx.barrier, after_capture=after_capture)
+
+    shape = fi_shape(x.numel())
+    if fi.ws is not None and shape is not None:
+        x2, o2 = x.view(*shape), out.view(*shape)
+        check_and_time("flashinfer_auto", fi.allreduce(x2, o2, None))
+        check_and_time("flashinfer_oneshot", fi.allreduce(x2, o2, True))
+        if shape[0] > 2:  # its two-shot needs more than 2 rows
+            check_and_time("flashinfer_twoshot", fi.allreduce(x2, o2, False))
+    if vca.fa is not None and x.numel() * x.element_size() <= vca.max_bytes:
+        check_and_time("vllm_ca", vca.allreduce(x, out), vca.register_graph)
+    return {**times, "ok": ok}
+
+
+def _peer_columns(t: dict[str, float | None], ok: bool) -> dict[str, Any]:
+    fis = [t[k] for k in ("flashinfer_auto", "flashinfer_oneshot", "flashinfer_twoshot") if t.get(k)]
+    return {"flashinfer_us": min(fis) if fis else None, "flashinfer_auto_us": t.get("flashinfer_auto"),
+            "flashinfer_oneshot_us": t.get("flashinfer_oneshot"), "flashinfer_twoshot_us": t.get("flashinfer_twoshot"),
+            "vllm_ca_us": t.get("vllm_ca"), "peers_correct": ok}
 
 
 def format_bench(rep: dict[str, Any]) -> str:
@@ -200,6 +261,8 @@ def format_bench(rep: dict[str, Any]) -> str:
              f"{'bytes':>6} {'algo':>8} {'ok':>3} {'us':>8} {'algbw':>7} {'busbw':>7} {'nccl_us':>8} {'xNCCL':>6}"
              + (f" {'heap_us':>8} {'symm1_us':>8} {'symm2_us':>8} {'xSYMM':>6}" if ar else "")
              + (f" {'reg_us':>8}" if "tritoncomm_registered_us" in rep["rows"][0] else "")
+             + (f" {'fi_us':>8} {'fi1_us':>8} {'fi2_us':>8} {'vllm_us':>8} {'xPEER':>6}"
+                if "flashinfer_us" in rep["rows"][0] else "")
              + (f" {'eager_us':>8} {'nccl_eg':>8}" if "tritoncomm_eager_us" in rep["rows"][0] else "")]
     speedups: list[float] = []
     reg_speedups: list[float] = []
@@ -219,6 +282,13 @@ def format_bench(rep: dict[str, Any]) -> str:
             line += f" {fmt(r['tritoncomm_registered_us'], '8.1f')}"
             if r["nccl_us"] and r["tritoncomm_registered_us"] and r["bytes"] >= 8192:
                 reg_speedups.append(r["nccl_us"] / r["tritoncomm_registered_us"])
+        if "flashinfer_us" in r:
+            mine = min(v for v in (r["tritoncomm_us"], r.get("tritoncomm_registered_us")) if v)
+            best = min((v for v in (r["flashinfer_us"], r["vllm_ca_us"], r["symm_mem_us"], r["nccl_us"]) if v),
+                       default=None)
+            line += (f" {fmt(r['flashinfer_us'], '8.1f')} {fmt(r['flashinfer_oneshot_us'], '8.1f')} "
+                     f"{fmt(r['flashinfer_twoshot_us'], '8.1f')} {fmt(r['vllm_ca_us'], '8.1f')} "
+                     f"{fmt(best / mine if best and mine else None, '6.2f')}")
         if "tritoncomm_eager_us" in r:
             line += f" {fmt(r['tritoncomm_eager_us'], '8.1f')} {fmt(r.get('nccl_eager_us'), '8.1f')}"
         lines.append(line)
@@ -245,8 +315,9 @@ def plot_bench(reports: list[dict[str, Any]], path: str) -> None:
         xs = [r["bytes"] for r in rep["rows"]]
         series = [("tritoncomm", "tritoncomm_us"), ("NCCL", "nccl_us")]
         if rep["op"] == "allreduce":
-            series += [("tritoncomm, symmetric tensors", "tritoncomm_heap_us"),
-                       ("symm_mem one-shot", "symm_one_shot_us"), ("symm_mem two-shot", "symm_two_shot_us")]
+            series += [("tritoncomm, registered output", "tritoncomm_registered_us"),
+                       ("symm_mem one-shot", "symm_one_shot_us"), ("symm_mem two-shot", "symm_two_shot_us"),
+                       ("FlashInfer TRT-LLM (best mode)", "flashinfer_us"), ("vLLM custom AR", "vllm_ca_us")]
         for label, key in series:
             pts = [(x, r[key]) for x, r in zip(xs, rep["rows"], strict=True) if r.get(key)]
             if pts:

@@ -31,6 +31,7 @@ from ..channels import Communicator
 from ..collectives import AllReduce, FusedAllReduceAddRMSNorm, GemmAllReduce, GemmConfig
 from ..config import CommConfig
 from ..launch import RankContext
+from .peers import FlashInferAllReduce, FlashInferReducer, flashinfer_missing
 from .report import all_true, max_over_ranks, same_on_all_ranks
 from .timing import time_per_call_us
 
@@ -69,6 +70,8 @@ def _norm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
                                      algos=("ll", "oneshot", "twoshot", "ll_twoshot"))
     whole_rows = FusedAllReduceAddRMSNorm(comm, max_tokens=max(sh["tokens"]), max_hidden=h, name="bench.norm1",
                                           max_chunks=1)
+    fi = FlashInferAllReduce(ctx, max(sh["tokens"]), h) if ctx.backend == "cuda" else None
+    scale = torch.full((1,), 0.05, dtype=torch.float32, device=dev)  # a static FP8 scale, as vLLM passes it
     rows = []
     for t in sh["tokens"]:
         g = torch.Generator(device=dev).manual_seed(t + 17 * ctx.rank)
@@ -99,12 +102,24 @@ def _norm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
             res_b.add_(xb)
             F.rms_norm(res_b, (h,), w, 1e-6)
         t_base = timer(base)
-        v = max_over_ranks(ctx, {"f": t_fused, "b": t_bare, "n": t_base, **variants})
+        peer: dict[str, float | None] = {"fi": None, "fi_fp8": None}
+        out8 = torch.empty(t, h, dtype=torch.float8_e4m3fn, device=dev)
+        peer["f8"] = timer(lambda: fused(x, res, w, out=out8, fp8_scale=scale))
+        if fi is not None and fi.ws is not None:  # FlashInfer's fused op, as vLLM's fusion pass calls it
+            r_in, r_out, norm = res0.clone(), torch.empty_like(x), torch.empty_like(x)
+            fi.add_rms_norm(x, r_in, r_out, norm, w, 1e-6)()
+            ok = ok and bool(torch.allclose(norm.float(), yb.float(), rtol=3e-2, atol=3e-2))
+            peer["fi"] = timer(fi.add_rms_norm(x, r_in, r_out, norm, w, 1e-6))
+            peer["fi_fp8"] = timer(fi.add_rms_norm(x, r_in, r_out, norm, w, 1e-6, fp8=(out8, scale)))
+        v = max_over_ranks(ctx, {"f": t_fused, "b": t_bare, "n": t_base, **variants, **peer})
         rows.append({"op": "allreduce_add_rmsnorm", "shape": [t, h], "dtype": "bf16", "variant": fused.select(t, h),
                      "tritoncomm_us": v["f"], "baseline_us": v["n"],
                      "baseline": "NCCL all_reduce + torch add + F.rms_norm", "bare_allreduce_us": v["b"],
                      "ratio_to_bare": v["f"] / v["b"], "speedup": v["n"] / v["f"], "correct": all_true(ctx, ok),
+                     "tritoncomm_fp8_us": v["f8"], "flashinfer_us": v["fi"], "flashinfer_fp8_us": v["fi_fp8"],
                      **{f"{a}_us": v[a] for a in variants}})
+    if fi is not None:
+        fi.close()
     whole_rows.close()
     fused.close()
     ar.close()
@@ -229,6 +244,8 @@ def _decoder_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer)
     dev, h, w = ctx.device, sh["hidden"], ctx.world
     reducers = {"tritoncomm": TritonCommReducer(comm, max_tokens=sh["prefill"], hidden=h),
                 "nccl": TorchReducer(ctx.group)}
+    if ctx.backend == "cuda" and flashinfer_missing() is None:  # what an engine with FlashInfer runs
+        reducers["flashinfer"] = FlashInferReducer(ctx, sh["prefill"], h)
     models = {}
     for name, red in reducers.items():
         layers = []
@@ -274,8 +291,12 @@ def _decoder_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer)
                      "baseline_us": v["nccl"], "baseline": "NCCL (torch.distributed) + torch add/RMSNorm",
                      "tritoncomm_tok_s": tokens / (v["tritoncomm"] * 1e-6),
                      "baseline_tok_s": tokens / (v["nccl"] * 1e-6),
-                     "speedup": v["nccl"] / v["tritoncomm"], "correct": all_true(ctx, ok)})
-    reducers["tritoncomm"].close()
+                     "speedup": v["nccl"] / v["tritoncomm"], "correct": all_true(ctx, ok),
+                     "flashinfer_us": v.get("flashinfer"),
+                     "speedup_vs_flashinfer": v["flashinfer"] / v["tritoncomm"] if v.get("flashinfer") else None})
+    for red in reducers.values():
+        if hasattr(red, "close"):
+            red.close()
     return rows
 
 

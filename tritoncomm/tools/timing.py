@@ -19,9 +19,12 @@ __all__ = ["time_per_call_us"]
 
 
 def time_per_call_us(fn: Callable[[], object], device: torch.device, barrier: Callable[[], None], *,
-                     calls: int = 32, replays: int = 20, warmup: int = 3, mode: str = "graph") -> float:
+                     calls: int = 32, replays: int = 20, warmup: int = 3, mode: str = "graph",
+                     after_capture: Callable[[], None] | None = None) -> float:
     """Median microseconds per call of ``fn`` on this rank (see module docstring). ``mode="eager"``
-    times ``calls`` plain launches back to back between two events instead of a graph replay."""
+    times ``calls`` plain launches back to back between two events instead of a graph replay.
+    ``after_capture`` (collective, graph mode) runs between the capture and the first replay: what a
+    baseline needs there, e.g. vLLM's registration of the graph's buffers."""
     if device.type == "cuda" and mode == "eager":
         for _ in range(warmup):
             fn()
@@ -50,6 +53,8 @@ def time_per_call_us(fn: Callable[[], object], device: torch.device, barrier: Ca
         with torch.cuda.graph(graph):
             for _ in range(calls):
                 fn()
+        if after_capture is not None:
+            after_capture()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         samples = []
         for _ in range(replays):

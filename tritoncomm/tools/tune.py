@@ -53,7 +53,8 @@ def tune_rank(ctx: RankContext, ops: list[str], sizes: list[int], dtype_name: st
     for s in sizes:
         for c in candidates("allreduce", s, "cuda" if ctx.backend == "cuda" else "cpu"):
             caps[c.algo] = max(caps.get(c.algo, 0), s)
-    need = 2 * sum(caps.values()) + 8 * w * (1 << 20) if "allreduce" in ops else 0
+    # every algorithm sized for the largest size it is tried at: up to 4 x W x that (LL, Lamport one-shot)
+    need = sum(4 * w * c for c in caps.values()) if "allreduce" in ops else 0
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=max(need, 3 * max_bytes) + (64 << 20),
                                                          timeout_s=60))
     all_cands = {op: sorted({c for s in sizes for c in candidates(op, s, comm.backend)},

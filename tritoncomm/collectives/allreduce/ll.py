@@ -150,6 +150,8 @@ class LL(AllReduceAlgorithm):
     """Launcher of ``ll_allreduce_kernel``. Workspace: 2 (parities) x W slots of LL8 packets, each
     slot the largest message as 32-bit words: 4 x W x the capacity."""
 
+    barriers = False
+
     name = "ll"
     shapes = MappingProxyType({"cuda": (16, 1024, 4), "cpu": (2, 1024, 1)})
     #: LL packets double the bytes on the wire; past this size LL never pays.

@@ -232,6 +232,8 @@ class LLTwoShot(AllReduceAlgorithm):
     """Launcher of ``ll_twoshot_allreduce_kernel``. Workspace: ``rs`` and ``ag``, each 2 (parities) x
     W slots of a shard's LL8 packets, plus the tokens: about 8 x the capacity."""
 
+    barriers = False
+
     name = "ll_twoshot"
     shapes = MappingProxyType({"cuda": (32, 1024, 4), "cpu": (2, 512, 1)})
     #: It moves half the LL one-shot's bytes at TP4 (a quarter at TP8), so it serves up to this size.

@@ -19,22 +19,26 @@ from ..allreduce import ALGORITHMS as ALLREDUCE_ALGORITHMS
 from ..base import CollectiveBase
 from ..selection import SelectionTable
 from ..validation import DTYPE_NAMES, check_input, overlap
+from .lamport import FusedLamport
 from .ll import FusedLL
 from .ll_twoshot import FusedLLTwoShot
 from .oneshot import FusedOneShot
 from .rows import MAX_CHUNKS, RowPlan
 from .twoshot import FusedTwoShot
 
-__all__ = ["FUSED_ALGORITHMS", "MAX_HIDDEN", "MEASURED_SELECTION", "FusedAllReduceAddRMSNorm", "RowPlan"]
+__all__ = ["FUSED_ALGORITHMS", "MAX_HIDDEN", "MEASURED_SELECTION", "ROUNDINGS", "FusedAllReduceAddRMSNorm", "RowPlan"]
 
 #: Largest hidden size served.
 MAX_HIDDEN = 16384
+#: Where the fused op rounds (``FusedAllReduceAddRMSNorm``'s ``rounding``).
+ROUNDINGS = ("fused", "engine")
 #: The variants, by name, in registry order (debug codes, and the order in which a variant is
 #: looked for when the selected one cannot serve a size).
-FUSED_ALGORITHMS = MappingProxyType({cls.name: cls for cls in (FusedLL, FusedOneShot, FusedTwoShot, FusedLLTwoShot)})
+FUSED_ALGORITHMS = MappingProxyType({cls.name: cls for cls in (FusedLL, FusedOneShot, FusedTwoShot, FusedLLTwoShot,
+                                                               FusedLamport)})
 #: The fused variant that serves where the all-reduce table names an all-reduce algorithm.
 _FROM_TABLE = MappingProxyType({"ll": "ll", "ll_twoshot": "ll_twoshot", "oneshot": "oneshot", "twoshot": "twoshot",
-                                "pipelined": "twoshot"})
+                                "pipelined": "twoshot", "lamport": "lamport", "lamport_twoshot": "twoshot"})
 
 #: Variant by bytes (``tokens x hidden x 2``), per world size, measured on H200 (hidden 8192, every
 #: variant timed in one run; ``benchmarks/results/fused-h200-tp{2,4}.json``, ``docs/algorithms.md``):
@@ -61,6 +65,12 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
             the selection uses, each sized for what it serves).
         programs: the (fixed) grid of every variant (the LL variant's is at most 32).
         max_chunks: cut rows into at most this many chunks (GPUs; default 16, see ``RowPlan.chunks``).
+        rounding: ``"fused"`` (default): the sum over ranks, the residual add and the norm in fp32, each
+            output rounded once. ``"engine"``: the rounding points of the unfused path an engine runs
+            (an all-reduce, then an add, then RMSNorm, then a static FP8 quantisation): the sum is
+            rounded to the dtype before the residual is added, and FP8 is quantised from the norm's
+            output rounded to the dtype, so that turning fusion on changes no output bit
+            (``docs/algorithms.md``).
 
     Inputs are bf16 or fp16, contiguous, ``(tokens, hidden)``; ``residual`` must be equal on every
     rank (as in a tensor-parallel model). Every rank gets the same bits. Collective to create and
@@ -73,15 +83,18 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
 
     def __init__(self, comm: Communicator, max_tokens: int, max_hidden: int, *, eps: float = 1e-6,
                  table: SelectionTable | None = None, algos: tuple[str, ...] | None = None,
-                 programs: int | None = None, max_chunks: int | None = None,
+                 programs: int | None = None, max_chunks: int | None = None, rounding: str = "fused",
                  name: str = "fused_add_rmsnorm") -> None:
         if not 0 < max_hidden <= MAX_HIDDEN:
             raise InvalidInputError(f"max_hidden must be in 1..{MAX_HIDDEN}, got {max_hidden}")
         if max_tokens <= 0:
             raise InvalidInputError(f"max_tokens must be positive, got {max_tokens}")
+        if rounding not in ROUNDINGS:
+            raise InvalidInputError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
         self._check_names(algos)
         super().__init__(comm, table=table, fallback_group=None, name=name)
         self.max_tokens, self.max_hidden, self.eps = max_tokens, max_hidden, eps
+        self.rounding = rounding
         self.max_bytes = max_tokens * max_hidden * 2
         cuda = comm.backend == "cuda"
         p = programs or (64 if cuda else 2)
@@ -148,7 +161,7 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
         self._debug_check(x.dtype, x.numel(), algo)
         scale = fp8_scale if fp8_scale is not None else weight  # any pointer when unused; no copy
         self._algos[algo].launch(x, residual, residual_out, weight, out, scale, gemma=gemma,
-                                 fp8=fp8_scale is not None, eps=self.eps)
+                                 fp8=fp8_scale is not None, eps=self.eps, engine=self.rounding == "engine")
         return out
 
     def _check(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, fp8_scale: torch.Tensor | None,

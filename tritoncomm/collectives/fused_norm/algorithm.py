@@ -34,7 +34,10 @@ class FusedAlgorithm(Algorithm):
         return round_up(self.plan.max_tokens * self.plan.max_chunks * 8, 256)
 
     def launch(self, x: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor,
-               out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float) -> None:
+               out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float,
+               engine: bool = False) -> None:
+        """Run the variant; ``engine``: the unfused path's rounding points (``fused_norm.rows``:
+        ``add_residual``, ``norm_values``)."""
         raise NotImplementedError
 
     def _args(self, x: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor,
@@ -44,9 +47,9 @@ class FusedAlgorithm(Algorithm):
         t, h = x.shape
         return (x, residual, residual_out, weight, out, scale, t, h, cw, eps, bases, rank, timeout, diag)
 
-    def _meta(self, chunks: int, block: int, tile: int, gemma: bool, fp8: bool) -> dict:
+    def _meta(self, chunks: int, block: int, tile: int, gemma: bool, fp8: bool, engine: bool) -> dict:
         """The constexprs every variant's kernel takes; ``tile``: its largest access, in elements."""
-        return {"WORLD": self.world, "CH": chunks, "BLOCK_C": block, "GEMMA": gemma, "FP8": fp8,
+        return {"WORLD": self.world, "CH": chunks, "BLOCK_C": block, "GEMMA": gemma, "FP8": fp8, "ENGINE": engine,
                 "num_warps": 8 if tile >= 4096 else 4}
 
     @staticmethod

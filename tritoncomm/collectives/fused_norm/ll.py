@@ -38,7 +38,7 @@ def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr,
                                     bases, rank, timeout, diag_addr, epochs_off, buf_off, slot_words, xch_off,
                                     row_words, cww,
                                     WORLD: tl.constexpr, CH: tl.constexpr, BLOCK_C: tl.constexpr,
-                                    GEMMA: tl.constexpr, FP8: tl.constexpr):
+                                    GEMMA: tl.constexpr, FP8: tl.constexpr, ENGINE: tl.constexpr = False):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
@@ -66,9 +66,9 @@ def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr,
         own = load_words(x_ptr + row * H + c * CW, tl.minimum(CW, H - c * CW), 0, BW)
         acc = ll_sum_ranks(own, row * row_words + c * cww + wds, wmask, bases, rank, buf_off, parity, slot_words, e,
                            row, timeout, diag, WORLD, BW, DTYPE)
-        resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask)
+        resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask, ENGINE)
         rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
-        store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8)
+        store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8, ENGINE)
     epoch_commit(epoch_ptr, e)
 
 
@@ -85,7 +85,8 @@ class FusedLL(FusedAlgorithm):
         return Workspace(buffer_bytes=self.xch_rel + self.exchange_bytes)
 
     def launch(self, x: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor,
-               out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float) -> None:
+               out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float,
+               engine: bool = False) -> None:
         t, h = x.shape
         ch, cw = self.plan.chunks(t, h, self.grid)
         block = self._block(cw)
@@ -93,4 +94,4 @@ class FusedLL(FusedAlgorithm):
         ll_allreduce_add_rmsnorm_kernel[(self.grid,)](
             *self._args(x, residual, residual_out, weight, out, scale, cw, eps), c.epochs_off, c.buffer_off,
             self.slot_words, c.buffer_off + self.xch_rel, (h + 1) // 2, cw // 2,
-            **self._meta(ch, block, block, gemma, fp8))
+            **self._meta(ch, block, block, gemma, fp8, engine))

@@ -35,7 +35,7 @@ from ..allreduce.ll import LL_TRIES, ll_sum_ranks, load_words
 from ..allreduce.ll_twoshot import LLTwoShot, ll_wait_rows, to_words, token_check, token_send, words_to
 from ..base import Workspace
 from .algorithm import FusedAlgorithm
-from .rows import LL2_MAX_CHUNKS, add_residual, load_chunk
+from .rows import LL2_MAX_CHUNKS, add_residual, load_chunk, norm_values
 
 __all__ = ["FusedLLTwoShot", "ll_twoshot_allreduce_add_rmsnorm_kernel"]
 
@@ -63,7 +63,8 @@ def ll_twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, 
                                             bases, rank, timeout, diag_addr, epochs_off, rs_off, ag_off, tok_off,
                                             slot_words, xch_off, row_words, cww, WORLD: tl.constexpr,
                                             NQ: tl.constexpr, BLOCK_C: tl.constexpr, GEMMA: tl.constexpr,
-                                            FP8: tl.constexpr, TRIES: tl.constexpr = LL_TRIES):
+                                            FP8: tl.constexpr, TRIES: tl.constexpr = LL_TRIES,
+                                            ENGINE: tl.constexpr = False):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
@@ -100,7 +101,7 @@ def ll_twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, 
         own = load_words(x_ptr + row * H + c * CW, tl.minimum(CW, H - c * CW), 0, BW)
         acc = ll_sum_ranks(own, g * cww + jw, mwmask, bases, rank, rs_off, parity, slot_words, e, g, timeout, diag,
                            WORLD, BW, DTYPE)
-        mine = add_residual(acc, res, res_out_ptr, row, H, mcols, mmask)
+        mine = add_residual(acc, res, res_out_ptr, row, H, mcols, mmask, ENGINE)
         words = to_words(mine, BW)
         for p in tl.static_range(WORLD):  # branch-free, as in allreduce.ll_twoshot
             ll8_store(heap_ptr(bases, p, ag_slot, tl.uint64) + g * cww + jw, words, e, mask=mwmask & (p != rank))
@@ -123,15 +124,8 @@ def ll_twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, 
             kk = tl.arange(0, CH2)
             total = ll8_poll_sum_f32(slots + kk, kk < CH, e, rank, row, rank, timeout, diag)
         rstd = 1.0 / tl.sqrt(total / H + eps)
-        wf = w.to(tl.float32)
-        if GEMMA:
-            wf = wf + 1.0
-        y = resid * rstd * wf
-        if FP8:
-            q = tl.minimum(tl.maximum(y / tl.load(scale_ptr), -448.0), 448.0)
-            tl.store(out_ptr + row * H + cols, round_to(q, out_ptr.dtype.element_ty), mask=cmask)
-        else:
-            tl.store(out_ptr + row * H + cols, round_to(y, DTYPE), mask=cmask)
+        y = norm_values(resid.to(DTYPE), rstd, w, GEMMA, FP8, ENGINE, scale_ptr)
+        tl.store(out_ptr + row * H + cols, round_to(y, out_ptr.dtype.element_ty), mask=cmask)
     if pid == 0:  # every peer has started this launch
         token_check(bases, rank, tok_off, parity, e, timeout, diag, WORLD)
     epoch_commit(epoch_ptr, e)
@@ -153,11 +147,12 @@ class FusedLLTwoShot(FusedAlgorithm):
         return Workspace(buffer_bytes=self.xch_rel + round_up(self.rows * max(LL2_MAX_CHUNKS, self.world) * 8, 256))
 
     def launch(self, x: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor,
-               out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float) -> None:
+               out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float,
+               engine: bool = False) -> None:
         t, h = x.shape
         nq, cw = self.plan.ll2_groups(t, h)  # NQ groups of W chunks per row
         block = self._block(cw)
-        meta = self._meta(nq, block, block * triton.next_power_of_2(self.world), gemma, fp8)
+        meta = self._meta(nq, block, block * triton.next_power_of_2(self.world), gemma, fp8, engine)
         meta["NQ"] = meta.pop("CH")
         c = self.channel
         rs = c.buffer_off

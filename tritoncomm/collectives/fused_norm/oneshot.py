@@ -25,7 +25,7 @@ __all__ = ["FusedOneShot", "allreduce_add_rmsnorm_kernel"]
 def allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, scale_ptr, T, H, CW, eps,
                                  bases, rank, timeout, diag_addr, flags_off, epochs_off, buf_off, slot_bytes, xch_off,
                                  WORLD: tl.constexpr, CH: tl.constexpr, BLOCK_C: tl.constexpr, GEMMA: tl.constexpr,
-                                 FP8: tl.constexpr):
+                                 FP8: tl.constexpr, ENGINE: tl.constexpr = False):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
@@ -48,9 +48,9 @@ def allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, sc
         for s in tl.static_range(WORLD):
             acc += tl.load(heap_ptr(bases, s, stage_off, DTYPE) + row * H + cols, mask=cmask,
                            other=0.0).to(tl.float32)
-        resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask)
+        resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask, ENGINE)
         rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
-        store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8)
+        store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8, ENGINE)
     epoch_commit(epoch_ptr, e)
 
 
@@ -66,11 +66,13 @@ class FusedOneShot(FusedAlgorithm):
         return Workspace(barrier_slots=self.grid, buffer_bytes=self.xch_rel + self.exchange_bytes)
 
     def launch(self, x: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor,
-               out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float) -> None:
+               out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float,
+               engine: bool = False) -> None:
         t, h = x.shape
         ch, cw = self.plan.chunks(t, h, self.grid)
         block = self._block(cw)
         c = self.channel
         allreduce_add_rmsnorm_kernel[(self.grid,)](
             *self._args(x, residual, residual_out, weight, out, scale, cw, eps), c.flags_off, c.epochs_off,
-            c.buffer_off, self.stage_bytes, c.buffer_off + self.xch_rel, **self._meta(ch, block, block, gemma, fp8))
+            c.buffer_off, self.stage_bytes, c.buffer_off + self.xch_rel,
+            **self._meta(ch, block, block, gemma, fp8, engine))

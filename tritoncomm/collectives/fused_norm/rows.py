@@ -36,7 +36,7 @@ from ...kernels import heap_ptr, ll8_poll_sum_f32, ll8_store, round_to
 from ...units import cdiv, round_up
 
 __all__ = ["LL2_MAX_CHUNKS", "MAX_CHUNKS", "RowPlan", "add_residual", "block_cols", "chunk_cols", "load_chunk",
-           "row_rstd", "row_rstd_from_partial", "store_norm", "work_item"]
+           "norm_values", "row_rstd", "row_rstd_from_partial", "store_norm", "work_item"]
 
 #: Most chunks a row is cut into (GPUs only; a power of two that divides every variant's grid).
 MAX_CHUNKS = 16
@@ -130,11 +130,14 @@ def load_chunk(ptr, row, H, cols, cmask):
 
 
 @triton.jit
-def add_residual(acc, res, res_out_ptr, row, H, cols, cmask):
+def add_residual(acc, res, res_out_ptr, row, H, cols, cmask, ENGINE: tl.constexpr = False):
     """``acc`` is the fp32 sum over ranks of these columns of ``row`` and ``res`` the residual's
     (``load_chunk``, loaded before the wait): add in fp32, round once, store the new residual to
     ``res_out_ptr`` (which may be the residual or the input: only these columns are touched, after
-    they were read). Returns it."""
+    they were read). Returns it. ``ENGINE``: round the sum to the residual's dtype first, as an
+    all-reduce followed by a separate add does."""
+    if ENGINE:
+        acc = round_to(acc, res.dtype).to(tl.float32)
     resid = round_to(acc + res.to(tl.float32), res.dtype)
     tl.store(res_out_ptr + row * H + cols, resid, mask=cmask)
     return resid
@@ -173,16 +176,26 @@ def row_rstd_from_partial(part, row, c, H, eps, bases, rank, xch_off, e, timeout
 
 
 @triton.jit
-def store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA: tl.constexpr,
-               FP8: tl.constexpr):
-    """``out[row, cols] = resid * rstd * w`` (``1 + w`` with Gemma), or its FP8 quantisation
-    ``clamp(y / scale, -448, 448)``; ``w`` is the weight's chunk (``load_chunk``)."""
+def norm_values(resid, rstd, w, GEMMA: tl.constexpr, FP8: tl.constexpr, ENGINE: tl.constexpr, scale_ptr):
+    """The normalised values ``resid * rstd * w`` (``1 + w`` with Gemma) in fp32, or with ``FP8`` their
+    quantisation ``clamp(y / scale, -448, 448)`` (still fp32, to be rounded to e4m3). ``ENGINE``: the
+    FP8 value is quantised from ``y`` rounded to the residual's dtype, as a separate quantisation of
+    the norm's output does."""
     w = w.to(tl.float32)
     if GEMMA:
         w = w + 1.0
     y = resid.to(tl.float32) * rstd * w
     if FP8:
-        q = tl.minimum(tl.maximum(y / tl.load(scale_ptr), -448.0), 448.0)
-        tl.store(out_ptr + row * H + cols, round_to(q, out_ptr.dtype.element_ty), mask=cmask)
-    else:
-        tl.store(out_ptr + row * H + cols, round_to(y, resid.dtype), mask=cmask)
+        if ENGINE:
+            y = round_to(y, resid.dtype).to(tl.float32)
+        y = tl.minimum(tl.maximum(y / tl.load(scale_ptr), -448.0), 448.0)
+    return y
+
+
+@triton.jit
+def store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA: tl.constexpr,
+               FP8: tl.constexpr, ENGINE: tl.constexpr = False):
+    """``out[row, cols] =`` ``norm_values``, rounded to ``out``'s dtype; ``w`` is the weight's chunk
+    (``load_chunk``)."""
+    y = norm_values(resid, rstd, w, GEMMA, FP8, ENGINE, scale_ptr)
+    tl.store(out_ptr + row * H + cols, round_to(y, out_ptr.dtype.element_ty), mask=cmask)

@@ -55,7 +55,7 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
                                          bases, rank, timeout, diag_addr, flags_off, epochs_off, rs_off, ag_off,
                                          rstd_off, slot_bytes, rstd_slot, xch_off, WORLD: tl.constexpr,
                                          CH: tl.constexpr, BLOCK_C: tl.constexpr, GEMMA: tl.constexpr,
-                                         FP8: tl.constexpr):
+                                         FP8: tl.constexpr, ENGINE: tl.constexpr = False):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
@@ -93,7 +93,7 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
                     else:
                         src_s = heap_ptr(bases, rank, rs_off + s * slot_bytes, DTYPE) + r * H
                         acc += tl.load(src_s + cols, mask=cmask, other=0.0).to(tl.float32)
-                resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask)
+                resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask, ENGINE)
                 for s in tl.static_range(WORLD):
                     if s != rank:
                         tl.store(heap_ptr(bases, s, ag_off + rank * slot_bytes, DTYPE) + r * H + cols, resid,
@@ -110,7 +110,7 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
                 cols, cmask = block_cols(c, b, H, CW, BLOCK_C)
                 resid = load_chunk(res_out_ptr, row, H, cols, cmask)
                 w = load_chunk(w_ptr, 0, 0, cols, cmask)
-                store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8)
+                store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8, ENGINE)
     barrier(bases, rank, WORLD, flags_off, pid + nprog, e, timeout, diag)
     for i in range(0, iters):  # 3. the other shards' rows: take the new residual and rstd, normalise (2-D)
         r, c = work_item(pid, i, nprog, CH)
@@ -125,7 +125,7 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
             resid = tl.load(ag[:, None] + cols[None, :], mask=m)
             tl.store(res_out_ptr + rows[:, None] * H + cols[None, :], resid, mask=m)
             store_norm(resid, rstd[:, None], rows[:, None], H, cols[None, :], m, w[None, :], out_ptr, scale_ptr,
-                       GEMMA, FP8)
+                       GEMMA, FP8, ENGINE)
     epoch_commit(epoch_ptr, e)
 
 
@@ -144,7 +144,8 @@ class FusedTwoShot(FusedAlgorithm):
         return Workspace(barrier_slots=2 * self.grid, buffer_bytes=self.xch_rel + self.exchange_bytes)
 
     def launch(self, x: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor,
-               out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float) -> None:
+               out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float,
+               engine: bool = False) -> None:
         t, h = x.shape
         ch, cw = self.plan.chunks(cdiv(t, self.world), h, self.grid)  # a shard's rows
         block = min(self._block(cw), TWOSHOT_MAX_COLS if self.plan.cuda else TWOSHOT_MAX_COLS_CPU)
@@ -154,4 +155,4 @@ class FusedTwoShot(FusedAlgorithm):
         twoshot_allreduce_add_rmsnorm_kernel[(self.grid,)](
             *self._args(x, residual, residual_out, weight, out, scale, cw, eps), c.flags_off, c.epochs_off, rs, ag,
             ag + self.world * self.shard_bytes, self.shard_bytes, self.rstd_slot, c.buffer_off + self.xch_rel,
-            **self._meta(ch, block, block * triton.next_power_of_2(self.world), gemma, fp8))
+            **self._meta(ch, block, block * triton.next_power_of_2(self.world), gemma, fp8, engine))

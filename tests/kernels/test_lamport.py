@@ -1,0 +1,177 @@
+"""Lamport buffers across ranks: the sentinel is never confused with data (-0.0, NaN, subnormals,
+the fp32 sentinel's own subnormal), buffers come back to rest after every use, and two buffers in
+rotation survive many launches, dtype changes and (on GPUs) graph replays."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from tritoncomm.channels import Channel
+from tritoncomm.kernels import (
+    LAMPORT_SENTINEL16,
+    epoch_commit,
+    heap_ptr,
+    lamport_fill,
+    lamport_poll,
+    lamport_reset,
+    lamport_store,
+    lamport_try,
+    program_epoch,
+)
+
+from ..conftest import BACKEND
+from ..helpers import make_comm, warm_up_for_capture, world_sizes
+
+
+@triton.jit(do_not_specialize=["rank"])
+def _ring_kernel(src, out, n, bases, rank, world, timeout, diag_addr, epochs_off, buf_off, slot_bytes,
+                 BLOCK: tl.constexpr):
+    """Rank r stores ``src`` into slot [parity] of rank r+1's buffer; polls its own slot (from r-1),
+    copies what it read to ``out`` and resets the slot."""
+    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    epoch_ptr, e = program_epoch(bases, rank, epochs_off)
+    parity = (e & 1).to(tl.int64)
+    DT: tl.constexpr = src.dtype.element_ty
+    nxt = (rank + 1) % world
+    prv = (rank + world - 1) % world
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        m = offs < n
+        lamport_store(heap_ptr(bases, nxt, buf_off + parity * slot_bytes, DT) + offs, tl.load(src + offs, mask=m), m)
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        m = offs < n
+        mine = heap_ptr(bases, rank, buf_off + parity * slot_bytes, DT) + offs
+        v = lamport_poll(mine, m, prv, start, rank, timeout, diag)
+        tl.store(out + offs, v, mask=m)
+        lamport_reset(mine, m)
+    epoch_commit(epoch_ptr, e)
+
+
+@triton.jit
+def _try_kernel(out_missing, n, bases, rank, buf_off, BLOCK: tl.constexpr):
+    """One look at my slot 0 without waiting: how many elements are still at the sentinel."""
+    offs = tl.arange(0, BLOCK)
+    _, miss = lamport_try(heap_ptr(bases, rank, buf_off, tl.bfloat16) + offs, offs < n)
+    tl.store(out_missing, tl.sum(miss, axis=0))
+
+
+def _canonical(t: torch.Tensor) -> torch.Tensor:
+    """What a Lamport buffer delivers for ``t``: -0.0 as +0.0 (16-bit), the sentinel subnormal as -0.0 (fp32)."""
+    if t.element_size() == 2:
+        bits = t.view(torch.int16)
+        return torch.where(bits == LAMPORT_SENTINEL16 - (1 << 16), torch.zeros_like(bits), bits).view(t.dtype)
+    bits = t.view(torch.int32)
+    return torch.where(bits == 0x80008000 - (1 << 32), torch.full_like(bits, -(1 << 31)), bits).view(t.dtype)
+
+
+def _awkward(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Random values with -0.0, +0.0, NaN, infinities, subnormals and (fp32) the sentinel's subnormal."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    tiny = torch.finfo(dtype).tiny
+    specials = torch.tensor([-0.0, 0.0, float("nan"), float("inf"), float("-inf"), tiny / 4, -tiny / 4, -tiny],
+                            dtype=dtype)
+    if dtype == torch.float32:
+        specials = torch.cat([specials, torch.tensor([-(1 << 31) + 0x8000], dtype=torch.int32).view(torch.float32)])
+    k = min(n, specials.numel())
+    x[:k] = specials[:k]
+    if n > 2 * k:
+        x[n // 2:n // 2 + k] = specials[:k]
+    return x
+
+
+def _job_ring(ctx, launches, sizes, graph):
+    comm = make_comm(ctx)
+    slot = 1 << 16
+    ch = Channel(comm, "t.lamport", programs=1, buffer_bytes=2 * slot)
+    lamport_fill(comm.heap.view(ch.buffer))
+    if ctx.backend == "cuda":
+        torch.cuda.synchronize()
+    comm.bootstrap.barrier()
+    bases, rank, world, timeout, diag = comm.kernel_args()
+    dtypes = [torch.bfloat16, torch.float32, torch.float16]
+    bad, at_rest = [], True
+    prv = (ctx.rank + ctx.world - 1) % ctx.world
+    for i in range(launches):
+        dtype = dtypes[i % 3]
+        n = sizes[i % len(sizes)]
+        src = _awkward(n, dtype, 1000 * i + ctx.rank).to(ctx.device)
+        want = _canonical(_awkward(n, dtype, 1000 * i + prv))
+        out = torch.full_like(src, 7.0)
+        _ring_kernel[(1,)](src, out, n, bases, rank, world, timeout, diag, ch.epochs_off, ch.buffer_off, slot,
+                           BLOCK=256)
+        comm.synchronize()
+        if not torch.equal(out.cpu().view(torch.uint8), want.view(torch.uint8)):
+            bad.append((i, str(dtype), n))
+        # my launch is over, so every element written into my buffer was read and reset: at rest (checked
+        # before the barrier, after which a fast peer's next launch may write again)
+        at_rest &= bool((comm.heap.view(ch.buffer).view(torch.int16) == LAMPORT_SENTINEL16 - (1 << 16)).all())
+        comm.bootstrap.barrier()
+    replayed = None
+    if graph:  # captured once, replayed with fresh data in the same tensors
+        n = sizes[0]
+        src = torch.empty(n, dtype=torch.bfloat16, device=ctx.device)
+        out = torch.empty_like(src)
+        launch = lambda: _ring_kernel[(1,)](src, out, n, bases, rank, world, timeout, diag,  # noqa: E731
+                                            ch.epochs_off, ch.buffer_off, slot, BLOCK=256)
+        src.copy_(_awkward(n, torch.bfloat16, ctx.rank))
+        warm_up_for_capture(launch)
+        comm.bootstrap.barrier()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            launch()
+        replayed = []
+        for r in range(20):
+            src.copy_(_awkward(n, torch.bfloat16, 77 * r + ctx.rank))
+            torch.cuda.synchronize()
+            comm.bootstrap.barrier()
+            g.replay()
+            comm.synchronize()
+            want = _canonical(_awkward(n, torch.bfloat16, 77 * r + prv))
+            diff = (out.cpu().view(torch.int16) != want.view(torch.int16)).nonzero().flatten()
+            replayed.append((r, diff.numel(), diff[:4].tolist(), out.cpu()[diff[:4]].tolist(), want[diff[:4]].tolist()))
+    ch.close()
+    comm.close()
+    return bad, at_rest, replayed
+
+
+def _job_try(ctx, n):
+    comm = make_comm(ctx)
+    ch = Channel(comm, "t.lamport.try", programs=1, buffer_bytes=1 << 12)
+    lamport_fill(comm.heap.view(ch.buffer))
+    bases, rank, _, _, _ = comm.kernel_args()
+    got = torch.zeros(1, dtype=torch.int32, device=ctx.device)
+    _try_kernel[(1,)](got, n, bases, rank, ch.buffer_off, BLOCK=1024)
+    comm.synchronize()
+    before = int(got.item())
+    comm.heap.view(ch.buffer).view(torch.bfloat16)[: n // 2] = -0.5  # half the elements written
+    _try_kernel[(1,)](got, n, bases, rank, ch.buffer_off, BLOCK=1024)
+    comm.synchronize()
+    after = int(got.item())
+    ch.close()
+    comm.close()
+    return before, after
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3))
+def test_sentinel_is_never_confused_with_data_and_buffers_come_back_to_rest(worlds, world):
+    for bad, at_rest, _ in worlds(world).run(_job_ring, 24, [1, 9, 300, 1000], False):
+        assert bad == [], f"wrong values delivered at (launch, dtype, n): {bad}"
+        assert at_rest, "a buffer was not back at rest after a launch"
+
+
+def test_try_counts_missing_elements_without_waiting(worlds):
+    for before, after in worlds(2).run(_job_try, 1000):
+        assert (before, after) == (1000, 500)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", world_sizes(2))
+def test_rotation_survives_graph_replay_with_fresh_data(worlds, world):
+    assert BACKEND == "cuda"
+    for bad, at_rest, replayed in worlds(world).run(_job_ring, 6, [4096, 333], True):
+        assert bad == [] and at_rest
+        assert all(bad_elems == 0 for _, bad_elems, *_ in replayed), replayed

@@ -1,0 +1,357 @@
+"""Lamport one-shot and two-shot all-reduce: the data is its own flag (``kernels.lamport``).
+
+**One-shot** (``lamport_oneshot_kernel``). Every rank stores its input into slot [my rank] of every
+peer's buffer, then polls the W-1 other slots of its own buffer until no element holds the sentinel,
+sums ranks 0..W-1 in that order in fp32 (its own share read from ``x``), writes the result and resets
+what it read. One NVLink trip, full 16-byte stores, no barrier, no flag words.
+
+**Two-shot** (``lamport_twoshot_kernel``). The input is cut into W shards of ``shard`` elements; rank
+``s`` owns shard ``s``. Program ``pid`` handles blocks ``pid, pid + P, ...`` of every shard:
+
+1. store block ``b`` of every other rank's shard into slot [my rank] of that rank's ``rs`` buffer
+   (one 2-D load of the W blocks, then the stores);
+2. poll block ``b`` of my shard from the W-1 other slots of my ``rs`` buffer, sum ranks 0..W-1 in fp32,
+   round once, write it to ``out`` and store it into slot [my rank] of every peer's ``ag`` buffer;
+   reset what was read;
+3. poll block ``b`` of every other shard from my ``ag`` buffer, write it to ``out``, reset.
+
+Every rank's result is the owner's rounded sum, so every rank holds the same bits. Each GPU moves
+``2 (W-1)/W x S`` bytes, in two trips.
+
+**Values.** Every rank's input goes through ``lamport_canonical`` (its own share too) before it is
+summed, and the two-shot's reduced shard before it is written anywhere: -0.0 comes out as +0.0 (and,
+in fp32, the sentinel's subnormal as -0.0). Everything else is summed exactly as the other algorithms
+sum it.
+
+**Buffer reuse.** Buffers alternate by launch parity. A peer can be at most one launch ahead of this
+rank: it finishes launch k only once it has this rank's data of launch k. So while this rank reads and
+resets its parity-k buffers, a fast peer writes only into the other parity; it comes back to these in
+launch k+2, after this rank's launch k+1 has started, i.e. after launch k (every reset included) ended.
+Every element written in a launch is read and reset by its reader in that launch, so between launches
+every buffer is at rest, whatever sizes, dtypes and launch shapes the calls use. The two-shot's
+program 0 also swaps a token with every peer (as ``ll_twoshot`` does): sizes that leave a shard empty
+would otherwise let a rank finish a launch without hearing from every peer.
+
+Layout in every rank's heap: one-shot ``[2][W][slot_bytes]``; two-shot ``rs[2][W][slot_bytes]``,
+``ag[2][W][slot_bytes]`` and the tokens (``ll_twoshot``'s ``[2][W]`` LL8 packets).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import torch
+import triton
+import triton.language as tl
+
+from ...kernels import (
+    assume_multiple,
+    epoch_commit,
+    epoch_next,
+    heap_ptr,
+    lamport_canonical,
+    lamport_fill,
+    lamport_poll,
+    lamport_reset,
+    lamport_store,
+    lamport_try,
+    pdl_launch_dependents,
+    pdl_wait,
+    pow2_divisor,
+    program_epoch,
+    round_to,
+)
+from ...units import cdiv, round_up
+from ..base import PeerOutput, Workspace
+from ..selection import Choice
+from .algorithm import AllReduceAlgorithm
+from .ll_twoshot import token_check, token_send
+
+__all__ = ["LAMPORT_TRIES", "LamportOneShot", "LamportTwoShot", "lamport_oneshot_kernel", "lamport_sum_ranks",
+           "lamport_twoshot_kernel", "lamport_wait_rows"]
+
+#: Rounds of back-to-back looks at every peer's slot before ``lamport_sum_ranks`` falls back to one
+#: bounded poll per peer.
+LAMPORT_TRIES = 4
+
+
+@triton.jit
+def lamport_sum_ranks(own, slots, slot_elems, offs, mask, rank, slot, timeout, diag, WORLD: tl.constexpr,
+                      TRIES: tl.constexpr = LAMPORT_TRIES):
+    """The fp32 sum over ranks 0..W-1, in that order, of one block: this rank's values are ``own``
+    (already canonical), rank ``s``'s are at ``slots + s * slot_elems + offs`` of this rank's buffer.
+    Up to ``TRIES`` rounds each look once at every peer's slot (loads in flight together) and sum; the
+    first round that finds nothing missing is the answer. Only if none does: a bounded poll per peer
+    in rank order (a timeout names the peer and ``slot``), then the sum. The same additions in the same
+    order either way. Resets the peers' slots it read."""
+    acc = tl.zeros(own.shape, dtype=tl.float32)
+    missing = tl.full([], 1, tl.int32)
+    for _t in tl.static_range(TRIES):
+        if missing > 0:
+            acc = tl.zeros(own.shape, dtype=tl.float32)
+            bad = tl.zeros(own.shape, dtype=tl.int32)
+            for s in tl.static_range(WORLD):  # branch-free: my own slot's load is masked off
+                v, m = lamport_try(slots + s * slot_elems + offs, mask & (s != rank))
+                bad += m
+                acc += tl.where(s == rank, own, v).to(tl.float32)
+            missing = tl.sum(bad, axis=0)
+    if missing > 0:
+        acc = tl.zeros(own.shape, dtype=tl.float32)
+        for s in tl.static_range(WORLD):
+            if s == rank:
+                acc += own.to(tl.float32)
+            else:
+                acc += lamport_poll(slots + s * slot_elems + offs, mask, s, slot, rank, timeout, diag).to(tl.float32)
+    for s in tl.static_range(WORLD):
+        lamport_reset(slots + s * slot_elems + offs, mask & (s != rank))
+    return acc
+
+
+@triton.jit
+def lamport_wait_rows(src, mask, rank, slot, timeout, diag, WORLD: tl.constexpr, TRIES: tl.constexpr = LAMPORT_TRIES):
+    """The values of a ``[W2, B]`` tile of Lamport elements whose row ``s`` comes from rank ``s``
+    (where ``mask``): up to ``TRIES`` looks at the whole tile, then, only if elements are still
+    missing, one bounded poll of the tile (a timeout names the lowest late peer and ``slot``). Does
+    not reset."""
+    W2: tl.constexpr = src.shape[0]
+    missing = tl.full([], 1, tl.int32)
+    v = tl.zeros(src.shape, dtype=src.dtype.element_ty)
+    for _t in tl.static_range(TRIES):
+        if missing > 0:
+            v, miss = lamport_try(src, mask)
+            missing = tl.sum(tl.sum(miss, axis=1), axis=0)
+    if missing > 0:  # a bounded poll of the whole tile; a timeout names the lowest late peer
+        v = lamport_poll(src, mask, tl.arange(0, W2)[:, None], slot, rank, timeout, diag)
+    return v
+
+
+@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
+def lamport_oneshot_kernel(x_ptr, out_ptr, n, bases, rank, timeout, diag_addr, epochs_off, buf_off, slot_bytes,
+                           active, WORLD: tl.constexpr, BLOCK: tl.constexpr, NDIV: tl.constexpr = 1,
+                           TRIES: tl.constexpr = LAMPORT_TRIES, EARLY: tl.constexpr = False):
+    """Sum ``n`` elements of ``x_ptr`` over the ranks into ``out_ptr`` (may equal ``x_ptr``); buffers of
+    ``slot_bytes`` (a multiple of 256) per (parity, source). Programs ``>= active`` only keep their
+    epoch in step with the others. A program with one block keeps it in registers between the push
+    and the sum. ``EARLY``: let the next PDL kernel start right away instead of after the pushes."""
+    pid = tl.program_id(0)
+    n = assume_multiple(n, NDIV)
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
+    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    W2: tl.constexpr = triton.next_power_of_2(WORLD)
+    k = tl.arange(0, W2)
+    peer_bases = tl.load(bases + tl.where(k < WORLD, k, rank))  # set once at start-up: safe before the wait
+    my_base = tl.sum(tl.where(k == rank, peer_bases, 0), axis=0)
+    pdl_wait()  # launched with PDL: the previous kernel has ended
+    if EARLY:
+        pdl_launch_dependents()
+    epoch_ptr = (my_base + epochs_off).to(tl.pointer_type(tl.uint32)) + pid  # program_epoch, its base preloaded
+    e = epoch_next(epoch_ptr)
+    parity = (e & 1).to(tl.int64)
+    if pid < active:
+        iters = tl.cdiv(tl.cdiv(n, BLOCK) - pid, active)
+        slot_elems = slot_bytes // ESIZE
+        mine = tl.multiple_of((my_base + buf_off + parity * WORLD * slot_bytes).to(tl.pointer_type(DTYPE)), 16)
+        if iters == 1:  # one block: push it, then sum it from registers
+            offs = pid * BLOCK + tl.arange(0, BLOCK)
+            m = offs < n
+            v = tl.load(x_ptr + offs, mask=m, other=0.0)
+            slot = buf_off + (parity * WORLD + rank) * slot_bytes
+            for p in tl.static_range(WORLD):
+                if p != rank:
+                    base = tl.sum(tl.where(k == p, peer_bases, 0), axis=0)
+                    dst = tl.multiple_of((base + slot).to(tl.pointer_type(DTYPE)), 16)
+                    lamport_store(dst + offs, v, mask=m)
+            pdl_launch_dependents()
+            acc = lamport_sum_ranks(lamport_canonical(v), mine, slot_elems, offs, m, rank, pid, timeout, diag, WORLD,
+                                    TRIES)
+            tl.store(out_ptr + offs, round_to(acc, DTYPE), mask=m)
+        else:
+            for i in range(0, iters):  # 1. my input into slot [rank] of every peer's buffer
+                offs = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
+                m = offs < n
+                v = tl.load(x_ptr + offs, mask=m)
+                for p in tl.static_range(WORLD):
+                    if p != rank:
+                        dst = heap_ptr(bases, p, buf_off + (parity * WORLD + rank) * slot_bytes, DTYPE)
+                        lamport_store(dst + offs, v, mask=m)
+            pdl_launch_dependents()
+            for i in range(0, iters):  # 2. every rank's block from my buffer, summed in rank order
+                b = pid + i * active
+                offs = b * BLOCK + tl.arange(0, BLOCK)
+                m = offs < n
+                own = lamport_canonical(tl.load(x_ptr + offs, mask=m, other=0.0))
+                acc = lamport_sum_ranks(own, mine, slot_elems, offs, m, rank, b, timeout, diag, WORLD, TRIES)
+                tl.store(out_ptr + offs, round_to(acc, DTYPE), mask=m)
+    epoch_commit(epoch_ptr, e)
+
+
+@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
+def lamport_twoshot_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_addr, epochs_off, rs_off, ag_off,
+                           tok_off, slot_bytes, active, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                           NDIV: tl.constexpr = 1, TRIES: tl.constexpr = LAMPORT_TRIES, EARLY: tl.constexpr = False):
+    """Sum ``n`` elements over the ranks into ``out_ptr`` (may equal ``x_ptr``); ``shard`` elements per
+    rank (a multiple of 16, at most ``slot_bytes`` bytes). Programs ``>= active`` only keep their epoch
+    in step. ``EARLY``: as in ``lamport_oneshot_kernel``."""
+    pid = tl.program_id(0)
+    n = assume_multiple(n, NDIV)
+    shard = assume_multiple(shard, 16)
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
+    W2: tl.constexpr = triton.next_power_of_2(WORLD)
+    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    pdl_wait()  # launched with PDL: the previous kernel has ended
+    if EARLY:
+        pdl_launch_dependents()
+    epoch_ptr, e = program_epoch(bases, rank, epochs_off)
+    parity = (e & 1).to(tl.int64)
+    if pid == 0:
+        token_send(bases, rank, tok_off, parity, e, WORLD)
+    if pid < active:
+        iters = tl.cdiv(tl.cdiv(shard, BLOCK) - pid, active)
+        slot_elems = slot_bytes // ESIZE
+        s = tl.arange(0, W2)
+        rows = (s[:, None] < WORLD) & (s[:, None] != rank)
+        to_owner = heap_ptr(bases, tl.where(s < WORLD, s, rank), rs_off + (parity * WORLD + rank) * slot_bytes, DTYPE)
+        for i in range(0, iters):  # 1. every other rank's block, to its owner
+            j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
+            idx = s[:, None] * shard + j[None, :]
+            m = rows & (j[None, :] < shard) & (idx < n)
+            v = tl.load(x_ptr + idx, mask=m)  # every load before the first store
+            lamport_store(to_owner[:, None] + j[None, :], v, mask=m)
+        pdl_launch_dependents()
+        rs_mine = heap_ptr(bases, rank, rs_off + parity * WORLD * slot_bytes, DTYPE)
+        for i in range(0, iters):  # 2. my shard's block: sum, round, write, share
+            b = pid + i * active
+            j = b * BLOCK + tl.arange(0, BLOCK)
+            idx = rank * shard + j
+            m = (j < shard) & (idx < n)
+            own = lamport_canonical(tl.load(x_ptr + idx, mask=m, other=0.0))
+            acc = lamport_sum_ranks(own, rs_mine, slot_elems, j, m, rank, b, timeout, diag, WORLD, TRIES)
+            red = lamport_canonical(round_to(acc, DTYPE))  # what every peer will receive
+            tl.store(out_ptr + idx, red, mask=m)
+            for p in tl.static_range(WORLD):  # branch-free, as in ll_twoshot
+                dst = heap_ptr(bases, p, ag_off + (parity * WORLD + rank) * slot_bytes, DTYPE)
+                lamport_store(dst + j, red, mask=m & (p != rank))
+        ag_mine = heap_ptr(bases, rank, ag_off + parity * WORLD * slot_bytes, DTYPE)
+        for i in range(0, iters):  # 3. the other shards' blocks from my ag buffer
+            b = pid + i * active
+            j = b * BLOCK + tl.arange(0, BLOCK)
+            idx = s[:, None] * shard + j[None, :]
+            m = rows & (j[None, :] < shard) & (idx < n)
+            src = ag_mine + s[:, None] * slot_elems + j[None, :]
+            tl.store(out_ptr + idx, lamport_wait_rows(src, m, rank, b, timeout, diag, WORLD, TRIES), mask=m)
+            lamport_reset(src, m)
+    if pid == 0:  # every peer has started this launch
+        token_check(bases, rank, tok_off, parity, e, timeout, diag, WORLD)
+    epoch_commit(epoch_ptr, e)
+
+
+#: Most programs of a Lamport launch: one-warp programs, one block each, up to this many (all resident
+#: on an H200: 132 SMs x 32 blocks).
+LAMPORT_MAX_PROGRAMS = 2048
+
+
+def _one_block_shapes(algo: str, elems: int) -> list[Choice]:
+    """Launch shapes that give every program one block of ``elems`` (or two), with blocks of one
+    16-byte vector (or a few) per thread: what measured fastest at every size (``docs/algorithms.md``)."""
+    out = set()
+    for block, warps in ((256, 1), (512, 1), (512, 2), (1024, 2), (2048, 4)):
+        need = cdiv(elems, block)
+        for programs in (need, cdiv(need, 2)):
+            out.add(Choice(algo, max(1, min(programs, LAMPORT_MAX_PROGRAMS)), block, warps))
+    return sorted(out, key=lambda c: (c.programs, c.block, c.num_warps))
+
+
+class _Lamport(AllReduceAlgorithm):
+    """What the Lamport launchers share: buffers put at rest once, at set-up; programmatic dependent
+    launch; the kernels' ``TRIES`` and ``EARLY`` (``tries``, ``early``)."""
+
+    barriers = False
+
+    pdl = True
+    tries = LAMPORT_TRIES
+    early = False
+
+    def __init__(self, comm, capacity: int, grid: int, tag: str) -> None:
+        super().__init__(comm, capacity, grid, tag)
+        self.put_at_rest(comm, self.channel, self._rest_bytes())
+
+    def _rest_bytes(self) -> int:
+        raise NotImplementedError
+
+    @staticmethod
+    def put_at_rest(comm, channel, nbytes: int) -> None:
+        """Put the first ``nbytes`` of ``channel``'s buffer at rest. Set-up only: the collective's
+        set-up barrier follows, so no peer stores into them before every rank has."""
+        lamport_fill(comm.heap.view(channel.buffer)[:nbytes])
+        if comm.backend == "cuda":
+            torch.cuda.synchronize(comm.device)
+
+
+class LamportOneShot(_Lamport):
+    """Launcher of ``lamport_oneshot_kernel``. Workspace: 2 (parities) x W slots of the capacity."""
+
+    name = "lamport"
+    shapes = MappingProxyType({"cuda": (16, 512, 1), "cpu": (2, 1024, 1)})
+    #: Each GPU sends ``(W-1) x S``: past a few MB the two-shots move less.
+    limit = 4 << 20
+
+    def layout(self) -> Workspace:
+        self.slot_bytes = round_up(self.capacity, 256)
+        return Workspace(buffer_bytes=2 * self.world * self.slot_bytes)
+
+    def _rest_bytes(self) -> int:
+        return 2 * self.world * self.slot_bytes
+
+    @classmethod
+    def candidates(cls, nbytes: int, backend: str) -> list[Choice]:
+        if backend != "cuda":
+            return [Choice("lamport", 2, 1024, 1)] if nbytes <= 256 << 10 else []
+        if nbytes > cls.limit:
+            return []
+        return _one_block_shapes("lamport", cdiv(nbytes, 2))
+
+    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput) -> None:
+        bases, rank, world, timeout, diag = self.comm.kernel_args()
+        ch = self.channel
+        n = x.numel()
+        lamport_oneshot_kernel[(self.grid,)](
+            x, out, n, bases, rank, timeout, diag, ch.epochs_off, ch.buffer_off, self.slot_bytes, c.programs,
+            WORLD=world, BLOCK=c.block, NDIV=pow2_divisor(n), TRIES=self.tries, EARLY=self.early, num_warps=c.num_warps,
+            **self.launch_opts)
+
+
+class LamportTwoShot(_Lamport):
+    """Launcher of ``lamport_twoshot_kernel``. Workspace: ``rs`` and ``ag``, 2 (parities) x W shard
+    slots each (about 4 x the capacity), and the tokens."""
+
+    name = "lamport_twoshot"
+    shapes = MappingProxyType({"cuda": (64, 512, 1), "cpu": (2, 1024, 1)})
+    limit = 16 << 20
+
+    def layout(self) -> Workspace:
+        self.slot_bytes = round_up(cdiv(self.capacity, self.world) + 64, 256)  # a shard, padded to 16 elements
+        self.half = 2 * self.world * self.slot_bytes
+        return Workspace(buffer_bytes=2 * self.half + 2 * self.world * 8)
+
+    def _rest_bytes(self) -> int:
+        return 2 * self.half  # the tokens are LL8 packets, zero at rest
+
+    @classmethod
+    def candidates(cls, nbytes: int, backend: str) -> list[Choice]:
+        if backend != "cuda":
+            return [Choice("lamport_twoshot", 2, 1024, 1)]
+        if not 128 << 10 <= nbytes <= cls.limit:
+            return []
+        return [c for w in (2, 4, 8) for c in _one_block_shapes("lamport_twoshot", cdiv(cdiv(nbytes, 2), w))]
+
+    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput) -> None:
+        bases, rank, world, timeout, diag = self.comm.kernel_args()
+        ch = self.channel
+        n = x.numel()
+        rs = ch.buffer_off
+        lamport_twoshot_kernel[(self.grid,)](
+            x, out, n, round_up(cdiv(n, world), 16), bases, rank, timeout, diag, ch.epochs_off, rs, rs + self.half,
+            rs + 2 * self.half, self.slot_bytes, c.programs, WORLD=world, BLOCK=c.block, NDIV=pow2_divisor(n),
+            TRIES=self.tries, EARLY=self.early, num_warps=c.num_warps, **self.launch_opts)

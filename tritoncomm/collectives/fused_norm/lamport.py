@@ -1,0 +1,108 @@
+"""All-reduce + residual add + RMSNorm (+ FP8) on Lamport buffers: the decode variant.
+
+Work items are (row, chunk) pairs as in ``fused_norm.rows``. Program ``pid`` stores its items' chunks
+of ``x`` into slot [my rank] of every peer's Lamport buffer (``kernels.lamport``: the data is its own
+flag), then, for the same chunks, polls the W-1 other slots of its own buffer until no element holds
+the sentinel, sums the ranks in order 0..W-1 in fp32 (its own chunk read from ``x``; every rank's
+values canonical, as ``allreduce.lamport`` explains), resets what it read, adds the residual (loaded
+before the wait), rounds once, exchanges the row's sum of squares with the row's other chunks (LL8
+packets) and normalises.
+
+No barrier, no fence, no flag words, and with programmatic dependent launch its start overlaps the
+previous kernel's end. Buffers alternate by launch parity (the argument of ``allreduce.lamport``);
+layout in every rank's heap: ``[parity][source][row][column]`` of the input dtype, the row exchange
+after them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...kernels import (
+    epoch_commit,
+    heap_ptr,
+    lamport_canonical,
+    lamport_store,
+    pdl_launch_dependents,
+    pdl_wait,
+    program_epoch,
+)
+from ...units import round_up
+from ..allreduce.lamport import LAMPORT_TRIES, LamportOneShot, lamport_sum_ranks
+from ..base import Workspace
+from .algorithm import FusedAlgorithm
+from .rows import add_residual, chunk_cols, load_chunk, row_rstd, store_norm, work_item
+
+__all__ = ["FusedLamport", "lamport_allreduce_add_rmsnorm_kernel"]
+
+
+@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
+def lamport_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, scale_ptr, T, H, CW, eps,
+                                         bases, rank, timeout, diag_addr, epochs_off, buf_off, slot_bytes, xch_off,
+                                         WORLD: tl.constexpr, CH: tl.constexpr, BLOCK_C: tl.constexpr,
+                                         GEMMA: tl.constexpr, FP8: tl.constexpr, ENGINE: tl.constexpr = False,
+                                         TRIES: tl.constexpr = LAMPORT_TRIES):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
+    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    pdl_wait()  # launched with PDL: the previous kernel has ended
+    epoch_ptr, e = program_epoch(bases, rank, epochs_off)
+    parity = (e & 1).to(tl.int64)
+    iters = tl.cdiv(T * CH - pid, nprog)
+    slot_elems = slot_bytes // ESIZE
+    for i in range(0, iters):  # 1. my items' chunks into slot [rank] of every peer's buffer
+        row, c = work_item(pid, i, nprog, CH)
+        cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
+        v = load_chunk(x_ptr, row, H, cols, cmask)
+        for p in tl.static_range(WORLD):
+            if p != rank:
+                dst = heap_ptr(bases, p, buf_off + (parity * WORLD + rank) * slot_bytes, DTYPE)
+                lamport_store(dst + row * H + cols, v, mask=cmask)
+    pdl_launch_dependents()
+    mine = heap_ptr(bases, rank, buf_off + parity * WORLD * slot_bytes, DTYPE)
+    for i in range(0, iters):  # 2. the same chunks from every rank, summed in rank order; add, normalise
+        row, c = work_item(pid, i, nprog, CH)
+        cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
+        res = load_chunk(res_ptr, row, H, cols, cmask)
+        w = load_chunk(w_ptr, 0, 0, cols, cmask)
+        own = lamport_canonical(load_chunk(x_ptr, row, H, cols, cmask))
+        acc = lamport_sum_ranks(own, mine, slot_elems, row * H + cols, cmask, rank, row, timeout, diag, WORLD, TRIES)
+        resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask, ENGINE)
+        rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
+        store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8, ENGINE)
+    epoch_commit(epoch_ptr, e)
+
+
+class FusedLamport(FusedAlgorithm):
+    """Launcher of ``lamport_allreduce_add_rmsnorm_kernel``. Workspace: 2 (parities) x W slots of the
+    largest input, the row exchange. Buffers put at rest at set-up; launched with PDL on sm_90+."""
+
+    name = "lamport"
+    limit = LamportOneShot.limit
+    barriers = False
+    pdl = True
+
+    def __init__(self, comm, capacity: int, grid: int, tag: str, plan) -> None:
+        super().__init__(comm, capacity, grid, tag, plan)
+        LamportOneShot.put_at_rest(comm, self.channel, 2 * self.world * self.slot_bytes)
+
+    def layout(self) -> Workspace:
+        self.slot_bytes = round_up(self.rows * self.plan.max_hidden * 2, 256)
+        self.xch_rel = 2 * self.world * self.slot_bytes
+        return Workspace(buffer_bytes=self.xch_rel + self.exchange_bytes)
+
+    def launch(self, x: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor,
+               out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float,
+               engine: bool = False) -> None:
+        t, h = x.shape
+        ch, cw = self.plan.chunks(t, h, self.grid)
+        block = triton.next_power_of_2(cw)
+        c = self.channel
+        lamport_allreduce_add_rmsnorm_kernel[(self.grid,)](
+            *self._args(x, residual, residual_out, weight, out, scale, cw, eps), c.epochs_off, c.buffer_off,
+            self.slot_bytes, c.buffer_off + self.xch_rel, **self._meta(ch, block, block, gemma, fp8, engine),
+            **self.launch_opts)

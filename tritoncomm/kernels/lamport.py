@@ -1,0 +1,171 @@
+"""Lamport buffers: the data is its own flag.
+
+A Lamport buffer at rest holds a *sentinel* in every element: the bit pattern ``0x8000`` in every
+16-bit half (negative zero for bf16 and fp16). A writer stores real values over it; a reader polls
+the values themselves until none is the sentinel, then resets what it read back to the sentinel.
+No flag words, no fence, no barrier: one NVLink trip in full 16-byte stores, the whole payload useful
+(an LL8 packet is half flag).
+
+The sentinel is one byte pattern for every dtype, so a buffer left at rest by a bf16 call is at rest
+for an fp32 call too. Per element of ``DTYPE``:
+
+* 16-bit dtypes (bf16, fp16): the sentinel is ``0x8000`` (-0.0). ``lamport_store`` sends -0.0 as
+  +0.0, which compares equal.
+* fp32: the sentinel is the word ``0x80008000`` (-4.59e-41, a negative subnormal). ``lamport_store``
+  sends that one value as -0.0 (``0x80000000``), which is not the sentinel.
+
+So a value that travels through a Lamport buffer can come out changed only in those two ways; the
+collectives built on it apply ``lamport_canonical`` to every rank's input (their own share too), so
+every rank sums the same values and gets the same bits.
+
+Contract (per element, like ``ll``):
+
+* ``lamport_store(ptrs, vals, mask)``: plain stores of ``lamport_canonical(vals)``; no ordering
+  between elements or with other writes. Each element is single-copy atomic (naturally aligned).
+* ``lamport_try(ptrs, mask)``: one volatile look: ``(values, 1 per masked element still at the
+  sentinel)``. The values are meaningful where the indicator is 0. Issue several tries back to back
+  and sum their indicators once: their loads are then in flight together.
+* ``lamport_poll(ptrs, mask, peer, slot, rank, timeout, diag)``: volatile looks until no masked
+  element holds the sentinel; returns the values. Bounded like ``signals.wait`` (kind 4 in ``diag``:
+  the peer, the slot, and how many elements were still missing).
+* ``lamport_reset(ptrs, mask)``: store the sentinel. Only the buffer's reader resets, after it has
+  read: a writer may store into an element again only once it knows the reader has reset it (the
+  collectives alternate two buffers by launch parity: a peer can be at most one launch ahead, and a
+  launch ends only after every reset it made).
+* ``lamport_fill(t)`` (host): put a whole buffer at rest.
+
+Reads of a buffer are only of data that this launch's writers stored; nothing else the writer did is
+published by it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .diag import already_failed, record_timeout
+from .ordering import clock_ns
+from .signals import _CHECK_EVERY, _expired
+
+__all__ = ["KIND_LAMPORT", "LAMPORT_SENTINEL16", "lamport_canonical", "lamport_fill", "lamport_missing",
+           "lamport_poll", "lamport_reset", "lamport_store", "lamport_try"]
+
+#: The at-rest pattern of every 16-bit half of a Lamport buffer.
+LAMPORT_SENTINEL16 = 0x8000
+#: The diagnostic kind a Lamport poll records when it times out.
+KIND_LAMPORT = tl.constexpr(4)
+
+
+def lamport_fill(t: torch.Tensor) -> None:
+    """Host side: put the bytes of ``t`` (any dtype, an even number of bytes) at rest."""
+    t.view(torch.int16).fill_(LAMPORT_SENTINEL16 - (1 << 16))
+
+
+@triton.jit
+def _bits(vals):
+    if vals.dtype.primitive_bitwidth == 16:
+        return vals.to(tl.uint16, bitcast=True)
+    else:
+        return vals.to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _sentinel(DTYPE: tl.constexpr):
+    if DTYPE.primitive_bitwidth == 16:
+        return tl.full([], 0x8000, tl.uint16)
+    else:
+        return tl.full([], 0x80008000, tl.uint32)
+
+
+@triton.jit
+def lamport_missing(vals):
+    """1 where an element of ``vals`` (as loaded) is the sentinel, else 0 (int32)."""
+    return (_bits(vals) == _sentinel(vals.dtype)).to(tl.int32)
+
+
+@triton.jit
+def lamport_canonical(vals):
+    """``vals`` with the one value of its dtype that the sentinel would hide replaced by a value that
+    compares equal (16-bit: -0.0 -> +0.0) or is the nearest non-sentinel (fp32: the sentinel
+    subnormal -> -0.0)."""
+    DTYPE: tl.constexpr = vals.dtype
+    bits = _bits(vals)
+    if DTYPE.primitive_bitwidth == 16:
+        fixed = tl.where(bits == 0x8000, 0, bits).to(tl.uint16)
+        return fixed.to(DTYPE, bitcast=True)
+    else:
+        fixed = tl.where(bits == 0x80008000, 0x80000000, bits).to(tl.uint32)
+        return fixed.to(DTYPE, bitcast=True)
+
+
+@triton.jit
+def lamport_store(ptrs, vals, mask=None):
+    """Store ``lamport_canonical(vals)`` at ``ptrs`` (usually in a peer's Lamport buffer)."""
+    tl.store(ptrs, lamport_canonical(vals), mask=mask)
+
+
+@triton.jit
+def lamport_try(ptrs, mask):
+    """One look at ``ptrs`` (where ``mask``): ``(values, 1 per masked element still missing)``."""
+    v = tl.load(ptrs, mask=mask, other=0.0, volatile=True)
+    return v, lamport_missing(v) * mask.to(tl.int32)
+
+
+@triton.jit
+def lamport_reset(ptrs, mask=None):
+    """Put the elements at ``ptrs`` back at rest (the reader, after reading them)."""
+    DTYPE: tl.constexpr = ptrs.dtype.element_ty
+    if DTYPE.primitive_bitwidth == 16:
+        rest = tl.full(ptrs.shape, 0x8000, tl.uint16).to(DTYPE, bitcast=True)
+    else:
+        rest = tl.full(ptrs.shape, 0x80008000, tl.uint32).to(DTYPE, bitcast=True)
+    tl.store(ptrs, rest, mask=mask)
+
+
+@triton.jit
+def _total(x):
+    """Sum of a 1-D or 2-D block."""
+    if len(x.shape) == 2:
+        return tl.sum(tl.sum(x, axis=1), axis=0)
+    else:
+        return tl.sum(x, axis=0)
+
+
+@triton.jit
+def _missing_at(ptrs, mask):
+    v = tl.load(ptrs, mask=mask, other=0.0, volatile=True)
+    return lamport_missing(v) * mask.to(tl.int32)
+
+
+@triton.jit
+def lamport_poll(ptrs, mask, peer, slot, rank, timeout, diag):
+    """Wait until no element at ``ptrs`` (a 1-D or 2-D block, where ``mask``) holds the sentinel;
+    return the values. ``peer`` names the writer in a diagnostic: an int, or a block like ``ptrs``
+    (the lowest peer with an element still missing is named). Bounded: on timeout it records (rank,
+    peer, slot, elements still missing) and returns what it has."""
+    missing = _total(_missing_at(ptrs, mask))
+    if missing > 0:
+        t0 = clock_ns()
+        spins = 0
+        while missing > 0:
+            missing = _total(_missing_at(ptrs, mask))
+            spins += 1
+            if missing > 0:
+                stop = False
+                if (spins % _CHECK_EVERY) == 0:
+                    if already_failed(diag):
+                        stop = True
+                if timeout > 0:
+                    if _expired(t0, spins, timeout):
+                        late = _missing_at(ptrs, mask) > 0
+                        who = tl.where(late, peer + tl.zeros(ptrs.shape, tl.int32), 1 << 30)
+                        if len(ptrs.shape) == 2:
+                            first = tl.min(tl.min(who, axis=1), axis=0)
+                        else:
+                            first = tl.min(who, axis=0)
+                        record_timeout(diag, KIND_LAMPORT, rank, first, slot, 0, missing.to(tl.int64), spins)
+                        stop = True
+                if stop:
+                    missing = 0
+    return tl.load(ptrs, mask=mask, other=0.0, volatile=True)

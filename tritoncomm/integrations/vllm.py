@@ -130,14 +130,15 @@ class VllmFusedAllReduceNorm:
 
     Collective to create (before graph capture) and close. ``__call__`` has vLLM's signature and
     conventions (module docstring); ``launch_with_pdl`` and ``fp32_acc`` are accepted and ignored
-    (we always accumulate in fp32 and launch plainly).
+    (we always accumulate in fp32; PDL is the algorithm's own choice). It rounds where vLLM's unfused
+    path rounds (``rounding="engine"``), so turning the fusion on does not change the residual.
     """
 
     def __init__(self, comm: Communicator, max_token_num: int, hidden_size: int, eps: float = 1e-6) -> None:
         self.comm = comm
         self.max_token_num, self.hidden_size = max_token_num, hidden_size
         self.fused = FusedAllReduceAddRMSNorm(comm, max_tokens=max_token_num, max_hidden=hidden_size, eps=eps,
-                                              name="vllm_fused_norm")
+                                              rounding="engine", name="vllm_fused_norm")
 
     def __call__(self, allreduce_in: torch.Tensor, residual: torch.Tensor, rms_gamma: torch.Tensor, rms_eps: float,
                  world_size: int, launch_with_pdl: bool, fp32_acc: bool, max_token_num: int, pattern_code: int,

@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..channels import Communicator
-from ..collectives import AllReduce, FusedAllReduceAddRMSNorm, GemmAllReduce, GemmConfig
+from ..collectives import FUSED_ALGORITHMS, AllReduce, FusedAllReduceAddRMSNorm, GemmAllReduce, GemmConfig
 from ..config import CommConfig
 from ..launch import RankContext
 from .peers import FlashInferAllReduce, FlashInferReducer, flashinfer_missing
@@ -67,7 +67,8 @@ def _norm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
     h, dev = sh["hidden"], ctx.device
     ar = AllReduce(comm, max_bytes=max(sh["tokens"]) * h * 2, name="bench.norm.ar")
     fused = FusedAllReduceAddRMSNorm(comm, max_tokens=max(sh["tokens"]), max_hidden=h, name="bench.norm",
-                                     algos=("ll", "oneshot", "twoshot", "ll_twoshot"))
+                                     algos=tuple(FUSED_ALGORITHMS))
+    selected = FusedAllReduceAddRMSNorm(comm, max_tokens=max(sh["tokens"]), max_hidden=h, name="bench.norm.sel")
     whole_rows = FusedAllReduceAddRMSNorm(comm, max_tokens=max(sh["tokens"]), max_hidden=h, name="bench.norm1",
                                           max_chunks=1)
     fi = FlashInferAllReduce(ctx, max(sh["tokens"]), h) if ctx.backend == "cuda" else None
@@ -91,7 +92,7 @@ def _norm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
                 ok = ok and bool(torch.allclose(ya.float(), yb.float(), rtol=3e-2, atol=3e-2))
                 ok = ok and same_on_all_ranks(ctx, ya)
         res, out, xo = res0.clone(), torch.empty_like(x), torch.empty_like(x)
-        t_fused = timer(lambda: fused(x, res, w, out=out))
+        t_fused = timer(lambda: selected(x, res, w, out=out))
         variants = {a: timer(lambda a=a: fused(x, res, w, out=out, algo=a)) for a in fused.algorithms
                     if t * h * 2 <= fused.capacity[a]}
         variants["whole_rows"] = timer(lambda: whole_rows(x, res, w, out=out))
@@ -104,7 +105,7 @@ def _norm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
         t_base = timer(base)
         peer: dict[str, float | None] = {"fi": None, "fi_fp8": None}
         out8 = torch.empty(t, h, dtype=torch.float8_e4m3fn, device=dev)
-        peer["f8"] = timer(lambda: fused(x, res, w, out=out8, fp8_scale=scale))
+        peer["f8"] = timer(lambda: selected(x, res, w, out=out8, fp8_scale=scale))
         if fi is not None and fi.ws is not None:  # FlashInfer's fused op, as vLLM's fusion pass calls it
             r_in, r_out, norm = res0.clone(), torch.empty_like(x), torch.empty_like(x)
             fi.add_rms_norm(x, r_in, r_out, norm, w, 1e-6)()
@@ -112,7 +113,7 @@ def _norm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
             peer["fi"] = timer(fi.add_rms_norm(x, r_in, r_out, norm, w, 1e-6))
             peer["fi_fp8"] = timer(fi.add_rms_norm(x, r_in, r_out, norm, w, 1e-6, fp8=(out8, scale)))
         v = max_over_ranks(ctx, {"f": t_fused, "b": t_bare, "n": t_base, **variants, **peer})
-        rows.append({"op": "allreduce_add_rmsnorm", "shape": [t, h], "dtype": "bf16", "variant": fused.select(t, h),
+        rows.append({"op": "allreduce_add_rmsnorm", "shape": [t, h], "dtype": "bf16", "variant": selected.select(t, h),
                      "tritoncomm_us": v["f"], "baseline_us": v["n"],
                      "baseline": "NCCL all_reduce + torch add + F.rms_norm", "bare_allreduce_us": v["b"],
                      "ratio_to_bare": v["f"] / v["b"], "speedup": v["n"] / v["f"], "correct": all_true(ctx, ok),
@@ -121,6 +122,7 @@ def _norm_part(ctx: RankContext, comm: Communicator, sh: dict, timer: _Timer) ->
     if fi is not None:
         fi.close()
     whole_rows.close()
+    selected.close()
     fused.close()
     ar.close()
     return rows

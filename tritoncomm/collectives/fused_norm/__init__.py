@@ -19,7 +19,7 @@ from ..allreduce import ALGORITHMS as ALLREDUCE_ALGORITHMS
 from ..base import CollectiveBase
 from ..selection import SelectionTable
 from ..validation import DTYPE_NAMES, check_input, overlap
-from .lamport import FusedLamport
+from .lamport import LAMPORT_FUSED_PROGRAMS, FusedLamport
 from .ll import FusedLL
 from .ll_twoshot import FusedLLTwoShot
 from .oneshot import FusedOneShot
@@ -45,7 +45,7 @@ _FROM_TABLE = MappingProxyType({"ll": "ll", "ll_twoshot": "ll_twoshot", "oneshot
 #: rows of ``(max_bytes, variant)``, the last serving everything larger. Used on GPUs; elsewhere, and
 #: for other world sizes, the all-reduce table's choice for the same bytes.
 MEASURED_SELECTION: dict[int, tuple[tuple[int, str], ...]] = {
-    2: ((128 << 10, "ll"), (32 << 20, "oneshot"), (1 << 62, "twoshot")),
+    2: ((16 << 20, "lamport"), (32 << 20, "oneshot"), (1 << 62, "twoshot")),
     4: ((16 << 10, "ll"), (512 << 10, "oneshot"), (1 << 62, "twoshot")),
 }
 
@@ -112,7 +112,10 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
         else:
             for a, c in self._capacities(self.max_bytes, algos).items():
                 caps[_FROM_TABLE[a]] = max(caps.get(_FROM_TABLE[a], 0), c)
-        grids = {name: min(p, 32) if name == "ll" else p for name in self.ALGORITHMS}
+        grids = {name: p for name in self.ALGORITHMS}
+        grids["ll"] = min(p, 32)
+        if cuda and programs is None:
+            grids["lamport"] = LAMPORT_FUSED_PROGRAMS
         self._setup(caps, grids, plan=self.plan)
 
     def _table_names(self) -> tuple[str, ...]:

@@ -35,7 +35,7 @@ from ..base import Workspace
 from .algorithm import FusedAlgorithm
 from .rows import add_residual, chunk_cols, load_chunk, row_rstd, store_norm, work_item
 
-__all__ = ["FusedLamport", "lamport_allreduce_add_rmsnorm_kernel"]
+__all__ = ["LAMPORT_FUSED_PROGRAMS", "LAMPORT_WHOLE_ROWS_FROM", "FusedLamport", "lamport_allreduce_add_rmsnorm_kernel"]
 
 
 @triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
@@ -77,12 +77,20 @@ def lamport_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
     epoch_commit(epoch_ptr, e)
 
 
+#: Programs of the Lamport variant's grid on GPUs: enough for one row (or one chunk) each at prefill
+#: sizes, where the other variants' 64 leave SMs idle.
+LAMPORT_FUSED_PROGRAMS = 256
+#: From this many rows the Lamport variant keeps rows whole: the rows alone keep enough programs busy,
+#: and a row cut into chunks pays an exchange of partial sums (``docs/algorithms.md``).
+LAMPORT_WHOLE_ROWS_FROM = 128
+
+
 class FusedLamport(FusedAlgorithm):
     """Launcher of ``lamport_allreduce_add_rmsnorm_kernel``. Workspace: 2 (parities) x W slots of the
     largest input, the row exchange. Buffers put at rest at set-up; launched with PDL on sm_90+."""
 
     name = "lamport"
-    limit = LamportOneShot.limit
+    limit = 16 << 20
     barriers = False
     pdl = True
 
@@ -99,10 +107,11 @@ class FusedLamport(FusedAlgorithm):
                out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float,
                engine: bool = False) -> None:
         t, h = x.shape
-        ch, cw = self.plan.chunks(t, h, self.grid)
+        ch, cw = self.plan.chunks(t, h, self.grid) if t < LAMPORT_WHOLE_ROWS_FROM else (1, round_up(h, 16))
         block = triton.next_power_of_2(cw)
         c = self.channel
+        meta = self._meta(ch, block, block, gemma, fp8, engine)
+        meta["num_warps"] = min(16, max(1, block // 512))  # two 16-byte vectors per thread: cheap polls
         lamport_allreduce_add_rmsnorm_kernel[(self.grid,)](
             *self._args(x, residual, residual_out, weight, out, scale, cw, eps), c.epochs_off, c.buffer_off,
-            self.slot_bytes, c.buffer_off + self.xch_rel, **self._meta(ch, block, block, gemma, fp8, engine),
-            **self.launch_opts)
+            self.slot_bytes, c.buffer_off + self.xch_rel, **meta, **self.launch_opts)

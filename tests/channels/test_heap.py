@@ -137,3 +137,15 @@ def _job_view(ctx):
 
 def test_heap_views_and_peer_addresses(worlds):
     assert all(worlds(2).run(_job_view))
+
+
+def test_debug_signature_words_name_every_op_and_dtype():
+    """The debug-mode mismatch message reads op and dtype names from the same tables that make the
+    signatures (every collective's op is there)."""
+    from tritoncomm.kernels.consistency import DTYPE_CODES, OP_CODES, code_name
+
+    for op in ("allreduce", "allgather", "reducescatter", "fused_add_rmsnorm", "gemm_allreduce"):
+        assert code_name(0, OP_CODES[op]) == op
+    for dtype, code in DTYPE_CODES.items():
+        assert code_name(1, code) == dtype
+    assert code_name(2, 12345) == "12345" and code_name(0, 77) == "77"

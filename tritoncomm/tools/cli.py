@@ -9,7 +9,7 @@ from ..units import parse_size
 
 DEFAULT_SIZES = {
     "cuda": "2K,8K,32K,128K,512K,1M,2M,8M,32M",
-    "cpu": "1K,4K,16K,64K,256K",
+    "cpu": "1K,3000,16K,100000,256K",
 }
 
 

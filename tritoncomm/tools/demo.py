@@ -91,11 +91,11 @@ def format_table(report: dict[str, Any]) -> str:
         f"tritoncomm all-reduce: world={report['world']} backend={report['backend']} device={report['device']} "
         f"date={report['date']} torch={report['torch']} triton={report['triton']}",
         f"checked against torch.distributed on random data and for identical bytes on every rank; {report['timing']}",
-        f"{'bytes':>8} {'dtype':>5} {'algo':>10} {'sel':>3} {'correct':>7} {'same':>4} {'rel_err':>8}"
+        f"{'bytes':>8} {'dtype':>5} {'algo':>15} {'sel':>3} {'correct':>7} {'same':>4} {'rel_err':>8}"
         + (f" {'tritoncomm_us':>13} {'nccl_us':>8} {'speedup':>7}" if timed else ""),
     ]
     for r in report["rows"]:
-        line = (f"{format_bytes(r['bytes']):>8} {r['dtype']:>5} {r['algo']:>10} {'*' if r['selected'] else '':>3} "
+        line = (f"{format_bytes(r['bytes']):>8} {r['dtype']:>5} {r['algo']:>15} {'*' if r['selected'] else '':>3} "
                 f"{'yes' if r['correct'] else 'NO':>7} {'yes' if r['identical'] else 'NO':>4} {r['max_rel_err']:8.1e}")
         if timed:
             line += f" {fmt(r['tritoncomm_us'], '13.1f')} {fmt(r['nccl_us'], '8.1f')} " + \

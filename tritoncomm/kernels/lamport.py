@@ -44,9 +44,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .diag import already_failed, record_timeout
+from .diag import record_timeout
 from .ordering import clock_ns
-from .signals import _CHECK_EVERY, _expired
+from .signals import stop_waiting
 
 __all__ = ["KIND_LAMPORT", "LAMPORT_SENTINEL16", "lamport_canonical", "lamport_fill", "lamport_missing",
            "lamport_poll", "lamport_reset", "lamport_store", "lamport_try"]
@@ -152,20 +152,15 @@ def lamport_poll(ptrs, mask, peer, slot, rank, timeout, diag):
             missing = _total(_missing_at(ptrs, mask))
             spins += 1
             if missing > 0:
-                stop = False
-                if (spins % _CHECK_EVERY) == 0:
-                    if already_failed(diag):
-                        stop = True
-                if timeout > 0:
-                    if _expired(t0, spins, timeout):
-                        late = _missing_at(ptrs, mask) > 0
-                        who = tl.where(late, peer + tl.zeros(ptrs.shape, tl.int32), 1 << 30)
-                        if len(ptrs.shape) == 2:
-                            first = tl.min(tl.min(who, axis=1), axis=0)
-                        else:
-                            first = tl.min(who, axis=0)
-                        record_timeout(diag, KIND_LAMPORT, rank, first, slot, 0, missing.to(tl.int64), spins)
-                        stop = True
-                if stop:
+                failed, expired = stop_waiting(t0, spins, timeout, diag)
+                if expired:
+                    late = _missing_at(ptrs, mask) > 0
+                    who = tl.where(late, peer + tl.zeros(ptrs.shape, tl.int32), 1 << 30)
+                    if len(ptrs.shape) == 2:
+                        first = tl.min(tl.min(who, axis=1), axis=0)
+                    else:
+                        first = tl.min(who, axis=0)
+                    record_timeout(diag, KIND_LAMPORT, rank, first, slot, 0, missing.to(tl.int64), spins)
+                if failed or expired:
                     missing = 0
     return tl.load(ptrs, mask=mask, other=0.0, volatile=True)

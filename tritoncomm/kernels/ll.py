@@ -30,9 +30,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .diag import already_failed, record_timeout
+from .diag import record_timeout
 from .ordering import clock_ns
-from .signals import _CHECK_EVERY, _expired
+from .signals import stop_waiting
 
 __all__ = ["ll8_pack", "ll8_poll", "ll8_poll_sum_f32", "ll8_store", "ll8_try", "ll8_unpack"]
 
@@ -72,21 +72,16 @@ def ll8_try(ptrs, mask, flag):
 
 @triton.jit
 def _give_up(ptrs, mask, flag, t0, spins, peer, slot, rank, timeout, diag):
-    """Whether a poll that has spun ``spins`` times since ``t0`` stops: another wait already failed
-    (looked at every ``_CHECK_EVERY`` spins), or the bound passed, which is then recorded (kind 2:
-    the peer, the slot, the expected flag and the first stale flag seen)."""
-    stop = False
-    if (spins % _CHECK_EVERY) == 0:
-        if already_failed(diag):
-            stop = True
-    if timeout > 0:
-        if _expired(t0, spins, timeout):
-            seen = tl.load(ptrs, mask=mask, volatile=True)
-            bad = (((seen >> 32).to(tl.uint32) != flag) & mask)
-            first = tl.max(tl.where(bad, (seen >> 32).to(tl.int64), -1), axis=0)
-            record_timeout(diag, 2, rank, peer, slot, flag.to(tl.int64), first, spins)
-            stop = True
-    return stop
+    """Whether a poll that has spun ``spins`` times since ``t0`` stops (``signals.stop_waiting``); an
+    expired bound is recorded (kind 2: the peer, the slot, the expected flag and the first stale flag
+    seen)."""
+    failed, expired = stop_waiting(t0, spins, timeout, diag)
+    if expired:
+        seen = tl.load(ptrs, mask=mask, volatile=True)
+        bad = (((seen >> 32).to(tl.uint32) != flag) & mask)
+        first = tl.max(tl.where(bad, (seen >> 32).to(tl.int64), -1), axis=0)
+        record_timeout(diag, 2, rank, peer, slot, flag.to(tl.int64), first, spins)
+    return failed or expired
 
 
 @triton.jit

@@ -116,6 +116,21 @@ def _expired(t0, spins, timeout):
 
 
 @triton.jit
+def stop_waiting(t0, spins, timeout, diag):
+    """What every bounded spin asks after ``spins`` spins since ``t0``: ``(another wait of this
+    communicator has already failed, this wait's bound has passed)``. The record is looked at every
+    ``_CHECK_EVERY`` spins only; ``timeout <= 0`` never expires."""
+    failed = False
+    if (spins % _CHECK_EVERY) == 0:
+        if already_failed(diag):
+            failed = True
+    expired = False
+    if timeout > 0:
+        expired = _expired(t0, spins, timeout)
+    return failed, expired
+
+
+@triton.jit
 def _spin(flags, expected, peers, slot, rank, timeout, diag, ACQUIRE: tl.constexpr):
     if ACQUIRE:
         pending = tl.sum(_behind(ld_acquire(flags), expected).to(tl.int32), axis=0)
@@ -131,20 +146,19 @@ def _spin(flags, expected, peers, slot, rank, timeout, diag, ACQUIRE: tl.constex
                 pending = tl.sum(_behind(ld_volatile(flags), expected).to(tl.int32), axis=0)
             spins += 1
             if pending > 0:
-                if (spins % _CHECK_EVERY) == 0:
-                    if already_failed(diag):
-                        pending = 0
-                if timeout > 0:
-                    if _expired(t0, spins, timeout):
-                        seen = ld_volatile(flags)
-                        late = _behind(seen, expected)
-                        peer = tl.min(tl.where(late, peers, 1 << 30), axis=0)
-                        pick = late & (peers == peer)
-                        exp_b = (expected + tl.zeros_like(seen)).to(tl.int64)
-                        record_timeout(diag, 1, rank, peer, slot,
-                                       tl.max(tl.where(pick, exp_b, -1), axis=0),
-                                       tl.max(tl.where(pick, seen.to(tl.int64), -1), axis=0), spins)
-                        pending = 0
+                failed, expired = stop_waiting(t0, spins, timeout, diag)
+                if failed:
+                    pending = 0
+                if expired:
+                    seen = ld_volatile(flags)
+                    late = _behind(seen, expected)
+                    peer = tl.min(tl.where(late, peers, 1 << 30), axis=0)
+                    pick = late & (peers == peer)
+                    exp_b = (expected + tl.zeros_like(seen)).to(tl.int64)
+                    record_timeout(diag, 1, rank, peer, slot,
+                                   tl.max(tl.where(pick, exp_b, -1), axis=0),
+                                   tl.max(tl.where(pick, seen.to(tl.int64), -1), axis=0), spins)
+                    pending = 0
 
 
 @triton.jit

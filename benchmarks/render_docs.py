@@ -125,8 +125,9 @@ def norm_rows(d: dict) -> list[list[str]]:
         if r["op"] != "allreduce_add_rmsnorm":
             continue
         f, bare, base = r["tritoncomm_us"], r["bare_allreduce_us"], r["baseline_us"]
-        out.append([str(r["shape"][0]), r["variant"], us(f), us(bare), f"{f / bare:.2f}", us(r.get("flashinfer_us")),
-                    us(base), ratio(base, f)])
+        out.append([str(r["shape"][0]), r["variant"], us(f), us(r.get("tritoncomm_fp8_us")), us(bare),
+                    f"{f / bare:.2f}", us(r.get("flashinfer_us")), us(r.get("flashinfer_fp8_us")), us(base),
+                    ratio(base, f)])
     return out
 
 
@@ -149,7 +150,7 @@ def decoder_rows(d: dict) -> list[list[str]]:
         sh = r["shape"]
         step = f"decode, batch {sh['batch']}" if r["op"] == "decode_step" else f"prefill {sh['tokens']} tokens"
         out.append([step, us(r["tritoncomm_us"]), us(r["baseline_us"]), us(r.get("flashinfer_us")),
-                    ratio(r["baseline_us"], r["tritoncomm_us"])])
+                    ratio(r["baseline_us"], r["tritoncomm_us"]), ratio(r.get("flashinfer_us"), r["tritoncomm_us"])])
     return out
 
 
@@ -160,15 +161,15 @@ def fused_section(world: int) -> str:
     parts = [f"### Fused layers, TP{world}", caption(f"TP{world}", d)]
     parts += ["All-reduce + residual + RMSNorm, hidden 8192 (baseline: NCCL all-reduce + torch add + "
               "`F.rms_norm`; bare: our all-reduce of the same bytes):",
-              table(["tokens", "variant", "fused", "bare all-reduce", "fused / bare", "FlashInfer fused",
-                     "NCCL + torch", "speedup"], norm_rows(d))]
+              table(["tokens", "variant", "fused", "fused, FP8 out", "bare all-reduce", "fused / bare",
+                     "FlashInfer fused", "FlashInfer, FP8 out", "NCCL + torch", "speedup"], norm_rows(d))]
     parts += ["Row-parallel GEMM + all-reduce, K = 28672 / TP, N = 8192 (baseline: `torch.matmul` + NCCL; "
               "tritoncomm: the path the library selects, into a regular and a registered output):",
               table(["M", "path", "tritoncomm", "registered out", "baseline", "speedup", "speedup (registered)",
                      "cuBLAS GEMM alone", "Triton GEMM alone"], gemm_rows(d))]
     parts += ["Decoder, 4 Llama-70B-shaped layers (baseline: the same layers with NCCL and torch add/RMSNorm "
               "for every reduction), µs per step:",
-              table(["step", "tritoncomm", "NCCL", "FlashInfer fused", "speedup"], decoder_rows(d))]
+              table(["step", "tritoncomm", "NCCL", "FlashInfer fused", "vs NCCL", "vs FlashInfer"], decoder_rows(d))]
     return "\n\n".join(parts)
 
 

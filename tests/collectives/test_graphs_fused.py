@@ -11,7 +11,6 @@ from tritoncomm.integrations import TritonCommCustomAllreduce
 from tritoncomm.integrations.tp import LlamaDecoderLayer, TritonCommReducer
 
 from ..helpers import make_comm, reference_sum, same_on_all_ranks, warm_up_for_capture, world_sizes
-from ..integrations.test_integrations import _StandInCudaCommunicator
 from ..integrations.test_tp import HEADS, KV, LAYERS, H, _weights
 
 pytestmark = pytest.mark.gpu
@@ -171,18 +170,17 @@ def test_tp_decoder_graph_replay_equals_eager(worlds, decode):
 
 
 def _job_ops_and_communicator_graph(ctx):
-    """The custom ops (every collective and fused op) and the vLLM device communicator, captured in
-    one CUDA graph and replayed with fresh inputs."""
+    """The custom ops (every collective and fused op) and the engines' custom all-reduce slot (inside
+    its ``capture``, which registers the captured outputs), in one CUDA graph replayed with fresh inputs."""
     import tritoncomm.integrations as ti
-    from tritoncomm.integrations.vllm import make_device_communicator
+    from tritoncomm.integrations.vllm import TritonCommCustomAllreduce
 
     w = ctx.world
     gc = ti.default_registry.setup(ctx.group, cpu_group=ctx.cpu_group, device=ctx.device, max_bytes=1 << 22)
     gc.setup_fused_norm(max_tokens=16, hidden=1024)
     gc.setup_gemm(max_tokens=64, n=512)
     name = ti.default_registry.name_of(ctx.group)
-    vcls = make_device_communicator(_StandInCudaCommunicator)
-    tp = vcls(ctx.cpu_group, ctx.device, None, "tp:0")
+    ca = TritonCommCustomAllreduce(ctx.cpu_group, ctx.device, max_size=1 << 22)
     dev, bf = ctx.device, torch.bfloat16
     x = torch.empty(4096, dtype=bf, device=dev)
     part = torch.empty(16, 1024, dtype=bf, device=dev)
@@ -198,9 +196,9 @@ def _job_ops_and_communicator_graph(ctx):
         outs["rs"] = torch.ops.tritoncomm.reduce_scatter(x[: 64 * w], name, w)
         outs["norm"] = torch.ops.tritoncomm.fused_add_rms_norm(part, res, nw, 1e-6, name)
         outs["lin"] = torch.ops.tritoncomm.linear_all_reduce(a, wl, name)
-        outs["vllm"] = tp.all_reduce(x)
+        outs["vllm"] = ca.custom_all_reduce(x)
 
-    with tp.tc_comm.capture():
+    with ca.capture():
         graph = _capture(body)
     bad = []
     for it in range(3):
@@ -230,7 +228,7 @@ def _job_ops_and_communicator_graph(ctx):
         if not all(checks.values()):
             bad.append((it, [k for k, v in checks.items() if not v]))
     del graph
-    tp.destroy()
+    ca.close()
     ti.default_registry.close()
     return bad
 

@@ -1,8 +1,11 @@
 """Integrations, built on ``collectives``: the torch-style API with its custom ops (``torch_api``),
-one module per engine (``vllm``, ``sglang``), tensor-parallel layers (``tp``), hierarchical
-(multi-node) all-reduce (``hierarchical``) and the capability probe they share (``capability``)."""
+the engines' custom all-reduce slot (``custom_allreduce``) and one module per engine with its plugin
+(``vllm`` and its compiled-graph fusion pass ``vllm_fusion``, which imports vLLM; ``sglang``),
+tensor-parallel layers (``tp``), hierarchical (multi-node) all-reduce (``hierarchical``), and what
+they share: the capability probe (``capability``) and the plugins' switch (``switch``)."""
 
 from .capability import Verdict, probe
+from .custom_allreduce import CustomAllReduceSlot
 from .hierarchical import HierarchicalAllReduce, NodeGroups, node_groups
 from .sglang import SGLangCustomAllreduce
 from .torch_api import (  # importing it registers the tritoncomm:: custom ops with torch.library
@@ -27,9 +30,9 @@ from .tp import (
 from .vllm import TritonCommCustomAllreduce
 
 __all__ = [
-    "ColumnParallelLinear", "FusedAddRMSNorm", "GroupCollectives", "HierarchicalAllReduce", "LlamaDecoderLayer",
-    "MergedColumnParallelLinear", "NodeGroups", "Registry", "RowParallelLinear", "SGLangCustomAllreduce",
-    "TorchReducer", "TritonCommCustomAllreduce", "TritonCommReducer", "Verdict", "VocabParallelEmbedding",
-    "all_gather_into_tensor", "all_reduce", "default_registry", "node_groups", "probe", "reduce_scatter_tensor",
-    "shutdown",
+    "ColumnParallelLinear", "CustomAllReduceSlot", "FusedAddRMSNorm", "GroupCollectives", "HierarchicalAllReduce",
+    "LlamaDecoderLayer", "MergedColumnParallelLinear", "NodeGroups", "Registry", "RowParallelLinear",
+    "SGLangCustomAllreduce", "TorchReducer", "TritonCommCustomAllreduce", "TritonCommReducer", "Verdict",
+    "VocabParallelEmbedding", "all_gather_into_tensor", "all_reduce", "default_registry", "node_groups", "probe",
+    "reduce_scatter_tensor", "shutdown",
 ]

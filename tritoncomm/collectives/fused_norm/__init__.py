@@ -146,10 +146,11 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, gemma: bool = False,
                  fp8_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                 residual_out: torch.Tensor | None = None, algo: str | None = None) -> torch.Tensor:
+                 residual_out: torch.Tensor | None = None, algo: str | None = None,
+                 eps: float | None = None) -> torch.Tensor:
         """Run it. ``residual_out`` (default ``residual``: in place) receives the new residual; it may
         be ``residual`` or ``x`` itself, as may ``out`` be ``x`` (every kernel reads a row of ``x``
-        before it writes that row)."""
+        before it writes that row). ``eps`` overrides the instance's epsilon for this call."""
         out, residual_out = self._check(x, residual, weight, fp8_scale, out, residual_out)
         t, h = x.shape
         nbytes = t * h * 2
@@ -164,7 +165,8 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
         self._debug_check(x.dtype, x.numel(), algo)
         scale = fp8_scale if fp8_scale is not None else weight  # any pointer when unused; no copy
         self._algos[algo].launch(x, residual, residual_out, weight, out, scale, gemma=gemma,
-                                 fp8=fp8_scale is not None, eps=self.eps, engine=self.rounding == "engine")
+                                 fp8=fp8_scale is not None, eps=self.eps if eps is None else eps,
+                                 engine=self.rounding == "engine")
         return out
 
     def _check(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, fp8_scale: torch.Tensor | None,

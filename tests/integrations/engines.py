@@ -1,0 +1,75 @@
+"""The engines' own code for the integration tests: vLLM and SGLang at the versions pinned in
+``engines-requirements.txt``, without their compiled extensions, with what their imports need.
+
+``python -m tests.integrations.engines`` fetches them (``scripts/setup.sh`` does): each engine's wheel
+with ``pip download --no-deps``, unpacked without its shared libraries (``*.so``), and the packages
+in ``engines-deps.txt`` with ``pip install --no-deps --target``. The result is cached under
+``$TRITONCOMM_ENGINES_CACHE`` (default ``~/.cache/tritoncomm/engines``), in a folder named by a hash
+of both files, so a pin change fetches afresh. ``paths()`` returns the folders to put on ``sys.path``
+(or None when not fetched).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+HERE = Path(__file__).parent
+REQUIREMENTS = HERE / "engines-requirements.txt"
+DEPS = HERE / "engines-deps.txt"
+_SHARED_LIBRARY = re.compile(r"\.so(\.[0-9.]+)?$")
+
+
+def _pins(path: Path) -> list[str]:
+    return [ln.split("#")[0].strip() for ln in path.read_text().splitlines() if ln.split("#")[0].strip()]
+
+
+def cache_dir() -> Path:
+    root = Path(os.environ.get("TRITONCOMM_ENGINES_CACHE", Path.home() / ".cache" / "tritoncomm" / "engines"))
+    key = hashlib.sha256((REQUIREMENTS.read_text() + DEPS.read_text() + sys.version[:4]).encode()).hexdigest()[:16]
+    return root / key
+
+
+def paths() -> list[str] | None:
+    """``[engines' source, their dependencies]`` if fetched, else None."""
+    d = cache_dir()
+    return [str(d / "src"), str(d / "deps")] if (d / "COMPLETE").exists() else None
+
+
+def _pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args], check=True)
+
+
+def fetch() -> list[str]:
+    """Fetch into the cache unless already there; return ``paths()``."""
+    d = cache_dir()
+    if (d / "COMPLETE").exists():
+        return paths()  # type: ignore[return-value]
+    d.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="fetch-", dir=d.parent))
+    try:
+        wheels = work / "wheels"
+        _pip("download", "--no-deps", "--only-binary=:all:", "-d", str(wheels), *_pins(REQUIREMENTS))
+        for whl in sorted(wheels.glob("*.whl")):
+            with zipfile.ZipFile(whl) as z:
+                z.extractall(work / "src", [m for m in z.namelist() if not _SHARED_LIBRARY.search(m)])
+        shutil.rmtree(wheels)
+        _pip("install", "--no-deps", "--no-compile", "--target", str(work / "deps"), "-r", str(DEPS))
+        (work / "COMPLETE").write_text("\n".join(_pins(REQUIREMENTS) + _pins(DEPS)) + "\n")
+        if d.exists():
+            shutil.rmtree(d)
+        work.rename(d)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return paths()  # type: ignore[return-value]
+
+
+if __name__ == "__main__":
+    print("\n".join(fetch()))

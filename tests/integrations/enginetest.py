@@ -1,0 +1,89 @@
+"""What the engine tests share: a world of ranks with the engines' own code on their path, and
+checks that run inside ranks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tritoncomm.launch import LocalWorld
+
+from ..conftest import BACKEND
+from . import engines
+
+#: The CPU world runs the engines as their CPU builds would (no CUDA), with tritoncomm turned on.
+ENGINE_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRITONCOMM_ENABLE": "1"}
+
+
+def engine_paths() -> list[str]:
+    """The engines' folders (fetched on first use); skips GPU runs, where their CPU path does not apply."""
+    if BACKEND == "cuda":
+        pytest.skip("the engine tests drive the engines' code in the CPU world")
+    return engines.fetch()
+
+
+@contextmanager
+def engine_world(world: int) -> Iterator[LocalWorld]:
+    """A world whose ranks import the engines (their folders go on the spawned ranks' path only)."""
+    paths = engine_paths()
+    saved = list(sys.path)
+    sys.path[:0] = paths
+    try:
+        w = LocalWorld(world, "cpu", env=ENGINE_ENV, setup_timeout=120)
+    finally:
+        sys.path[:] = saved
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def run_python(code: str, **env: str) -> str:
+    """Run ``code`` in a fresh interpreter with the engines on its path; return stdout + stderr."""
+    paths = engine_paths()
+    full = {**os.environ, **ENGINE_ENV, **env, "PYTHONPATH": os.pathsep.join([*paths, os.getcwd()])}
+    for k in [k for k, v in env.items() if v == ""]:
+        full.pop(k)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=full)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    return out
+
+
+def gathered(ctx, t: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's ``t`` (gloo, CPU group), in rank order."""
+    out = [torch.empty_like(t) for _ in range(ctx.world)]
+    dist.all_gather(out, t.contiguous(), group=ctx.cpu_group)
+    return out
+
+
+def rank_order_sum(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """The sum in rank order in fp32, rounded once: what tritoncomm's all-reduces compute."""
+    acc = parts[0].float()
+    for p in parts[1:]:
+        acc = acc + p.float()
+    return acc.to(dtype)
+
+
+class Spy:
+    """Counts the calls of one method of an object (and still calls it)."""
+
+    def __init__(self, obj: object, name: str) -> None:
+        self.calls, self.obj, self.name = 0, obj, name
+        self.original = getattr(obj, name)
+
+        def spy(*args, **kwargs):
+            self.calls += 1
+            return self.original(*args, **kwargs)
+
+        setattr(obj, name, spy)
+
+    def close(self) -> None:
+        delattr(self.obj, self.name)

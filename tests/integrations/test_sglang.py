@@ -1,0 +1,181 @@
+"""SGLang 0.5.23's own code driving tritoncomm in the CPU world.
+
+The ranks import SGLang's Python files (``engines.py``), load plugins with SGLang's loader (which
+applies the hooks) and build a tensor-parallel ``GroupCoordinator`` with SGLang's
+``init_model_parallel_group``. SGLang's ``all_reduce`` sends CPU tensors straight to
+torch.distributed, and its ops are registered for CUDA tensors only, so the tests enter its dispatch
+where that op's body does for CUDA tensors: ``GroupCoordinator._all_reduce_out_place(x, "auto")``. SGLang's
+``layers/layernorm.py`` imports torchvision (absent here); its fused path is entered where that
+module calls it, ``flashinfer_allreduce_residual_rmsnorm``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .enginetest import Spy, engine_world, gathered, rank_order_sum, run_python
+
+_RANK_STATE: list = []  # inside a rank: what lives as long as the rank process
+
+
+@pytest.fixture(scope="module")
+def sw():
+    with engine_world(2) as w:
+        w.run(_up)
+        yield w
+
+
+def _up(ctx) -> None:
+    """Load plugins (SGLang's loader) and build SGLang's TP group, once per rank process."""
+    if _RANK_STATE:
+        return
+    import logging
+
+    from sglang.srt.distributed import parallel_state as ps
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.runtime_context import get_parallel
+
+    logging.basicConfig(level=logging.INFO)
+    load_plugins()
+    tp = ps.init_model_parallel_group([list(range(ctx.world))], ctx.rank, "gloo", use_pynccl=False, group_name="tp")
+    get_parallel().override_permanently(tp_group=tp, attn_tp_group=tp, tp_size=ctx.world, attn_tp_size=ctx.world,
+                                        tp_rank=ctx.rank, attn_tp_rank=ctx.rank)
+    _RANK_STATE.append(tp)
+
+
+def _tp():
+    return _RANK_STATE[0]
+
+
+# -- the plugin, through SGLang's loader -------------------------------------------------------------
+_LOAD = """
+import logging
+logging.basicConfig(level=logging.INFO)  # as SGLang's processes configure logging before loading plugins
+from sglang.srt.plugins import load_plugins
+from sglang.srt.plugins.hook_registry import HookRegistry
+from tritoncomm.integrations.sglang import DISPATCH_TARGET, FUSED_NORM_TARGET
+load_plugins()
+print("HOOKED", DISPATCH_TARGET in HookRegistry._patched, FUSED_NORM_TARGET in HookRegistry._patched)
+"""
+
+
+@pytest.mark.parametrize("env, dispatch, fused, line", [
+    ({"TRITONCOMM_ENABLE": ""}, False, False, "installed, inactive"),
+    ({}, True, True, "serving SGLang's custom all-reduce slot"),
+    ({"TRITONCOMM_FUSION": "0"}, True, False, "TRITONCOMM_FUSION=0"),
+], ids=["off", "on", "no-fusion"])
+def test_plugin_through_sglang_loader(env, dispatch, fused, line):
+    out = run_python(_LOAD, **env)
+    assert f"HOOKED {dispatch} {fused}" in out, out[-3000:]
+    assert line in out, out[-3000:]
+    assert sum("tritoncomm:" in ln for ln in out.splitlines()) == 1, out[-3000:]
+
+
+# -- the contract, from SGLang's own class ------------------------------------------------------------
+def _contract(ctx):
+    import inspect
+
+    from sglang.srt.distributed.device_communicators.custom_all_reduce import CustomAllreduce
+
+    from tritoncomm.integrations.sglang import SGLangCustomAllreduce
+
+    def sig(f):
+        return [(p.name, p.kind) for p in inspect.signature(f).parameters.values()]
+
+    def names(cls, n):
+        return [p[0] for p in sig(getattr(cls, n))]
+
+    called = ("should_custom_ar", "custom_all_reduce", "capture", "close", "register_graph_buffers")
+    return (sig(CustomAllreduce.__init__), sig(SGLangCustomAllreduce.__init__),
+            {n: (names(CustomAllreduce, n), names(SGLangCustomAllreduce, n)) for n in called},
+            type(_tp().ca_comm).__name__)
+
+
+def test_contract_is_sglangs(sw):
+    theirs, ours, methods, in_slot = sw.run(_contract)[0]
+    assert in_slot == "SGLangCustomAllreduce"
+    assert ours[:len(theirs)] == theirs
+    for n, (t, o) in methods.items():
+        assert o[:len(t)] == t, f"{n}: SGLang's {t}, ours {o}"
+
+
+# -- TP all-reduce through SGLang's dispatch ----------------------------------------------------------
+def _all_reduce(ctx, dtype):
+    tp = _tp()
+    spy = Spy(tp.ca_comm, "custom_all_reduce")
+    try:
+        ok = []
+        for n in (1, 7, 1000, 4099):
+            for rep in range(2):
+                g = torch.Generator().manual_seed(31 * n + rep + 1000 * ctx.rank)
+                x = torch.randn(n, generator=g).to(dtype)
+                method = tp._resolve_outplace_all_reduce_method(x)
+                y = tp._all_reduce_out_place(x, "auto")
+                ok.append((method, torch.equal(y, rank_order_sum(gathered(ctx, x), dtype))))
+        return ok, spy.calls
+    finally:
+        spy.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_tp_all_reduce_served_and_exact(sw, dtype):
+    for ok, calls in sw.run(_all_reduce, dtype):
+        assert all(m == "ca" for m, _ in ok), ok
+        assert all(e for _, e in ok), ok
+        assert calls == len(ok)
+
+
+# -- graph capture: SGLang's graph_capture enters ours --------------------------------------------------
+def _graph_capture(ctx):
+    tp = _tp()
+    ca = tp.ca_comm
+    before = ca._IS_CAPTURING
+    with tp.graph_capture():
+        inside = ca._IS_CAPTURING
+    return before, inside, ca._IS_CAPTURING
+
+
+def test_sglang_graph_capture_enters_ours(sw):
+    for state in sw.run(_graph_capture):
+        assert state == (False, True, False)
+
+
+# -- fused all-reduce + add + RMSNorm -----------------------------------------------------------------
+def _fused(ctx, tokens: int, hidden: int, dtype):
+    import sglang.srt.layers.flashinfer_comm_fusion as fc
+
+    g = torch.Generator().manual_seed(5)  # residual and weight equal on every rank, as in a TP model
+    residual = torch.randn(tokens, hidden, generator=g).to(dtype)
+    weight = torch.randn(hidden, generator=g).to(dtype)
+    out = []
+    for rep in range(2):
+        x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(100 * rep + ctx.rank)).to(dtype)
+        res_before = residual.clone()
+        norm, res = fc.flashinfer_allreduce_residual_rmsnorm(input_tensor=x, residual=residual, weight=weight,
+                                                             eps=1e-6, max_token_num=max(tokens, 2048))
+        if norm is None:
+            out.append(None)
+            continue
+        s = rank_order_sum(gathered(ctx, x), dtype)  # SGLang's unfused path: all-reduce, then add + RMSNorm
+        want_res = (s.float() + res_before.float()).to(dtype)
+        v = want_res.float()
+        want = (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(dtype)
+        out.append((torch.equal(res, want_res), torch.equal(residual, res_before),
+                    ((norm.float() - want.float()).abs() / want.float().abs().clamp_min(2 ** -6)).max().item(),
+                    torch.equal(norm, gathered(ctx, norm)[0])))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_norm_served(sw, dtype):
+    for results in sw.run(_fused, 5, 96, dtype):
+        for residual_exact, untouched, err, same in results:
+            assert residual_exact and untouched and same
+            assert err <= 2 ** -7 if dtype == torch.bfloat16 else err <= 2 ** -10, err
+
+
+def test_fused_norm_declines_what_it_does_not_serve(sw):
+    # fp32 is not served by the fused kernel: SGLang's "not handled", on every rank
+    for results in sw.run(_fused, 3, 32, torch.float32):
+        assert results == [None, None]

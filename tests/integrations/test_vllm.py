@@ -1,0 +1,329 @@
+"""vLLM 0.33.0's own code driving tritoncomm in the CPU world.
+
+The ranks import vLLM's Python files (``engines.py``), load plugins with vLLM's loader, and build
+their groups with vLLM's ``init_distributed_environment`` / ``initialize_model_parallel``. The CPU
+platform is pointed at vLLM's CUDA communicator (``get_device_communicator_cls``) and, as vLLM's
+CUDA platform does, at its custom-op collectives; nothing else of vLLM is replaced.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from .enginetest import Spy, engine_world, gathered, rank_order_sum, run_python
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_RANK_STATE: list = []  # inside a rank: what lives as long as the rank process
+
+
+@pytest.fixture(scope="module")
+def vw():
+    with engine_world(2) as w:
+        w.run(_up)
+        yield w
+
+
+def _as_cuda_platform() -> None:
+    from vllm.platforms import current_platform
+
+    p = type(current_platform)
+    p.get_device_communicator_cls = classmethod(
+        lambda cls: "vllm.distributed.device_communicators.cuda_communicator.CudaCommunicator")
+    p.use_custom_op_collectives = classmethod(lambda cls: True)
+
+
+def _up(ctx) -> None:
+    """Load plugins (vLLM's loader) and build vLLM's groups, once per rank process."""
+    import vllm.distributed.parallel_state as ps
+    import vllm.plugins
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    if ps.model_parallel_is_initialized():
+        return
+    vllm.plugins.load_general_plugins()
+    _as_cuda_platform()
+    scope = set_current_vllm_config(VllmConfig())
+    scope.__enter__()  # for the life of the rank, as in a vLLM worker
+    _RANK_STATE.append(scope)
+    ps.init_distributed_environment(world_size=ctx.world, rank=ctx.rank, local_rank=ctx.rank, backend="gloo",
+                                    distributed_init_method=None)
+    ps.initialize_model_parallel(tensor_model_parallel_size=ctx.world)
+
+
+def _ca():
+    import vllm.distributed.parallel_state as ps
+
+    return ps.get_tp_group().device_communicator.ca_comm
+
+
+# -- the plugin, through vLLM's loader ---------------------------------------------------------------
+_LOAD = """
+import vllm.plugins
+from vllm.config.logging import LoggingConfig
+from vllm.logger import configure_logging
+import vllm.distributed.device_communicators.custom_all_reduce as car
+configure_logging(LoggingConfig())  # as vLLM's processes do before they load plugins
+original = car.CustomAllreduce
+vllm.plugins.load_general_plugins()
+from vllm.compilation.passes.pass_manager import PostGradPassManager
+replaced = car.CustomAllreduce is not original
+print("REPLACED", replaced, replaced and issubclass(car.CustomAllreduce, original))
+print("PASS", getattr(PostGradPassManager.configure, "tritoncomm", False))
+"""
+
+
+@pytest.mark.parametrize("env, replaced, fusion, line", [
+    ({"TRITONCOMM_ENABLE": ""}, False, False, "installed, inactive"),
+    ({}, True, True, "serving vLLM's custom all-reduce slot"),
+    ({"VLLM_BATCH_INVARIANT": "1"}, False, False, "VLLM_BATCH_INVARIANT=1 keeps vLLM's"),
+    ({"TRITONCOMM_FUSION": "0"}, True, False, "TRITONCOMM_FUSION=0"),
+], ids=["off", "on", "batch-invariant", "no-fusion"])
+def test_plugin_through_vllm_loader(env, replaced, fusion, line):
+    out = run_python(_LOAD, **env)
+    assert f"REPLACED {replaced} {replaced}" in out, out[-3000:]
+    assert f"PASS {fusion}" in out, out[-3000:]
+    assert line in out, out[-3000:]
+    assert sum("tritoncomm:" in ln for ln in out.splitlines()) == 1, out[-3000:]
+
+
+# -- the contract, from vLLM's own class ---------------------------------------------------------------
+def _contract(ctx):
+    import vllm.distributed.device_communicators.custom_all_reduce as car
+
+    from tritoncomm.integrations.vllm import TritonCommCustomAllreduce
+
+    served = car.CustomAllreduce
+    original = served.__bases__[1]  # the served class is (ours, vLLM's)
+    ours = TritonCommCustomAllreduce
+
+    def sig(f):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(f).parameters.values()]
+
+    theirs_init, ours_init = sig(original.__init__), sig(ours.__init__)
+    methods = [n for n, v in vars(original).items()
+               if callable(v) and not n.startswith("_") and not isinstance(v, staticmethod)]
+    missing = [n for n in methods if n not in dir(ours)]
+    params = {n: ([p[0] for p in sig(getattr(original, n))], [p[0] for p in sig(getattr(ours, n))])
+              for n in methods if n not in missing}
+    return original.__name__, theirs_init, ours_init, missing, params, _ca().__class__ is served
+
+
+def test_contract_is_vllms(vw):
+    name, theirs, ours, missing, params, in_slot = vw.run(_contract)[0]
+    assert name == "CustomAllreduce" and in_slot
+    assert ours[:len(theirs)] == theirs, "constructor differs from vLLM's"
+    assert all(p[1] == inspect.Parameter.KEYWORD_ONLY for p in ours[len(theirs):])
+    assert not missing, f"vLLM's CustomAllreduce methods we lack: {missing}"
+    for n, (t, o) in params.items():
+        assert o[:len(t)] == t, f"{n}: vLLM's parameters {t}, ours {o}"
+
+
+# -- TP all-reduce through vLLM's GroupCoordinator ---------------------------------------------------------------
+def _all_reduce(ctx, dtype, numels):
+    import vllm.distributed.parallel_state as ps
+
+    tp, ca = ps.get_tp_group(), _ca()
+    spy = Spy(ca, "custom_all_reduce")
+    ok = []
+    try:
+        for i, n in enumerate(numels):
+            for rep in range(2):  # repeated calls, fresh data
+                g = torch.Generator().manual_seed(1000 * i + 10 * rep + ctx.rank)
+                x = torch.randn(n, generator=g).to(dtype)
+                y = tp.all_reduce(x)
+                want = rank_order_sum(gathered(ctx, x), dtype)
+                ok.append(torch.equal(y, want) and all(torch.equal(y, o) for o in gathered(ctx, y)))
+        served = spy.calls
+        big = torch.ones(ca.max_size // x.element_size(), dtype=dtype)  # vLLM's own path from max_size up
+        y = tp.all_reduce(big)
+        ok.append(torch.equal(y, torch.full_like(big, ctx.world)))
+        return type(ca).__name__, served, spy.calls, ok
+    finally:
+        spy.close()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tp_all_reduce_served_and_exact(vw, dtype):
+    numels = [1, 7, 1000, 4099]
+    for name, served, after_big, ok in vw.run(_all_reduce, dtype, numels):
+        assert name == "TritonCommCustomAllreduce"
+        assert served == 2 * len(numels), "vLLM did not ask tritoncomm"
+        assert after_big == served, "vLLM's path past max_size went through tritoncomm"
+        assert all(ok), ok
+
+
+# -- sequence parallelism: vLLM's sp_all_gather / sp_reduce_scatter --------------------------------------
+def _sequence_parallel(ctx, dtype):
+    from vllm.models.common.ops.sequence_parallel import sp_all_gather, sp_reduce_scatter
+
+    ca = _ca()
+    spies = Spy(ca, "custom_all_gather"), Spy(ca, "custom_reduce_scatter")
+    try:
+        g = torch.Generator().manual_seed(7 + ctx.rank)
+        shard = torch.randn(5, 24, generator=g).to(dtype)
+        full = sp_all_gather(shard)
+        ag_ok = torch.equal(full, torch.cat(gathered(ctx, shard)))
+        x = torch.randn(6, 24, generator=g).to(dtype)
+        part = sp_reduce_scatter(x)
+        want = rank_order_sum(gathered(ctx, x), dtype).chunk(ctx.world)[ctx.rank]
+        padded = sp_reduce_scatter(torch.randn(5, 24, generator=g).to(dtype))  # vLLM pads 5 rows to 6
+        return ag_ok, torch.equal(part, want), tuple(padded.shape), [s.calls for s in spies]
+    finally:
+        for s in spies:
+            s.close()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sequence_parallel_served(vw, dtype):
+    for ag_ok, rs_ok, padded, calls in vw.run(_sequence_parallel, dtype):
+        assert ag_ok and rs_ok
+        assert padded == (3, 24)
+        assert calls == [1, 2]
+
+
+# -- graph capture: vLLM's graph_capture enters ours ---------------------------------------------------
+class _Stream:
+    def wait_stream(self, other: object) -> None:
+        pass
+
+
+def _graph_capture(ctx):
+    import contextlib
+
+    import vllm.distributed.parallel_state as ps
+
+    tp, ca = ps.get_tp_group(), _ca()
+    saved = torch.cuda.Stream, torch.cuda.current_stream, torch.cuda.stream
+    # the CPU world has no streams: vLLM's stream bookkeeping gets inert ones, the rest is vLLM's code
+    stream = _Stream()
+    torch.cuda.Stream, torch.cuda.current_stream = (lambda *a, **k: stream), (lambda *a, **k: stream)
+    torch.cuda.stream = lambda s: contextlib.nullcontext()
+    try:
+        before = ca._IS_CAPTURING
+        with tp.graph_capture():
+            inside = ca._IS_CAPTURING
+            x = torch.full((64,), float(ctx.rank + 1), dtype=torch.bfloat16)
+            y = tp.all_reduce(x)
+        return before, inside, ca._IS_CAPTURING, torch.equal(y, torch.full_like(x, sum(range(1, ctx.world + 1))))
+    finally:
+        torch.cuda.Stream, torch.cuda.current_stream, torch.cuda.stream = saved
+
+
+def test_vllm_graph_capture_enters_ours(vw):
+    for before, inside, after, ok in vw.run(_graph_capture):
+        assert (before, inside, after) == (False, True, False)
+        assert ok
+
+
+# -- vLLM's gates: the etp group, --disable-custom-all-reduce, register_graph_buffers -----------------------
+def _gates(ctx):
+    import vllm.distributed.parallel_state as ps
+    from vllm.config import VllmConfig
+
+    ranks = [list(range(ctx.world))]
+    x = torch.full((16,), float(ctx.rank + 1))
+    total = float(sum(range(1, ctx.world + 1)))
+    out = {}
+    etp = ps.init_model_parallel_group(ranks, ctx.rank, "gloo", group_name="etp")
+    out["etp"] = (etp.device_communicator.ca_comm, torch.equal(etp.all_reduce(x), torch.full_like(x, total)))
+    etp.destroy()
+    ps.set_custom_all_reduce(False)
+    try:
+        off = ps.init_model_parallel_group(ranks, ctx.rank, "gloo", group_name="tp")
+        out["disabled"] = (off.device_communicator.ca_comm, torch.equal(off.all_reduce(x), torch.full_like(x, total)))
+        off.destroy()
+    finally:
+        ps.set_custom_all_reduce(True)
+    saved = VllmConfig.use_cumem_cudagraph_pool
+    VllmConfig.use_cumem_cudagraph_pool = property(lambda self: True)  # what vLLM's sleep mode sets up
+    try:
+        cumem = ps.init_model_parallel_group(ranks, ctx.rank, "gloo", group_name="tp")
+        ca = cumem.device_communicator.ca_comm
+        out["cumem"] = (type(ca).__name__, ca._register, _ca()._register)
+        cumem.destroy()
+    finally:
+        VllmConfig.use_cumem_cudagraph_pool = saved
+    return out
+
+
+def test_vllm_gates_leave_us_off(vw):
+    for out in vw.run(_gates):
+        assert out["etp"] == (None, True)
+        assert out["disabled"] == (None, True)
+        assert out["cumem"] == ("TritonCommCustomAllreduce", False, True)
+
+
+# -- the fused all-reduce + RMSNorm (+ FP8) pass -------------------------------------------------------
+def _fusion(ctx, quant: bool):
+    import vllm.distributed.parallel_state as ps
+    import vllm.ir.ops as ir_ops
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from vllm.compilation.passes.pass_manager import PostGradPassManager
+    from vllm.config import get_current_vllm_config
+    from vllm.distributed import tensor_model_parallel_all_reduce as all_reduce
+    from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
+    from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape
+
+    from tritoncomm.integrations.vllm_fusion import TritonCommFusionPass
+
+    config = get_current_vllm_config()
+    manager = PostGradPassManager()
+    manager.configure(config)
+    installed = [(type(p).__name__, p.disabled, p.reason) for p in manager.passes
+                 if isinstance(p, TritonCommFusionPass)]
+    hidden, eps = 64, 1e-6
+    fusion = TritonCommFusionPass(config, hidden=hidden, max_tokens=8, dtype=torch.bfloat16)
+    q = QuantFP8(static=True, group_shape=GroupShape.PER_TENSOR, compile_native=False)
+
+    def layers(x1, x2, x3, w, scale):
+        # the first layer's all-reduce + RMSNorm (its sum is the residual), an all-reduce + add + RMSNorm
+        # (+ the static FP8 quant), and the last layer's, whose new residual is dropped
+        y = all_reduce(x1)
+        h1 = ir_ops.rms_norm(y, w, eps)
+        h2, res = ir_ops.fused_add_rms_norm(all_reduce(x2), y, w, eps)
+        if quant:
+            h2 = q(h2, scale)[0]
+        h3, _ = ir_ops.fused_add_rms_norm(all_reduce(x3), res, w, eps)
+        return h1, h2, res, h3
+
+    g = torch.Generator().manual_seed(3)  # the weights and scale are the same on every rank
+    w, scale = torch.randn(hidden, generator=g).to(torch.bfloat16), torch.tensor([0.05])
+    results = []
+    gm = make_fx(layers, tracing_mode="fake")(*(torch.randn(6, hidden).to(torch.bfloat16) for _ in range(3)), w, scale)
+    ar_before = sum(n.target is torch.ops.vllm.all_reduce.default for n in gm.graph.nodes)
+    fusion(gm.graph)
+    gm.graph.lint()
+    gm.recompile()
+    ar_after = sum(n.target is torch.ops.vllm.all_reduce.default for n in gm.graph.nodes)
+    fused = sum(n.target is torch.ops.tritoncomm.vllm_fused_add_rms_norm.default for n in gm.graph.nodes)
+    for rep in range(2):  # the same compiled graph, fresh data
+        gr = torch.Generator().manual_seed(100 * rep + ctx.rank)
+        xs = [torch.randn(6, hidden, generator=gr).to(torch.bfloat16) for _ in range(3)]
+        got, want = gm(*xs, w, scale), layers(*xs, w, scale)
+        same = all(torch.equal(t, gathered(ctx, t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t)[0]
+                               .view(t.dtype)) for t in got)
+        results.append((tuple(a.dtype for a in got), torch.equal(got[2], want[2]),
+                        [((a.float() - b.float()).abs() / b.float().abs().clamp_min(2 ** -6)).max().item()
+                         for a, b in (zip(got, want, strict=True))], same))
+    return installed, fusion.matched_count, ar_before, ar_after, fused, results, ps.get_tp_group().world_size
+
+
+@pytest.mark.parametrize("quant", [False, True], ids=["bf16", "fp8"])
+def test_fusion_pass_rewrites_vllm_graph(vw, quant):
+    for installed, matches, ar_before, ar_after, fused, results, _ in vw.run(_fusion, quant):
+        # vLLM's pass manager builds ours (inactive here: the config names no model)
+        assert [i[:2] for i in installed] == [("TritonCommFusionPass", True)]
+        assert "hidden size" in installed[0][2]
+        assert (matches, fused) == (3, 3), (matches, fused)
+        assert (ar_before, ar_after) == (3, 0)
+        for dtypes, residual_exact, errs, same in results:
+            assert dtypes[1] == (torch.float8_e4m3fn if quant else torch.bfloat16)
+            assert residual_exact, "the residual differs from vLLM's unfused path"
+            # vLLM rounds the norm twice (to the dtype, then after the weight), tritoncomm once: within two
+            # 16-bit ulps, and within one FP8 step where that rounding moves the quantised value
+            h1, h2, _, h3 = errs
+            assert max(h1, h3) <= 2 ** -6 and h2 <= (2 ** -3 if quant else 2 ** -6), errs
+            assert same, "ranks differ"

@@ -1,0 +1,24 @@
+"""The switch the engine plugins share: installed, they stay inactive until ``TRITONCOMM_ENABLE=1``."""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["ENABLE_ENV", "FUSION_ENV", "enabled", "fusion_enabled"]
+
+#: The variable that turns the engine plugins on.
+ENABLE_ENV = "TRITONCOMM_ENABLE"
+#: ``0`` keeps the plugins off the engines' fused all-reduce + RMSNorm (on by default once enabled).
+FUSION_ENV = "TRITONCOMM_FUSION"
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def enabled() -> bool:
+    """Whether ``TRITONCOMM_ENABLE`` asks the engine plugins to take over."""
+    return os.environ.get(ENABLE_ENV, "0").strip().lower() in _TRUE
+
+
+def fusion_enabled() -> bool:
+    """Whether the plugins also serve the fused all-reduce + residual + RMSNorm (``TRITONCOMM_FUSION``)."""
+    return os.environ.get(FUSION_ENV, "1").strip().lower() in _TRUE

@@ -3,9 +3,11 @@
 * ``tritoncomm.kernels``: device primitives (put/get, signal/wait, barrier, LL packets);
 * ``tritoncomm.channels``: symmetric heaps, communicators and channels;
 * ``tritoncomm.collectives``: all-reduce and friends built on the primitives;
-* ``tritoncomm.launch``: start N local ranks (GPUs, or the CPU world).
+* ``tritoncomm.launch``: start N local ranks (GPUs, or the CPU world);
+* ``tritoncomm.distributed``: the ``"tritoncomm"`` torch.distributed backend, registered on import.
 """
 
+from . import distributed  # noqa: F401  (registers the "tritoncomm" torch.distributed backend)
 from .channels import Channel, Communicator
 from .collectives import AllGather, AllReduce, ReduceScatter
 from .config import CommConfig

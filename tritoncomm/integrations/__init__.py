@@ -1,4 +1,5 @@
-"""Integrations, built on ``collectives``: the torch-style API with its custom ops (``torch_api``),
+"""Integrations, built on ``collectives``: the torch.distributed backend (``backend``; registered by
+``tritoncomm.distributed``), the torch-style API with its custom ops (``torch_api``),
 the engines' custom all-reduce slot (``custom_allreduce``) and one module per engine with its plugin
 (``vllm`` and its compiled-graph fusion pass ``vllm_fusion``, which imports vLLM; ``sglang``),
 tensor-parallel layers (``tp``), hierarchical (multi-node) all-reduce (``hierarchical``), and what

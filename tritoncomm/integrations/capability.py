@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..channels import GroupBootstrap
+from ..channels.bootstrap import Bootstrap
 from ..channels.topology import local_peer_access, rank_info
 from ..config import CommConfig
 from ..kernels.backend import MAX_WORLD, interpreting
@@ -42,10 +43,11 @@ def _local_backend(device: torch.device | None) -> tuple[str | None, str]:
     return None, "no CUDA device and not in the CPU world (TRITON_INTERPRET=1)"
 
 
-def probe(cpu_group: dist.ProcessGroup, device: torch.device | None, config: CommConfig | None = None) -> Verdict:
-    """Collective over ``cpu_group`` (gloo). See the module docstring."""
+def probe(cpu_group: dist.ProcessGroup | None, device: torch.device | None, config: CommConfig | None = None, *,
+          bootstrap: Bootstrap | None = None) -> Verdict:
+    """Collective over ``cpu_group`` (gloo), or over ``bootstrap`` when given. See the module docstring."""
     config = config or CommConfig()
-    boot = GroupBootstrap(cpu_group)
+    boot = bootstrap or GroupBootstrap(cpu_group)
     world, rank = boot.world, boot.rank
     backend, why = _local_backend(device)
     heap = config.resolved_heap_bytes(backend or "cuda")

@@ -1,0 +1,268 @@
+"""The ``tritoncomm`` torch.distributed backend in the CPU world: groups built by torch.distributed
+(``new_group(backend="tritoncomm")``, ``init_process_group("cpu:tritoncomm")``), served ops against
+gloo, delegated ops, functional collectives and ``torch.compile``."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
+
+import tritoncomm
+
+from ..helpers import world_sizes
+from .enginetest import gathered, rank_order_sum
+
+
+class _Count:
+    """Counts the calls of a collective (and still makes them)."""
+
+    def __init__(self, collective) -> None:
+        self.collective, self.calls = collective, 0
+        self.max_bytes = collective.max_bytes
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.collective(*args, **kwargs)
+
+    def close(self) -> None:
+        self.collective.close()
+
+
+def _group():
+    g = dist.new_group(backend="tritoncomm")
+    counts = {k: _Count(getattr(g, f"_{k}")) for k in ("ar", "ag", "rs")}
+    for k, c in counts.items():
+        setattr(g, f"_{k}", c)
+    return g, counts
+
+
+def _served(ctx, dtype):
+    g, counts = _group()
+    w, r = ctx.world, ctx.rank
+    bad = []
+    for n in (1, 5, 1000, 4099):
+        for rep in range(2):  # repeated calls, fresh data
+            x = torch.randn(n * w, generator=torch.Generator().manual_seed(10 * n + rep + 1000 * r)).to(dtype)
+            want = rank_order_sum(gathered(ctx, x), dtype)
+            y = x.clone()
+            dist.all_reduce(y, group=g)  # in place
+            a = x.clone()
+            work = dist.all_reduce(a, group=g, async_op=True)
+            work.wait()
+            f = fc.wait_tensor(fc.all_reduce(x, "sum", g))
+            shard = x[:n].contiguous()
+            ag = torch.full((n * w,), float("nan"), dtype=dtype)  # poisoned
+            dist.all_gather_into_tensor(ag, shard, group=g)
+            fag = fc.wait_tensor(fc.all_gather_tensor(shard, 0, g))
+            lst = [torch.empty_like(shard) for _ in range(w)]
+            dist.all_gather(lst, shard, group=g)
+            rs = torch.full((n,), float("nan"), dtype=dtype)
+            dist.reduce_scatter_tensor(rs, x, group=g)
+            frs = fc.wait_tensor(fc.reduce_scatter_tensor(x, "sum", 0, g))
+            rsl = torch.empty(n, dtype=dtype)
+            dist.reduce_scatter(rsl, list(x.chunk(w)), group=g)
+            checks = {"all_reduce": torch.equal(y, want), "async": torch.equal(a, want) and work.is_completed(),
+                      "functional all_reduce": torch.equal(f, want),
+                      "all_gather": torch.equal(ag, torch.cat(gathered(ctx, shard))),
+                      "functional all_gather": torch.equal(fag, ag), "list all_gather": torch.equal(torch.cat(lst), ag),
+                      "reduce_scatter": torch.equal(rs, want[r * n:(r + 1) * n]),
+                      "functional reduce_scatter": torch.equal(frs, rs), "list reduce_scatter": torch.equal(rsl, rs)}
+            bad += [(n, k) for k, v in checks.items() if not v]
+    calls = {k: c.calls for k, c in counts.items()}
+    dist.destroy_process_group(g)
+    return bad, calls
+
+
+@pytest.mark.parametrize("world, dtype", [(2, torch.bfloat16), (2, torch.float16), (2, torch.float32),
+                                          (3, torch.bfloat16), (4, torch.float32)])
+def test_served_ops_match_gloo(worlds, world, dtype):
+    for bad, calls in worlds(world).run(_served, dtype):
+        assert bad == []
+        assert calls == {"ar": 4 * 2 * 3, "ag": 4 * 2 * 3, "rs": 4 * 2 * 3}, calls
+
+
+def _delegated(ctx):
+    g, counts = _group()
+    w, r = ctx.world, ctx.rank
+    results = {}
+    m = torch.full((3,), float(r))
+    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=g)
+    results["max"] = m.tolist() == [float(w - 1)] * 3
+    i = torch.full((4,), r + 1, dtype=torch.int64)
+    dist.all_reduce(i, group=g)
+    results["int64"] = i.tolist() == [w * (w + 1) // 2] * 4
+    big = torch.ones(g._ar.max_bytes // 4 + 1)  # past the served size
+    dist.all_reduce(big, group=g)
+    results["big"] = bool((big == w).all())
+    out = torch.zeros(2 * w)
+    dist.all_gather_into_tensor(out, out[2 * r:2 * r + 2].fill_(r), group=g)  # input inside the output
+    results["in-place all_gather"] = out.tolist() == [float(k // 2) for k in range(2 * w)]
+    b = torch.full((3,), float(r))
+    dist.broadcast(b, 0, group=g)
+    results["broadcast"] = b.tolist() == [0.0] * 3
+    a2a = torch.arange(w, dtype=torch.float32) + 10 * r
+    o2a = torch.empty(w)
+    dist.all_to_all_single(o2a, a2a, group=g)
+    results["all_to_all"] = o2a.tolist() == [float(r + 10 * k) for k in range(w)]
+    red = torch.ones(2)
+    dist.reduce(red, 0, group=g)
+    results["reduce"] = r != 0 or red.tolist() == [float(w)] * 2
+    if w >= 2:
+        t = torch.full((2,), float(r))
+        if r == 0:
+            dist.send(t + 5, 1, group=g)
+        elif r == 1:
+            dist.recv(t, 0, group=g)
+            results["send/recv"] = t.tolist() == [5.0, 5.0]
+    objs = [None] * w
+    dist.all_gather_object(objs, {"rank": r}, group=g)
+    results["all_gather_object"] = objs == [{"rank": k} for k in range(w)]
+    dist.barrier(group=g)
+    results["calls"] = {k: c.calls for k, c in counts.items()}
+    dist.destroy_process_group(g)
+    return results
+
+
+@pytest.mark.parametrize("world", world_sizes(3))
+def test_delegated_ops_work(worlds, world):
+    for res in worlds(world).run(_delegated):
+        calls = res.pop("calls")
+        assert all(res.values()), res
+        assert calls == {"ar": 0, "ag": 0, "rs": 0}, calls
+
+
+def _two_groups_and_compile(ctx):
+    g_all, _ = _group()
+    sub = dist.new_group([0, 1], backend="tritoncomm")  # collective over every rank, served on 0 and 1
+    x = torch.full((64,), float(ctx.rank + 1))
+    y = x.clone()
+    dist.all_reduce(y, group=g_all)
+    ok = [torch.equal(y, torch.full_like(x, float(sum(range(1, ctx.world + 1)))))]
+    if ctx.rank in (0, 1):
+        z = x.clone()
+        dist.all_reduce(z, group=sub)
+        ok.append(torch.equal(z, torch.full_like(x, 3.0)) and sub.comm is not None)
+
+    def layer(t):
+        return fc.all_reduce(torch.relu(t) * 2, "sum", g_all) + 1
+
+    compiled = torch.compile(layer, fullgraph=True)  # the default inductor backend
+    for rep in range(2):
+        t = torch.randn(96, generator=torch.Generator().manual_seed(rep + 10 * ctx.rank))
+        want = rank_order_sum(gathered(ctx, torch.relu(t) * 2), torch.float32) + 1
+        ok.append(torch.allclose(compiled(t), want, rtol=1e-6, atol=1e-6))
+    if ctx.rank in (0, 1):
+        dist.destroy_process_group(sub)
+    dist.destroy_process_group(g_all)
+    return ok
+
+
+def test_two_groups_and_inductor(worlds):
+    for ok in worlds(3).run(_two_groups_and_compile):
+        assert all(ok), ok
+
+
+# -- init_process_group("cpu:tritoncomm") in fresh processes -------------------------------------------------
+def _init_job(rank: int, world: int, port: int, q) -> None:
+
+    dist.init_process_group("cpu:tritoncomm", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
+    try:
+        pg = dist.group.WORLD
+        x = torch.full((8,), float(rank + 1), dtype=torch.bfloat16)
+        dist.all_reduce(x)
+        objs = [None] * world
+        dist.all_gather_object(objs, rank)
+        q.put((rank, type(pg).__name__, dist.get_backend(), pg.comm is not None, x.tolist(), objs))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_init_process_group_cpu_tritoncomm():
+    for _, kind, backend, served, x, objs in _spawn(_init_job, 2):
+        assert (kind, backend, served) == ("TritonCommProcessGroup", "cpu:tritoncomm", True)
+        assert x == [3.0] * 8 and objs == [0, 1]
+
+
+# -- model code nobody here wrote: transformers' own tensor parallelism ---------------------------------------
+def _hf_job(rank: int, world: int, port: int, backend: str, path: str, q) -> None:
+
+    dist.init_process_group(backend, rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
+    try:
+        from transformers import AutoModelForCausalLM, DistributedConfig, LlamaConfig, LlamaForCausalLM
+
+        if rank == 0 and not os.path.exists(os.path.join(path, "config.json")):
+            cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                              num_hidden_layers=2, vocab_size=128, max_position_embeddings=64)
+            torch.manual_seed(0)  # random weights, no download
+            LlamaForCausalLM(cfg).save_pretrained(path)
+        dist.barrier()
+        pg = dist.group.WORLD
+        counts = {}
+        if isinstance(pg, tritoncomm.distributed.TritonCommProcessGroup):
+            counts = {k: _Count(getattr(pg, f"_{k}")) for k in ("ar", "ag", "rs")}
+            for k, c in counts.items():
+                setattr(pg, f"_{k}", c)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, distributed_config=DistributedConfig(tp_plan="auto", tp_size=world), dtype=torch.float32)
+        sharded = type(model.model.layers[0].mlp.down_proj.weight).__name__
+        tokens = model.generate(torch.tensor([[1, 5, 9, 13]]), max_new_tokens=16, do_sample=False)
+        q.put((rank, tokens.tolist(), sharded, {k: c.calls for k, c in counts.items()}))
+    except Exception:
+        import traceback
+
+        q.put((rank, traceback.format_exc(), None, None))
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(target, world: int, *args) -> list:
+    import sys
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    saved = os.environ.get("TRITON_INTERPRET"), list(sys.path)
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        procs = [ctx.Process(target=target, args=(r, world, port, *args, q)) for r in range(world)]
+        for p in procs:
+            p.start()
+    finally:
+        if saved[0] is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved[0]
+        sys.path[:] = saved[1]
+    results = sorted(q.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join(60)
+    return results
+
+
+def test_transformers_tp_plan_same_tokens_as_gloo(tmp_path):
+    """A Llama-architecture model from a config (random weights), sharded by transformers' own
+    ``tp_plan="auto"`` at TP2, greedy generation with the tritoncomm backend and with gloo."""
+    import sys
+
+    from .enginetest import engine_paths
+
+    paths = engine_paths()  # transformers and accelerate are among the engines' dependencies
+    runs = {}
+    for backend in ("cpu:gloo", "cpu:tritoncomm"):
+        sys.path[:0] = paths  # the spawned ranks' path; _spawn restores ours
+        runs[backend] = _spawn(_hf_job, 2, backend, str(tmp_path / "tiny-llama"))
+    for backend, results in runs.items():
+        for rank, tokens, sharded, _ in results:
+            assert sharded == "DTensor", (backend, rank, tokens)
+            assert tokens == runs["cpu:gloo"][0][1], (backend, rank)
+    for _, _, _, calls in runs["cpu:tritoncomm"]:
+        assert calls["ar"] > 0 and calls["ag"] > 0, calls  # transformers' all-reduces and gathers were ours

@@ -1,0 +1,17 @@
+"""tritoncomm as a torch.distributed backend (``integrations.backend``).
+
+Importing ``tritoncomm`` (or this module) registers the backend ``"tritoncomm"``::
+
+    import torch, torch.distributed as dist, tritoncomm
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("cpu:gloo,cuda:tritoncomm")
+    dist.all_reduce(x)          # tritoncomm's kernels; what it does not serve goes to NCCL
+"""
+
+from __future__ import annotations
+
+from .integrations.backend import BACKEND, TritonCommProcessGroup, TritonCommWork, register
+
+__all__ = ["BACKEND", "TritonCommProcessGroup", "TritonCommWork", "register"]
+
+register()

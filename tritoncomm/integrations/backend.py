@@ -1,0 +1,282 @@
+"""The ``tritoncomm`` torch.distributed backend: every torch.distributed program gets tritoncomm.
+
+``dist.init_process_group("cpu:gloo,cuda:tritoncomm")`` (or ``new_group(..., backend=...)``) builds a
+``TritonCommProcessGroup``: a ``torch.distributed.ProcessGroup`` whose all-reduce, all-gather and
+reduce-scatter run tritoncomm's kernels where they can, and whose every other operation goes to a
+gloo (CPU tensors) or NCCL (CUDA tensors) backend it keeps inside, so nothing a program calls fails.
+
+Served (CUDA tensors on GPUs; CPU tensors in the CPU world, ``TRITON_INTERPRET=1``), when the input is
+contiguous, of bf16/fp16/fp32, within the set-up size, and the reduction is a sum:
+
+* ``allreduce`` (``dist.all_reduce``, functional ``all_reduce``, under ``torch.compile``) and
+  ``allreduce_coalesced`` (each tensor in turn);
+* ``all_gather_single`` (``dist.all_gather_into_tensor``), ``allgather_into_tensor_coalesced`` (the
+  functional all-gather) and the list form ``allgather`` (one input, outputs shaped like it);
+* ``reduce_scatter_single`` (``dist.reduce_scatter_tensor``), ``reduce_scatter_tensor_coalesced``
+  (functional) and the list form ``reduce_scatter``.
+
+Anything else, and any call that does not qualify, goes to the inner backend with the same arguments;
+each kind of delegation is logged once per group. Whether a call is served depends only on what every
+rank of a collective agrees on (op, dtype, shape, layout), so the ranks never split.
+
+Ordering: a served collective runs on the caller's current CUDA stream, at the call. Its work
+object's ``wait()`` makes the then-current stream wait for it (an event, recorded only for
+``async_op=True`` outside graph capture), like NCCL's; its future holds the outputs.
+
+Set-up is collective: building the group (as torch.distributed does for every group) probes the
+ranks, maps a symmetric heap and sets up the collectives. CUDA groups are bound to the current device
+when they are built (``torch.cuda.set_device`` first, as with NCCL).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import AllgatherOptions, AllreduceCoalescedOptions
+from torch.distributed import ProcessGroup, ReduceOp
+
+from ..channels import Communicator
+from ..channels.bootstrap import StoreBootstrap
+from ..collectives import AllGather, AllReduce, ReduceScatter
+from ..collectives.validation import SUPPORTED_DTYPES, overlap
+from ..config import CommConfig
+from ..kernels.backend import interpreting
+from .capability import probe
+
+__all__ = ["BACKEND", "TritonCommProcessGroup", "TritonCommWork", "register"]
+
+log = logging.getLogger("tritoncomm")
+
+#: The backend's name for ``init_process_group`` / ``new_group``.
+BACKEND = "tritoncomm"
+#: Served sizes (input bytes of an all-reduce, output bytes of an all-gather, input bytes of a
+#: reduce-scatter); ``TRITONCOMM_BACKEND_MAX_BYTES`` overrides all three.
+MAX_BYTES = {"cuda": (64 << 20, 16 << 20, 16 << 20), "cpu": (1 << 20, 1 << 20, 1 << 20)}
+
+
+def register() -> None:
+    """Register the backend with torch.distributed (idempotent; ``import tritoncomm`` does it)."""
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+def _create(opts: Any, backend_options: Any) -> TritonCommProcessGroup:
+    return TritonCommProcessGroup(opts.store, opts.group_rank, opts.group_size, opts.timeout,
+                                  global_ranks=list(opts.global_ranks_in_group), group_id=opts.group_id)
+
+
+class TritonCommWork(dist.Work):
+    """A served collective, already launched on the caller's stream (see the module docstring)."""
+
+    def __init__(self, outputs: list[torch.Tensor], event: torch.cuda.Event | None = None) -> None:
+        super().__init__()
+        self._outputs, self._event = outputs, event
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        if self._event is not None:
+            torch.cuda.current_stream().wait_event(self._event)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._event is None or self._event.query()
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        if self._event is not None:
+            self._event.synchronize()
+
+    def result(self) -> list[torch.Tensor]:
+        return self._outputs
+
+    def get_future(self) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(self._outputs)
+        return fut
+
+
+def _is_sum(opts: Any) -> bool:
+    return opts is None or opts.reduceOp == ReduceOp.SUM
+
+
+class TritonCommProcessGroup(ProcessGroup):
+    """See the module docstring. Built by torch.distributed through the registered creator."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta, *,
+                 global_ranks: Sequence[int] = (), group_id: str = "") -> None:
+        super().__init__(rank, size)
+        self._group_id = group_id
+        self._delegate = ProcessGroup(rank, size)  # the inner backends, behind torch's own dispatch
+        self._logged: set[str] = set()
+        gloo = dist.ProcessGroupGloo(dist.PrefixStore("tritoncomm/gloo/", store), rank, size, timeout)
+        backends = [(torch.device("cpu"), ProcessGroup.BackendType.GLOO, gloo)]
+        if dist.is_nccl_available() and torch.cuda.is_available():
+            nccl_opts = dist.ProcessGroupNCCL.Options()
+            nccl_opts._timeout = timeout
+            nccl_opts.global_ranks_in_group = list(global_ranks)
+            nccl_opts.group_name = group_id
+            nccl = dist.ProcessGroupNCCL(dist.PrefixStore("tritoncomm/nccl/", store), rank, size, nccl_opts)
+            backends.append((torch.device("cuda"), ProcessGroup.BackendType.NCCL, nccl))
+        for pg in (self, self._delegate):
+            for device, kind, backend in backends:
+                pg._register_backend(device, kind, backend)
+            pg._set_default_backend(backends[-1][1])
+        self._backends = backends
+        self._serve_type = "cpu" if interpreting() else ("cuda" if torch.cuda.is_available() else "")
+        self.comm: Communicator | None = None
+        if not self._serve_type:
+            return
+        device = torch.device("cuda", torch.cuda.current_device()) if self._serve_type == "cuda" else \
+            torch.device("cpu")
+        env = os.environ.get("TRITONCOMM_BACKEND_MAX_BYTES")
+        ar_max, ag_max, rs_max = (int(env),) * 3 if env else MAX_BYTES[self._serve_type]
+        heap = CommConfig().resolved_heap_bytes(self._serve_type)
+        config = CommConfig(heap_bytes=max(heap, 3 * (ar_max + ag_max + rs_max) + (16 << 20)))
+        boot = StoreBootstrap(dist.PrefixStore("tritoncomm/boot/", store), rank, size)
+        verdict = probe(None, device, config, bootstrap=boot)
+        if not verdict.ok:
+            log.warning("tritoncomm backend: group %s delegates everything (%s)", group_id, verdict.reason)
+            return
+        self.comm = Communicator(bootstrap=boot, device=device, config=config)
+        self._ar = AllReduce(self.comm, max_bytes=ar_max, name="backend.ar")
+        self._ag = AllGather(self.comm, max_bytes=ag_max, name="backend.ag")
+        self._rs = ReduceScatter(self.comm, max_bytes=rs_max, name="backend.rs")
+        self.device = device
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    # -- what is served ------------------------------------------------------------------------------
+    def _ok(self, t: torch.Tensor) -> bool:
+        return (self.comm is not None and t.device.type == self._serve_type and t.device == self.device
+                and t.dtype in SUPPORTED_DTYPES and t.is_contiguous())
+
+    def _delegated(self, what: str, method: str, *args: Any) -> Any:
+        if what not in self._logged:
+            self._logged.add(what)
+            log.info("tritoncomm backend: group %s hands %s to its inner gloo/NCCL backend", self._group_id, what)
+        return getattr(self._delegate, method)(*args)
+
+    def _work(self, outputs: list[torch.Tensor], opts: Any) -> TritonCommWork:
+        event = None
+        if (opts is not None and getattr(opts, "asyncOp", False) and self._serve_type == "cuda"
+                and not torch.cuda.is_current_stream_capturing()):
+            event = torch.cuda.Event()
+            event.record()
+        return TritonCommWork(outputs, event)
+
+    def _ar_ok(self, t: torch.Tensor) -> bool:
+        return self._ok(t) and t.numel() * t.element_size() <= self._ar.max_bytes
+
+    def _ag_ok(self, out: torch.Tensor, inp: torch.Tensor) -> bool:
+        return (self._ok(inp) and self._ok(out) and out.dtype == inp.dtype
+                and out.numel() == inp.numel() * self.size() and out.numel() * out.element_size() <= self._ag.max_bytes
+                and not overlap(out, inp))
+
+    def _rs_ok(self, out: torch.Tensor, inp: torch.Tensor) -> bool:
+        return (self._ok(inp) and self._ok(out) and out.dtype == inp.dtype
+                and inp.numel() == out.numel() * self.size() and inp.numel() * inp.element_size() <= self._rs.max_bytes
+                and not overlap(out, inp))
+
+    # -- all-reduce -----------------------------------------------------------------------------------
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        if len(tensors) == 1 and _is_sum(opts) and self._ar_ok(tensors[0]):
+            self._ar(tensors[0], tensors[0])
+            return self._work(tensors, opts)
+        return self._delegated("this all_reduce", "allreduce", tensors, *self._opts(opts, dist.AllreduceOptions))
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        if _is_sum(opts) and all(self._ar_ok(t) for t in tensors):
+            for t in tensors:
+                self._ar(t, t)
+            return self._work(tensors, opts)
+        return self._delegated("this all_reduce_coalesced", "allreduce_coalesced", tensors,
+                               *self._opts(opts, AllreduceCoalescedOptions))
+
+    # -- all-gather -----------------------------------------------------------------------------------
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
+        if self._ag_ok(output, input):
+            self._ag(input, output)
+            return self._work([output], opts)
+        return self._delegated("this all_gather", "all_gather_single", output, input,
+                               *self._opts(opts, AllgatherOptions))
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> dist.Work:
+        if all(self._ag_ok(o, i) for o, i in zip(outputs, inputs, strict=True)):
+            for o, i in zip(outputs, inputs, strict=True):
+                self._ag(i, o)
+            return self._work(list(outputs), opts)
+        return self._delegated("this functional all_gather", "allgather_into_tensor_coalesced", outputs, inputs,
+                               *self._opts(opts, AllgatherOptions))
+
+    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                  opts: Any = None) -> dist.Work:
+        if len(inputs) == 1 and len(output_lists) == 1 and self._ok(inputs[0]) and all(
+                o.shape == inputs[0].shape and o.dtype == inputs[0].dtype for o in output_lists[0]):
+            flat = inputs[0].new_empty((self.size() * inputs[0].numel(),))
+            if self._ag_ok(flat, inputs[0]):
+                self._ag(inputs[0], flat)
+                for r, o in enumerate(output_lists[0]):
+                    o.copy_(flat[r * inputs[0].numel():(r + 1) * inputs[0].numel()].view_as(o))
+                return self._work(output_lists[0], opts)
+        return self._delegated("this list all_gather", "allgather", output_lists, inputs,
+                               *self._opts(opts, AllgatherOptions))
+
+    # -- reduce-scatter ---------------------------------------------------------------------------------
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
+        if _is_sum(opts) and self._rs_ok(output, input):
+            self._rs(input, output)
+            return self._work([output], opts)
+        return self._delegated("this reduce_scatter", "reduce_scatter_single", output, input,
+                               *self._opts(opts, dist.ReduceScatterOptions))
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> dist.Work:
+        if _is_sum(opts) and all(self._rs_ok(o, i) for o, i in zip(outputs, inputs, strict=True)):
+            for o, i in zip(outputs, inputs, strict=True):
+                self._rs(i, o)
+            return self._work(list(outputs), opts)
+        return self._delegated("this functional reduce_scatter", "reduce_scatter_tensor_coalesced", outputs, inputs,
+                               *self._opts(opts, dist.ReduceScatterOptions))
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                       opts: Any = None) -> dist.Work:
+        if (len(outputs) == 1 and len(input_lists) == 1 and _is_sum(opts) and self._ok(outputs[0])
+                and all(i.shape == outputs[0].shape and i.dtype == outputs[0].dtype for i in input_lists[0])):
+            flat = torch.cat([i.reshape(-1) for i in input_lists[0]])
+            if self._rs_ok(outputs[0], flat):
+                self._rs(flat, outputs[0])
+                return self._work(outputs, opts)
+        return self._delegated("this list reduce_scatter", "reduce_scatter", outputs, input_lists,
+                               *self._opts(opts, dist.ReduceScatterOptions))
+
+    # -- life ----------------------------------------------------------------------------------------
+    @staticmethod
+    def _opts(opts: Any, kind: Callable[[], Any]) -> tuple[Any, ...]:
+        return (opts if opts is not None else kind(),)
+
+    def _close(self) -> None:
+        if self.comm is not None:
+            for c in (self._ar, self._ag, self._rs):
+                c.close()
+            self.comm.close()
+            self.comm = None
+
+    def shutdown(self) -> None:
+        self._close()
+        self._delegate.shutdown()
+
+    def abort(self) -> None:
+        self._close()
+        self._delegate.abort()

@@ -10,8 +10,8 @@ Importing ``tritoncomm`` (or this module) registers the backend ``"tritoncomm"``
 
 from __future__ import annotations
 
-from .integrations.backend import BACKEND, TritonCommProcessGroup, TritonCommWork, register
+from .integrations.backend import BACKEND, TritonCommProcessGroup, TritonCommWork, graph_capture, register
 
-__all__ = ["BACKEND", "TritonCommProcessGroup", "TritonCommWork", "register"]
+__all__ = ["BACKEND", "TritonCommProcessGroup", "TritonCommWork", "graph_capture", "register"]
 
 register()

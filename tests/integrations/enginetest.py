@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import torch
@@ -43,6 +44,18 @@ def engine_world(world: int) -> Iterator[LocalWorld]:
         yield w
     finally:
         w.close()
+
+
+def module_world(up: Callable[..., None], name: str) -> Any:
+    """A module-scoped fixture ``name``: a two-rank ``engine_world`` on which ``up`` has run."""
+
+    @pytest.fixture(scope="module", name=name)
+    def fixture() -> Iterator[LocalWorld]:
+        with engine_world(2) as w:
+            w.run(up)
+            yield w
+
+    return fixture
 
 
 def run_python(code: str, **env: str) -> str:

@@ -147,6 +147,10 @@ def _two_groups_and_compile(ctx):
         z = x.clone()
         dist.all_reduce(z, group=sub)
         ok.append(torch.equal(z, torch.full_like(x, 3.0)) and sub.comm is not None)
+    with tritoncomm.distributed.graph_capture(g_all):  # registers captured outputs on GPUs; here it only wraps
+        c = x.clone()
+        dist.all_reduce(c, group=g_all)
+    ok.append(torch.equal(c, y))
 
     def layer(t):
         return fc.all_reduce(torch.relu(t) * 2, "sum", g_all) + 1

@@ -14,16 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .enginetest import Spy, engine_world, gathered, rank_order_sum, run_python
+from .enginetest import Spy, gathered, module_world, rank_order_sum, run_python
 
 _RANK_STATE: list = []  # inside a rank: what lives as long as the rank process
-
-
-@pytest.fixture(scope="module")
-def sw():
-    with engine_world(2) as w:
-        w.run(_up)
-        yield w
 
 
 def _up(ctx) -> None:
@@ -42,6 +35,9 @@ def _up(ctx) -> None:
     get_parallel().override_permanently(tp_group=tp, attn_tp_group=tp, tp_size=ctx.world, attn_tp_size=ctx.world,
                                         tp_rank=ctx.rank, attn_tp_rank=ctx.rank)
     _RANK_STATE.append(tp)
+
+
+sw = module_world(_up, "sw")  # two ranks, the engine set up by ``_up``
 
 
 def _tp():

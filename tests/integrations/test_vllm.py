@@ -13,17 +13,10 @@ import inspect
 import pytest
 import torch
 
-from .enginetest import Spy, engine_world, gathered, rank_order_sum, run_python
+from .enginetest import Spy, gathered, module_world, rank_order_sum, run_python
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _RANK_STATE: list = []  # inside a rank: what lives as long as the rank process
-
-
-@pytest.fixture(scope="module")
-def vw():
-    with engine_world(2) as w:
-        w.run(_up)
-        yield w
 
 
 def _as_cuda_platform() -> None:
@@ -51,6 +44,9 @@ def _up(ctx) -> None:
     ps.init_distributed_environment(world_size=ctx.world, rank=ctx.rank, local_rank=ctx.rank, backend="gloo",
                                     distributed_init_method=None)
     ps.initialize_model_parallel(tensor_model_parallel_size=ctx.world)
+
+
+vw = module_world(_up, "vw")  # two ranks, the engine set up by ``_up``
 
 
 def _ca():

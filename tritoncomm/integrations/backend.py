@@ -21,7 +21,8 @@ rank of a collective agrees on (op, dtype, shape, layout), so the ranks never sp
 
 Ordering: a served collective runs on the caller's current CUDA stream, at the call. Its work
 object's ``wait()`` makes the then-current stream wait for it (an event, recorded only for
-``async_op=True`` outside graph capture), like NCCL's; its future holds the outputs.
+``async_op=True`` outside graph capture), like NCCL's; its future holds the outputs. Served calls
+can be captured in CUDA graphs; inside ``graph_capture(group)`` their outputs are also registered.
 
 Set-up is collective: building the group (as torch.distributed does for every group) probes the
 ranks, maps a symmetric heap and sets up the collectives. CUDA groups are bound to the current device
@@ -32,7 +33,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -49,7 +51,7 @@ from ..config import CommConfig
 from ..kernels.backend import interpreting
 from .capability import probe
 
-__all__ = ["BACKEND", "TritonCommProcessGroup", "TritonCommWork", "register"]
+__all__ = ["BACKEND", "TritonCommProcessGroup", "TritonCommWork", "graph_capture", "register"]
 
 log = logging.getLogger("tritoncomm")
 
@@ -64,6 +66,20 @@ def register() -> None:
     """Register the backend with torch.distributed (idempotent; ``import tritoncomm`` does it)."""
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+@contextmanager
+def graph_capture(group: ProcessGroup | None = None) -> Iterator[None]:
+    """Wrap CUDA-graph capture with it (as engines wrap theirs): the outputs of the tritoncomm group's
+    served collectives captured inside are mapped into every peer on exit, so replays write them
+    directly. Other groups, and the CPU world: nothing. Collective over ``group`` (default: the world)."""
+    group = group if group is not None else dist.group.WORLD
+    comm = getattr(group, "comm", None)
+    if isinstance(group, TritonCommProcessGroup) and comm is not None and comm.backend == "cuda":
+        with comm.graph_capture():
+            yield
+    else:
+        yield
 
 
 def _create(opts: Any, backend_options: Any) -> TritonCommProcessGroup:
@@ -119,6 +135,8 @@ class TritonCommProcessGroup(ProcessGroup):
         self._delegate = ProcessGroup(rank, size)  # the inner backends, behind torch's own dispatch
         self._logged: set[str] = set()
         gloo = dist.ProcessGroupGloo(dist.PrefixStore("tritoncomm/gloo/", store), rank, size, timeout)
+        gloo.options.global_ranks_in_group = list(global_ranks)
+        gloo.options.group_name = group_id
         backends = [(torch.device("cpu"), ProcessGroup.BackendType.GLOO, gloo)]
         if dist.is_nccl_available() and torch.cuda.is_available():
             nccl_opts = dist.ProcessGroupNCCL.Options()

@@ -1,6 +1,8 @@
-"""The ``tritoncomm`` torch.distributed backend in the CPU world: groups built by torch.distributed
-(``new_group(backend="tritoncomm")``, ``init_process_group("cpu:tritoncomm")``), served ops against
-gloo, delegated ops, functional collectives and ``torch.compile``."""
+"""The ``tritoncomm`` torch.distributed backend: groups built by torch.distributed
+(``new_group(backend="tritoncomm")``, ``init_process_group(...)``), served ops against the sum in rank
+order (gathered over gloo), delegated ops, functional collectives and ``torch.compile``; on GPUs also
+CUDA graphs and NCCL as the inner backend. Every test runs in the CPU world (CPU tensors, interpreted
+kernels) and, with ``TRITONCOMM_TEST_BACKEND=cuda``, on GPUs (CUDA tensors)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch.distributed._functional_collectives as fc
 
 import tritoncomm
 
+from ..conftest import BACKEND
 from ..helpers import world_sizes
 from .enginetest import gathered, rank_order_sum
 
@@ -41,6 +44,15 @@ def _group():
     return g, counts
 
 
+def _on_device(ctx, t: torch.Tensor) -> torch.Tensor:
+    return t.to(ctx.device)
+
+
+def _all(ctx, t: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's ``t``, on this rank's device (gathered over gloo)."""
+    return [_on_device(ctx, p) for p in gathered(ctx, t.cpu())]
+
+
 def _served(ctx, dtype):
     g, counts = _group()
     w, r = ctx.world, ctx.rank
@@ -48,7 +60,8 @@ def _served(ctx, dtype):
     for n in (1, 5, 1000, 4099):
         for rep in range(2):  # repeated calls, fresh data
             x = torch.randn(n * w, generator=torch.Generator().manual_seed(10 * n + rep + 1000 * r)).to(dtype)
-            want = rank_order_sum(gathered(ctx, x), dtype)
+            x = _on_device(ctx, x)
+            want = rank_order_sum(_all(ctx, x), dtype)
             y = x.clone()
             dist.all_reduce(y, group=g)  # in place
             a = x.clone()
@@ -56,19 +69,19 @@ def _served(ctx, dtype):
             work.wait()
             f = fc.wait_tensor(fc.all_reduce(x, "sum", g))
             shard = x[:n].contiguous()
-            ag = torch.full((n * w,), float("nan"), dtype=dtype)  # poisoned
+            ag = torch.full((n * w,), float("nan"), dtype=dtype, device=ctx.device)  # poisoned
             dist.all_gather_into_tensor(ag, shard, group=g)
             fag = fc.wait_tensor(fc.all_gather_tensor(shard, 0, g))
             lst = [torch.empty_like(shard) for _ in range(w)]
             dist.all_gather(lst, shard, group=g)
-            rs = torch.full((n,), float("nan"), dtype=dtype)
+            rs = torch.full((n,), float("nan"), dtype=dtype, device=ctx.device)
             dist.reduce_scatter_tensor(rs, x, group=g)
             frs = fc.wait_tensor(fc.reduce_scatter_tensor(x, "sum", 0, g))
-            rsl = torch.empty(n, dtype=dtype)
+            rsl = torch.empty(n, dtype=dtype, device=ctx.device)
             dist.reduce_scatter(rsl, list(x.chunk(w)), group=g)
             checks = {"all_reduce": torch.equal(y, want), "async": torch.equal(a, want) and work.is_completed(),
                       "functional all_reduce": torch.equal(f, want),
-                      "all_gather": torch.equal(ag, torch.cat(gathered(ctx, shard))),
+                      "all_gather": torch.equal(ag, torch.cat(_all(ctx, shard))),
                       "functional all_gather": torch.equal(fag, ag), "list all_gather": torch.equal(torch.cat(lst), ag),
                       "reduce_scatter": torch.equal(rs, want[r * n:(r + 1) * n]),
                       "functional reduce_scatter": torch.equal(frs, rs), "list reduce_scatter": torch.equal(rsl, rs)}
@@ -88,32 +101,32 @@ def test_served_ops_match_gloo(worlds, world, dtype):
 
 def _delegated(ctx):
     g, counts = _group()
-    w, r = ctx.world, ctx.rank
+    w, r, dev = ctx.world, ctx.rank, ctx.device
     results = {}
-    m = torch.full((3,), float(r))
+    m = torch.full((3,), float(r), device=dev)
     dist.all_reduce(m, op=dist.ReduceOp.MAX, group=g)
     results["max"] = m.tolist() == [float(w - 1)] * 3
-    i = torch.full((4,), r + 1, dtype=torch.int64)
+    i = torch.full((4,), r + 1, dtype=torch.int64, device=dev)
     dist.all_reduce(i, group=g)
     results["int64"] = i.tolist() == [w * (w + 1) // 2] * 4
-    big = torch.ones(g._ar.max_bytes // 4 + 1)  # past the served size
+    big = torch.ones(g._ar.max_bytes // 4 + 1, device=dev)  # past the served size
     dist.all_reduce(big, group=g)
     results["big"] = bool((big == w).all())
-    out = torch.zeros(2 * w)
+    out = torch.zeros(2 * w, device=dev)
     dist.all_gather_into_tensor(out, out[2 * r:2 * r + 2].fill_(r), group=g)  # input inside the output
     results["in-place all_gather"] = out.tolist() == [float(k // 2) for k in range(2 * w)]
-    b = torch.full((3,), float(r))
+    b = torch.full((3,), float(r), device=dev)
     dist.broadcast(b, 0, group=g)
     results["broadcast"] = b.tolist() == [0.0] * 3
-    a2a = torch.arange(w, dtype=torch.float32) + 10 * r
-    o2a = torch.empty(w)
+    a2a = torch.arange(w, dtype=torch.float32, device=dev) + 10 * r
+    o2a = torch.empty(w, device=dev)
     dist.all_to_all_single(o2a, a2a, group=g)
     results["all_to_all"] = o2a.tolist() == [float(r + 10 * k) for k in range(w)]
-    red = torch.ones(2)
+    red = torch.ones(2, device=dev)
     dist.reduce(red, 0, group=g)
     results["reduce"] = r != 0 or red.tolist() == [float(w)] * 2
     if w >= 2:
-        t = torch.full((2,), float(r))
+        t = torch.full((2,), float(r), device=dev)
         if r == 0:
             dist.send(t + 5, 1, group=g)
         elif r == 1:
@@ -122,24 +135,32 @@ def _delegated(ctx):
     objs = [None] * w
     dist.all_gather_object(objs, {"rank": r}, group=g)
     results["all_gather_object"] = objs == [{"rank": k} for k in range(w)]
+    if dev.type == "cuda":  # a CPU tensor on a GPU group: gloo, as with "cpu:gloo,cuda:nccl"
+        cpu = torch.full((2,), float(r + 1))
+        dist.all_reduce(cpu, group=g)
+        results["cpu tensor"] = cpu.tolist() == [float(w * (w + 1) // 2)] * 2
     dist.barrier(group=g)
     results["calls"] = {k: c.calls for k, c in counts.items()}
     dist.destroy_process_group(g)
     return results
 
 
-@pytest.mark.parametrize("world", world_sizes(3))
+#: The largest world every backend's machine has: three ranks in the CPU world, two GPUs.
+SMALL_WORLD = 2 if BACKEND == "cuda" else 3
+
+
+@pytest.mark.parametrize("world", world_sizes(SMALL_WORLD))
 def test_delegated_ops_work(worlds, world):
     for res in worlds(world).run(_delegated):
         calls = res.pop("calls")
-        assert all(res.values()), res
+        assert [k for k, v in res.items() if not v] == []
         assert calls == {"ar": 0, "ag": 0, "rs": 0}, calls
 
 
 def _two_groups_and_compile(ctx):
     g_all, _ = _group()
     sub = dist.new_group([0, 1], backend="tritoncomm")  # collective over every rank, served on 0 and 1
-    x = torch.full((64,), float(ctx.rank + 1))
+    x = torch.full((64,), float(ctx.rank + 1), device=ctx.device)
     y = x.clone()
     dist.all_reduce(y, group=g_all)
     ok = [torch.equal(y, torch.full_like(x, float(sum(range(1, ctx.world + 1)))))]
@@ -147,7 +168,7 @@ def _two_groups_and_compile(ctx):
         z = x.clone()
         dist.all_reduce(z, group=sub)
         ok.append(torch.equal(z, torch.full_like(x, 3.0)) and sub.comm is not None)
-    with tritoncomm.distributed.graph_capture(g_all):  # registers captured outputs on GPUs; here it only wraps
+    with tritoncomm.distributed.graph_capture(g_all):  # outside CUDA-graph capture it only wraps
         c = x.clone()
         dist.all_reduce(c, group=g_all)
     ok.append(torch.equal(c, y))
@@ -157,8 +178,8 @@ def _two_groups_and_compile(ctx):
 
     compiled = torch.compile(layer, fullgraph=True)  # the default inductor backend
     for rep in range(2):
-        t = torch.randn(96, generator=torch.Generator().manual_seed(rep + 10 * ctx.rank))
-        want = rank_order_sum(gathered(ctx, torch.relu(t) * 2), torch.float32) + 1
+        t = torch.randn(96, generator=torch.Generator().manual_seed(rep + 10 * ctx.rank)).to(ctx.device)
+        want = rank_order_sum(_all(ctx, torch.relu(t) * 2), torch.float32) + 1
         ok.append(torch.allclose(compiled(t), want, rtol=1e-6, atol=1e-6))
     if ctx.rank in (0, 1):
         dist.destroy_process_group(sub)
@@ -167,17 +188,75 @@ def _two_groups_and_compile(ctx):
 
 
 def test_two_groups_and_inductor(worlds):
-    for ok in worlds(3).run(_two_groups_and_compile):
+    for ok in worlds(SMALL_WORLD).run(_two_groups_and_compile):
         assert all(ok), ok
 
 
-# -- init_process_group("cpu:tritoncomm") in fresh processes -------------------------------------------------
-def _init_job(rank: int, world: int, port: int, q) -> None:
+def _graphs(ctx):
+    """Served calls captured in one CUDA graph inside ``graph_capture``, replayed with fresh data."""
+    g, counts = _group()
+    w, r, dev, dt = ctx.world, ctx.rank, ctx.device, torch.bfloat16
+    n = 4099
+    buf = torch.empty(n * w, dtype=dt, device=dev)  # all-reduced in place
+    src = torch.empty(n * w, dtype=dt, device=dev)  # functional all-reduce's input
+    ag_out = torch.empty(n * w, dtype=dt, device=dev)
+    rs_out = torch.empty(n, dtype=dt, device=dev)
 
-    dist.init_process_group("cpu:tritoncomm", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
+    def body():
+        dist.all_reduce(buf, group=g)
+        f = fc.wait_tensor(fc.all_reduce(src, "sum", g))
+        dist.all_gather_into_tensor(ag_out, src[:n], group=g)
+        dist.reduce_scatter_tensor(rs_out, src, group=g)
+        return f
+
+    def fill(seed):
+        x = torch.randn(n * w, generator=torch.Generator().manual_seed(seed + 100 * r)).to(dt).to(dev)
+        buf.copy_(x)
+        src.copy_(x)
+        return x
+
+    fill(0)
+    body()  # eager once: kernels compiled and set up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with tritoncomm.distributed.graph_capture(g), torch.cuda.graph(graph):
+        f = body()
+    ok = []
+    for rep in range(3):  # fresh data each replay
+        for t in (buf, ag_out, rs_out, f):
+            t.fill_(float("nan"))  # poisoned
+        x = fill(rep + 1)
+        graph.replay()
+        want = rank_order_sum(_all(ctx, x), dt)
+        ok.append({"in place": torch.equal(buf, want), "functional": torch.equal(f, want),
+                   "all_gather": torch.equal(ag_out, torch.cat([p[:n] for p in _all(ctx, x)])),
+                   "reduce_scatter": torch.equal(rs_out, want[r * n:(r + 1) * n])})
+    calls = {k: c.calls for k, c in counts.items()}
+    del graph
+    dist.destroy_process_group(g)
+    return ok, calls
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_replay_served_calls(worlds):
+    for ok, calls in worlds(2).run(_graphs):
+        assert all(all(c.values()) for c in ok), ok
+        assert calls == {"ar": 4, "ag": 2, "rs": 2}, calls  # eager + capture; replays never call Python
+
+
+# -- init_process_group in fresh processes ---------------------------------------------------------------------
+#: What each world passes to ``init_process_group``.
+INIT_BACKEND = "cpu:gloo,cuda:tritoncomm" if BACKEND == "cuda" else "cpu:tritoncomm"
+
+
+def _init_job(rank: int, world: int, port: int, q) -> None:
+    if BACKEND == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(INIT_BACKEND, rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
     try:
         pg = dist.group.WORLD
-        x = torch.full((8,), float(rank + 1), dtype=torch.bfloat16)
+        dev = torch.device("cuda", rank) if BACKEND == "cuda" else torch.device("cpu")
+        x = torch.full((8,), float(rank + 1), dtype=torch.bfloat16, device=dev)
         dist.all_reduce(x)
         objs = [None] * world
         dist.all_gather_object(objs, rank)
@@ -186,15 +265,17 @@ def _init_job(rank: int, world: int, port: int, q) -> None:
         dist.destroy_process_group()
 
 
-def test_init_process_group_cpu_tritoncomm():
+def test_init_process_group():
     for _, kind, backend, served, x, objs in _spawn(_init_job, 2):
-        assert (kind, backend, served) == ("TritonCommProcessGroup", "cpu:tritoncomm", True)
+        assert (kind, backend, served) == ("TritonCommProcessGroup", INIT_BACKEND, True)
         assert x == [3.0] * 8 and objs == [0, 1]
 
 
 # -- model code nobody here wrote: transformers' own tensor parallelism ---------------------------------------
 def _hf_job(rank: int, world: int, port: int, backend: str, path: str, q) -> None:
-
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    if BACKEND == "cuda":
+        torch.cuda.set_device(rank)
     dist.init_process_group(backend, rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
     try:
         from transformers import AutoModelForCausalLM, DistributedConfig, LlamaConfig, LlamaForCausalLM
@@ -214,7 +295,8 @@ def _hf_job(rank: int, world: int, port: int, backend: str, path: str, q) -> Non
         model = AutoModelForCausalLM.from_pretrained(
             path, distributed_config=DistributedConfig(tp_plan="auto", tp_size=world), dtype=torch.float32)
         sharded = type(model.model.layers[0].mlp.down_proj.weight).__name__
-        tokens = model.generate(torch.tensor([[1, 5, 9, 13]]), max_new_tokens=16, do_sample=False)
+        prompt = torch.tensor([[1, 5, 9, 13]], device=model.device)
+        tokens = model.generate(prompt, max_new_tokens=16, do_sample=False)
         q.put((rank, tokens.tolist(), sharded, {k: c.calls for k, c in counts.items()}))
     except Exception:
         import traceback
@@ -229,13 +311,16 @@ def _spawn(target, world: int, *args) -> list:
 
     import torch.multiprocessing as mp
 
+    if BACKEND == "cuda" and torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     saved = os.environ.get("TRITON_INTERPRET"), list(sys.path)
-    os.environ["TRITON_INTERPRET"] = "1"
+    if BACKEND != "cuda":
+        os.environ["TRITON_INTERPRET"] = "1"
     try:
         procs = [ctx.Process(target=target, args=(r, world, port, *args, q)) for r in range(world)]
         for p in procs:
@@ -252,21 +337,24 @@ def _spawn(target, world: int, *args) -> list:
     return results
 
 
-def test_transformers_tp_plan_same_tokens_as_gloo(tmp_path):
+def test_transformers_tp_plan_same_tokens(tmp_path):
     """A Llama-architecture model from a config (random weights), sharded by transformers' own
-    ``tp_plan="auto"`` at TP2, greedy generation with the tritoncomm backend and with gloo."""
+    ``tp_plan="auto"`` at TP2, greedy generation with the tritoncomm backend and with gloo (CPU world)
+    or NCCL (GPUs)."""
     import sys
 
-    from .enginetest import engine_paths
+    from .engines import fetch
 
-    paths = engine_paths()  # transformers and accelerate are among the engines' dependencies
+    # transformers and accelerate are among the engines' dependencies in the CPU world; GPU images have them
+    paths = fetch() if BACKEND != "cuda" else []
+    base = "cpu:gloo,cuda:nccl" if BACKEND == "cuda" else "cpu:gloo"
     runs = {}
-    for backend in ("cpu:gloo", "cpu:tritoncomm"):
+    for backend in (base, INIT_BACKEND):
         sys.path[:0] = paths  # the spawned ranks' path; _spawn restores ours
         runs[backend] = _spawn(_hf_job, 2, backend, str(tmp_path / "tiny-llama"))
     for backend, results in runs.items():
         for rank, tokens, sharded, _ in results:
             assert sharded == "DTensor", (backend, rank, tokens)
-            assert tokens == runs["cpu:gloo"][0][1], (backend, rank)
-    for _, _, _, calls in runs["cpu:tritoncomm"]:
+            assert tokens == runs[base][0][1], (backend, rank)
+    for _, _, _, calls in runs[INIT_BACKEND]:
         assert calls["ar"] > 0 and calls["ag"] > 0, calls  # transformers' all-reduces and gathers were ours

@@ -24,8 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--json", default=None, help="also write the report here")
     demo.add_argument("--no-timing", action="store_true", help="check correctness only")
     bench = sub.add_parser("bench", help="nccl-tests style benchmark against NCCL and torch symmetric memory")
-    bench.add_argument("--op", default="allreduce", help="allreduce, allgather, reducescatter, primitives, costs "
-                       "or zerocopy (comma-separated)")
+    bench.add_argument("--op", default="allreduce", help="allreduce, allgather, reducescatter, primitives, costs, "
+                       "zerocopy, backend (the torch.distributed backend's cost per call) or model (transformers "
+                       "TP with the backend vs NCCL; GPUs) (comma-separated)")
     bench.add_argument("--world", type=int, default=None)
     bench.add_argument("--backend", choices=["auto", "cuda", "cpu"], default="auto")
     bench.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
@@ -94,6 +95,7 @@ BENCH_SIZES = {
 def _bench(args: argparse.Namespace) -> int:
     import json
 
+    from .backendbench import backend_rank, format_backend, format_model, model_report
     from .bench import (
         bench_rank,
         format_bench,
@@ -110,25 +112,43 @@ def _bench(args: argparse.Namespace) -> int:
     sizes = sorted({parse_size(s) for s in (args.sizes or BENCH_SIZES[backend]).split(",")})
     table = json.load(open(args.table))["table"] if args.table else None
     reports, all_reports, ok = [], [], True
-    with LocalWorld(_world(args, backend), backend) as world:
-        for op in args.op.split(","):
-            if op == "primitives":
-                rep = world.run(micro_rank, timeout=1800)[0]
-                print(format_micro(rep), flush=True)
-            elif op == "zerocopy":
-                rep = world.run(zero_copy_rank, sizes if args.sizes else None, timeout=1800)[0]
-                print(format_zero_copy(rep), flush=True)
-            elif op == "costs":
-                rep = world.run(reliability_cost_rank, sizes if args.sizes else None, timeout=1800)[0]
-                print(format_cost(rep), flush=True)
-            else:
-                rep = world.run(bench_rank, op, sizes, args.dtype, args.modes.split(","), table, timeout=3600)[0]
-                print(format_bench(rep), flush=True)
-                ok &= all(r["correct"] and r["identical"] for r in rep["rows"])
-                reports.append(rep)
+    ops = args.op.split(",")
+    if "model" in ops:  # fresh processes of its own, before the world's
+        ops.remove("model")
+        if backend != "cuda":
+            print("bench --op model: GPUs only (the CPU world runs the tiny model in the tests)")
+            ok = False
+        else:
+            rep = model_report(_world(args, backend))
+            print(format_model(rep), flush=True)
+            ok &= not rep["errors"] and rep["same_tokens"]
             if args.json and "{op}" in args.json:
-                write_json(rep, args.json.replace("{op}", op))
+                write_json(rep, args.json.replace("{op}", "model"))
             all_reports.append(rep)
+    if ops:
+        with LocalWorld(_world(args, backend), backend) as world:
+            for op in ops:
+                if op == "backend":
+                    rep = world.run(backend_rank, sizes if args.sizes else None, timeout=1800)[0]
+                    print(format_backend(rep), flush=True)
+                    ok &= all(r["correct"] for r in rep["rows"])
+                elif op == "primitives":
+                    rep = world.run(micro_rank, timeout=1800)[0]
+                    print(format_micro(rep), flush=True)
+                elif op == "zerocopy":
+                    rep = world.run(zero_copy_rank, sizes if args.sizes else None, timeout=1800)[0]
+                    print(format_zero_copy(rep), flush=True)
+                elif op == "costs":
+                    rep = world.run(reliability_cost_rank, sizes if args.sizes else None, timeout=1800)[0]
+                    print(format_cost(rep), flush=True)
+                else:
+                    rep = world.run(bench_rank, op, sizes, args.dtype, args.modes.split(","), table, timeout=3600)[0]
+                    print(format_bench(rep), flush=True)
+                    ok &= all(r["correct"] and r["identical"] for r in rep["rows"])
+                    reports.append(rep)
+                if args.json and "{op}" in args.json:
+                    write_json(rep, args.json.replace("{op}", op))
+                all_reports.append(rep)
     if args.json and "{op}" not in args.json:
         with open(args.json, "w") as f:
             json.dump({"reports": all_reports}, f, indent=1)

@@ -12,6 +12,8 @@ TRITONCOMM_TEST_BACKEND=cuda TRITONCOMM_TEST_WORLDS=2 timeout ${TEST_TIMEOUT:-24
   -p no:cacheprovider tests/integrations/test_backend.py 2>&1 | tee "$OUT/gpu-backend-tests.log" | tail -15 || rc=1
 timeout 200 python3 -m tritoncomm bench --op backend --world 2 --json "$OUT/backend-h200-tp2.json" 2>&1 \
   | tee "$OUT/backend.log" | tail -10 || rc=1
+timeout 120 python3 benchmarks/experiments/backend_dispatch.py --world 2 --json "$OUT/backend-dispatch.json" 2>&1 \
+  | tee "$OUT/dispatch.log" | tail -40 || rc=1
 timeout ${MODEL_TIMEOUT:-300} python3 -m tritoncomm bench --op model --world 2 --json "$OUT/model-h200-tp2.json" \
   2>&1 | tee "$OUT/model.log" | tail -30 || rc=1
 exit $rc

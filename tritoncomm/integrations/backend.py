@@ -10,10 +10,11 @@ contiguous, of bf16/fp16/fp32, within the set-up size, and the reduction is a su
 
 * ``allreduce`` (``dist.all_reduce``, functional ``all_reduce``, under ``torch.compile``) and
   ``allreduce_coalesced`` (each tensor in turn);
-* ``all_gather_single`` (``dist.all_gather_into_tensor``), ``allgather_into_tensor_coalesced`` (the
-  functional all-gather) and the list form ``allgather`` (one input, outputs shaped like it);
-* ``reduce_scatter_single`` (``dist.reduce_scatter_tensor``), ``reduce_scatter_tensor_coalesced``
-  (functional) and the list form ``reduce_scatter``.
+* ``all_gather_single`` / ``_allgather_base`` (``dist.all_gather_into_tensor``, by torch version),
+  ``allgather_into_tensor_coalesced`` (the functional all-gather) and the list form ``allgather`` (one
+  input, outputs shaped like it);
+* ``reduce_scatter_single`` / ``_reduce_scatter_base`` (``dist.reduce_scatter_tensor``),
+  ``reduce_scatter_tensor_coalesced`` (functional) and the list form ``reduce_scatter``.
 
 Anything else, and any call that does not qualify, goes to the inner backend with the same arguments;
 each kind of delegation is logged once per group. Whether a call is served depends only on what every
@@ -121,8 +122,11 @@ class TritonCommWork(dist.Work):
         return fut
 
 
+_SUM = ReduceOp.SUM
+
+
 def _is_sum(opts: Any) -> bool:
-    return opts is None or opts.reduceOp == ReduceOp.SUM
+    return opts is None or opts.reduceOp == _SUM
 
 
 class TritonCommProcessGroup(ProcessGroup):
@@ -152,6 +156,8 @@ class TritonCommProcessGroup(ProcessGroup):
         self._backends = backends
         self._serve_type = "cpu" if interpreting() else ("cuda" if torch.cuda.is_available() else "")
         self.comm: Communicator | None = None
+        self.device: torch.device | None = None
+        self._ar_max = 0  # bytes served; 0 while nothing is
         if not self._serve_type:
             return
         device = torch.device("cuda", torch.cuda.current_device()) if self._serve_type == "cuda" else \
@@ -169,15 +175,14 @@ class TritonCommProcessGroup(ProcessGroup):
         self._ar = AllReduce(self.comm, max_bytes=ar_max, name="backend.ar")
         self._ag = AllGather(self.comm, max_bytes=ag_max, name="backend.ag")
         self._rs = ReduceScatter(self.comm, max_bytes=rs_max, name="backend.rs")
-        self.device = device
+        self.device, self._ar_max = device, self._ar.max_bytes
 
     def getBackendName(self) -> str:
         return BACKEND
 
     # -- what is served ------------------------------------------------------------------------------
     def _ok(self, t: torch.Tensor) -> bool:
-        return (self.comm is not None and t.device.type == self._serve_type and t.device == self.device
-                and t.dtype in SUPPORTED_DTYPES and t.is_contiguous())
+        return t.device == self.device and t.dtype in SUPPORTED_DTYPES and t.is_contiguous()
 
     def _delegated(self, what: str, method: str, *args: Any) -> Any:
         if what not in self._logged:
@@ -194,21 +199,22 @@ class TritonCommProcessGroup(ProcessGroup):
         return TritonCommWork(outputs, event)
 
     def _ar_ok(self, t: torch.Tensor) -> bool:
-        return self._ok(t) and t.numel() * t.element_size() <= self._ar.max_bytes
+        return t.nbytes <= self._ar_max and t.device == self.device and t.dtype in SUPPORTED_DTYPES \
+            and t.is_contiguous()
 
     def _ag_ok(self, out: torch.Tensor, inp: torch.Tensor) -> bool:
         return (self._ok(inp) and self._ok(out) and out.dtype == inp.dtype
-                and out.numel() == inp.numel() * self.size() and out.numel() * out.element_size() <= self._ag.max_bytes
+                and out.numel() == inp.numel() * self.size() and out.nbytes <= self._ag.max_bytes
                 and not overlap(out, inp))
 
     def _rs_ok(self, out: torch.Tensor, inp: torch.Tensor) -> bool:
         return (self._ok(inp) and self._ok(out) and out.dtype == inp.dtype
-                and inp.numel() == out.numel() * self.size() and inp.numel() * inp.element_size() <= self._rs.max_bytes
+                and inp.numel() == out.numel() * self.size() and inp.nbytes <= self._rs.max_bytes
                 and not overlap(out, inp))
 
     # -- all-reduce -----------------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        if len(tensors) == 1 and _is_sum(opts) and self._ar_ok(tensors[0]):
+        if len(tensors) == 1 and self._ar_ok(tensors[0]) and _is_sum(opts):  # the hot path: checks cheapest first
             self._ar(tensors[0], tensors[0])
             return self._work(tensors, opts)
         return self._delegated("this all_reduce", "allreduce", tensors, *self._opts(opts, dist.AllreduceOptions))
@@ -227,6 +233,13 @@ class TritonCommProcessGroup(ProcessGroup):
             self._ag(input, output)
             return self._work([output], opts)
         return self._delegated("this all_gather", "all_gather_single", output, input,
+                               *self._opts(opts, AllgatherOptions))
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
+        if self._ag_ok(output, input):
+            self._ag(input, output)
+            return self._work([output], opts)
+        return self._delegated("this all_gather", "_allgather_base", output, input,
                                *self._opts(opts, AllgatherOptions))
 
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
@@ -259,6 +272,13 @@ class TritonCommProcessGroup(ProcessGroup):
         return self._delegated("this reduce_scatter", "reduce_scatter_single", output, input,
                                *self._opts(opts, dist.ReduceScatterOptions))
 
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
+        if _is_sum(opts) and self._rs_ok(output, input):
+            self._rs(input, output)
+            return self._work([output], opts)
+        return self._delegated("this reduce_scatter", "_reduce_scatter_base", output, input,
+                               *self._opts(opts, dist.ReduceScatterOptions))
+
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> dist.Work:
         if _is_sum(opts) and all(self._rs_ok(o, i) for o, i in zip(outputs, inputs, strict=True)):
@@ -285,6 +305,7 @@ class TritonCommProcessGroup(ProcessGroup):
         return (opts if opts is not None else kind(),)
 
     def _close(self) -> None:
+        self.device, self._ar_max = None, 0  # nothing is served from here on
         if self.comm is not None:
             for c in (self._ar, self._ag, self._rs):
                 c.close()

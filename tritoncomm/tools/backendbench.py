@@ -11,7 +11,8 @@ dispatch (c10d's Python dispatch, the served checks, the work object).
 ``cpu:gloo,cuda:tritoncomm`` and with ``cpu:gloo,cuda:nccl``); a Llama-architecture model built from a
 config with random weights (no download), ``tp_plan="auto"``; greedy generation of 64 tokens, checked
 equal across backends; the time per decode step is ``(t(64 tokens) - t(1 token)) / 63``, median of
-three, max over ranks; eager, then with transformers' static cache (which compiles the forward).
+three, max over ranks; eager, then with transformers' static cache (which compiles the forward;
+``TRITONCOMM_BENCH_STATIC=0`` skips it).
 """
 
 from __future__ import annotations
@@ -139,11 +140,14 @@ def _model_job(rank: int, world: int, port: int, backend: str, path: str, q: Any
             path, distributed_config=DistributedConfig(tp_plan="auto", tp_size=world), dtype=torch.bfloat16)
         prompt = torch.tensor([[1, 306, 4658, 278, 6593, 310, 2834, 338]], device=model.device)
         result["eager_ms"], result["tokens"] = _decode_step_ms(model, prompt)
-        try:
-            result["static_ms"], result["static_tokens"] = _decode_step_ms(model, prompt,
-                                                                           cache_implementation="static")
-        except Exception as e:  # reported, not hidden: what transformers/torch could not do here
-            result["static_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        if os.environ.get("TRITONCOMM_BENCH_STATIC", "1") == "0":
+            result["static_error"] = "skipped (TRITONCOMM_BENCH_STATIC=0)"
+        else:
+            try:
+                result["static_ms"], result["static_tokens"] = _decode_step_ms(model, prompt,
+                                                                               cache_implementation="static")
+            except Exception as e:  # reported, not hidden: what transformers/torch could not do here
+                result["static_error"] = f"{type(e).__name__}: {str(e)[:300]}"
         pg = dist.group.WORLD
         result["served"] = type(pg).__name__ == "TritonCommProcessGroup" and pg.comm is not None
     except Exception:

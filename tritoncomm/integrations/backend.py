@@ -21,8 +21,8 @@ each kind of delegation is logged once per group. Whether a call is served depen
 rank of a collective agrees on (op, dtype, shape, layout), so the ranks never split.
 
 Ordering: a served collective runs on the caller's current CUDA stream, at the call. Its work
-object's ``wait()`` makes the then-current stream wait for it (an event, recorded only for
-``async_op=True`` outside graph capture), like NCCL's; its future holds the outputs. Served calls
+object's ``wait()`` makes the then-current stream wait for it, like NCCL's (see ``TritonCommWork``);
+its future holds the outputs. Served calls
 can be captured in CUDA graphs; inside ``graph_capture(group)`` their outputs are also registered.
 
 Set-up is collective: building the group (as torch.distributed does for every group) probes the
@@ -89,19 +89,32 @@ def _create(opts: Any, backend_options: Any) -> TritonCommProcessGroup:
 
 
 class TritonCommWork(dist.Work):
-    """A served collective, already launched on the caller's stream (see the module docstring)."""
+    """A served collective, already launched on the caller's stream (see the module docstring).
 
-    def __init__(self, outputs: list[torch.Tensor], event: torch.cuda.Event | None = None) -> None:
+    ``stream`` is the launch stream of an ``async_op=True`` call (None: nothing to order). No event is
+    recorded at the launch: ``wait()`` on the launch stream has nothing to do (stream order), and from
+    another stream it records one on the launch stream then, which orders after the collective (and
+    after whatever the launch stream took since; never a cycle, since a wait only refers to records
+    made before it)."""
+
+    def __init__(self, outputs: list[torch.Tensor], stream: torch.cuda.Stream | None = None) -> None:
         super().__init__()
-        self._outputs, self._event = outputs, event
+        self._outputs, self._stream = outputs, stream
+        self._event: torch.cuda.Event | None = None
+
+    def _recorded(self) -> torch.cuda.Event:
+        if self._event is None:
+            self._event = torch.cuda.Event()
+            self._event.record(self._stream)
+        return self._event
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        if self._event is not None:
-            torch.cuda.current_stream().wait_event(self._event)
+        if self._stream is not None and torch.cuda.current_stream(self._stream.device) != self._stream:
+            torch.cuda.current_stream(self._stream.device).wait_event(self._recorded())
         return True
 
     def is_completed(self) -> bool:
-        return self._event is None or self._event.query()
+        return self._stream is None or self._recorded().query()
 
     def is_success(self) -> bool:
         return True
@@ -110,8 +123,8 @@ class TritonCommWork(dist.Work):
         return None
 
     def synchronize(self) -> None:
-        if self._event is not None:
-            self._event.synchronize()
+        if self._stream is not None:
+            self._recorded().synchronize()
 
     def result(self) -> list[torch.Tensor]:
         return self._outputs
@@ -191,12 +204,9 @@ class TritonCommProcessGroup(ProcessGroup):
         return getattr(self._delegate, method)(*args)
 
     def _work(self, outputs: list[torch.Tensor], opts: Any) -> TritonCommWork:
-        event = None
-        if (opts is not None and getattr(opts, "asyncOp", False) and self._serve_type == "cuda"
-                and not torch.cuda.is_current_stream_capturing()):
-            event = torch.cuda.Event()
-            event.record()
-        return TritonCommWork(outputs, event)
+        if opts is not None and getattr(opts, "asyncOp", False) and self._serve_type == "cuda":
+            return TritonCommWork(outputs, torch.cuda.current_stream())
+        return TritonCommWork(outputs)
 
     def _ar_ok(self, t: torch.Tensor) -> bool:
         return t.nbytes <= self._ar_max and t.device == self.device and t.dtype in SUPPORTED_DTYPES \

@@ -12,7 +12,7 @@ dispatch (c10d's Python dispatch, the served checks, the work object).
 config with random weights (no download), ``tp_plan="auto"``; greedy generation of 64 tokens, checked
 equal across backends; the time per decode step is ``(t(64 tokens) - t(1 token)) / 63``, median of
 three, max over ranks; eager, then with transformers' static cache (which compiles the forward;
-``TRITONCOMM_BENCH_STATIC=0`` skips it).
+``TRITONCOMM_BENCH_STATIC=0`` skips it; ``TRITONCOMM_BENCH_PROFILE=1`` adds rank 0's profile of 8 tokens).
 """
 
 from __future__ import annotations
@@ -148,6 +148,12 @@ def _model_job(rank: int, world: int, port: int, backend: str, path: str, q: Any
                                                                                cache_implementation="static")
             except Exception as e:  # reported, not hidden: what transformers/torch could not do here
                 result["static_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        if os.environ.get("TRITONCOMM_BENCH_PROFILE") == "1" and rank == 0:  # where a decode step's host time goes
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                model.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+            result["profile"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
         pg = dist.group.WORLD
         result["served"] = type(pg).__name__ == "TritonCommProcessGroup" and pg.comm is not None
     except Exception:
@@ -198,6 +204,7 @@ def model_report(world: int = 2) -> dict[str, Any]:
         if name == "tritoncomm":
             rep["served"] = all(r["served"] for r in rs)
         rep[f"{name}_static_tokens"] = rs[0].get("static_tokens")
+        rep[f"{name}_profile"] = rs[0].get("profile")
     rep["same_tokens"] = rep["tritoncomm_tokens"] == rep["nccl_tokens"]
     rep["same_static_tokens"] = rep["tritoncomm_static_tokens"] == rep["nccl_static_tokens"]
     return rep
@@ -206,8 +213,11 @@ def model_report(world: int = 2) -> dict[str, Any]:
 def format_model(rep: dict[str, Any]) -> str:
     if rep["errors"]:
         return "model: failed\n" + "\n".join(rep["errors"])
-    return (f"model (Llama-shaped, {rep['config']['num_hidden_layers']} layers, TP{rep['world']}, {rep['device']}, "
-            f"{rep['date']}): ms per decode step, eager: tritoncomm {rep['tritoncomm_eager_ms']:.3f} vs NCCL "
-            f"{rep['nccl_eager_ms']:.3f}; static cache + compile: tritoncomm {rep['tritoncomm_static_ms']:.3f} vs "
-            f"NCCL {rep['nccl_static_ms']:.3f} ({rep['tritoncomm_static_error'] or 'ok'}); same tokens: eager "
-            f"{rep['same_tokens']}, static {rep['same_static_tokens']}; served by tritoncomm: {rep.get('served')}")
+    profiles = "".join(f"\n{k}:\n{rep[k]}" for k in ("tritoncomm_profile", "nccl_profile") if rep.get(k))
+    layers, t, n = rep["config"]["num_hidden_layers"], "tritoncomm", "nccl"
+    return profiles + (
+        f"\nmodel (Llama-shaped, {layers} layers, TP{rep['world']}, {rep['device']}, {rep['date']}): ms per decode "
+        f"step, eager: tritoncomm {rep[t + '_eager_ms']:.3f} vs NCCL {rep[n + '_eager_ms']:.3f}; static cache + "
+        f"compile: tritoncomm {rep[t + '_static_ms']:.3f} vs NCCL {rep[n + '_static_ms']:.3f} "
+        f"({rep[t + '_static_error'] or 'ok'}); same tokens: eager {rep['same_tokens']}, static "
+        f"{rep['same_static_tokens']}; served by tritoncomm: {rep.get('served')}")

@@ -53,8 +53,8 @@ def dispatch_rank(ctx, n: int) -> dict | None:
     rows = {}
     for label in ("kernel", "no-op"):
         if label == "no-op":
-            g._ar, g._ar_max = _NoOp(), 1 << 30
-        for name, fn in {"direct": lambda: g._ar(x, x), "method": lambda: g.allreduce([x], opts),
+            g.ar = _NoOp()
+        for name, fn in {"direct": lambda: g.ar(x, x), "method": lambda: g.allreduce([x], opts),
                          "dist.all_reduce": lambda: dist.all_reduce(x, group=g)}.items():
             ctx.barrier()
             rows[f"{label} {name}"] = _host_us(fn, n, ctx.device)

@@ -38,9 +38,9 @@ class _Count:
 
 def _group():
     g = dist.new_group(backend="tritoncomm")
-    counts = {k: _Count(getattr(g, f"_{k}")) for k in ("ar", "ag", "rs")}
+    counts = {k: _Count(getattr(g, k)) for k in ("ar", "ag", "rs")}
     for k, c in counts.items():
-        setattr(g, f"_{k}", c)
+        setattr(g, k, c)
     return g, counts
 
 
@@ -118,7 +118,7 @@ def _delegated(ctx):
     i = torch.full((4,), r + 1, dtype=torch.int64, device=dev)
     dist.all_reduce(i, group=g)
     results["int64"] = i.tolist() == [w * (w + 1) // 2] * 4
-    big = torch.ones(g._ar.max_bytes // 4 + 1, device=dev)  # past the served size
+    big = torch.ones(g.ar.max_bytes // 4 + 1, device=dev)  # past the served size
     dist.all_reduce(big, group=g)
     results["big"] = bool((big == w).all())
     out = torch.zeros(2 * w, device=dev)
@@ -298,9 +298,9 @@ def _hf_job(rank: int, world: int, port: int, backend: str, path: str, q) -> Non
         pg = dist.group.WORLD
         counts = {}
         if isinstance(pg, tritoncomm.distributed.TritonCommProcessGroup):
-            counts = {k: _Count(getattr(pg, f"_{k}")) for k in ("ar", "ag", "rs")}
+            counts = {k: _Count(getattr(pg, k)) for k in ("ar", "ag", "rs")}
             for k, c in counts.items():
-                setattr(pg, f"_{k}", c)
+                setattr(pg, k, c)
         model = AutoModelForCausalLM.from_pretrained(
             path, distributed_config=DistributedConfig(tp_plan="auto", tp_size=world), dtype=torch.float32)
         sharded = type(model.model.layers[0].mlp.down_proj.weight).__name__

@@ -169,8 +169,10 @@ class TritonCommProcessGroup(ProcessGroup):
         self._backends = backends
         self._serve_type = "cpu" if interpreting() else ("cuda" if torch.cuda.is_available() else "")
         self.comm: Communicator | None = None
-        self.device: torch.device | None = None
-        self._ar_max = 0  # bytes served; 0 while nothing is
+        self.device: torch.device | None = None  # the served device; None while nothing is served
+        self.ar: AllReduce | None = None
+        self.ag: AllGather | None = None
+        self.rs: ReduceScatter | None = None
         if not self._serve_type:
             return
         device = torch.device("cuda", torch.cuda.current_device()) if self._serve_type == "cuda" else \
@@ -185,10 +187,10 @@ class TritonCommProcessGroup(ProcessGroup):
             log.warning("tritoncomm backend: group %s delegates everything (%s)", group_id, verdict.reason)
             return
         self.comm = Communicator(bootstrap=boot, device=device, config=config)
-        self._ar = AllReduce(self.comm, max_bytes=ar_max, name="backend.ar")
-        self._ag = AllGather(self.comm, max_bytes=ag_max, name="backend.ag")
-        self._rs = ReduceScatter(self.comm, max_bytes=rs_max, name="backend.rs")
-        self.device, self._ar_max = device, self._ar.max_bytes
+        self.ar = AllReduce(self.comm, max_bytes=ar_max, name="backend.ar")
+        self.ag = AllGather(self.comm, max_bytes=ag_max, name="backend.ag")
+        self.rs = ReduceScatter(self.comm, max_bytes=rs_max, name="backend.rs")
+        self.device = device
 
     def getBackendName(self) -> str:
         return BACKEND
@@ -209,30 +211,30 @@ class TritonCommProcessGroup(ProcessGroup):
         return TritonCommWork(outputs)
 
     def _ar_ok(self, t: torch.Tensor) -> bool:
-        return t.nbytes <= self._ar_max and t.device == self.device and t.dtype in SUPPORTED_DTYPES \
+        return t.device == self.device and t.nbytes <= self.ar.max_bytes and t.dtype in SUPPORTED_DTYPES \
             and t.is_contiguous()
 
     def _ag_ok(self, out: torch.Tensor, inp: torch.Tensor) -> bool:
         return (self._ok(inp) and self._ok(out) and out.dtype == inp.dtype
-                and out.numel() == inp.numel() * self.size() and out.nbytes <= self._ag.max_bytes
+                and out.numel() == inp.numel() * self.size() and out.nbytes <= self.ag.max_bytes
                 and not overlap(out, inp))
 
     def _rs_ok(self, out: torch.Tensor, inp: torch.Tensor) -> bool:
         return (self._ok(inp) and self._ok(out) and out.dtype == inp.dtype
-                and inp.numel() == out.numel() * self.size() and inp.nbytes <= self._rs.max_bytes
+                and inp.numel() == out.numel() * self.size() and inp.nbytes <= self.rs.max_bytes
                 and not overlap(out, inp))
 
     # -- all-reduce -----------------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         if len(tensors) == 1 and self._ar_ok(tensors[0]) and _is_sum(opts):  # the hot path: checks cheapest first
-            self._ar(tensors[0], tensors[0])
+            self.ar(tensors[0], tensors[0])
             return self._work(tensors, opts)
         return self._delegated("this all_reduce", "allreduce", tensors, *self._opts(opts, dist.AllreduceOptions))
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         if _is_sum(opts) and all(self._ar_ok(t) for t in tensors):
             for t in tensors:
-                self._ar(t, t)
+                self.ar(t, t)
             return self._work(tensors, opts)
         return self._delegated("this all_reduce_coalesced", "allreduce_coalesced", tensors,
                                *self._opts(opts, AllreduceCoalescedOptions))
@@ -240,14 +242,14 @@ class TritonCommProcessGroup(ProcessGroup):
     # -- all-gather -----------------------------------------------------------------------------------
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         if self._ag_ok(output, input):
-            self._ag(input, output)
+            self.ag(input, output)
             return self._work([output], opts)
         return self._delegated("this all_gather", "all_gather_single", output, input,
                                *self._opts(opts, AllgatherOptions))
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         if self._ag_ok(output, input):
-            self._ag(input, output)
+            self.ag(input, output)
             return self._work([output], opts)
         return self._delegated("this all_gather", "_allgather_base", output, input,
                                *self._opts(opts, AllgatherOptions))
@@ -256,7 +258,7 @@ class TritonCommProcessGroup(ProcessGroup):
                                         opts: Any = None) -> dist.Work:
         if all(self._ag_ok(o, i) for o, i in zip(outputs, inputs, strict=True)):
             for o, i in zip(outputs, inputs, strict=True):
-                self._ag(i, o)
+                self.ag(i, o)
             return self._work(list(outputs), opts)
         return self._delegated("this functional all_gather", "allgather_into_tensor_coalesced", outputs, inputs,
                                *self._opts(opts, AllgatherOptions))
@@ -267,7 +269,7 @@ class TritonCommProcessGroup(ProcessGroup):
                 o.shape == inputs[0].shape and o.dtype == inputs[0].dtype for o in output_lists[0]):
             flat = inputs[0].new_empty((self.size() * inputs[0].numel(),))
             if self._ag_ok(flat, inputs[0]):
-                self._ag(inputs[0], flat)
+                self.ag(inputs[0], flat)
                 for r, o in enumerate(output_lists[0]):
                     o.copy_(flat[r * inputs[0].numel():(r + 1) * inputs[0].numel()].view_as(o))
                 return self._work(output_lists[0], opts)
@@ -277,14 +279,14 @@ class TritonCommProcessGroup(ProcessGroup):
     # -- reduce-scatter ---------------------------------------------------------------------------------
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         if _is_sum(opts) and self._rs_ok(output, input):
-            self._rs(input, output)
+            self.rs(input, output)
             return self._work([output], opts)
         return self._delegated("this reduce_scatter", "reduce_scatter_single", output, input,
                                *self._opts(opts, dist.ReduceScatterOptions))
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         if _is_sum(opts) and self._rs_ok(output, input):
-            self._rs(input, output)
+            self.rs(input, output)
             return self._work([output], opts)
         return self._delegated("this reduce_scatter", "_reduce_scatter_base", output, input,
                                *self._opts(opts, dist.ReduceScatterOptions))
@@ -293,7 +295,7 @@ class TritonCommProcessGroup(ProcessGroup):
                                         opts: Any = None) -> dist.Work:
         if _is_sum(opts) and all(self._rs_ok(o, i) for o, i in zip(outputs, inputs, strict=True)):
             for o, i in zip(outputs, inputs, strict=True):
-                self._rs(i, o)
+                self.rs(i, o)
             return self._work(list(outputs), opts)
         return self._delegated("this functional reduce_scatter", "reduce_scatter_tensor_coalesced", outputs, inputs,
                                *self._opts(opts, dist.ReduceScatterOptions))
@@ -304,7 +306,7 @@ class TritonCommProcessGroup(ProcessGroup):
                 and all(i.shape == outputs[0].shape and i.dtype == outputs[0].dtype for i in input_lists[0])):
             flat = torch.cat([i.reshape(-1) for i in input_lists[0]])
             if self._rs_ok(outputs[0], flat):
-                self._rs(flat, outputs[0])
+                self.rs(flat, outputs[0])
                 return self._work(outputs, opts)
         return self._delegated("this list reduce_scatter", "reduce_scatter", outputs, input_lists,
                                *self._opts(opts, dist.ReduceScatterOptions))
@@ -315,9 +317,9 @@ class TritonCommProcessGroup(ProcessGroup):
         return (opts if opts is not None else kind(),)
 
     def _close(self) -> None:
-        self.device, self._ar_max = None, 0  # nothing is served from here on
+        self.device = None  # nothing is served from here on
         if self.comm is not None:
-            for c in (self._ar, self._ag, self._rs):
+            for c in (self.ar, self.ag, self.rs):
                 c.close()
             self.comm.close()
             self.comm = None

@@ -58,7 +58,7 @@ def backend_rank(ctx: RankContext, sizes: list[int] | None = None) -> dict[str, 
         same = torch.equal(y, want) if ctx.world == 2 else torch.allclose(y.float(), want.float(), rtol=1e-2)
         row: dict[str, Any] = {}
         a, b, c = x.clone(), x.clone(), x.clone()
-        calls = {"direct": lambda a=a: g._ar(a, a), "backend": lambda b=b: dist.all_reduce(b, group=g),
+        calls = {"direct": lambda a=a: g.ar(a, a), "backend": lambda b=b: dist.all_reduce(b, group=g),
                  "nccl": lambda c=c: dist.all_reduce(c, group=ctx.group)}
         for mode in ("graph", "eager") if cuda else ("eager",):
             for name, fn in calls.items():
@@ -74,9 +74,10 @@ def backend_rank(ctx: RankContext, sizes: list[int] | None = None) -> dict[str, 
                 r[f"vs_nccl_{mode}"] = r[f"nccl_{mode}_us"] / r[f"backend_{mode}_us"]
     return {"op": "backend", "device": torch.cuda.get_device_name(ctx.device) if cuda else "CPU world",
             "date": datetime.date.today().isoformat(), "world": ctx.world, "torch": torch.__version__,
-            "dtype": "bf16", "rows": rows,
+            "dtype": "bf16", "baseline": "NCCL" if cuda else "gloo", "rows": rows,
             "method": "dist.all_reduce in place through a tritoncomm group vs the group's AllReduce called "
-                      "directly vs NCCL; per call, 32 calls per CUDA graph or back to back (eager), median of 20, "
+                      "directly vs the default group (NCCL on GPUs); per call, 32 calls per CUDA graph or back "
+                      "to back (eager), median of 20, "
                       "max over ranks, one run"}
 
 
@@ -84,7 +85,8 @@ def format_backend(rep: dict[str, Any]) -> str:
     modes = [m for m in ("graph", "eager") if f"backend_{m}_us" in rep["rows"][0]]
     lines = [f"torch.distributed backend: {rep['device']}, world {rep['world']}, {rep['date']}, bf16, µs per call"]
     head = f"{'bytes':>8} " + " ".join(f"{m + ' ' + k:>17}" for m in modes
-                                         for k in ("direct", "backend", "overhead", "NCCL", "vs NCCL"))
+                                         for k in ("direct", "backend", "overhead", rep["baseline"],
+                                                   "vs " + rep["baseline"]))
     lines.append(head + "  correct")
     for r in rep["rows"]:
         cells = []
@@ -197,7 +199,8 @@ def model_report(world: int = 2) -> dict[str, Any]:
     for key, rs in runs.items():
         name = "tritoncomm" if "tritoncomm" in key else "nccl"
         rep[f"{name}_eager_ms"] = max(r["eager_ms"] for r in rs)
-        rep[f"{name}_static_ms"] = max((r.get("static_ms") or float("nan")) for r in rs)
+        static = [r.get("static_ms") for r in rs]
+        rep[f"{name}_static_ms"] = None if None in static else max(static)
         rep[f"{name}_static_error"] = next((r["static_error"] for r in rs if "static_error" in r), None)
         rep[f"{name}_tokens"] = rs[0]["tokens"]
         rep[f"{name}_same_on_ranks"] = all(r["tokens"] == rs[0]["tokens"] for r in rs)
@@ -210,6 +213,10 @@ def model_report(world: int = 2) -> dict[str, Any]:
     return rep
 
 
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
 def format_model(rep: dict[str, Any]) -> str:
     if rep["errors"]:
         return "model: failed\n" + "\n".join(rep["errors"])
@@ -218,6 +225,6 @@ def format_model(rep: dict[str, Any]) -> str:
     return profiles + (
         f"\nmodel (Llama-shaped, {layers} layers, TP{rep['world']}, {rep['device']}, {rep['date']}): ms per decode "
         f"step, eager: tritoncomm {rep[t + '_eager_ms']:.3f} vs NCCL {rep[n + '_eager_ms']:.3f}; static cache + "
-        f"compile: tritoncomm {rep[t + '_static_ms']:.3f} vs NCCL {rep[n + '_static_ms']:.3f} "
+        f"compile: tritoncomm {_ms(rep[t + '_static_ms'])} vs NCCL {_ms(rep[n + '_static_ms'])} "
         f"({rep[t + '_static_error'] or 'ok'}); same tokens: eager {rep['same_tokens']}, static "
         f"{rep['same_static_tokens']}; served by tritoncomm: {rep.get('served')}")

@@ -7,5 +7,3 @@ if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.
   "$PY" -m pip install -q torch==2.13.0
 fi
 "$PY" -m pip install -q -e ".[dev]"
-# vLLM's and SGLang's own code for the engine tests (cached; tests/integrations/engines.py)
-"$PY" -m tests.integrations.engines >/dev/null

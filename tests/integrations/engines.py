@@ -1,7 +1,7 @@
 """The engines' own code for the integration tests: vLLM and SGLang at the versions pinned in
 ``engines-requirements.txt``, without their compiled extensions, with what their imports need.
 
-``python -m tests.integrations.engines`` fetches them (``scripts/setup.sh`` does): each engine's wheel
+``python -m tests.integrations.engines`` fetches them (``scripts/test.sh`` does): each engine's wheel
 with ``pip download --no-deps``, unpacked without its shared libraries (``*.so``), and the packages
 in ``engines-deps.txt`` with ``pip install --no-deps --target``. The result is cached under
 ``$TRITONCOMM_ENGINES_CACHE`` (default ``~/.cache/tritoncomm/engines``), in a folder named by a hash

@@ -206,6 +206,27 @@ def misc_section() -> str:
                              "same bits"],
                             [[size(r["bytes"]), r["algo"], us(r["staged_us"]), us(r["heap_us"]),
                               us(r.get("heap_out_us")), us(r["nccl_us"]), str(r["same_bits"])] for r in d["rows"]])]
+    d = load("backend-h200-tp2.json")
+    if d:
+        parts += ["### torch.distributed backend, TP2",
+                  caption("`dist.all_reduce` through a tritoncomm group vs the same `AllReduce` called directly", d),
+                  table(["bytes", "graph: backend", "graph: direct", "graph: NCCL", "graph vs NCCL", "eager: backend",
+                         "eager: direct", "eager: NCCL", "eager vs NCCL"],
+                        [[size(r["bytes"]), us(r["backend_graph_us"]), us(r["direct_graph_us"]), us(r["nccl_graph_us"]),
+                          ratio(r["nccl_graph_us"], r["backend_graph_us"]), us(r["backend_eager_us"]),
+                          us(r["direct_eager_us"]), us(r["nccl_eager_us"]), ratio(r["nccl_eager_us"],
+                                                                                    r["backend_eager_us"])]
+                         for r in d["rows"]])]
+    d = load("model-h200-tp2.json")
+    if d and not d.get("errors"):
+        c = d["config"]
+        parts += ["### transformers' tensor parallelism with the backend, TP2",
+                  caption(f"Llama-shaped, hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, random "
+                          f"weights, `tp_plan=\"auto\"`, {d['new_tokens']} greedy tokens", d,
+                          f". Static cache + compile: {d.get('tritoncomm_static_error') or 'see the file'}."),
+                  table(["backend", "ms per decode step (eager)", "same tokens as NCCL"],
+                        [["tritoncomm", f"{d['tritoncomm_eager_ms']:.2f}", str(d["same_tokens"])],
+                         ["NCCL", f"{d['nccl_eager_ms']:.2f}", "-"]])]
     return "\n\n".join(parts)
 
 

@@ -37,13 +37,13 @@ def moe_send_kernel(x_ptr, dest_ptr, n_tokens, hidden, max_tokens, bases, rank, 
     base = recv_off + (e & 1).to(tl.int64) * half_bytes
     cols = tl.arange(0, BLOCK_H)
     for t in range(pid, n_tokens, grid):
-        row = (rank * max_tokens + t).to(tl.int64) * hidden * ESIZE
+        row = tl.cast(rank * max_tokens + t, tl.int64) * hidden * ESIZE
         for d in tl.static_range(WORLD):
             if tl.load(dest_ptr + t * WORLD + d) != 0:
                 dst = heap_ptr(bases, d, base + row, DTYPE, ALIGNED=False)
                 for c in range(0, hidden, BLOCK_H):
                     m = c + cols < hidden
-                    tl.store(dst + c + cols, tl.load(x_ptr + t.to(tl.int64) * hidden + c + cols, mask=m), mask=m)
+                    tl.store(dst + c + cols, tl.load(x_ptr + tl.cast(t, tl.int64) * hidden + c + cols, mask=m), mask=m)
     barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     epoch_commit(epoch_ptr, e)
 

@@ -1,6 +1,7 @@
 """MoE dispatch and combine against a reference built from every rank's tokens and routing (gathered
-over gloo): random routing with edge cases, token counts that differ per rank (zero included),
-exact expert layouts and counts, combine bits, bad input."""
+over gloo): random routing with edge cases, token counts that differ per rank and per call (zero
+included), "no expert" ids, full experts (capacity drops), every dtype of ids, weights and tokens,
+outputs poisoned before each call; exact expert layouts and counts, exact combine bits; bad input."""
 
 from __future__ import annotations
 
@@ -19,62 +20,122 @@ def _routing(g: torch.Generator, n: int, experts: int, k: int, local: int, case:
         torch.empty(0, k, dtype=torch.int64)
     if case == "one-rank" and n:  # every expert of token 0 on rank 0
         ids[0] = torch.arange(k) % local
-    if case == "hot" and n:  # expert 1 chosen by every token
+    if case == "hot" and n:  # expert 1 chosen by every token: with a small capacity, drops
         others = torch.tensor([x for x in range(experts) if x != 1])
         ids = torch.stack([torch.cat([torch.tensor([1]), others[torch.randperm(len(others), generator=g)[:k - 1]]])
                            for _ in range(n)])
+    if case == "unrouted" and n:  # some entries with no expert (-1), one token with none at all
+        ids[torch.rand(n, k, generator=g) < 0.3] = -1
+        ids[0] = -1
     return ids
 
 
-def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, reps: int):
-    comm = make_comm(ctx, heap_bytes=64 << 20)
+def _reference(ctx, xs, idl, max_tokens: int, k: int, local: int, capacity: int):
+    """Per local expert: the kept rows in (source, token, j) order and the entry count; per own
+    entry: its (expert, slot) or None when dropped or unrouted."""
     w, r = ctx.world, ctx.rank
+    taken: dict[int, int] = {}
+    rows: dict[int, list] = {el: [] for el in range(local)}
+    mine: dict[tuple[int, int], tuple[int, int] | None] = {}
+    for s in range(w):
+        for t in range(max_tokens):
+            for j in range(k):
+                e = int(idl[s][t, j])
+                slot = None
+                if e >= 0:
+                    slot = taken.get(e, 0)
+                    taken[e] = slot + 1
+                    if slot >= capacity:
+                        slot = None
+                    elif e // local == r:
+                        rows[e - r * local].append(xs[s][t])
+                if s == r:
+                    mine[(t, j)] = None if slot is None else (e, slot)
+    counts = {el: taken.get(r * local + el, 0) for el in range(local)}
+    return rows, counts, mine
+
+
+def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, reps: int, dtype=torch.bfloat16,
+         capacity=None, ids_dtype=torch.int64, w_dtype=torch.float32):
+    comm = make_comm(ctx, heap_bytes=64 << 20)
+    w, r, dev = ctx.world, ctx.rank, ctx.device
     local = experts // w
-    moe = MoEAllToAll(comm, max_tokens=max_tokens, hidden=hidden, num_experts=experts, top_k=k)
-    bad = []
+    moe = MoEAllToAll(comm, max_tokens=max_tokens, hidden=hidden, num_experts=experts, top_k=k, dtype=dtype,
+                      capacity=capacity)
+    cap = moe.capacity
+    bad, dropped = [], 0
     for rep in range(reps):
         g = torch.Generator().manual_seed(1000 * rep + 17 * r + 3)
         n = int(torch.randint(0, max_tokens + 1, (1,), generator=g))
         if rep == 0 and r == w - 1:
             n = 0  # a rank with no tokens
-        x = torch.randn(n, hidden, generator=g).to(torch.bfloat16)
+        if rep == 1:
+            n = max_tokens
+        x = torch.randn(n, hidden, generator=g).to(dtype)
         ids = _routing(g, n, experts, k, local, case)
-        wts = torch.rand(n, k, generator=g)
-        dev = ctx.device
-        out, counts, handle = moe.dispatch(x.to(dev), ids.to(dev), wts.to(dev))
-        # reference: every rank's tokens and ids, padded to max_tokens
+        wts = torch.rand(n, k, generator=g).to(w_dtype)
+        # ids as a strided view when there is room for one
+        ids_dev = torch.stack([ids, ids], 2).reshape(n, 2 * k).to(ids_dtype).to(dev)[:, ::2] if rep == 2 else ids.to(ids_dtype).to(dev)
+        moe._out.fill_(float("nan"))
+        moe._combined.fill_(float("nan"))
+        out, counts, handle = moe.dispatch(x.to(dev), ids_dev, wts.to(dev))
         xs = gathered(ctx, torch.cat([x, torch.zeros(max_tokens - n, hidden, dtype=x.dtype)]))
         idl = gathered(ctx, torch.cat([ids, torch.full((max_tokens - n, k), -1, dtype=ids.dtype)]))
+        rows, want_counts, where = _reference(ctx, xs, idl, max_tokens, k, local, cap)
         for el in range(local):
-            e = r * local + el
-            rows = [xs[s][t] for s in range(w) for t in range(max_tokens) for j in range(k) if idl[s][t, j] == e]
             c = int(counts[el])
-            if c != len(rows):
-                bad.append((rep, "count", e, c, len(rows)))
-            elif rows and not torch.equal(out[el, :c].cpu(), torch.stack(rows)):
-                bad.append((rep, "rows", e))
-        # experts: y = x * (e + 1), rounded
+            if c != min(want_counts[el], cap):
+                bad.append((rep, "count", el, c, want_counts[el]))
+            elif rows[el] and not torch.equal(out[el, :c].cpu(), torch.stack(rows[el])):
+                bad.append((rep, "rows", el))
+        dropped += sum(1 for (t, j), v in where.items() if v is None and t < n and ids[t, j] >= 0)
+        # experts: y = x * (e + 1), rounded to the dtype
         scale = (torch.arange(local) + r * local + 1).float().to(dev)
-        y = (out.float() * scale[:, None, None]).to(torch.bfloat16)
+        y = (out.float() * scale[:, None, None]).to(dtype)
         comb = moe.combine(y, handle).cpu()
         want = torch.zeros(n, hidden)
         for t in range(n):
             acc = torch.zeros(hidden)
             for j in range(k):
-                acc = acc + wts[t, j] * (x[t].float() * float(ids[t, j] + 1)).to(torch.bfloat16).float()
+                if where[(t, j)] is not None:
+                    e = where[(t, j)][0]
+                    acc = acc + wts[t, j].float() * (x[t].float() * float(e + 1)).to(dtype).float()
             want[t] = acc
-        if not torch.equal(comb, want.to(torch.bfloat16)):
+        if not torch.equal(comb, want.to(dtype)):
             bad.append((rep, "combine", (comb.float() - want).abs().max().item() if n else None))
+    torch.cuda.synchronize() if dev.type == "cuda" else None
+    if moe.dropped() != dropped:
+        bad.append(("dropped", moe.dropped(), dropped))
     moe.close()
     comm.close()
     return bad
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3, 4))
-@pytest.mark.parametrize("case", ["random", "one-rank", "hot"])
+@pytest.mark.parametrize("case", ["random", "one-rank", "hot", "unrouted"])
 def test_dispatch_combine_match_reference(worlds, world, case):
     experts = 2 * world if case != "hot" else 4 * world
     for bad in worlds(world).run(_job, experts, 3, 40, 6, case, 3):
+        assert bad == []
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3))
+def test_full_experts_drop_later_entries_and_count_them(worlds, world):
+    """Capacity 2 with one expert in every token's top-k: entries past slot 1 are dropped, in order."""
+    for bad in worlds(world).run(_job, 4 * world, 3, 24, 5, "hot", 3, capacity=2):
+        assert bad == []
+
+
+@pytest.mark.parametrize("dtype,ids_dtype,w_dtype", [(torch.float16, torch.int32, torch.float32),
+                                                     (torch.bfloat16, torch.int32, torch.bfloat16)])
+def test_every_dtype(worlds, dtype, ids_dtype, w_dtype):
+    for bad in worlds(2).run(_job, 6, 2, 33, 4, "random", 3, dtype, None, ids_dtype, w_dtype):
+        assert bad == []
+
+
+@pytest.mark.parametrize("world", world_sizes(8))
+def test_world8(worlds, world):
+    for bad in worlds(world).run(_job, 16, 4, 16, 3, "random", 2, timeout=1500):
         assert bad == []
 
 
@@ -87,7 +148,8 @@ def _bad_input(ctx):
     wts = torch.ones(3, 2, device=dev)
     for args in ((torch.zeros(5, 16, dtype=torch.bfloat16, device=dev), torch.zeros(5, 2, dtype=torch.int64,
                                                                                      device=dev), torch.ones(5, 2)),
-                 (x.float(), ids, wts), (x, ids[:, :1], wts), (x, ids.float(), wts)):
+                 (x.float(), ids, wts), (x, ids[:, :1], wts), (x, ids.float(), wts),
+                 (torch.zeros(3, 32, dtype=torch.bfloat16, device=dev)[:, ::2], ids, wts)):
         try:
             moe.dispatch(*args)
             errs.append("no error")
@@ -95,13 +157,14 @@ def _bad_input(ctx):
             errs.append(type(e).__name__)
     ids_bad = ids.clone()
     ids_bad[1, 0] = 99  # out of range: dropped now, reported at the next call
+    ids_bad[2, 1] = -1  # "no expert": never reported
     out, _, h = moe.dispatch(x, ids_bad, wts)
     moe.combine(out, h)
     try:
         moe.dispatch(x, ids, wts)
         errs.append("no error")
     except InvalidInputError as e:
-        errs.append("ids: " + ("outside" in str(e)) * "reported")
+        errs.append("ids: " + ("1 expert ids outside" in str(e)) * "reported")
     _, _, h = moe.dispatch(x, ids, wts)  # the error was reported once; calls go on
     try:
         moe.combine(out, h)
@@ -109,6 +172,12 @@ def _bad_input(ctx):
         errs.append("no error")
     except InvalidInputError:
         errs.append("reused handle")
+    for bad_args in (dict(num_experts=2 * ctx.world + 1), dict(top_k=0), dict(capacity=0), dict(dtype=torch.float32)):
+        try:
+            MoEAllToAll(comm, **{**dict(max_tokens=4, hidden=16, num_experts=2 * ctx.world, top_k=2), **bad_args})
+            errs.append("no error")
+        except InvalidInputError:
+            errs.append("ctor")
     moe.close()
     comm.close()
     return errs
@@ -116,4 +185,4 @@ def _bad_input(ctx):
 
 def test_bad_input_raises_before_waiting(worlds):
     for errs in worlds(2).run(_bad_input):
-        assert errs == ["InvalidInputError"] * 4 + ["ids: reported", "reused handle"], errs
+        assert errs == ["InvalidInputError"] * 5 + ["ids: reported", "reused handle"] + ["ctor"] * 4, errs

@@ -2,24 +2,24 @@
 
 ``MoEAllToAll`` (collective to create, once per communicator): ``num_experts`` experts split evenly
 over the ranks (expert ``e`` on rank ``e // local_experts``), up to ``max_tokens`` tokens per rank and
-call, ``top_k`` experts per token.
+call, ``top_k`` experts per token, at most ``capacity`` entries per expert and call.
 
-* ``dispatch(x, topk_ids, topk_weights)``: every rank's routing is all-gathered (ids only, ``max_tokens
-  * top_k`` int32 per rank), so every rank computes the same slots: the entries ``(source rank, token,
-  j)`` of expert ``e`` in that order get slots ``0, 1, ...``; entries past ``capacity`` are dropped.
-  Each token then goes once to each rank that holds one of its experts (``moe_send_kernel``), and each
-  rank copies its received tokens into ``[local_experts, capacity, hidden]`` (``moe_layout_kernel``).
-  Returns that tensor (rows past ``counts[e]`` are undefined), ``counts`` (int32, on the device) and a
-  handle for ``combine``.
+* ``dispatch(x, topk_ids, topk_weights)``: three kernels. ``moe_send_kernel`` sends this rank's
+  routing to every rank and each token once to each rank that holds one of its experts; then every
+  rank computes the same slots from the gathered routing (``moe_route_kernel``: the entries ``(source
+  rank, token, j)`` of expert ``e`` in that order get slots ``0, 1, ...``; entries past ``capacity``
+  are dropped) and copies its received tokens into ``[local_experts, capacity, hidden]``
+  (``moe_gather_kernel``). Returns that tensor (rows past ``counts[e]`` are undefined), ``counts``
+  (int32, on the device) and a handle for ``combine``. An expert id of -1 means "no expert".
 * ``combine(y, handle)``: ``y [local_experts, capacity, hidden]`` (write it into ``expert_buffer()`` to
   skip a copy); returns ``out[t] = sum_j topk_weights[t, j] * y_owner[expert, slot]`` accumulated in
   fp32 in ``j`` order, so the bits never depend on arrival order.
 
 No host synchronisation: routing stays on the device, so both calls can be captured in CUDA graphs
-and replayed with new routing. Expert ids outside ``[0, num_experts)`` are dropped on the device and
-reported by an error at the next ``dispatch`` (like the wait diagnostics); every write stays in bounds.
-The tensors ``dispatch`` returns are reused by the next call; a handle serves one ``combine``, and
-``dispatch`` and ``combine`` alternate.
+and replayed with new routing. Other ids outside ``[0, num_experts)`` are dropped on the device and
+reported by an error at the next ``dispatch`` (like the wait diagnostics); every write stays in
+bounds. The tensors ``dispatch`` and ``combine`` return are reused by the next call; a handle serves
+one ``combine``, and ``dispatch`` and ``combine`` alternate.
 """
 
 from __future__ import annotations
@@ -30,14 +30,26 @@ import torch
 
 from ...channels import Channel, Communicator
 from ...errors import InvalidInputError
-from ..allgather import AllGather
 from .combine import launch_combine
-from .dispatch import launch_layout, launch_send
+from .dispatch import launch_send
+from .route import launch_gather, launch_route
 
 __all__ = ["MoEAllToAll", "MoEHandle"]
 
-#: Launch shape per backend: (programs, column block, warps).
-SHAPES = {"cuda": (64, 1024, 4), "cpu": (2, 64, 1)}
+
+@dataclass(frozen=True)
+class MoEShape:
+    """Launch shape for one backend."""
+
+    programs: int  #: send and combine programs (one barrier slot each)
+    block_h: int  #: columns per step
+    block_e: int  #: routing entries per step of the route kernel
+    gather_programs: int  #: programs per expert in the gather kernel
+    block_s: int  #: rows per step of the gather kernel
+    num_warps: int
+
+
+SHAPES = {"cuda": MoEShape(64, 1024, 1024, 4, 4, 4), "cpu": MoEShape(2, 64, 64, 1, 4, 1)}
 
 
 @dataclass(frozen=True)
@@ -71,30 +83,27 @@ class MoEAllToAll:
         self.capacity = capacity if capacity is not None else w * max_tokens
         if not isinstance(self.capacity, int) or self.capacity < 1:
             raise InvalidInputError(f"MoEAllToAll: capacity must be a positive int, got {capacity!r}")
-        self.programs, self.block_h, self.num_warps = SHAPES[comm.backend]
-        dev, m, k, n_entries = comm.device, max_tokens, top_k, w * max_tokens * top_k
-        self._ids_ag = AllGather(comm, max_bytes=n_entries * 4, name=f"{name}.ids")
-        self._recv = comm.empty((2, w * m, hidden), dtype)  # two halves: the send's epoch parity
-        self._recv_off = comm.heap_offset(self._recv)
-        self._half_bytes = w * m * hidden * dtype.itemsize
+        self.shape = SHAPES[comm.backend]
+        dev, m, k = comm.device, max_tokens, top_k
+        # heap: two halves each (the send's epoch parity) of the receive buffer and the ids table
+        self._recv = comm.empty((2, w * m, hidden), dtype)
+        self._recv_off, self._recv_half = comm.heap_offset(self._recv), w * m * hidden * dtype.itemsize
+        self._ids = comm.empty((2, w * m * k), torch.int32)
+        self._ids_off, self._ids_half = comm.heap_offset(self._ids), w * m * k * 4
         self._ybuf = comm.empty((self.local_experts, self.capacity, hidden), dtype)
         self._ybuf_off = comm.heap_offset(self._ybuf)
-        self._send_ch = Channel(comm, f"{name}.send", programs=self.programs, barrier_slots=self.programs)
-        self._comb_ch = Channel(comm, f"{name}.combine", programs=self.programs, barrier_slots=self.programs)
+        programs = self.shape.programs
+        self._send_ch = Channel(comm, f"{name}.send", programs=programs, barrier_slots=programs)
+        self._comb_ch = Channel(comm, f"{name}.combine", programs=programs, barrier_slots=programs)
         i32 = dict(dtype=torch.int32, device=dev)
-        self._ids = torch.empty(m, k, **i32)
-        self._ids_all = torch.empty(n_entries, **i32)
-        self._entry = torch.arange(n_entries, device=dev)
-        self._ranks = torch.arange(w, device=dev, dtype=torch.int32)
-        self._dst = torch.empty(n_entries, **i32)
-        self._owner = torch.empty(m, k, **i32)
-        self._row = torch.empty(m, k, **i32)
-        self._dest = torch.empty(m, w, dtype=torch.int8, device=dev)
-        self._weights = torch.zeros(m, k, dtype=torch.float32, device=dev)
+        self._owner = torch.empty(m, k, **i32)  # per own entry: the expert's rank, or -1
+        self._row = torch.empty(m, k, **i32)  # per own entry: local expert * capacity + slot there
+        self._src = torch.empty(self.local_experts, self.capacity, **i32)  # per local slot: its receive row
+        self._weights = torch.empty(m, k, dtype=torch.float32, device=dev)
         self._counts = torch.empty(self.local_experts, **i32)
         self._out = torch.empty(self.local_experts, self.capacity, hidden, dtype=dtype, device=dev)
         self._combined = torch.empty(m, hidden, dtype=dtype, device=dev)
-        self._bad = torch.zeros(2, dtype=torch.int64, device=dev)  # ids out of range, entries past capacity
+        self._bad = torch.zeros(2, dtype=torch.int64, device=dev)  # ids out of range, own entries dropped
         self._bad_host = torch.zeros(2, dtype=torch.int64, pin_memory=comm.backend == "cuda")
         self._call = 0
         self._open_handle = -1
@@ -115,38 +124,18 @@ class MoEAllToAll:
         """See the module docstring. Collective."""
         n = self._check(x, topk_ids, topk_weights)
         self.comm.check()
-        k, m, experts, local, cap = self.top_k, self.max_tokens, self.num_experts, self.local_experts, self.capacity
-        ids = self._ids
-        ids.fill_(-1)
-        ids[:n].copy_(topk_ids)
-        real = ids[:n]
-        bad = (real < 0) | (real >= experts)
-        self._bad[0] += bad.sum()
-        real.masked_fill_(bad, -1)
-        self._weights[:n].copy_(topk_weights)
-        self._ids_ag(ids.view(-1).view(torch.float32), self._ids_all.view(torch.float32))  # a copy: bits kept
-        # Slots, the same on every rank: entries in (source, token, j) order, per expert.
-        e = self._ids_all.long()
-        bucket = torch.where(e >= 0, e, experts)
-        order = torch.sort(bucket, stable=True).indices
-        counts = torch.zeros(experts + 1, dtype=torch.int64, device=e.device).scatter_add_(
-            0, bucket, torch.ones_like(bucket))
-        starts = torch.cumsum(counts, 0) - counts
-        pos = torch.empty_like(order).scatter_(0, order, self._entry)
-        slot = pos - starts[bucket]
-        ok = (e >= 0) & (slot < cap)
-        self._bad[1] += ((e >= 0) & ~ok).sum()
-        here = ok & (bucket // local == self.rank)
-        self._dst.copy_(torch.where(here, (bucket - self.rank * local) * cap + slot, -1))
-        self._counts.copy_(counts[self.rank * local:(self.rank + 1) * local].clamp(max=cap))
-        mine = slice(self.rank * m * k, (self.rank + 1) * m * k)
-        self._owner.copy_(torch.where(ok[mine], bucket[mine] // local, -1).view(m, k))
-        self._row.copy_(torch.where(ok[mine], (bucket[mine] % local) * cap + slot[mine], 0).view(m, k))
-        self._dest.copy_((self._owner[:, :, None] == self._ranks).any(1))
-        launch_send(self.comm, self._send_ch, x, self._dest, n, m, self._recv_off, self._half_bytes, self.programs,
-                    self.block_h, self.num_warps)
-        launch_layout(self.comm, self._send_ch, self._out, self._dst, self._recv_off, self._half_bytes, k,
-                      self.block_h, self.num_warps)
+        sh = self.shape
+        launch_send(self.comm, self._send_ch, x, topk_ids, topk_weights, self._weights, self._owner, self._bad,
+                    max_tokens=self.max_tokens, num_experts=self.num_experts, local=self.local_experts,
+                    recv_off=self._recv_off, recv_half=self._recv_half, ids_off=self._ids_off,
+                    ids_half=self._ids_half, programs=sh.programs, block_h=sh.block_h, num_warps=sh.num_warps)
+        launch_route(self.comm, self._send_ch, self._owner, self._row, self._src, self._counts, self._bad,
+                     num_experts=self.num_experts, max_tokens=self.max_tokens, capacity=self.capacity,
+                     local=self.local_experts, top_k=self.top_k, ids_off=self._ids_off, ids_half=self._ids_half,
+                     block_e=sh.block_e, num_warps=sh.num_warps)
+        launch_gather(self.comm, self._send_ch, self._out, self._src, self._counts, recv_off=self._recv_off,
+                      recv_half=self._recv_half, programs=sh.gather_programs, block_s=sh.block_s, block_h=sh.block_h,
+                      num_warps=sh.num_warps)
         self._bad_host.copy_(self._bad, non_blocking=True)
         self._call += 1
         self._open_handle = self._call
@@ -166,15 +155,14 @@ class MoEAllToAll:
             self._ybuf.copy_(y)
         out = self._combined
         launch_combine(self.comm, self._comb_ch, out, self._weights, self._owner, self._row, handle.n_tokens,
-                       self._ybuf_off, self.programs, self.block_h, self.num_warps)
+                       self._ybuf_off, self.shape.programs, self.shape.block_h, self.shape.num_warps)
         return out[:handle.n_tokens]
 
     def close(self) -> None:
         """Collective: release the heap memory and channels."""
-        self._ids_ag.close()
         for ch in (self._send_ch, self._comb_ch):
             ch.close()
-        for t in (self._recv, self._ybuf):
+        for t in (self._recv, self._ids, self._ybuf):
             self.comm.free(t)
 
     # -- checks before any rank waits --------------------------------------------------------------
@@ -187,9 +175,9 @@ class MoEAllToAll:
                                     f"[0, {self.num_experts}) in an earlier call were dropped")
         dev = self.comm.device
         if x.dim() != 2 or x.shape[1] != self.hidden or x.dtype != self.dtype or x.device != dev \
-                or not x.is_contiguous():
-            raise InvalidInputError(f"moe dispatch: x must be a contiguous {self.dtype} [T, {self.hidden}] on {dev}, "
-                                    f"got {x.dtype} {list(x.shape)} on {x.device}")
+                or x.stride(1) != 1:
+            raise InvalidInputError(f"moe dispatch: x must be {self.dtype} [T, {self.hidden}] on {dev} with unit "
+                                    f"column stride, got {x.dtype} {list(x.shape)} on {x.device}")
         n = x.shape[0]
         if n > self.max_tokens:
             raise InvalidInputError(f"moe dispatch: {n} tokens exceed max_tokens {self.max_tokens}")

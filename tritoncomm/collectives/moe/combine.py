@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import barrier, epoch_commit, heap_ptr, program_epoch
+from ...kernels import barrier, epoch_commit, heap_ptr, program_epoch, round_to
 
 __all__ = ["launch_combine", "moe_combine_kernel"]
 
@@ -42,7 +42,7 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, bas
                     row = tl.load(row_ptr + t * TOP_K + j).to(tl.int64)
                     src = heap_ptr(bases, owner, ybuf_off, DTYPE, ALIGNED=False) + row * hidden + c + cols
                     acc += tl.load(w_ptr + t * TOP_K + j) * tl.load(src, mask=m).to(tl.float32)
-            tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, acc.to(DTYPE), mask=m)
+            tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, round_to(acc, DTYPE), mask=m)
     epoch_commit(epoch_ptr, e)
 
 

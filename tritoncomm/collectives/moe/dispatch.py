@@ -1,16 +1,21 @@
-"""MoE dispatch: each token goes once to every rank that holds one of its experts, then each rank lays
-its received tokens out per expert.
+"""MoE dispatch, step 1 of 3: every rank sends its routing to every rank and each token once to every
+rank that holds one of its experts.
 
-``moe_send_kernel``: program ``pid`` takes tokens ``pid, pid + grid, ...``; token ``t`` is stored into
-row ``rank * max_tokens + t`` of the receive buffer of every rank ``d`` with ``dest[t, d]`` (this rank's
-own buffer included), in the half of the buffer given by the launch's epoch parity; then a barrier on
-slot ``pid``. Once the kernel has ended on a rank, every peer's programs have made their stores
-(each stored before arriving at the barrier its counterpart waited on), so later kernels on the stream
-may read the buffer. A rank cannot start launch ``n + 2`` (same parity) before every peer has
-passed launch ``n + 1``'s barriers, i.e. before every peer's stream is past its reads of launch ``n``.
+``moe_send_kernel``: program ``pid`` takes the token rows ``t = pid, pid + grid, ... < max_tokens``
+(rows ``t >= n_tokens`` carry no token: their ids are -1). For each row it
 
-``moe_layout_kernel`` (local): entry ``i`` (token ``i // top_k`` of the gathered routing) is copied
-from receive row ``i // top_k`` to output row ``dst[i]`` where ``dst[i] >= 0``.
+* reads the ``TOP_K`` expert ids (-1 means "no expert"; any other id outside ``[0, num_experts)``
+  is counted in ``bad[0]`` and treated as -1) and weights, keeps the weights for ``combine`` and
+  marks the row's entries unrouted (``owner = -1``; step 2 fills in the routed ones);
+* stores the ids into row ``rank * max_tokens + t`` of every rank's ids table, and the token into the
+  same row of the receive buffer of every rank that owns one of its experts (its own included), both
+  in the half given by the launch's epoch parity;
+
+then arrives at and waits on barrier slot ``pid``. Once the kernel has ended on a rank, every peer's
+programs have made their stores (each before arriving at the barrier its counterpart waited on), so
+the later steps on the stream may read the tables. A rank cannot start launch ``n + 2`` (same
+parity) before every peer has passed launch ``n + 1``'s barriers, i.e. before every peer's stream is
+past its reads of launch ``n``.
 """
 
 from __future__ import annotations
@@ -21,64 +26,60 @@ import triton.language as tl
 
 from ...kernels import barrier, epoch_commit, heap_ptr, program_epoch
 
-__all__ = ["launch_layout", "launch_send", "moe_layout_kernel", "moe_send_kernel"]
+__all__ = ["launch_send", "moe_send_kernel"]
 
 
 @triton.jit(do_not_specialize=["rank"])
-def moe_send_kernel(x_ptr, dest_ptr, n_tokens, hidden, max_tokens, bases, rank, timeout, diag_addr, flags_off,
-                    epochs_off, recv_off, half_bytes, WORLD: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Push each of this rank's tokens to the ranks ``dest`` (int8 ``[max_tokens, WORLD]``) marks."""
+def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, owner_ptr, bad_ptr,
+                    n_tokens, hidden, max_tokens, num_experts, bases, rank, timeout, diag_addr, flags_off, epochs_off,
+                    recv_off, recv_half, ids_off, ids_half, WORLD: tl.constexpr, LOCAL: tl.constexpr,
+                    TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    """See the module docstring."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
-    base = recv_off + (e & 1).to(tl.int64) * half_bytes
+    half = (e & 1).to(tl.int64)
+    recv_base = recv_off + half * recv_half
+    ids_base = ids_off + half * ids_half
+    kk = tl.arange(0, BLOCK_K)
+    km = kk < TOP_K
     cols = tl.arange(0, BLOCK_H)
-    for t in range(pid, n_tokens, grid):
-        row = tl.cast(rank * max_tokens + t, tl.int64) * hidden * ESIZE
+    for t in range(pid, max_tokens, grid):
+        live = t < n_tokens
+        t64 = tl.cast(t, tl.int64)
+        ids = tl.load(ids_ptr + t64 * ids_s0 + kk * ids_s1, mask=km & live, other=-1).to(tl.int32)
+        bad = km & (ids != -1) & ((ids < 0) | (ids >= num_experts))
+        n_bad = tl.sum(bad.to(tl.int32))
+        if n_bad > 0:
+            tl.atomic_add(bad_ptr, n_bad.to(tl.int64))
+        ids = tl.where(bad, -1, ids)
+        wt = tl.load(w_ptr + t64 * w_s0 + kk * w_s1, mask=km & live, other=0.0).to(tl.float32)
+        tl.store(wts_ptr + t * TOP_K + kk, wt, mask=km)
+        tl.store(owner_ptr + t * TOP_K + kk, tl.full([BLOCK_K], -1, tl.int32), mask=km)
+        owner = tl.where(km & (ids >= 0), ids // LOCAL, -1)
+        row = tl.cast(rank * max_tokens + t, tl.int64)
         for d in tl.static_range(WORLD):
-            if tl.load(dest_ptr + t * WORLD + d) != 0:
-                dst = heap_ptr(bases, d, base + row, DTYPE, ALIGNED=False)
+            tl.store(heap_ptr(bases, d, ids_base + row * TOP_K * 4, tl.int32, ALIGNED=False) + kk, ids, mask=km)
+            if tl.sum((owner == d).to(tl.int32)) > 0:
+                dst = heap_ptr(bases, d, recv_base + row * hidden * ESIZE, DTYPE, ALIGNED=False)
                 for c in range(0, hidden, BLOCK_H):
                     m = c + cols < hidden
-                    tl.store(dst + c + cols, tl.load(x_ptr + tl.cast(t, tl.int64) * hidden + c + cols, mask=m), mask=m)
+                    tl.store(dst + c + cols, tl.load(x_ptr + t64 * x_stride + c + cols, mask=m), mask=m)
     barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     epoch_commit(epoch_ptr, e)
 
 
-@triton.jit(do_not_specialize=["rank"])
-def moe_layout_kernel(out_ptr, dst_ptr, n_entries, hidden, bases, rank, epochs_off, recv_off, half_bytes,
-                      TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
-    """``out[dst[i]] = recv[i // TOP_K]`` for every entry ``i`` with ``dst[i] >= 0``, from the half of the
-    receive buffer the last send wrote (the parity of the epoch its program 0 stored)."""
-    DTYPE: tl.constexpr = out_ptr.dtype.element_ty
-    e = tl.load(heap_ptr(bases, rank, epochs_off, tl.uint32))
-    recv_ptr = heap_ptr(bases, rank, recv_off + (e & 1).to(tl.int64) * half_bytes, DTYPE)
-    i = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
-    dst = tl.load(dst_ptr + i, mask=i < n_entries, other=-1).to(tl.int64)
-    src = (i // TOP_K).to(tl.int64)
-    ok = dst >= 0
-    cols = tl.arange(0, BLOCK_H)
-    for c in range(0, hidden, BLOCK_H):
-        m = ok[:, None] & (c + cols < hidden)[None, :]
-        v = tl.load(recv_ptr + src[:, None] * hidden + c + cols[None, :], mask=m)
-        tl.store(out_ptr + dst[:, None] * hidden + c + cols[None, :], v, mask=m)
-
-
-def launch_send(comm, channel, x: torch.Tensor, dest: torch.Tensor, n_tokens: int, max_tokens: int,
-                recv_off: int, half_bytes: int, programs: int, block_h: int, num_warps: int) -> None:
+def launch_send(comm, channel, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, wts: torch.Tensor,
+                owner: torch.Tensor, bad: torch.Tensor, *, max_tokens: int, num_experts: int, local: int,
+                recv_off: int, recv_half: int, ids_off: int, ids_half: int, programs: int, block_h: int,
+                num_warps: int) -> None:
     bases, rank, world, timeout, diag = comm.kernel_args()
-    moe_send_kernel[(programs,)](x, dest, n_tokens, x.shape[-1], max_tokens, bases, rank, timeout, diag,
-                                 channel.flags_off, channel.epochs_off, recv_off, half_bytes, WORLD=world,
-                                 BLOCK_H=block_h, num_warps=num_warps)
-
-
-def launch_layout(comm, channel, out: torch.Tensor, dst: torch.Tensor, recv_off: int, half_bytes: int, top_k: int,
-                  block_h: int, num_warps: int, block_e: int = 8) -> None:
-    bases, rank, _, _, _ = comm.kernel_args()
-    n = dst.numel()
-    moe_layout_kernel[(triton.cdiv(n, block_e),)](out, dst, n, out.shape[-1], bases, rank, channel.epochs_off,
-                                                  recv_off, half_bytes, TOP_K=top_k, BLOCK_E=block_e,
-                                                  BLOCK_H=block_h, num_warps=num_warps)
+    k = ids.shape[1]
+    moe_send_kernel[(programs,)](
+        x, x.stride(0), ids, ids.stride(0), ids.stride(1), weights, weights.stride(0), weights.stride(1), wts, owner,
+        bad, x.shape[0], x.shape[1], max_tokens, num_experts, bases, rank, timeout, diag, channel.flags_off,
+        channel.epochs_off, recv_off, recv_half, ids_off, ids_half, WORLD=world, LOCAL=local, TOP_K=k,
+        BLOCK_K=triton.next_power_of_2(k), BLOCK_H=block_h, num_warps=num_warps)

@@ -1,0 +1,103 @@
+"""MoE dispatch, steps 2 and 3 of 3 (local: they read only this rank's heap, after the send kernel).
+
+Every rank holds every rank's routing after step 1, so every rank computes the same slots without
+talking: the entries ``i = (source rank, token, j)`` (flattened in that order) of expert ``e`` get
+slots ``0, 1, ...`` in order; entries at or past ``capacity`` are dropped.
+
+``moe_route_kernel``: program ``e`` (one per expert, every rank runs all of them) scans the ids table
+in order, keeping a running count. For this rank's own entries of ``e`` it writes where ``combine``
+will find the expert's output (``owner``, and ``row = local expert * capacity + slot``; dropped
+entries keep ``owner = -1`` and are counted in ``bad[1]``). If ``e`` is one of this rank's experts it
+also writes, for each kept entry, the receive row it came from (``src[local expert, slot]``), and
+the expert's count (``min(entries, capacity)``).
+
+``moe_gather_kernel``: program ``(expert, p)`` copies rows ``slot = p, p + grid_1, ...`` below the
+expert's count from the receive buffer into ``out[expert, slot]``.
+
+Both read the tables' half given by the parity of the epoch the send kernel's program 0 stored.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...kernels import heap_ptr
+
+__all__ = ["launch_gather", "launch_route", "moe_gather_kernel", "moe_route_kernel"]
+
+
+@triton.jit(do_not_specialize=["rank"])
+def moe_route_kernel(owner_ptr, row_ptr, src_ptr, counts_ptr, bad_ptr, n_entries, max_tokens, capacity, bases, rank,
+                     epochs_off, ids_off, ids_half, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
+                     BLOCK_E: tl.constexpr):
+    """See the module docstring."""
+    e = tl.program_id(0)
+    parity = (tl.load(heap_ptr(bases, rank, epochs_off, tl.uint32)) & 1).to(tl.int64)
+    ids = heap_ptr(bases, rank, ids_off + parity * ids_half, tl.int32)
+    owner = e // LOCAL
+    mine = owner == rank
+    el = e - owner * LOCAL
+    own_lo = rank * max_tokens * TOP_K
+    own_hi = own_lo + max_tokens * TOP_K
+    seen = 0
+    dropped = 0
+    for b in range(0, n_entries, BLOCK_E):
+        i = b + tl.arange(0, BLOCK_E)
+        hit = tl.load(ids + i, mask=i < n_entries, other=-1) == e
+        n_hit = tl.sum(hit.to(tl.int32))
+        if n_hit > 0:
+            slot = seen + tl.cumsum(hit.to(tl.int32), 0) - 1
+            keep = hit & (slot < capacity)
+            own = hit & (i >= own_lo) & (i < own_hi)
+            tl.store(owner_ptr + (i - own_lo), tl.where(keep, owner, -1), mask=own)
+            tl.store(row_ptr + (i - own_lo), el * capacity + slot, mask=own & keep)
+            dropped += tl.sum((own & ~keep).to(tl.int32))
+            if mine:
+                tl.store(src_ptr + el * capacity + slot, i // TOP_K, mask=keep)
+            seen += n_hit
+    if mine:
+        tl.store(counts_ptr + el, tl.minimum(seen, capacity))
+    if dropped > 0:
+        tl.atomic_add(bad_ptr + 1, dropped.to(tl.int64))
+
+
+@triton.jit(do_not_specialize=["rank"])
+def moe_gather_kernel(out_ptr, src_ptr, counts_ptr, hidden, capacity, bases, rank, epochs_off, recv_off, recv_half,
+                      BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr):
+    """See the module docstring."""
+    el = tl.program_id(0)
+    p = tl.program_id(1)
+    grid = tl.num_programs(1)
+    DTYPE: tl.constexpr = out_ptr.dtype.element_ty
+    parity = (tl.load(heap_ptr(bases, rank, epochs_off, tl.uint32)) & 1).to(tl.int64)
+    recv = heap_ptr(bases, rank, recv_off + parity * recv_half, DTYPE)
+    count = tl.load(counts_ptr + el)
+    cols = tl.arange(0, BLOCK_H)
+    out = out_ptr + tl.cast(el, tl.int64) * capacity * hidden
+    for s0 in range(p * BLOCK_S, count, grid * BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        sm = s < count
+        src = tl.load(src_ptr + el * capacity + s, mask=sm, other=0).to(tl.int64)
+        for c in range(0, hidden, BLOCK_H):
+            m = sm[:, None] & (c + cols < hidden)[None, :]
+            v = tl.load(recv + src[:, None] * hidden + c + cols[None, :], mask=m)
+            tl.store(out + s[:, None].to(tl.int64) * hidden + c + cols[None, :], v, mask=m)
+
+
+def launch_route(comm, channel, owner: torch.Tensor, row: torch.Tensor, src: torch.Tensor, counts: torch.Tensor,
+                 bad: torch.Tensor, *, num_experts: int, max_tokens: int, capacity: int, local: int, top_k: int,
+                 ids_off: int, ids_half: int, block_e: int, num_warps: int) -> None:
+    bases, rank, world, _, _ = comm.kernel_args()
+    moe_route_kernel[(num_experts,)](owner, row, src, counts, bad, world * max_tokens * top_k, max_tokens, capacity,
+                                     bases, rank, channel.epochs_off, ids_off, ids_half, LOCAL=local, TOP_K=top_k,
+                                     BLOCK_E=block_e, num_warps=num_warps)
+
+
+def launch_gather(comm, channel, out: torch.Tensor, src: torch.Tensor, counts: torch.Tensor, *, recv_off: int,
+                  recv_half: int, programs: int, block_s: int, block_h: int, num_warps: int) -> None:
+    bases, rank, _, _, _ = comm.kernel_args()
+    local, capacity, hidden = out.shape
+    moe_gather_kernel[(local, programs)](out, src, counts, hidden, capacity, bases, rank, channel.epochs_off, recv_off,
+                                        recv_half, BLOCK_S=block_s, BLOCK_H=block_h, num_warps=num_warps)

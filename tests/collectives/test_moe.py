@@ -55,13 +55,36 @@ def _reference(ctx, xs, idl, max_tokens: int, k: int, local: int, capacity: int)
     return rows, counts, mine
 
 
+def _quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference FP8 dispatch of rows ``x``: e4m3 values and one fp32 scale per 128 columns."""
+    g = x.float().view(*x.shape[:-1], -1, 128)
+    scale = g.abs().amax(-1).clamp_min(1e-12) / 448.0
+    q = (g / scale[..., None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return q.view(x.shape), scale
+
+
+def _deq(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (q.float().view(*q.shape[:-1], -1, 128) * scale[..., None]).view(q.shape)
+
+
+def _fp8_mismatch(got: torch.Tensor, want: torch.Tensor, cpu: bool) -> int:
+    """Values that differ; in the CPU world e4m3 subnormals may differ by one step (the interpreter's
+    conversion), so those are not counted there."""
+    diff = got.view(torch.uint8) != want.view(torch.uint8)
+    if cpu:
+        near = ((got.view(torch.uint8).int() - want.view(torch.uint8).int()).abs() == 1) & \
+            (want.float().abs() < 2 ** -6)
+        diff &= ~near
+    return int(diff.sum())
+
+
 def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, reps: int, dtype=torch.bfloat16,
-         capacity=None, ids_dtype=torch.int64, w_dtype=torch.float32):
+         capacity=None, ids_dtype=torch.int64, w_dtype=torch.float32, fp8=False):
     comm = make_comm(ctx, heap_bytes=64 << 20)
     w, r, dev = ctx.world, ctx.rank, ctx.device
     local = experts // w
     moe = MoEAllToAll(comm, max_tokens=max_tokens, hidden=hidden, num_experts=experts, top_k=k, dtype=dtype,
-                      capacity=capacity)
+                      capacity=capacity, fp8_dispatch=fp8)
     cap = moe.capacity
     bad, dropped = [], 0
     for rep in range(reps):
@@ -75,8 +98,12 @@ def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, rep
         ids = _routing(g, n, experts, k, local, case)
         wts = torch.rand(n, k, generator=g).to(w_dtype)
         # ids as a strided view when there is room for one
-        ids_dev = torch.stack([ids, ids], 2).reshape(n, 2 * k).to(ids_dtype).to(dev)[:, ::2] if rep == 2 else ids.to(ids_dtype).to(dev)
-        moe._out.fill_(float("nan"))
+        ids_dev = ids.to(ids_dtype).to(dev)
+        if rep == 2:
+            ids_dev = torch.stack([ids_dev, ids_dev], 2).reshape(n, 2 * k)[:, ::2]
+        moe._out.view(torch.uint8).fill_(0x7F)  # poison
+        if fp8:
+            moe._scales.fill_(float("nan"))
         moe._combined.fill_(float("nan"))
         out, counts, handle = moe.dispatch(x.to(dev), ids_dev, wts.to(dev))
         xs = gathered(ctx, torch.cat([x, torch.zeros(max_tokens - n, hidden, dtype=x.dtype)]))
@@ -86,12 +113,17 @@ def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, rep
             c = int(counts[el])
             if c != min(want_counts[el], cap):
                 bad.append((rep, "count", el, c, want_counts[el]))
-            elif rows[el] and not torch.equal(out[el, :c].cpu(), torch.stack(rows[el])):
+            elif rows[el] and not fp8 and not torch.equal(out[el, :c].cpu(), torch.stack(rows[el])):
                 bad.append((rep, "rows", el))
+            elif rows[el] and fp8:
+                q, sc = _quant(torch.stack(rows[el]))
+                got_q, got_sc = out[0][el, :c].cpu(), out[1][el, :c].cpu()
+                if not torch.equal(got_sc, sc) or _fp8_mismatch(got_q, q, dev.type == "cpu"):
+                    bad.append((rep, "fp8 rows", el))
         dropped += sum(1 for (t, j), v in where.items() if v is None and t < n and ids[t, j] >= 0)
         # experts: y = x * (e + 1), rounded to the dtype
         scale = (torch.arange(local) + r * local + 1).float().to(dev)
-        y = (out.float() * scale[:, None, None]).to(dtype)
+        y = ((_deq(*out) if fp8 else out.float()) * scale[:, None, None]).to(dtype)
         comb = moe.combine(y, handle).cpu()
         want = torch.zeros(n, hidden)
         for t in range(n):
@@ -99,7 +131,8 @@ def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, rep
             for j in range(k):
                 if where[(t, j)] is not None:
                     e = where[(t, j)][0]
-                    acc = acc + wts[t, j].float() * (x[t].float() * float(e + 1)).to(dtype).float()
+                    xt = _deq(*_quant(x[t])) if fp8 else x[t].float()
+                    acc = acc + wts[t, j].float() * (xt * float(e + 1)).to(dtype).float()
             want[t] = acc
         if not torch.equal(comb, want.to(dtype)):
             bad.append((rep, "combine", (comb.float() - want).abs().max().item() if n else None))
@@ -130,6 +163,13 @@ def test_full_experts_drop_later_entries_and_count_them(worlds, world):
                                                      (torch.bfloat16, torch.int32, torch.bfloat16)])
 def test_every_dtype(worlds, dtype, ids_dtype, w_dtype):
     for bad in worlds(2).run(_job, 6, 2, 33, 4, "random", 3, dtype, None, ids_dtype, w_dtype):
+        assert bad == []
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3))
+def test_fp8_dispatch_scales_per_128_values(worlds, world):
+    for bad in worlds(world).run(_job, 2 * world, 2, 256, 4, "random", 3, torch.bfloat16, None, torch.int64,
+                                 torch.float32, True):
         assert bad == []
 
 

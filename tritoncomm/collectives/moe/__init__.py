@@ -10,7 +10,10 @@ call, ``top_k`` experts per token, at most ``capacity`` entries per expert and c
   rank, token, j)`` of expert ``e`` in that order get slots ``0, 1, ...``; entries past ``capacity``
   are dropped) and copies its received tokens into ``[local_experts, capacity, hidden]``
   (``moe_gather_kernel``). Returns that tensor (rows past ``counts[e]`` are undefined), ``counts``
-  (int32, on the device) and a handle for ``combine``. An expert id of -1 means "no expert".
+  (int32, on the device) and a handle for ``combine``. An expert id of -1 means "no expert". With
+  ``fp8_dispatch`` tokens travel as e4m3 with one fp32 scale per 128 values (computed in the send
+  kernel, ``scale = max(amax, 1e-12) / 448``) and the first result is ``(values [local_experts,
+  capacity, hidden] e4m3, scales [local_experts, capacity, hidden / 128] fp32)``.
 * ``combine(y, handle)``: ``y [local_experts, capacity, hidden]`` (write it into ``expert_buffer()`` to
   skip a copy); returns ``out[t] = sum_j topk_weights[t, j] * y_owner[expert, slot]`` accumulated in
   fp32 in ``j`` order, so the bits never depend on arrival order.
@@ -64,7 +67,8 @@ class MoEAllToAll:
     """See the module docstring."""
 
     def __init__(self, comm: Communicator, *, max_tokens: int, hidden: int, num_experts: int, top_k: int,
-                 dtype: torch.dtype = torch.bfloat16, capacity: int | None = None, name: str = "moe") -> None:
+                 dtype: torch.dtype = torch.bfloat16, capacity: int | None = None, fp8_dispatch: bool = False,
+                 name: str = "moe") -> None:
         w = comm.world
         for what, v in (("max_tokens", max_tokens), ("hidden", hidden), ("num_experts", num_experts),
                         ("top_k", top_k)):
@@ -83,13 +87,20 @@ class MoEAllToAll:
         self.capacity = capacity if capacity is not None else w * max_tokens
         if not isinstance(self.capacity, int) or self.capacity < 1:
             raise InvalidInputError(f"MoEAllToAll: capacity must be a positive int, got {capacity!r}")
-        self.shape = SHAPES[comm.backend]
+        if fp8_dispatch and hidden % 128:
+            raise InvalidInputError(f"MoEAllToAll: FP8 dispatch needs hidden a multiple of 128, got {hidden}")
+        self.fp8 = bool(fp8_dispatch)
+        sh = SHAPES[comm.backend]
+        self.shape = MoEShape(**{**sh.__dict__, "block_h": max(sh.block_h, 128)}) if self.fp8 else sh
         dev, m, k = comm.device, max_tokens, top_k
-        # heap: two halves each (the send's epoch parity) of the receive buffer and the ids table
-        self._recv = comm.empty((2, w * m, hidden), dtype)
-        self._recv_off, self._recv_half = comm.heap_offset(self._recv), w * m * hidden * dtype.itemsize
+        wire = torch.float8_e4m3fn if self.fp8 else dtype
+        # heap: two halves each (the send's epoch parity) of the receive buffer, its scales, the ids table
+        self._recv = comm.empty((2, w * m, hidden), wire)
+        self._recv_off, self._recv_half = comm.heap_offset(self._recv), w * m * hidden * wire.itemsize
         self._ids = comm.empty((2, w * m * k), torch.int32)
         self._ids_off, self._ids_half = comm.heap_offset(self._ids), w * m * k * 4
+        self._sc = comm.empty((2, w * m, hidden // 128), torch.float32) if self.fp8 else None
+        self._sc_off, self._sc_half = (comm.heap_offset(self._sc), w * m * (hidden // 128) * 4) if self.fp8 else (0, 0)
         self._ybuf = comm.empty((self.local_experts, self.capacity, hidden), dtype)
         self._ybuf_off = comm.heap_offset(self._ybuf)
         programs = self.shape.programs
@@ -101,7 +112,9 @@ class MoEAllToAll:
         self._src = torch.empty(self.local_experts, self.capacity, **i32)  # per local slot: its receive row
         self._weights = torch.empty(m, k, dtype=torch.float32, device=dev)
         self._counts = torch.empty(self.local_experts, **i32)
-        self._out = torch.empty(self.local_experts, self.capacity, hidden, dtype=dtype, device=dev)
+        self._out = torch.empty(self.local_experts, self.capacity, hidden, dtype=wire, device=dev)
+        self._scales = torch.empty(self.local_experts, self.capacity, hidden // 128, dtype=torch.float32,
+                                   device=dev) if self.fp8 else None
         self._combined = torch.empty(m, hidden, dtype=dtype, device=dev)
         self._bad = torch.zeros(2, dtype=torch.int64, device=dev)  # ids out of range, own entries dropped
         self._bad_host = torch.zeros(2, dtype=torch.int64, pin_memory=comm.backend == "cuda")
@@ -120,7 +133,8 @@ class MoEAllToAll:
         return int(self._bad_host[1])
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor,
-                 topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, MoEHandle]:
+                 topk_weights: torch.Tensor) -> tuple[torch.Tensor | tuple[torch.Tensor, torch.Tensor], torch.Tensor,
+                                                      MoEHandle]:
         """See the module docstring. Collective."""
         n = self._check(x, topk_ids, topk_weights)
         self.comm.check()
@@ -128,18 +142,19 @@ class MoEAllToAll:
         launch_send(self.comm, self._send_ch, x, topk_ids, topk_weights, self._weights, self._owner, self._bad,
                     max_tokens=self.max_tokens, num_experts=self.num_experts, local=self.local_experts,
                     recv_off=self._recv_off, recv_half=self._recv_half, ids_off=self._ids_off,
-                    ids_half=self._ids_half, programs=sh.programs, block_h=sh.block_h, num_warps=sh.num_warps)
+                    ids_half=self._ids_half, sc_off=self._sc_off, sc_half=self._sc_half, fp8=self.fp8,
+                    programs=sh.programs, block_h=sh.block_h, num_warps=sh.num_warps)
         launch_route(self.comm, self._send_ch, self._owner, self._row, self._src, self._counts, self._bad,
                      num_experts=self.num_experts, max_tokens=self.max_tokens, capacity=self.capacity,
                      local=self.local_experts, top_k=self.top_k, ids_off=self._ids_off, ids_half=self._ids_half,
                      block_e=sh.block_e, num_warps=sh.num_warps)
-        launch_gather(self.comm, self._send_ch, self._out, self._src, self._counts, recv_off=self._recv_off,
-                      recv_half=self._recv_half, programs=sh.gather_programs, block_s=sh.block_s, block_h=sh.block_h,
-                      num_warps=sh.num_warps)
+        launch_gather(self.comm, self._send_ch, self._out, self._scales, self._src, self._counts,
+                      recv_off=self._recv_off, recv_half=self._recv_half, sc_off=self._sc_off, sc_half=self._sc_half,
+                      programs=sh.gather_programs, block_s=sh.block_s, block_h=sh.block_h, num_warps=sh.num_warps)
         self._bad_host.copy_(self._bad, non_blocking=True)
         self._call += 1
         self._open_handle = self._call
-        return self._out, self._counts, MoEHandle(n, self._call)
+        return (self._out, self._scales) if self.fp8 else self._out, self._counts, MoEHandle(n, self._call)
 
     def combine(self, y: torch.Tensor, handle: MoEHandle) -> torch.Tensor:
         """See the module docstring. Collective. Returns ``[n_tokens, hidden]`` (reused by the next call)."""
@@ -162,7 +177,7 @@ class MoEAllToAll:
         """Collective: release the heap memory and channels."""
         for ch in (self._send_ch, self._comb_ch):
             ch.close()
-        for t in (self._recv, self._ids, self._ybuf):
+        for t in (self._recv, self._ids, self._ybuf) + ((self._sc,) if self.fp8 else ()):
             self.comm.free(t)
 
     # -- checks before any rank waits --------------------------------------------------------------

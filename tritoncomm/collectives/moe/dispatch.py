@@ -11,7 +11,10 @@ rank that holds one of its experts.
   same row of the receive buffer of every rank that owns one of its experts (its own included), both
   in the half given by the launch's epoch parity;
 
-then arrives at and waits on barrier slot ``pid``. Once the kernel has ended on a rank, every peer's
+With ``FP8`` the token is sent as e4m3 with one fp32 scale per 128 values (``scale = max(amax,
+1e-12) / 448``, ``q = round(clamp(x / scale, -448, 448))``), the scales into the scale table's row.
+
+Then the kernel arrives at and waits on barrier slot ``pid``. Once the kernel has ended on a rank, every peer's
 programs have made their stores (each before arriving at the barrier its counterpart waited on), so
 the later steps on the stream may read the tables. A rank cannot start launch ``n + 2`` (same
 parity) before every peer has passed launch ``n + 1``'s barriers, i.e. before every peer's stream is
@@ -24,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import barrier, epoch_commit, heap_ptr, program_epoch
+from ...kernels import barrier, epoch_commit, heap_ptr, program_epoch, round_to
 
 __all__ = ["launch_send", "moe_send_kernel"]
 
@@ -32,21 +35,26 @@ __all__ = ["launch_send", "moe_send_kernel"]
 @triton.jit(do_not_specialize=["rank"])
 def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, owner_ptr, bad_ptr,
                     n_tokens, hidden, max_tokens, num_experts, bases, rank, timeout, diag_addr, flags_off, epochs_off,
-                    recv_off, recv_half, ids_off, ids_half, WORLD: tl.constexpr, LOCAL: tl.constexpr,
-                    TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
+                    recv_off, recv_half, ids_off, ids_half, sc_off, sc_half, WORLD: tl.constexpr,
+                    LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
+                    FP8: tl.constexpr):
     """See the module docstring."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
-    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
     ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
+    G: tl.constexpr = BLOCK_H // 128 if FP8 else 1  # scale groups per column block
+    GW: tl.constexpr = 128 if FP8 else BLOCK_H
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     half = (e & 1).to(tl.int64)
     recv_base = recv_off + half * recv_half
     ids_base = ids_off + half * ids_half
+    sc_base = sc_off + half * sc_half
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
-    cols = tl.arange(0, BLOCK_H)
+    cols = (tl.arange(0, G) * GW)[:, None] + tl.arange(0, GW)[None, :]  # [G, GW]
+    groups = tl.arange(0, G)
     for t in range(pid, max_tokens, grid):
         live = t < n_tokens
         t64 = tl.cast(t, tl.int64)
@@ -63,23 +71,34 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
         row = tl.cast(rank * max_tokens + t, tl.int64)
         for d in tl.static_range(WORLD):
             tl.store(heap_ptr(bases, d, ids_base + row * TOP_K * 4, tl.int32, ALIGNED=False) + kk, ids, mask=km)
-            if tl.sum((owner == d).to(tl.int32)) > 0:
-                dst = heap_ptr(bases, d, recv_base + row * hidden * ESIZE, DTYPE, ALIGNED=False)
-                for c in range(0, hidden, BLOCK_H):
-                    m = c + cols < hidden
-                    tl.store(dst + c + cols, tl.load(x_ptr + t64 * x_stride + c + cols, mask=m), mask=m)
+        if live:
+            for c in range(0, hidden, BLOCK_H):
+                m = c + cols < hidden
+                v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
+                if FP8:
+                    scale = tl.maximum(tl.max(tl.abs(v.to(tl.float32)), axis=1), 1e-12) / 448.0
+                    q = tl.minimum(tl.maximum(v.to(tl.float32) / scale[:, None], -448.0), 448.0)
+                    v = round_to(q, DTYPE)
+                for d in tl.static_range(WORLD):
+                    if tl.sum((owner == d).to(tl.int32)) > 0:
+                        dst = heap_ptr(bases, d, recv_base + row * hidden * ESIZE, DTYPE, ALIGNED=False)
+                        tl.store(dst + c + cols, v, mask=m)
+                        if FP8:
+                            gm = c // 128 + groups
+                            sdst = heap_ptr(bases, d, sc_base + row * (hidden // 128) * 4, tl.float32, ALIGNED=False)
+                            tl.store(sdst + gm, scale, mask=c + groups * 128 < hidden)
     barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     epoch_commit(epoch_ptr, e)
 
 
 def launch_send(comm, channel, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, wts: torch.Tensor,
                 owner: torch.Tensor, bad: torch.Tensor, *, max_tokens: int, num_experts: int, local: int,
-                recv_off: int, recv_half: int, ids_off: int, ids_half: int, programs: int, block_h: int,
-                num_warps: int) -> None:
+                recv_off: int, recv_half: int, ids_off: int, ids_half: int, sc_off: int, sc_half: int, fp8: bool,
+                programs: int, block_h: int, num_warps: int) -> None:
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     moe_send_kernel[(programs,)](
         x, x.stride(0), ids, ids.stride(0), ids.stride(1), weights, weights.stride(0), weights.stride(1), wts, owner,
         bad, x.shape[0], x.shape[1], max_tokens, num_experts, bases, rank, timeout, diag, channel.flags_off,
-        channel.epochs_off, recv_off, recv_half, ids_off, ids_half, WORLD=world, LOCAL=local, TOP_K=k,
-        BLOCK_K=triton.next_power_of_2(k), BLOCK_H=block_h, num_warps=num_warps)
+        channel.epochs_off, recv_off, recv_half, ids_off, ids_half, sc_off, sc_half, WORLD=world, LOCAL=local, TOP_K=k,
+        BLOCK_K=triton.next_power_of_2(k), BLOCK_H=block_h, FP8=fp8, num_warps=num_warps)

@@ -12,7 +12,7 @@ also writes, for each kept entry, the receive row it came from (``src[local expe
 the expert's count (``min(entries, capacity)``).
 
 ``moe_gather_kernel``: program ``(expert, p)`` copies rows ``slot = p, p + grid_1, ...`` below the
-expert's count from the receive buffer into ``out[expert, slot]``.
+expert's count from the receive buffer into ``out[expert, slot]`` (and, with ``FP8``, their scales).
 
 Both read the tables' half given by the parity of the epoch the send kernel's program 0 stored.
 """
@@ -64,8 +64,8 @@ def moe_route_kernel(owner_ptr, row_ptr, src_ptr, counts_ptr, bad_ptr, n_entries
 
 
 @triton.jit(do_not_specialize=["rank"])
-def moe_gather_kernel(out_ptr, src_ptr, counts_ptr, hidden, capacity, bases, rank, epochs_off, recv_off, recv_half,
-                      BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr):
+def moe_gather_kernel(out_ptr, sc_out_ptr, src_ptr, counts_ptr, hidden, capacity, bases, rank, epochs_off, recv_off,
+                      recv_half, sc_off, sc_half, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr):
     """See the module docstring."""
     el = tl.program_id(0)
     p = tl.program_id(1)
@@ -84,6 +84,14 @@ def moe_gather_kernel(out_ptr, src_ptr, counts_ptr, hidden, capacity, bases, ran
             m = sm[:, None] & (c + cols < hidden)[None, :]
             v = tl.load(recv + src[:, None] * hidden + c + cols[None, :], mask=m)
             tl.store(out + s[:, None].to(tl.int64) * hidden + c + cols[None, :], v, mask=m)
+        if FP8:
+            groups = hidden // 128
+            sc = heap_ptr(bases, rank, sc_off + parity * sc_half, tl.float32)
+            sc_out = sc_out_ptr + tl.cast(el, tl.int64) * capacity * groups
+            for c in range(0, groups, BLOCK_H):
+                m = sm[:, None] & (c + cols < groups)[None, :]
+                v = tl.load(sc + src[:, None] * groups + c + cols[None, :], mask=m)
+                tl.store(sc_out + s[:, None].to(tl.int64) * groups + c + cols[None, :], v, mask=m)
 
 
 def launch_route(comm, channel, owner: torch.Tensor, row: torch.Tensor, src: torch.Tensor, counts: torch.Tensor,
@@ -95,9 +103,12 @@ def launch_route(comm, channel, owner: torch.Tensor, row: torch.Tensor, src: tor
                                      BLOCK_E=block_e, num_warps=num_warps)
 
 
-def launch_gather(comm, channel, out: torch.Tensor, src: torch.Tensor, counts: torch.Tensor, *, recv_off: int,
-                  recv_half: int, programs: int, block_s: int, block_h: int, num_warps: int) -> None:
+def launch_gather(comm, channel, out: torch.Tensor, scales: torch.Tensor | None, src: torch.Tensor,
+                  counts: torch.Tensor, *, recv_off: int, recv_half: int, sc_off: int, sc_half: int, programs: int,
+                  block_s: int, block_h: int, num_warps: int) -> None:
     bases, rank, _, _, _ = comm.kernel_args()
     local, capacity, hidden = out.shape
-    moe_gather_kernel[(local, programs)](out, src, counts, hidden, capacity, bases, rank, channel.epochs_off, recv_off,
-                                        recv_half, BLOCK_S=block_s, BLOCK_H=block_h, num_warps=num_warps)
+    fp8 = scales is not None
+    moe_gather_kernel[(local, programs)](out, scales if fp8 else out, src, counts, hidden, capacity, bases, rank,
+                                        channel.epochs_off, recv_off, recv_half, sc_off, sc_half, BLOCK_S=block_s,
+                                        BLOCK_H=block_h, FP8=fp8, num_warps=num_warps)

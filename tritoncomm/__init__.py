@@ -2,14 +2,14 @@
 
 * ``tritoncomm.kernels``: device primitives (put/get, signal/wait, barrier, LL packets);
 * ``tritoncomm.channels``: symmetric heaps, communicators and channels;
-* ``tritoncomm.collectives``: all-reduce and friends built on the primitives;
+* ``tritoncomm.collectives``: all-reduce and friends, MoE dispatch/combine, built on the primitives;
 * ``tritoncomm.launch``: start N local ranks (GPUs, or the CPU world);
 * ``tritoncomm.distributed``: the ``"tritoncomm"`` torch.distributed backend, registered on import.
 """
 
 from . import distributed  # noqa: F401  (registers the "tritoncomm" torch.distributed backend)
 from .channels import Channel, Communicator
-from .collectives import AllGather, AllReduce, ReduceScatter
+from .collectives import AllGather, AllReduce, MoEAllToAll, ReduceScatter
 from .config import CommConfig
 from .errors import (
     CollectiveMismatchError,
@@ -24,6 +24,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AllGather", "AllReduce", "Channel", "CollectiveMismatchError", "CommConfig", "CommTimeoutError",
-    "Communicator", "InvalidInputError",
+    "Communicator", "InvalidInputError", "MoEAllToAll",
     "PeerAccessError", "ReduceScatter", "SetupMismatchError", "TritonCommError", "__version__",
 ]

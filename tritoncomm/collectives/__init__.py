@@ -1,6 +1,7 @@
 """Collective algorithms written with the public primitives of ``tritoncomm.kernels``.
 
-One family per package (``allreduce``, ``allgather`` with reduce-scatter, ``fused_norm``, ``gemm``),
+One family per package (``allreduce``, ``allgather`` with reduce-scatter, ``fused_norm``, ``gemm``,
+``moe`` for expert-parallel dispatch and combine),
 one kernel and its launcher per module; the shared selection (``selection``), validation
 (``validation``) and base classes (``base``) beside them.
 """
@@ -10,6 +11,7 @@ from .allreduce import ALGORITHMS, AllReduce
 from .base import Algorithm, CollectiveBase, PeerOutput, Workspace
 from .fused_norm import FUSED_ALGORITHMS, MAX_HIDDEN, FusedAllReduceAddRMSNorm
 from .gemm import GEMM_PATHS, GemmAllReduce, GemmConfig
+from .moe import MoEAllToAll, MoEHandle
 from .selection import Choice, SelectionTable, default_table, load_table
 from .validation import SUPPORTED_DTYPES, SUPPORTED_OPS
 
@@ -19,5 +21,6 @@ FUSED_ALGOS = tuple(FUSED_ALGORITHMS)
 __all__ = [
     "ALGORITHMS", "FUSED_ALGORITHMS", "FUSED_ALGOS", "GEMM_PATHS", "MAX_HIDDEN", "SUPPORTED_DTYPES", "SUPPORTED_OPS",
     "Algorithm", "AllGather", "AllReduce", "Choice", "CollectiveBase", "FusedAllReduceAddRMSNorm", "GemmAllReduce",
-    "GemmConfig", "PeerOutput", "ReduceScatter", "SelectionTable", "Workspace", "default_table", "load_table",
+    "GemmConfig", "MoEAllToAll", "MoEHandle", "PeerOutput", "ReduceScatter", "SelectionTable", "Workspace",
+    "default_table", "load_table",
 ]

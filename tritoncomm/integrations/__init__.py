@@ -1,12 +1,13 @@
 """Integrations, built on ``collectives``: the torch.distributed backend (``backend``; registered by
-``tritoncomm.distributed``), the torch-style API with its custom ops (``torch_api``),
-the engines' custom all-reduce slot (``custom_allreduce``) and one module per engine with its plugin
-(``vllm`` and its compiled-graph fusion pass ``vllm_fusion``, which imports vLLM; ``sglang``),
-tensor-parallel layers (``tp``), hierarchical (multi-node) all-reduce (``hierarchical``), and what
-they share: the capability probe (``capability``) and the plugins' switch (``switch``)."""
+``tritoncomm.distributed``), the torch-style API with its custom ops (``torch_api``), the engines' custom
+all-reduce slot (``custom_allreduce``) and one module per engine with its plugin (``vllm`` and its
+compiled-graph fusion pass ``vllm_fusion``, which imports vLLM; ``sglang``), tensor-parallel layers (``tp``),
+the expert-parallel MoE layer (``ep``), hierarchical (multi-node) all-reduce (``hierarchical``), and what they
+share: the capability probe (``capability``) and the plugins' switch (``switch``)."""
 
 from .capability import Verdict, probe
 from .custom_allreduce import CustomAllReduceSlot
+from .ep import ExpertParallelMoE, moe_reference
 from .hierarchical import HierarchicalAllReduce, NodeGroups, node_groups
 from .sglang import SGLangCustomAllreduce
 from .torch_api import (  # importing it registers the tritoncomm:: custom ops with torch.library
@@ -31,9 +32,9 @@ from .tp import (
 from .vllm import TritonCommCustomAllreduce
 
 __all__ = [
-    "ColumnParallelLinear", "CustomAllReduceSlot", "FusedAddRMSNorm", "GroupCollectives", "HierarchicalAllReduce",
-    "LlamaDecoderLayer", "MergedColumnParallelLinear", "NodeGroups", "Registry", "RowParallelLinear",
-    "SGLangCustomAllreduce", "TorchReducer", "TritonCommCustomAllreduce", "TritonCommReducer", "Verdict",
-    "VocabParallelEmbedding", "all_gather_into_tensor", "all_reduce", "default_registry", "node_groups", "probe",
-    "reduce_scatter_tensor", "shutdown",
+    "ColumnParallelLinear", "CustomAllReduceSlot", "ExpertParallelMoE", "FusedAddRMSNorm", "GroupCollectives",
+    "HierarchicalAllReduce", "LlamaDecoderLayer", "MergedColumnParallelLinear", "NodeGroups", "Registry",
+    "RowParallelLinear", "SGLangCustomAllreduce", "TorchReducer", "TritonCommCustomAllreduce", "TritonCommReducer",
+    "Verdict", "VocabParallelEmbedding", "all_gather_into_tensor", "all_reduce", "default_registry", "moe_reference",
+    "node_groups", "probe", "reduce_scatter_tensor", "shutdown",
 ]

@@ -147,7 +147,7 @@ def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, rep
 @pytest.mark.parametrize("world", world_sizes(2, 3, 4))
 @pytest.mark.parametrize("case", ["random", "one-rank", "hot", "unrouted"])
 def test_dispatch_combine_match_reference(worlds, world, case):
-    experts = 2 * world if case != "hot" else 4 * world
+    experts = max(2 * world, 4) if case != "hot" else 4 * world
     for bad in worlds(world).run(_job, experts, 3, 40, 6, case, 3):
         assert bad == []
 

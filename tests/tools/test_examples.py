@@ -40,3 +40,13 @@ def test_layer_benchmarks_run_and_check_correctness(worlds):
         rows = reports[part]["rows"]
         assert rows and all(r["correct"] for r in rows), format_layers(reports[part])
         assert all(r["tritoncomm_us"] > 0 and r["baseline_us"] > 0 for r in rows)
+
+
+def test_moe_benchmark_runs_and_checks_correctness(worlds):
+    """bench --op moe end to end in the CPU world (tiny shape): ours checked, every baseline timed."""
+    from tritoncomm.tools.moebench import format_moe, moe_rank
+
+    rep = worlds(2).run(moe_rank, ["tiny"], [3], timeout=900)[0]
+    assert len(rep["rows"]) == 6 and all(r["correct"] for r in rep["rows"]), format_moe(rep)
+    for r in rep["rows"]:
+        assert all(r[key] is not None for key in ("tritoncomm_us", "nccl_a2a_us", "nccl_agrs_us", "tc_agrs_us")), r

@@ -25,8 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--no-timing", action="store_true", help="check correctness only")
     bench = sub.add_parser("bench", help="nccl-tests style benchmark against NCCL and torch symmetric memory")
     bench.add_argument("--op", default="allreduce", help="allreduce, allgather, reducescatter, primitives, costs, "
-                       "zerocopy, backend (the torch.distributed backend's cost per call) or model (transformers "
-                       "TP with the backend vs NCCL; GPUs) (comma-separated)")
+                       "zerocopy, backend (the torch.distributed backend's cost per call), model (transformers "
+                       "TP with the backend vs NCCL; GPUs) or moe (expert-parallel dispatch/combine) "
+                       "(comma-separated)")
     bench.add_argument("--world", type=int, default=None)
     bench.add_argument("--backend", choices=["auto", "cuda", "cpu"], default="auto")
     bench.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--table", default=None, help="a table JSON from `tune` to use instead of the packaged one")
     bench.add_argument("--json", default=None, help="write the report(s) here (one file per op: {op} in the name)")
     bench.add_argument("--plot", default=None, help="write a PNG plot here")
+    bench.add_argument("--tokens", default=None, help="moe: tokens per rank, comma-separated (default 1..4096)")
+    bench.add_argument("--shapes", default=None, help="moe: deepseek-v3, qwen3-moe, tiny (comma-separated)")
     layers = sub.add_parser("layers", help="fused TP layers vs their baselines: norm, gemm, decoder, hier (2x2)")
     layers.add_argument("--parts", default="norm,gemm,decoder,hier")
     layers.add_argument("--world", type=int, default=None)
@@ -106,6 +109,7 @@ def _bench(args: argparse.Namespace) -> int:
         zero_copy_rank,
     )
     from .microbench import format_micro, micro_rank
+    from .moebench import format_moe, moe_rank
     from .report import write_json
 
     backend = detect_backend() if args.backend == "auto" else args.backend
@@ -131,6 +135,12 @@ def _bench(args: argparse.Namespace) -> int:
                 if op == "backend":
                     rep = world.run(backend_rank, sizes if args.sizes else None, timeout=1800)[0]
                     print(format_backend(rep), flush=True)
+                    ok &= all(r["correct"] for r in rep["rows"])
+                elif op == "moe":
+                    tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
+                    shapes = args.shapes.split(",") if args.shapes else None
+                    rep = world.run(moe_rank, shapes, tokens, timeout=3600)[0]
+                    print(format_moe(rep), flush=True)
                     ok &= all(r["correct"] for r in rep["rows"])
                 elif op == "primitives":
                     rep = world.run(micro_rank, timeout=1800)[0]

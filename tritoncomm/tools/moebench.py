@@ -1,0 +1,215 @@
+"""MoE dispatch and combine measured (bench ``--op moe``): ``MoEAllToAll`` against what engines run.
+
+For each shape and token count per rank (random top-k routing, a fresh draw on every rank):
+
+* tritoncomm: ``dispatch``, ``dispatch + combine`` (the expert buffer as ``y``; ``combine`` is their
+  difference), in CUDA graphs (32 calls per graph) and eager; bf16 and FP8 dispatch. Checked first
+  with identity experts: per-expert counts equal a torch count of the gathered routing, nothing
+  dropped, and ``combine(dispatch(x)) == x * sum_j w[t, j]`` within the dtype's rounding.
+* (a) ``nccl_a2a``: the count exchange synced to the host, then ``all_to_all_single`` of each token
+  once per destination rank (ids and weights beside it), laid out per expert by a stable sort;
+  combine: each rank sums its experts' weighted outputs per received token, the reverse all-to-all,
+  the source sums. Eager (the host sync rules out graphs), as engines run it.
+* (b) ``nccl_agrs``: all-gather of the tokens and routing, reduce-scatter of the outputs, through the
+  default group (NCCL), in CUDA graphs: the communication only (an engine's fused MoE kernel reads the
+  gathered tokens in place; its routing work is not timed here).
+* (c) ``tc_agrs``: the same through tritoncomm's ``AllGather`` and ``ReduceScatter``.
+
+Per row: the slowest rank's median, and GB/s of unique payload per rank (``tokens * hidden * 2``
+bytes each way). A baseline that the group's backend cannot run (gloo's missing reduce-scatter in
+the CPU world) shows "-".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..channels import Communicator
+from ..collectives import AllGather, MoEAllToAll, ReduceScatter
+from ..config import CommConfig
+from ..launch import RankContext
+from .report import all_true, device_name, fmt, max_over_ranks
+from .timing import time_per_call_us
+
+__all__ = ["MOE_SHAPES", "format_moe", "moe_rank"]
+
+#: name: (hidden, experts, top_k)
+MOE_SHAPES = {"deepseek-v3": (7168, 256, 8), "qwen3-moe": (4096, 128, 8), "tiny": (256, 16, 4)}
+DEFAULTS = {"cuda": (("deepseek-v3", "qwen3-moe"), (1, 8, 128, 512, 4096)), "cpu": (("tiny",), (1, 8, 32))}
+
+
+def _capacity(world: int, tokens: int, experts: int, k: int) -> int:
+    """Slots per expert that random routing does not overflow (mean + 10 sd + 16), at most every token."""
+    mean = world * tokens * k / experts
+    return min(world * tokens, math.ceil(mean + 10 * math.sqrt(mean) + 16))
+
+
+class _A2A:
+    """Baseline (a): NCCL all-to-all with a host-synced count exchange."""
+
+    def __init__(self, ctx: RankContext, local: int) -> None:
+        self.ctx, self.local = ctx, local
+
+    def dispatch(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx, local, g = self.ctx, self.local, self.ctx.group
+        goes = torch.zeros(x.shape[0], ctx.world, dtype=torch.bool, device=x.device)
+        goes.scatter_(1, ids // local, True)
+        d_idx, t_idx = goes.t().nonzero(as_tuple=True)  # by destination, then token
+        counts = torch.bincount(d_idx, minlength=ctx.world)
+        recv_counts = torch.empty_like(counts)
+        dist.all_to_all_single(recv_counts, counts, group=g)
+        sc, rc = counts.tolist(), recv_counts.tolist()
+        meta = torch.cat([ids.float(), w.float()], 1)[t_idx]
+        recv = x.new_empty(sum(rc), x.shape[1])
+        recv_meta = meta.new_empty(sum(rc), meta.shape[1])
+        dist.all_to_all_single(recv, x[t_idx], rc, sc, group=g)
+        dist.all_to_all_single(recv_meta, meta, rc, sc, group=g)
+        k = ids.shape[1]
+        e = recv_meta[:, :k].long() - ctx.rank * local
+        tok, j = ((e >= 0) & (e < local)).nonzero(as_tuple=True)
+        order = torch.sort(e[tok, j], stable=True).indices
+        self.state = (t_idx, sc, rc, tok[order], recv_meta[tok[order], k + j[order]], x.shape[0])
+        return recv[tok[order]]  # rows grouped by local expert
+
+    def combine(self, y: torch.Tensor) -> torch.Tensor:
+        t_idx, sc, rc, tok, wt, n = self.state
+        partial = torch.zeros(sum(rc), y.shape[1], device=y.device).index_add_(0, tok, wt[:, None] * y.float())
+        back = y.new_empty(sum(sc), y.shape[1])
+        dist.all_to_all_single(back, partial.to(y.dtype), sc, rc, group=self.ctx.group)
+        return torch.zeros(n, y.shape[1], device=y.device).index_add_(0, t_idx, back.float()).to(y.dtype)
+
+
+def _check_ours(ctx: RankContext, moe: MoEAllToAll, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> bool:
+    out, counts, h = moe.dispatch(x, ids, w)
+    vals = out if not moe.fp8 else \
+        (out[0].float().view(*out[0].shape[:-1], -1, 128) * out[1][..., None]).view(out[0].shape).to(x.dtype)
+    moe.expert_buffer().copy_(vals)
+    comb = moe.combine(moe.expert_buffer(), h).float()
+    everyone = [torch.empty_like(ids) for _ in range(ctx.world)]
+    dist.all_gather(everyone, ids, group=ctx.group)
+    want_counts = torch.bincount(torch.cat(everyone).flatten(), minlength=moe.num_experts)
+    mine = want_counts[ctx.rank * moe.local_experts:(ctx.rank + 1) * moe.local_experts]
+    want = x.float() * w.float().sum(1, keepdim=True)
+    tol = 0.08 if moe.fp8 else 0.02
+    if ctx.backend == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    err = ((comb - want).abs().max() / want.abs().max()).item()
+    return bool(torch.equal(counts.long(), mine) and moe.dropped() == 0 and err < tol)
+
+
+def _time(ctx: RankContext, fn, mode: str) -> float | None:
+    few = {} if ctx.backend == "cuda" else {"replays": 2, "warmup": 1}  # the CPU world times nothing real
+    try:
+        return time_per_call_us(fn, ctx.device, ctx.barrier, mode=mode, **few)
+    except (RuntimeError, ValueError, NotImplementedError):  # a backend without the collective
+        return None
+
+
+def _case(ctx: RankContext, comm: Communicator, shape: str, t: int) -> list[dict[str, Any]]:
+    """The rows of one shape and token count (see the module docstring)."""
+    cuda = ctx.backend == "cuda"
+    graph = "graph" if cuda else "eager"
+    hidden, experts, k = MOE_SHAPES[shape]
+    gen = torch.Generator(device=ctx.device).manual_seed(1000 * t + ctx.rank)
+    x = torch.randn(t, hidden, device=ctx.device, generator=gen).to(torch.bfloat16)
+    ids = torch.rand(t, experts, device=ctx.device, generator=gen).topk(k).indices
+    w = torch.rand(t, k, device=ctx.device, generator=gen)
+    cap = _capacity(ctx.world, t, experts, k)
+    times: dict[str, float | None] = {}
+    ok = True
+    for fp8 in (False, True):
+        moe = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k, capacity=cap,
+                          fp8_dispatch=fp8)
+        ok &= _check_ours(ctx, moe, x, ids, w)
+        sfx = "_fp8" if fp8 else ""
+
+        def both(moe: MoEAllToAll = moe) -> None:
+            _, _, h = moe.dispatch(x, ids, w)
+            moe.combine(moe.expert_buffer(), h)
+
+        times["dispatch" + sfx] = _time(ctx, lambda moe=moe: moe.dispatch(x, ids, w), graph)
+        times["both" + sfx] = _time(ctx, both, graph)
+        times["both_eager" + sfx] = _time(ctx, both, "eager") if cuda else None
+        moe.close()
+    a2a = _A2A(ctx, experts // ctx.world)
+    times["a2a_dispatch"] = _time(ctx, lambda: a2a.dispatch(x, ids, w), "eager")
+    times["a2a_both"] = _time(ctx, lambda: a2a.combine(a2a.dispatch(x, ids, w)), "eager")
+    meta = torch.cat([ids.float(), w], 1)
+    xs = x.new_empty(ctx.world * t, hidden)
+    metas = meta.new_empty(ctx.world * t, 2 * k)
+    part = x.new_empty(t, hidden)
+
+    def nccl_ag() -> None:
+        dist.all_gather_into_tensor(xs, x, group=ctx.group)
+        dist.all_gather_into_tensor(metas, meta, group=ctx.group)
+
+    times["agrs_dispatch"] = _time(ctx, nccl_ag, graph)
+    times["agrs_combine"] = _time(ctx, lambda: dist.reduce_scatter_tensor(part, xs, group=ctx.group), graph)
+    ag = AllGather(comm, max_bytes=xs.numel() * 2)
+    ag_meta = AllGather(comm, max_bytes=metas.numel() * 4, name="allgather.meta")
+    rs = ReduceScatter(comm, max_bytes=xs.numel() * 2)
+
+    def tc_ag() -> None:
+        ag(x, xs)
+        ag_meta(meta, metas)
+
+    times["tc_dispatch"] = _time(ctx, tc_ag, graph)
+    times["tc_combine"] = _time(ctx, lambda: rs(xs, part), graph)
+    for c in (ag, ag_meta, rs):
+        c.close()
+    m = max_over_ranks(ctx, times)
+    ok = all_true(ctx, ok)
+    rows = []
+    for sfx in ("", "_fp8"):
+        ours = {"dispatch": m["dispatch" + sfx], "combine": _sub(m["both" + sfx], m["dispatch" + sfx]),
+                "both": m["both" + sfx]}
+        base = {"dispatch": (m["a2a_dispatch"], m["agrs_dispatch"], m["tc_dispatch"]),
+                "combine": (_sub(m["a2a_both"], m["a2a_dispatch"]), m["agrs_combine"], m["tc_combine"]),
+                "both": (m["a2a_both"], _add(m["agrs_dispatch"], m["agrs_combine"]),
+                         _add(m["tc_dispatch"], m["tc_combine"]))}
+        for op, us in ours.items():
+            a, b, c = base[op]
+            payload = t * hidden * 2 * (2 if op == "both" else 1)
+            rows.append({"op": op, "dispatch_dtype": "fp8" if sfx else "bf16", "shape": shape, "tokens": t,
+                         "hidden": hidden, "experts": experts, "top_k": k, "capacity": cap, "tritoncomm_us": us,
+                         "tritoncomm_eager_us": m["both_eager" + sfx] if op == "both" else None,
+                         "nccl_a2a_us": a, "nccl_agrs_us": b, "tc_agrs_us": c,
+                         "gbps": payload / us / 1e3 if cuda and us and us > 0 else None, "correct": ok})
+    return rows
+
+
+def _sub(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def _add(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a + b
+
+
+def moe_rank(ctx: RankContext, shapes: list[str] | None = None, tokens: list[int] | None = None,
+             heap_bytes: int | None = None) -> dict[str, Any] | None:
+    d_shapes, d_tokens = DEFAULTS[ctx.backend]
+    cuda = ctx.backend == "cuda"
+    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=heap_bytes or ((6 << 30) if cuda else 64 << 20)))
+    rows = [r for shape in shapes or d_shapes for t in tokens or d_tokens for r in _case(ctx, comm, shape, t)]
+    comm.close()
+    if ctx.rank:
+        return None
+    return {"op": "moe", "world": ctx.world, "backend": ctx.backend, "device": device_name(ctx),
+            "timing": "CUDA graphs (32 calls per graph), median of 20 replays, slowest rank; nccl_a2a eager"
+            if cuda else "CPU world: wall clock of interpreted kernels (not speed)", "rows": rows}
+
+
+def format_moe(rep: dict[str, Any]) -> str:
+    out = [f"MoE dispatch/combine, EP{rep['world']}, {rep['device']} ({rep['timing']})",
+           f"{'shape':>12} {'tokens':>6} {'op':>8} {'wire':>4} {'tritoncomm':>10} {'GB/s':>6} {'nccl a2a':>9} "
+           f"{'nccl ag/rs':>10} {'tc ag/rs':>9} ok"]
+    for r in rep["rows"]:
+        out.append(f"{r['shape']:>12} {r['tokens']:>6} {r['op']:>8} {r['dispatch_dtype']:>4} "
+                   f"{fmt(r['tritoncomm_us'], '10.1f')} {fmt(r['gbps'], '6.0f')} {fmt(r['nccl_a2a_us'])} "
+                   f"{fmt(r['nccl_agrs_us'], '10.1f')} {fmt(r['tc_agrs_us'])} {'yes' if r['correct'] else 'NO'}")
+    return "\n".join(out)

@@ -11,7 +11,7 @@ import torch
 from tritoncomm.collectives.moe import MoEAllToAll
 from tritoncomm.errors import InvalidInputError
 
-from ..helpers import make_comm, world_sizes
+from ..helpers import make_comm, warm_up_for_capture, world_sizes
 from ..integrations.enginetest import gathered
 
 
@@ -226,3 +226,53 @@ def _bad_input(ctx):
 def test_bad_input_raises_before_waiting(worlds):
     for errs in worlds(2).run(_bad_input):
         assert errs == ["InvalidInputError"] * 5 + ["ids: reported", "reused handle"] + ["ctor"] * 4, errs
+
+
+def _graph_job(ctx):
+    """Dispatch, experts and combine captured once in a CUDA graph, replayed with fresh tokens and
+    routing copied into its inputs: every replay equals an eager run of the same inputs."""
+    comm = make_comm(ctx, heap_bytes=64 << 20)
+    experts, k, hidden, t = max(4, 2 * ctx.world), 2, 256, 8
+    local = experts // ctx.world
+    eager = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k, name="moe.eager")
+    cap = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k, name="moe.graph")
+    dev = ctx.device
+    x, ids, wts = (torch.empty(t, hidden, dtype=torch.bfloat16, device=dev),
+                   torch.empty(t, k, dtype=torch.int64, device=dev), torch.empty(t, k, device=dev))
+    scale = (torch.arange(local, device=dev) + ctx.rank * local + 1).float()[:, None, None]
+
+    def step(moe):
+        out, _, h = moe.dispatch(x, ids, wts)
+        moe.expert_buffer().copy_((out.float() * scale).to(torch.bfloat16))
+        return moe.combine(moe.expert_buffer(), h)
+
+    def fill(seed):
+        g = torch.Generator().manual_seed(seed)
+        x.copy_(torch.randn(t, hidden, generator=g).to(torch.bfloat16))
+        ids.copy_(torch.rand(t, experts, generator=g).topk(k).indices)
+        wts.copy_(torch.rand(t, k, generator=g))
+
+    fill(ctx.rank)
+    warm_up_for_capture(lambda: step(cap))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = step(cap)
+    ok = []
+    for rep in range(4):
+        fill(100 * rep + ctx.rank)
+        got.fill_(float("nan"))
+        graph.replay()
+        want = step(eager)
+        ok.append(torch.equal(got, want))
+    del graph
+    eager.close()
+    cap.close()
+    comm.close()
+    return ok
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", world_sizes(2))
+def test_cuda_graph_replays_with_new_routing(worlds, world):
+    for ok in worlds(world).run(_graph_job):
+        assert ok == [True] * 4, ok

@@ -27,11 +27,12 @@ one ``combine``, and ``dispatch`` and ``combine`` alternate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from ...channels import Channel, Communicator
+from ...channels.cuda_ipc import HostMappedWords
 from ...errors import InvalidInputError
 from .combine import launch_combine
 from .dispatch import launch_send
@@ -44,7 +45,7 @@ __all__ = ["MoEAllToAll", "MoEHandle"]
 class MoEShape:
     """Launch shape for one backend."""
 
-    programs: int  #: send and combine programs (one barrier slot each)
+    programs: int  #: send and combine programs (one barrier slot each; on GPUs, the SM count)
     block_h: int  #: columns per step
     block_e: int  #: routing entries per step of the route kernel
     gather_programs: int  #: programs per expert in the gather kernel
@@ -91,7 +92,9 @@ class MoEAllToAll:
             raise InvalidInputError(f"MoEAllToAll: FP8 dispatch needs hidden a multiple of 128, got {hidden}")
         self.fp8 = bool(fp8_dispatch)
         sh = SHAPES[comm.backend]
-        self.shape = MoEShape(**{**sh.__dict__, "block_h": max(sh.block_h, 128)}) if self.fp8 else sh
+        if comm.backend == "cuda":  # one send/combine program per SM
+            sh = replace(sh, programs=torch.cuda.get_device_properties(comm.device).multi_processor_count)
+        self.shape = replace(sh, block_h=max(sh.block_h, 128)) if self.fp8 else sh
         dev, m, k = comm.device, max_tokens, top_k
         wire = torch.float8_e4m3fn if self.fp8 else dtype
         # heap: two halves each (the send's epoch parity) of the receive buffer, its scales, the ids table
@@ -117,7 +120,8 @@ class MoEAllToAll:
                                    device=dev) if self.fp8 else None
         self._combined = torch.empty(m, hidden, dtype=dtype, device=dev)
         self._bad = torch.zeros(2, dtype=torch.int64, device=dev)  # ids out of range, own entries dropped
-        self._bad_host = torch.zeros(2, dtype=torch.int64, pin_memory=comm.backend == "cuda")
+        self._bad_host = HostMappedWords(2, comm.backend == "cuda")  # _bad as of the last gather kernel
+        self._bad_reported = 0
         self._call = 0
         self._open_handle = -1
 
@@ -130,7 +134,7 @@ class MoEAllToAll:
     def dropped(self) -> int:
         """Entries dropped so far because an expert's slots were full (read from the last dispatch
         that finished; host-side, no synchronisation)."""
-        return int(self._bad_host[1])
+        return self._bad_host.read()[1]
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor,
                  topk_weights: torch.Tensor) -> tuple[torch.Tensor | tuple[torch.Tensor, torch.Tensor], torch.Tensor,
@@ -148,10 +152,10 @@ class MoEAllToAll:
                      num_experts=self.num_experts, max_tokens=self.max_tokens, capacity=self.capacity,
                      local=self.local_experts, top_k=self.top_k, ids_off=self._ids_off, ids_half=self._ids_half,
                      block_e=sh.block_e, num_warps=sh.num_warps)
-        launch_gather(self.comm, self._send_ch, self._out, self._scales, self._src, self._counts,
+        launch_gather(self.comm, self._send_ch, self._out, self._scales, self._src, self._counts, self._bad,
+                      self._bad_host.device_addr,
                       recv_off=self._recv_off, recv_half=self._recv_half, sc_off=self._sc_off, sc_half=self._sc_half,
                       programs=sh.gather_programs, block_s=sh.block_s, block_h=sh.block_h, num_warps=sh.num_warps)
-        self._bad_host.copy_(self._bad, non_blocking=True)
         self._call += 1
         self._open_handle = self._call
         return (self._out, self._scales) if self.fp8 else self._out, self._counts, MoEHandle(n, self._call)
@@ -179,13 +183,13 @@ class MoEAllToAll:
             ch.close()
         for t in (self._recv, self._ids, self._ybuf) + ((self._sc,) if self.fp8 else ()):
             self.comm.free(t)
+        self._bad_host.close()
 
     # -- checks before any rank waits --------------------------------------------------------------
     def _check(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> int:
-        bad_ids = int(self._bad_host[0])
+        bad_ids = self._bad_host.read()[0] - self._bad_reported  # a cumulative count
         if bad_ids:
-            self._bad_host[0] = 0
-            self._bad[0] = 0
+            self._bad_reported += bad_ids
             raise InvalidInputError(f"moe dispatch (rank {self.rank}): {bad_ids} expert ids outside "
                                     f"[0, {self.num_experts}) in an earlier call were dropped")
         dev = self.comm.device

@@ -76,8 +76,9 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                 m = c + cols < hidden
                 v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
                 if FP8:
-                    scale = tl.maximum(tl.max(tl.abs(v.to(tl.float32)), axis=1), 1e-12) / 448.0
-                    q = tl.minimum(tl.maximum(v.to(tl.float32) / scale[:, None], -448.0), 448.0)
+                    # IEEE divisions (div_rn), as torch computes them: Triton's "/" is approximate on GPUs
+                    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(v.to(tl.float32)), axis=1), 1e-12), 448.0)
+                    q = tl.minimum(tl.maximum(tl.math.div_rn(v.to(tl.float32), scale[:, None]), -448.0), 448.0)
                     v = round_to(q, DTYPE)
                 for d in tl.static_range(WORLD):
                     if tl.sum((owner == d).to(tl.int32)) > 0:

@@ -12,7 +12,9 @@ also writes, for each kept entry, the receive row it came from (``src[local expe
 the expert's count (``min(entries, capacity)``).
 
 ``moe_gather_kernel``: program ``(expert, p)`` copies rows ``slot = p, p + grid_1, ...`` below the
-expert's count from the receive buffer into ``out[expert, slot]`` (and, with ``FP8``, their scales).
+expert's count from the receive buffer into ``out[expert, slot]`` (and, with ``FP8``, their scales);
+program ``(0, 0)`` also copies the two problem counters into host-mapped words, which the host
+reads without synchronising.
 
 Both read the tables' half given by the parity of the epoch the send kernel's program 0 stored.
 """
@@ -64,8 +66,9 @@ def moe_route_kernel(owner_ptr, row_ptr, src_ptr, counts_ptr, bad_ptr, n_entries
 
 
 @triton.jit(do_not_specialize=["rank"])
-def moe_gather_kernel(out_ptr, sc_out_ptr, src_ptr, counts_ptr, hidden, capacity, bases, rank, epochs_off, recv_off,
-                      recv_half, sc_off, sc_half, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr):
+def moe_gather_kernel(out_ptr, sc_out_ptr, src_ptr, counts_ptr, bad_ptr, bad_host_addr, hidden, capacity, bases, rank,
+                      epochs_off, recv_off, recv_half, sc_off, sc_half, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+                      FP8: tl.constexpr):
     """See the module docstring."""
     el = tl.program_id(0)
     p = tl.program_id(1)
@@ -74,6 +77,9 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, src_ptr, counts_ptr, hidden, capacity
     parity = (tl.load(heap_ptr(bases, rank, epochs_off, tl.uint32)) & 1).to(tl.int64)
     recv = heap_ptr(bases, rank, recv_off + parity * recv_half, DTYPE)
     count = tl.load(counts_ptr + el)
+    if el == 0 and p == 0:
+        two = tl.arange(0, 2)
+        tl.store(bad_host_addr.to(tl.pointer_type(tl.int64)) + two, tl.load(bad_ptr + two))
     cols = tl.arange(0, BLOCK_H)
     out = out_ptr + tl.cast(el, tl.int64) * capacity * hidden
     for s0 in range(p * BLOCK_S, count, grid * BLOCK_S):
@@ -104,11 +110,11 @@ def launch_route(comm, channel, owner: torch.Tensor, row: torch.Tensor, src: tor
 
 
 def launch_gather(comm, channel, out: torch.Tensor, scales: torch.Tensor | None, src: torch.Tensor,
-                  counts: torch.Tensor, *, recv_off: int, recv_half: int, sc_off: int, sc_half: int, programs: int,
-                  block_s: int, block_h: int, num_warps: int) -> None:
+                  counts: torch.Tensor, bad: torch.Tensor, bad_host_addr: int, *, recv_off: int, recv_half: int,
+                  sc_off: int, sc_half: int, programs: int, block_s: int, block_h: int, num_warps: int) -> None:
     bases, rank, _, _, _ = comm.kernel_args()
     local, capacity, hidden = out.shape
     fp8 = scales is not None
-    moe_gather_kernel[(local, programs)](out, scales if fp8 else out, src, counts, hidden, capacity, bases, rank,
-                                        channel.epochs_off, recv_off, recv_half, sc_off, sc_half, BLOCK_S=block_s,
-                                        BLOCK_H=block_h, FP8=fp8, num_warps=num_warps)
+    moe_gather_kernel[(local, programs)](out, scales if fp8 else out, src, counts, bad, bad_host_addr, hidden,
+                                        capacity, bases, rank, channel.epochs_off, recv_off, recv_half, sc_off,
+                                        sc_half, BLOCK_S=block_s, BLOCK_H=block_h, FP8=fp8, num_warps=num_warps)

@@ -1,0 +1,69 @@
+"""Where MoE dispatch/combine time goes: each kernel's GPU time (torch profiler), eager, one shape.
+
+    python3 benchmarks/experiments/moe_profile.py --world 1 --tokens 8,4096
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+import torch
+
+from tritoncomm.channels import Communicator
+from tritoncomm.collectives import MoEAllToAll
+from tritoncomm.config import CommConfig
+from tritoncomm.launch import LocalWorld
+from tritoncomm.tools.moebench import MOE_SHAPES, _capacity
+
+
+def _step(moe: MoEAllToAll, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> None:
+    _, _, h = moe.dispatch(x, ids, w)
+    moe.combine(moe.expert_buffer(), h)
+
+
+def _rank(ctx, shape: str, tokens: list[int]):
+    hidden, experts, k = MOE_SHAPES[shape]
+    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=4 << 30))
+    out = {}
+    for t in tokens:
+        moe = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k,
+                          capacity=_capacity(ctx.world, t, experts, k))
+        x = torch.randn(t, hidden, device=ctx.device).to(torch.bfloat16)
+        ids = torch.rand(t, experts, device=ctx.device).topk(k).indices
+        w = torch.rand(t, k, device=ctx.device)
+
+        for _ in range(3):
+            _step(moe, x, ids, w)
+        torch.cuda.synchronize()
+        ctx.barrier()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                _step(moe, x, ids, w)
+            torch.cuda.synchronize()
+        per = defaultdict(float)
+        for ev in prof.events():
+            if ev.device_type == torch.autograd.DeviceType.CUDA:
+                per[ev.name[:40]] += ev.device_time / 10
+        out[t] = dict(per)
+        moe.close()
+    comm.close()
+    return out if ctx.rank == 0 else None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--shape", default="deepseek-v3")
+    p.add_argument("--tokens", default="8,4096")
+    a = p.parse_args()
+    with LocalWorld(a.world, "cuda") as world:
+        rep = world.run(_rank, a.shape, [int(t) for t in a.tokens.split(",")], timeout=600)[0]
+    for t, per in rep.items():
+        print(f"{a.shape} EP{a.world} {t} tokens/rank: GPU us per dispatch+combine, by kernel")
+        for name, us in sorted(per.items(), key=lambda kv: -kv[1]):
+            print(f"  {us:9.1f}  {name}")
+
+
+if __name__ == "__main__":
+    main()

@@ -4,9 +4,12 @@
 launch (a prior op on its stream); a barrier on slot ``pid`` makes every owner's buffer visible
 (release at arrival covers the owner's earlier stream work). Program ``pid`` then takes tokens
 ``pid, pid + grid, ...`` and, for each column block, accumulates ``w[t, j] * y[owner[t, j]][row[t, j]]``
-in fp32 for ``j = 0 .. TOP_K - 1`` in that order (entries with ``owner < 0`` contribute nothing), so
-the bits depend only on the inputs, never on arrival order. The owners' buffers are next written by
-the combine after the next dispatch, whose barriers every reader has passed only after this launch.
+in fp32 for ``j = 0 .. TOP_K - 1`` in that order, each product rounded before its add (no fused
+multiply-add: the launch turns contraction off, so both worlds and torch's ``acc + w * y`` agree);
+entries with ``owner < 0`` add exactly nothing. The bits depend only on the inputs, never on
+arrival order. An owner's buffer is next written after its next dispatch (by the experts, or by
+``combine``'s copy), and no rank passes that dispatch's send barrier before every peer's combine
+kernel has ended.
 """
 
 from __future__ import annotations
@@ -36,12 +39,12 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, bas
         for c in range(0, hidden, BLOCK_H):
             m = c + cols < hidden
             acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-            for j in tl.static_range(TOP_K):
+            for j in tl.static_range(TOP_K):  # no branch: the TOP_K loads are in flight together
                 owner = tl.load(owner_ptr + t * TOP_K + j)
-                if owner >= 0:
-                    row = tl.load(row_ptr + t * TOP_K + j).to(tl.int64)
-                    src = heap_ptr(bases, owner, ybuf_off, DTYPE, ALIGNED=False) + row * hidden + c + cols
-                    acc += tl.load(w_ptr + t * TOP_K + j) * tl.load(src, mask=m).to(tl.float32)
+                row = tl.load(row_ptr + t * TOP_K + j).to(tl.int64)
+                src = heap_ptr(bases, tl.maximum(owner, 0), ybuf_off, DTYPE, ALIGNED=False) + row * hidden + c + cols
+                y = tl.load(src, mask=m & (owner >= 0), other=0.0).to(tl.float32)
+                acc += tl.where(owner >= 0, tl.load(w_ptr + t * TOP_K + j) * y, 0.0)
             tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, round_to(acc, DTYPE), mask=m)
     epoch_commit(epoch_ptr, e)
 
@@ -51,4 +54,5 @@ def launch_combine(comm, channel, out: torch.Tensor, w: torch.Tensor, owner: tor
     bases, rank, world, timeout, diag = comm.kernel_args()
     moe_combine_kernel[(programs,)](out, w, owner, row, n_tokens, out.shape[-1], bases, rank, timeout, diag,
                                     channel.flags_off, channel.epochs_off, ybuf_off, WORLD=world,
-                                    TOP_K=w.shape[-1], BLOCK_H=block_h, num_warps=num_warps)
+                                    TOP_K=w.shape[-1], BLOCK_H=block_h, num_warps=num_warps,
+                                    enable_fp_fusion=False)

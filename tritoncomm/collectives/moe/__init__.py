@@ -53,7 +53,7 @@ class MoEShape:
     num_warps: int
 
 
-SHAPES = {"cuda": MoEShape(132, 2048, 1024, 4, 4, 8), "cpu": MoEShape(2, 64, 64, 1, 4, 1)}
+SHAPES = {"cuda": MoEShape(132, 1024, 1024, 4, 4, 4), "cpu": MoEShape(2, 64, 64, 1, 4, 1)}
 
 
 @dataclass(frozen=True)

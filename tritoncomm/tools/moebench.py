@@ -22,6 +22,7 @@ the CPU world) shows "-".
 
 from __future__ import annotations
 
+import datetime
 import math
 from typing import Any
 
@@ -200,12 +201,13 @@ def moe_rank(ctx: RankContext, shapes: list[str] | None = None, tokens: list[int
     if ctx.rank:
         return None
     return {"op": "moe", "world": ctx.world, "backend": ctx.backend, "device": device_name(ctx),
+            "date": datetime.date.today().isoformat(),
             "timing": "CUDA graphs (32 calls per graph), median of 20 replays, slowest rank; nccl_a2a eager"
             if cuda else "CPU world: wall clock of interpreted kernels (not speed)", "rows": rows}
 
 
 def format_moe(rep: dict[str, Any]) -> str:
-    out = [f"MoE dispatch/combine, EP{rep['world']}, {rep['device']} ({rep['timing']})",
+    out = [f"MoE dispatch/combine, EP{rep['world']}, {rep['device']}, {rep['date']} ({rep['timing']})",
            f"{'shape':>12} {'tokens':>6} {'op':>8} {'wire':>4} {'tritoncomm':>10} {'GB/s':>6} {'nccl a2a':>9} "
            f"{'nccl ag/rs':>10} {'tc ag/rs':>9} ok"]
     for r in rep["rows"]:

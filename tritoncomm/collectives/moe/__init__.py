@@ -20,7 +20,8 @@ call, ``top_k`` experts per token, at most ``capacity`` entries per expert and c
 
 No host synchronisation: routing stays on the device, so both calls can be captured in CUDA graphs
 and replayed with new routing. Other ids outside ``[0, num_experts)`` are dropped on the device and
-reported by an error at the next ``dispatch`` (like the wait diagnostics); every write stays in
+reported by an error at the first ``dispatch`` after the call that dropped them has finished on the
+device (the count reaches the host through host-mapped memory, without a sync); every write stays in
 bounds. The tensors ``dispatch`` and ``combine`` return are reused by the next call; a handle serves
 one ``combine``, and ``dispatch`` and ``combine`` alternate.
 """

@@ -23,7 +23,7 @@ from ...kernels import barrier, epoch_commit, heap_ptr, program_epoch, round_to
 __all__ = ["launch_combine", "moe_combine_kernel"]
 
 
-@triton.jit(do_not_specialize=["rank"])
+@triton.jit(do_not_specialize=["rank", "n_tokens"])  # one build whatever the token count
 def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, bases, rank, timeout, diag_addr,
                        flags_off, epochs_off, ybuf_off, WORLD: tl.constexpr, TOP_K: tl.constexpr,
                        BLOCK_H: tl.constexpr):

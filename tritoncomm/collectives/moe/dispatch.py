@@ -32,7 +32,7 @@ from ...kernels import barrier, epoch_commit, heap_ptr, program_epoch, round_to
 __all__ = ["launch_send", "moe_send_kernel"]
 
 
-@triton.jit(do_not_specialize=["rank"])
+@triton.jit(do_not_specialize=["rank", "n_tokens", "ids_s0", "ids_s1", "w_s0", "w_s1"])  # one build for every call
 def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, owner_ptr, bad_ptr,
                     n_tokens, hidden, max_tokens, num_experts, bases, rank, timeout, diag_addr, flags_off, epochs_off,
                     recv_off, recv_half, ids_off, ids_half, sc_off, sc_half, WORLD: tl.constexpr,

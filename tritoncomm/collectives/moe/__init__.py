@@ -100,11 +100,11 @@ class MoEAllToAll:
         wire = torch.float8_e4m3fn if self.fp8 else dtype
         # heap: two halves each (the send's epoch parity) of the receive buffer, its scales, the ids table
         self._recv = comm.empty((2, w * m, hidden), wire)
-        self._recv_off, self._recv_half = comm.heap_offset(self._recv), w * m * hidden * wire.itemsize
         self._ids = comm.empty((2, w * m * k), torch.int32)
-        self._ids_off, self._ids_half = comm.heap_offset(self._ids), w * m * k * 4
         self._sc = comm.empty((2, w * m, hidden // 128), torch.float32) if self.fp8 else None
-        self._sc_off, self._sc_half = (comm.heap_offset(self._sc), w * m * (hidden // 128) * 4) if self.fp8 else (0, 0)
+        (self._recv_off, self._recv_half), (self._ids_off, self._ids_half) = self._halves(self._recv), \
+            self._halves(self._ids)
+        self._sc_off, self._sc_half = self._halves(self._sc) if self.fp8 else (0, 0)
         self._ybuf = comm.empty((self.local_experts, self.capacity, hidden), dtype)
         self._ybuf_off = comm.heap_offset(self._ybuf)
         programs = self.shape.programs
@@ -129,7 +129,8 @@ class MoEAllToAll:
     # -- what callers use ------------------------------------------------------------------------
     def expert_buffer(self) -> torch.Tensor:
         """``[local_experts, capacity, hidden]`` in the heap: experts that write their outputs here
-        spare ``combine`` a copy. Written by ``combine`` (as its copy) and read by peers during it."""
+        spare ``combine`` a copy. Write it on the calling stream between ``dispatch`` and ``combine``
+        (peers read it during ``combine``; the next dispatch's barrier keeps later writes behind them)."""
         return self._ybuf
 
     def dropped(self) -> int:
@@ -185,6 +186,10 @@ class MoEAllToAll:
         for t in (self._recv, self._ids, self._ybuf) + ((self._sc,) if self.fp8 else ()):
             self.comm.free(t)
         self._bad_host.close()
+
+    def _halves(self, t: torch.Tensor) -> tuple[int, int]:
+        """Heap offset of a two-half buffer and the bytes of one half."""
+        return self.comm.heap_offset(t), t[0].numel() * t.element_size()
 
     # -- checks before any rank waits --------------------------------------------------------------
     def _check(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> int:

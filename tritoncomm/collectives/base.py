@@ -15,7 +15,7 @@ import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -23,6 +23,7 @@ import torch.distributed as dist
 from ..channels import Channel, Communicator
 from ..errors import InvalidInputError, SetupMismatchError
 from ..kernels.consistency import DTYPE_CODES, FALLBACK_CODE, OP_CODES
+from ..kernels.launcher import Launcher
 from .selection import DTYPES, Choice, SelectionTable, default_table, load_table
 from .validation import DTYPE_NAMES
 
@@ -67,6 +68,8 @@ class Algorithm:
 
     name: ClassVar[str]
     shapes: ClassVar[Mapping[str, tuple[int, int, int]]]
+    #: The ``@triton.jit`` kernel ``launch`` runs, through ``self.launcher`` (on this instance's grid).
+    kernel: ClassVar[Any] = None
     #: The most bytes this algorithm can ever serve (None: no limit of its own).
     limit: ClassVar[int | None] = None
     #: Whether peers may store into the output directly (``PeerOutput``).
@@ -84,6 +87,7 @@ class Algorithm:
         pdl = self.pdl and comm.backend == "cuda" and torch.cuda.get_device_capability(comm.device)[0] >= 9
         #: Extra launch options of the kernel (set once here: nothing is decided on the launch path).
         self.launch_opts: dict[str, bool] = {"launch_pdl": True} if pdl else {}
+        self.launcher = Launcher(self.kernel, (grid,)) if self.kernel is not None else None
         ws = self.layout()
         self.channel = Channel(comm, tag, programs=grid, barrier_slots=ws.barrier_slots,
                                buffer_bytes=ws.buffer_bytes)

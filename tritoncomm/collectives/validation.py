@@ -13,6 +13,7 @@ __all__ = ["DTYPE_NAMES", "SUPPORTED_DTYPES", "SUPPORTED_OPS", "check_input", "c
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 SUPPORTED_OPS = ("sum",)
+_DTYPE_SET = frozenset(SUPPORTED_DTYPES)
 
 
 def check_op(op: str, what: str) -> None:
@@ -22,6 +23,12 @@ def check_op(op: str, what: str) -> None:
 
 def check_input(x: object, device: torch.device, what: str) -> None:
     """``x`` is a contiguous tensor of a supported dtype on ``device``."""
+    if not (isinstance(x, torch.Tensor) and x.dtype in _DTYPE_SET and x.device == device and x.is_contiguous()
+            and not x.data_ptr() % x.element_size()):  # one test on the launch path; the reason only on failure
+        _input_error(x, device, what)
+
+
+def _input_error(x: object, device: torch.device, what: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise InvalidInputError(f"{what}: expected a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in SUPPORTED_DTYPES:
@@ -32,14 +39,21 @@ def check_input(x: object, device: torch.device, what: str) -> None:
     if not x.is_contiguous():
         raise InvalidInputError(f"{what}: tensor is not contiguous (shape {tuple(x.shape)}, "
                                 f"stride {x.stride()}); call .contiguous() first")
-    if x.data_ptr() % x.element_size():
-        raise InvalidInputError(f"{what}: tensor data at {x.data_ptr():#x} is not aligned to its "
-                                f"{x.element_size()}-byte elements")
+    raise InvalidInputError(f"{what}: tensor data at {x.data_ptr():#x} is not aligned to its "
+                            f"{x.element_size()}-byte elements")
 
 
 def check_out(out: object, x: torch.Tensor, numel: int, what: str, *, may_alias: bool) -> None:
     """``out`` holds ``numel`` elements of ``x``'s dtype on its device; it may be ``x`` itself only
     when ``may_alias`` (and never overlap it partially)."""
+    if isinstance(out, torch.Tensor) and out.numel() == numel and out.dtype == x.dtype and out.device == x.device \
+            and out.is_contiguous() and not out.data_ptr() % out.element_size():
+        op, xp, size = out.data_ptr(), x.data_ptr(), out.element_size()
+        same = op == xp
+        if (same and not may_alias) or (not same and xp < op + numel * size and op < xp + x.numel() * size):
+            raise InvalidInputError(f"{what}: out overlaps the input" +
+                                    (" (use out=x for in-place)" if may_alias else ""))
+        return
     if not isinstance(out, torch.Tensor):
         raise InvalidInputError(f"{what}: out must be a torch.Tensor, got {type(out).__name__}")
     if out.numel() != numel or out.dtype != x.dtype or out.device != x.device:
@@ -47,11 +61,7 @@ def check_out(out: object, x: torch.Tensor, numel: int, what: str, *, may_alias:
                                 f"{x.dtype} on {x.device}")
     if not out.is_contiguous():
         raise InvalidInputError(f"{what}: out is not contiguous")
-    if out.data_ptr() % out.element_size():
-        raise InvalidInputError(f"{what}: out is not aligned to its {out.element_size()}-byte elements")
-    same = out.data_ptr() == x.data_ptr()
-    if (same and not may_alias) or (not same and overlap(x, out)):
-        raise InvalidInputError(f"{what}: out overlaps the input" + (" (use out=x for in-place)" if may_alias else ""))
+    raise InvalidInputError(f"{what}: out is not aligned to its {out.element_size()}-byte elements")
 
 
 def check_reduce_args(x: object, out: object, op: str, device: torch.device, max_bytes: int, what: str) -> None:

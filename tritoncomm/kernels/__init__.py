@@ -12,6 +12,8 @@ The public surface (each module's docstring states its memory-ordering contract)
   ``lamport_canonical``, ``lamport_missing`` and, on the host, ``lamport_fill``;
 * ordering building blocks (``ordering``): ``ld_acquire``, ``st_release``, ``fence_sys``, and for
   programmatic dependent launch ``pdl_wait``, ``pdl_launch_dependents``, ...
+* on the host (``launcher``): ``Launcher``, which launches a kernel on a fixed grid with a fraction of
+  ``kernel[grid](...)``'s host time.
 
 The library's collectives are written with exactly these functions.
 
@@ -36,6 +38,7 @@ from .lamport import (
     lamport_store,
     lamport_try,
 )
+from .launcher import Launcher
 from .ll import ll8_pack, ll8_poll, ll8_poll_sum_f32, ll8_store, ll8_try, ll8_unpack
 from .memory import assume_multiple, heap_base, heap_ptr, pow2_divisor, translate
 from .numerics import round_to
@@ -61,7 +64,8 @@ from .signals import (
 )
 
 __all__ = [
-    "DIAG_WORDS", "INTERPRET", "KIND_NAMES", "LAMPORT_SENTINEL16", "MAX_WORLD", "already_failed", "assume_multiple",
+    "DIAG_WORDS", "INTERPRET", "KIND_NAMES", "LAMPORT_SENTINEL16", "MAX_WORLD", "Launcher", "already_failed",
+    "assume_multiple",
     "barrier", "barrier_arrive", "barrier_flag_bytes", "barrier_wait", "check_signatures", "clock_ns", "copy_block",
     "epoch_commit", "epoch_next", "fence_sys", "get", "heap_base", "heap_ptr", "interpreting", "lamport_canonical",
     "lamport_fill", "lamport_missing", "lamport_poll", "lamport_reset", "lamport_store", "lamport_try", "ld_acquire",

@@ -105,21 +105,22 @@ class PushAlgorithm(Algorithm):
     def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput) -> None:
         raise NotImplementedError
 
-    def _run(self, kernel, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, **extra) -> None:
+    def _run(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, *more: int, **extra) -> None:
         bases, rank, world, timeout, diag = self.comm.kernel_args()
         ch = self.channel
-        kernel[(self.grid,)](x, out, m, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off,
-                             self.half, round_up(m, 16), c.programs, WORLD=world, BLOCK=c.block,
-                             MDIV=pow2_divisor(m), num_warps=c.num_warps, **extra)
+        self.launcher(x, out, m, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off, self.half,
+                      round_up(m, 16), c.programs, *more, WORLD=world, BLOCK=c.block, MDIV=pow2_divisor(m),
+                      num_warps=c.num_warps, **extra)
 
 
 class AllGatherPush(PushAlgorithm):
     """Staged all-gather (``allgather_kernel``): push into peers' heaps, barrier, copy out."""
 
     name = "push"
+    kernel = allgather_kernel
 
     def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput) -> None:
-        self._run(allgather_kernel, x, out, m, c)
+        self._run(x, out, m, c)
 
 
 class AllGatherDirect(PushAlgorithm):
@@ -128,6 +129,7 @@ class AllGatherDirect(PushAlgorithm):
     program. Its launch shape is the staged form's at the same size."""
 
     name = "direct"
+    kernel = allgather_kernel
     writes_peer_outputs = True
 
     def layout(self) -> Workspace:
@@ -139,4 +141,4 @@ class AllGatherDirect(PushAlgorithm):
         return []
 
     def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput) -> None:
-        self._run(allgather_kernel, x, out, m, c, out_tab=dest.row, DIRECT=True)
+        self._run(x, out, m, c, dest.row, DIRECT=True)

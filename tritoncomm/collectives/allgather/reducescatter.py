@@ -58,6 +58,7 @@ class ReduceScatterPush(PushAlgorithm):
     """Launcher of ``reducescatter_kernel``: push every shard to its owner, barrier, sum mine."""
 
     name = "push"
+    kernel = reducescatter_kernel
 
     def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput) -> None:
-        self._run(reducescatter_kernel, x, out, m, c)
+        self._run(x, out, m, c)

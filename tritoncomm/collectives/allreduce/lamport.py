@@ -293,6 +293,7 @@ class LamportOneShot(_Lamport):
     """Launcher of ``lamport_oneshot_kernel``. Workspace: 2 (parities) x W slots of the capacity."""
 
     name = "lamport"
+    kernel = lamport_oneshot_kernel
     shapes = MappingProxyType({"cuda": (16, 512, 1), "cpu": (2, 1024, 1)})
     #: Each GPU sends ``(W-1) x S``: past a few MB the two-shots move less.
     limit = 4 << 20
@@ -316,7 +317,7 @@ class LamportOneShot(_Lamport):
         bases, rank, world, timeout, diag = self.comm.kernel_args()
         ch = self.channel
         n = x.numel()
-        lamport_oneshot_kernel[(self.grid,)](
+        self.launcher(
             x, out, n, bases, rank, timeout, diag, ch.epochs_off, ch.buffer_off, self.slot_bytes, c.programs,
             WORLD=world, BLOCK=c.block, NDIV=pow2_divisor(n), TRIES=self.tries, EARLY=self.early, num_warps=c.num_warps,
             **self.launch_opts)
@@ -327,6 +328,7 @@ class LamportTwoShot(_Lamport):
     slots each (about 4 x the capacity), and the tokens."""
 
     name = "lamport_twoshot"
+    kernel = lamport_twoshot_kernel
     shapes = MappingProxyType({"cuda": (64, 512, 1), "cpu": (2, 1024, 1)})
     limit = 16 << 20
 
@@ -351,7 +353,7 @@ class LamportTwoShot(_Lamport):
         ch = self.channel
         n = x.numel()
         rs = ch.buffer_off
-        lamport_twoshot_kernel[(self.grid,)](
+        self.launcher(
             x, out, n, round_up(cdiv(n, world), 16), bases, rank, timeout, diag, ch.epochs_off, rs, rs + self.half,
             rs + 2 * self.half, self.slot_bytes, c.programs, WORLD=world, BLOCK=c.block, NDIV=pow2_divisor(n),
             TRIES=self.tries, EARLY=self.early, num_warps=c.num_warps, **self.launch_opts)

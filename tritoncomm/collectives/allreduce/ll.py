@@ -153,6 +153,7 @@ class LL(AllReduceAlgorithm):
     barriers = False
 
     name = "ll"
+    kernel = ll_allreduce_kernel
     shapes = MappingProxyType({"cuda": (16, 1024, 4), "cpu": (2, 1024, 1)})
     #: LL packets double the bytes on the wire; past this size LL never pays.
     limit = 1 << 20
@@ -175,6 +176,6 @@ class LL(AllReduceAlgorithm):
         bases, rank, world, timeout, diag = self.comm.kernel_args()
         ch = self.channel
         n, nwords = x.numel(), cdiv(x.numel() * x.element_size(), 4)
-        ll_allreduce_kernel[(self.grid,)](
+        self.launcher(
             x, out, n, nwords, bases, rank, timeout, diag, ch.epochs_off, ch.buffer_off, self.slot_words, c.programs,
             WORLD=world, BLOCK=c.block, NDIV=pow2_divisor(n), WDIV=pow2_divisor(nwords), num_warps=c.num_warps)

@@ -235,6 +235,7 @@ class LLTwoShot(AllReduceAlgorithm):
     barriers = False
 
     name = "ll_twoshot"
+    kernel = ll_twoshot_allreduce_kernel
     shapes = MappingProxyType({"cuda": (32, 1024, 4), "cpu": (2, 512, 1)})
     #: It moves half the LL one-shot's bytes at TP4 (a quarter at TP8), so it serves up to this size.
     limit = 4 << 20
@@ -261,7 +262,7 @@ class LLTwoShot(AllReduceAlgorithm):
         n, nwords = x.numel(), cdiv(x.numel() * x.element_size(), 4)
         shard = round_up(cdiv(nwords, world), 16)  # words; 16-word multiples keep 16-byte vectors
         rs = ch.buffer_off
-        ll_twoshot_allreduce_kernel[(self.grid,)](
+        self.launcher(
             x, out, n, nwords, shard, bases, rank, timeout, diag, ch.epochs_off, rs, rs + self.half, rs + 2 * self.half,
             self.slot_words, c.programs, WORLD=world, BLOCK=c.block, NDIV=pow2_divisor(n), WDIV=pow2_divisor(nwords),
             num_warps=c.num_warps)

@@ -72,6 +72,7 @@ class OneShot(AllReduceAlgorithm):
     capacity, one barrier slot per program."""
 
     name = "oneshot"
+    kernel = oneshot_allreduce_kernel
     shapes = MappingProxyType({"cuda": (32, 4096, 8), "cpu": (2, 2048, 1)})
 
     def layout(self) -> Workspace:
@@ -91,6 +92,6 @@ class OneShot(AllReduceAlgorithm):
         bases, rank, world, timeout, diag = self.comm.kernel_args()
         ch = self.channel
         n = x.numel()
-        oneshot_allreduce_kernel[(self.grid,)](
+        self.launcher(
             x, out, n, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off, self.stage_bytes,
             c.programs, WORLD=world, BLOCK=c.block, NDIV=pow2_divisor(n), num_warps=c.num_warps)

@@ -73,6 +73,7 @@ class Pipelined(AllReduceAlgorithm):
     per block of the largest shard."""
 
     name = "pipelined"
+    kernel = pipelined_allreduce_kernel
     shapes = MappingProxyType({"cuda": (64, 8192, 8), "cpu": (2, 1024, 1)})
 
     def layout(self) -> Workspace:
@@ -88,7 +89,7 @@ class Pipelined(AllReduceAlgorithm):
         bases, rank, world, timeout, diag = self.comm.kernel_args()
         ch = self.channel
         n = x.numel()
-        pipelined_allreduce_kernel[(self.grid,)](
+        self.launcher(
             x, out, n, round_up(cdiv(n, world), 16), bases, rank, timeout, diag, ch.flags_off, ch.epochs_off,
             ch.buffer_off, ch.buffer_off + world * self.shard_cap, self.rows, c.programs, WORLD=world,
             BLOCK=max(c.block, PIPE_MIN_BLOCK), NDIV=pow2_divisor(n), num_warps=c.num_warps)

@@ -178,6 +178,7 @@ class TwoShot(AllReduceAlgorithm):
     (about 2 x the capacity), and 2 x ``TWOSHOT_ROUNDS`` barrier slots per program."""
 
     name = "twoshot"
+    kernel = twoshot_allreduce_kernel
     shapes = MappingProxyType({"cuda": (64, 4096, 8), "cpu": (2, 2048, 1)})
     writes_peer_outputs = True
 
@@ -216,7 +217,7 @@ class TwoShot(AllReduceAlgorithm):
         ch = self.channel
         n = x.numel()
         out_heap, out_reg = dest.heap_off >= 0, dest.row != 0
-        twoshot_allreduce_kernel[(self.grid,)](
+        self.launcher(
             x, out, n, round_up(cdiv(n, world), 16), bases, rank, timeout, diag, ch.flags_off, ch.epochs_off,
             ch.buffer_off, ch.buffer_off + world * self.shard_cap, c.programs, max(dest.heap_off, 0), dest.row,
             WORLD=world, BLOCK=c.block, OUT_HEAP=out_heap, OUT_REG=out_reg, NDIV=pow2_divisor(n),

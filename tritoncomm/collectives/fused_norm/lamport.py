@@ -90,6 +90,7 @@ class FusedLamport(FusedAlgorithm):
     largest input, the row exchange. Buffers put at rest at set-up; launched with PDL on sm_90+."""
 
     name = "lamport"
+    kernel = lamport_allreduce_add_rmsnorm_kernel
     limit = 16 << 20
     barriers = False
     pdl = True
@@ -112,6 +113,6 @@ class FusedLamport(FusedAlgorithm):
         c = self.channel
         meta = self._meta(ch, block, block, gemma, fp8, engine)
         meta["num_warps"] = min(16, max(1, block // 512))  # two 16-byte vectors per thread: cheap polls
-        lamport_allreduce_add_rmsnorm_kernel[(self.grid,)](
+        self.launcher(
             *self._args(x, residual, residual_out, weight, out, scale, cw, eps), c.epochs_off, c.buffer_off,
             self.slot_bytes, c.buffer_off + self.xch_rel, **meta, **self.launch_opts)

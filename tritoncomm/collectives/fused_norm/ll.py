@@ -77,6 +77,7 @@ class FusedLL(FusedAlgorithm):
     largest input as LL8 packets (4 x W x its bytes), the row exchange. At most 32 programs."""
 
     name = "ll"
+    kernel = ll_allreduce_add_rmsnorm_kernel
     limit = LL.limit
 
     def layout(self) -> Workspace:
@@ -91,7 +92,7 @@ class FusedLL(FusedAlgorithm):
         ch, cw = self.plan.chunks(t, h, self.grid)
         block = self._block(cw)
         c = self.channel
-        ll_allreduce_add_rmsnorm_kernel[(self.grid,)](
+        self.launcher(
             *self._args(x, residual, residual_out, weight, out, scale, cw, eps), c.epochs_off, c.buffer_off,
             self.slot_words, c.buffer_off + self.xch_rel, (h + 1) // 2, cw // 2,
             **self._meta(ch, block, block, gemma, fp8, engine))

@@ -137,6 +137,7 @@ class FusedLLTwoShot(FusedAlgorithm):
     use, the tokens, and the row exchange (``NQ x W`` packets per row)."""
 
     name = "ll_twoshot"
+    kernel = ll_twoshot_allreduce_add_rmsnorm_kernel
     limit = LLTwoShot.limit
 
     def layout(self) -> Workspace:
@@ -156,6 +157,6 @@ class FusedLLTwoShot(FusedAlgorithm):
         meta["NQ"] = meta.pop("CH")
         c = self.channel
         rs = c.buffer_off
-        ll_twoshot_allreduce_add_rmsnorm_kernel[(self.grid,)](
+        self.launcher(
             *self._args(x, residual, residual_out, weight, out, scale, cw, eps), c.epochs_off, rs, rs + self.half,
             rs + 2 * self.half, self.slot_words, c.buffer_off + self.xch_rel, (h + 1) // 2, cw // 2, **meta)

@@ -59,6 +59,7 @@ class FusedOneShot(FusedAlgorithm):
     largest input, one barrier slot per program, the row exchange."""
 
     name = "oneshot"
+    kernel = allreduce_add_rmsnorm_kernel
 
     def layout(self) -> Workspace:
         self.stage_bytes = round_up(self.rows * self.plan.max_hidden * 2, 256)
@@ -72,7 +73,7 @@ class FusedOneShot(FusedAlgorithm):
         ch, cw = self.plan.chunks(t, h, self.grid)
         block = self._block(cw)
         c = self.channel
-        allreduce_add_rmsnorm_kernel[(self.grid,)](
+        self.launcher(
             *self._args(x, residual, residual_out, weight, out, scale, cw, eps), c.flags_off, c.epochs_off,
             c.buffer_off, self.stage_bytes, c.buffer_off + self.xch_rel,
             **self._meta(ch, block, block, gemma, fp8, engine))

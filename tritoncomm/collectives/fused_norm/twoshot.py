@@ -135,6 +135,7 @@ class FusedTwoShot(FusedAlgorithm):
     row exchange."""
 
     name = "twoshot"
+    kernel = twoshot_allreduce_add_rmsnorm_kernel
 
     def layout(self) -> Workspace:
         shard_rows = cdiv(self.rows, self.world)
@@ -152,7 +153,7 @@ class FusedTwoShot(FusedAlgorithm):
         c = self.channel
         rs = c.buffer_off
         ag = rs + self.world * self.shard_bytes
-        twoshot_allreduce_add_rmsnorm_kernel[(self.grid,)](
+        self.launcher(
             *self._args(x, residual, residual_out, weight, out, scale, cw, eps), c.flags_off, c.epochs_off, rs, ag,
             ag + self.world * self.shard_bytes, self.shard_bytes, self.rstd_slot, c.buffer_off + self.xch_rel,
             **self._meta(ch, block, block * triton.next_power_of_2(self.world), gemma, fp8, engine))

@@ -35,9 +35,10 @@ import torch
 from ...channels import Channel, Communicator
 from ...channels.cuda_ipc import HostMappedWords
 from ...errors import InvalidInputError
-from .combine import launch_combine
-from .dispatch import launch_send
-from .route import launch_gather, launch_route
+from ...kernels.launcher import Launcher
+from .combine import launch_combine, moe_combine_kernel
+from .dispatch import launch_send, moe_send_kernel
+from .route import launch_gather, launch_route, moe_gather_kernel, moe_route_kernel
 
 __all__ = ["MoEAllToAll", "MoEHandle"]
 
@@ -110,6 +111,10 @@ class MoEAllToAll:
         programs = self.shape.programs
         self._send_ch = Channel(comm, f"{name}.send", programs=programs, barrier_slots=programs)
         self._comb_ch = Channel(comm, f"{name}.combine", programs=programs, barrier_slots=programs)
+        self._run_send = Launcher(moe_send_kernel, (programs,))
+        self._run_combine = Launcher(moe_combine_kernel, (programs,))
+        self._run_route = Launcher(moe_route_kernel, (num_experts,))
+        self._run_gather = Launcher(moe_gather_kernel, (self.local_experts, self.shape.gather_programs))
         i32 = dict(dtype=torch.int32, device=dev)
         self._owner = torch.empty(m, k, **i32)  # per own entry: the expert's rank, or -1
         self._row = torch.empty(m, k, **i32)  # per own entry: local expert * capacity + slot there
@@ -145,19 +150,20 @@ class MoEAllToAll:
         n = self._check(x, topk_ids, topk_weights)
         self.comm.check()
         sh = self.shape
-        launch_send(self.comm, self._send_ch, x, topk_ids, topk_weights, self._weights, self._owner, self._bad,
+        launch_send(self._run_send, self.comm, self._send_ch, x, topk_ids, topk_weights, self._weights, self._owner,
+                    self._bad,
                     max_tokens=self.max_tokens, num_experts=self.num_experts, local=self.local_experts,
                     recv_off=self._recv_off, recv_half=self._recv_half, ids_off=self._ids_off,
                     ids_half=self._ids_half, sc_off=self._sc_off, sc_half=self._sc_half, fp8=self.fp8,
-                    programs=sh.programs, block_h=sh.block_h, num_warps=sh.num_warps)
-        launch_route(self.comm, self._send_ch, self._owner, self._row, self._src, self._counts, self._bad,
-                     num_experts=self.num_experts, max_tokens=self.max_tokens, capacity=self.capacity,
+                    block_h=sh.block_h, num_warps=sh.num_warps)
+        launch_route(self._run_route, self.comm, self._send_ch, self._owner, self._row, self._src, self._counts,
+                     self._bad, max_tokens=self.max_tokens, capacity=self.capacity,
                      local=self.local_experts, top_k=self.top_k, ids_off=self._ids_off, ids_half=self._ids_half,
                      block_e=sh.block_e, num_warps=sh.num_warps)
-        launch_gather(self.comm, self._send_ch, self._out, self._scales, self._src, self._counts, self._bad,
-                      self._bad_host.device_addr,
+        launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._src, self._counts,
+                      self._bad, self._bad_host.device_addr,
                       recv_off=self._recv_off, recv_half=self._recv_half, sc_off=self._sc_off, sc_half=self._sc_half,
-                      programs=sh.gather_programs, block_s=sh.block_s, block_h=sh.block_h, num_warps=sh.num_warps)
+                      block_s=sh.block_s, block_h=sh.block_h, num_warps=sh.num_warps)
         self._call += 1
         self._open_handle = self._call
         return (self._out, self._scales) if self.fp8 else self._out, self._counts, MoEHandle(n, self._call)
@@ -175,8 +181,8 @@ class MoEAllToAll:
         if y.data_ptr() != self._ybuf.data_ptr():
             self._ybuf.copy_(y)
         out = self._combined
-        launch_combine(self.comm, self._comb_ch, out, self._weights, self._owner, self._row, handle.n_tokens,
-                       self._ybuf_off, self.shape.programs, self.shape.block_h, self.shape.num_warps)
+        launch_combine(self._run_combine, self.comm, self._comb_ch, out, self._weights, self._owner, self._row,
+                       handle.n_tokens, self._ybuf_off, self.shape.block_h, self.shape.num_warps)
         return out[:handle.n_tokens]
 
     def close(self) -> None:

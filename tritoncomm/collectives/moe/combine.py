@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ...kernels import barrier, epoch_commit, heap_ptr, program_epoch, round_to
+from ...kernels.launcher import Launcher
 
 __all__ = ["launch_combine", "moe_combine_kernel"]
 
@@ -49,10 +50,9 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, bas
     epoch_commit(epoch_ptr, e)
 
 
-def launch_combine(comm, channel, out: torch.Tensor, w: torch.Tensor, owner: torch.Tensor, row: torch.Tensor,
-                   n_tokens: int, ybuf_off: int, programs: int, block_h: int, num_warps: int) -> None:
+def launch_combine(run: Launcher, comm, channel, out: torch.Tensor, w: torch.Tensor, owner: torch.Tensor,
+                   row: torch.Tensor, n_tokens: int, ybuf_off: int, block_h: int, num_warps: int) -> None:
+    """Launch ``moe_combine_kernel`` through ``run`` (its launcher, one program per SM on GPUs)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
-    moe_combine_kernel[(programs,)](out, w, owner, row, n_tokens, out.shape[-1], bases, rank, timeout, diag,
-                                    channel.flags_off, channel.epochs_off, ybuf_off, WORLD=world,
-                                    TOP_K=w.shape[-1], BLOCK_H=block_h, num_warps=num_warps,
-                                    enable_fp_fusion=False)
+    run(out, w, owner, row, n_tokens, out.shape[-1], bases, rank, timeout, diag, channel.flags_off, channel.epochs_off,
+        ybuf_off, WORLD=world, TOP_K=w.shape[-1], BLOCK_H=block_h, num_warps=num_warps, enable_fp_fusion=False)

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ...kernels import barrier, epoch_commit, heap_ptr, program_epoch, round_to
+from ...kernels.launcher import Launcher
 
 __all__ = ["launch_send", "moe_send_kernel"]
 
@@ -92,14 +93,14 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     epoch_commit(epoch_ptr, e)
 
 
-def launch_send(comm, channel, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, wts: torch.Tensor,
-                owner: torch.Tensor, bad: torch.Tensor, *, max_tokens: int, num_experts: int, local: int,
-                recv_off: int, recv_half: int, ids_off: int, ids_half: int, sc_off: int, sc_half: int, fp8: bool,
-                programs: int, block_h: int, num_warps: int) -> None:
+def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                wts: torch.Tensor, owner: torch.Tensor, bad: torch.Tensor, *, max_tokens: int, num_experts: int,
+                local: int, recv_off: int, recv_half: int, ids_off: int, ids_half: int, sc_off: int, sc_half: int,
+                fp8: bool, block_h: int, num_warps: int) -> None:
+    """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
-    moe_send_kernel[(programs,)](
-        x, x.stride(0), ids, ids.stride(0), ids.stride(1), weights, weights.stride(0), weights.stride(1), wts, owner,
+    run(x, x.stride(0), ids, ids.stride(0), ids.stride(1), weights, weights.stride(0), weights.stride(1), wts, owner,
         bad, x.shape[0], x.shape[1], max_tokens, num_experts, bases, rank, timeout, diag, channel.flags_off,
         channel.epochs_off, recv_off, recv_half, ids_off, ids_half, sc_off, sc_half, WORLD=world, LOCAL=local, TOP_K=k,
         BLOCK_K=triton.next_power_of_2(k), BLOCK_H=block_h, FP8=fp8, num_warps=num_warps)

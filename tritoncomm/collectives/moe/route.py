@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ...kernels import heap_ptr
+from ...kernels.launcher import Launcher
 
 __all__ = ["launch_gather", "launch_route", "moe_gather_kernel", "moe_route_kernel"]
 
@@ -100,21 +101,22 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, src_ptr, counts_ptr, bad_ptr, bad_hos
                 tl.store(sc_out + s[:, None].to(tl.int64) * groups + c + cols[None, :], v, mask=m)
 
 
-def launch_route(comm, channel, owner: torch.Tensor, row: torch.Tensor, src: torch.Tensor, counts: torch.Tensor,
-                 bad: torch.Tensor, *, num_experts: int, max_tokens: int, capacity: int, local: int, top_k: int,
+def launch_route(run: Launcher, comm, channel, owner: torch.Tensor, row: torch.Tensor, src: torch.Tensor,
+                 counts: torch.Tensor, bad: torch.Tensor, *, max_tokens: int, capacity: int, local: int, top_k: int,
                  ids_off: int, ids_half: int, block_e: int, num_warps: int) -> None:
+    """Launch ``moe_route_kernel`` through ``run`` (its launcher: one program per expert)."""
     bases, rank, world, _, _ = comm.kernel_args()
-    moe_route_kernel[(num_experts,)](owner, row, src, counts, bad, world * max_tokens * top_k, max_tokens, capacity,
-                                     bases, rank, channel.epochs_off, ids_off, ids_half, LOCAL=local, TOP_K=top_k,
-                                     BLOCK_E=block_e, num_warps=num_warps)
+    run(owner, row, src, counts, bad, world * max_tokens * top_k, max_tokens, capacity, bases, rank,
+        channel.epochs_off, ids_off, ids_half, LOCAL=local, TOP_K=top_k, BLOCK_E=block_e, num_warps=num_warps)
 
 
-def launch_gather(comm, channel, out: torch.Tensor, scales: torch.Tensor | None, src: torch.Tensor,
+def launch_gather(run: Launcher, comm, channel, out: torch.Tensor, scales: torch.Tensor | None, src: torch.Tensor,
                   counts: torch.Tensor, bad: torch.Tensor, bad_host_addr: int, *, recv_off: int, recv_half: int,
-                  sc_off: int, sc_half: int, programs: int, block_s: int, block_h: int, num_warps: int) -> None:
+                  sc_off: int, sc_half: int, block_s: int, block_h: int, num_warps: int) -> None:
+    """Launch ``moe_gather_kernel`` through ``run`` (its launcher: local experts x gather programs)."""
     bases, rank, _, _, _ = comm.kernel_args()
-    local, capacity, hidden = out.shape
+    _, capacity, hidden = out.shape
     fp8 = scales is not None
-    moe_gather_kernel[(local, programs)](out, scales if fp8 else out, src, counts, bad, bad_host_addr, hidden,
-                                        capacity, bases, rank, channel.epochs_off, recv_off, recv_half, sc_off,
-                                        sc_half, BLOCK_S=block_s, BLOCK_H=block_h, FP8=fp8, num_warps=num_warps)
+    run(out, scales if fp8 else out, src, counts, bad, bad_host_addr, hidden, capacity, bases, rank,
+        channel.epochs_off, recv_off, recv_half, sc_off, sc_half, BLOCK_S=block_s, BLOCK_H=block_h, FP8=fp8,
+        num_warps=num_warps)

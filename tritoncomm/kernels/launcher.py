@@ -1,0 +1,122 @@
+"""Launching a Triton kernel with little host time: ``Launcher``.
+
+``kernel[grid](*args, **kw)`` re-derives on every call what Triton needs to find its compiled kernel:
+it binds every argument, specialises each one, builds a cache key around the printed options,
+checks the kernel's globals and prepares profiler metadata. For kernels of 12-20 arguments that is
+most of an eager collective's host time.
+
+A ``Launcher`` serves one kernel on one grid. The first call with a given *signature* goes through
+Triton (compiling if needed) and keeps the compiled kernel Triton returned; later calls with the
+same signature hand the arguments to that compiled kernel's own launcher. The signature is the
+current device, the keyword arguments with their values (constexprs and options such as
+``num_warps``), and, per positional argument, the specialisation Triton computes for it with
+specialisation and alignment on (``native_specialize_impl``: dtype, 16-byte alignment, integer width,
+the value 1). That is at least as fine as what Triton keys its own cache on, so a call takes the
+short path only when Triton would have chosen the same compiled kernel.
+
+Rules:
+
+* Positional arguments are the kernel's runtime parameters, in order; constexprs and launch options
+  go by keyword. A call that passes a runtime parameter by keyword, or whose positional arguments reach
+  a constexpr parameter, goes through Triton.
+* Triton's own path is taken under the interpreter (the CPU world), while a launch hook is installed
+  (profilers such as proton), for more than ``MAX_SIGNATURES`` signatures, and wherever Triton's
+  internals differ from those this was written against (``FAST`` is then False).
+* The short path skips Triton's check that the kernel's global values are unchanged since it was
+  compiled: kernels launched this way must not read globals that change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:  # Triton internals this relies on (3.6); without them every launch goes through Triton.
+    from triton import knobs
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction, native_specialize_impl
+
+    FAST = all(hasattr(knobs.runtime, h) for h in ("launch_enter_hook", "launch_exit_hook"))
+except ImportError:  # pragma: no cover - other Triton versions
+    FAST = False
+
+__all__ = ["FAST", "MAX_SIGNATURES", "Launcher"]
+
+#: Signatures one launcher keeps; past this many, new ones go through Triton every time.
+MAX_SIGNATURES = 64
+
+
+def _hook_idle(hook: object) -> bool:
+    return hook is None or not getattr(hook, "calls", True)
+
+
+class Launcher:
+    """Launch ``fn`` (a ``@triton.jit`` kernel) on ``grid``: ``launcher(*args, **kwargs)`` does what
+    ``fn[grid](*args, **kwargs)`` does, with less host time once a signature has been launched
+    (module docstring). Host-only, no allocation; one per (kernel, grid), owned by whatever
+    launches it."""
+
+    def __init__(self, fn: Any, grid: tuple[int, ...]) -> None:
+        if not isinstance(grid, tuple) or not 1 <= len(grid) <= 3 or any(not isinstance(g, int) for g in grid):
+            raise TypeError(f"Launcher: grid must be a tuple of 1-3 ints, got {grid!r}")
+        self.fn, self.grid = fn, grid
+        self._dims = (*grid, 1, 1)[:3]
+        self._cache: dict[tuple, tuple[Any, tuple]] = {}
+        self.fast = FAST and isinstance(fn, JITFunction) and hasattr(fn, "device_caches")
+        if self.fast:
+            params = fn.params
+            #: How many leading parameters are runtime ones (positional arguments may fill only these).
+            self._positional = next((i for i, p in enumerate(params) if p.is_constexpr), len(params))
+            self._names = tuple(p.name for p in params)
+            #: Runtime parameters: passed by keyword, they send the call through Triton (the signature
+            #: would have to hold the value itself, and keep a tensor alive).
+            self._runtime_names = frozenset(p.name for p in params if not p.is_constexpr)
+            self._defaults = {p.name: p.default for p in params if p.has_default}
+            self._device = driver.active.get_current_device
+            self._stream = driver.active.get_current_stream
+            self._backend: Any = None  # Triton's backend object for the device, after the first launch
+        #: Launches that took the short path (tests and benchmarks read it).
+        self.short_launches = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        if self.fast and len(args) <= self._positional and self._runtime_names.isdisjoint(kwargs) \
+                and _hook_idle(knobs.runtime.launch_enter_hook) and _hook_idle(knobs.runtime.launch_exit_hook):
+            dev = self._device()
+            spec, be = native_specialize_impl, self._backend
+            if be is None:  # Triton's per-device state exists once it has launched here
+                self.fn[self.grid](*args, **kwargs)
+                self._backend = self.fn.device_caches[dev][3]
+                return
+            key = (dev, *kwargs.items(), *[spec(be, a, False, True, True) for a in args])
+            try:
+                hit = self._cache.get(key)
+            except TypeError:  # an unhashable constexpr or option value: Triton's path
+                self.fn[self.grid](*args, **kwargs)
+                return
+            if hit is not None:
+                kernel, tail = hit
+                g0, g1, g2 = self._dims
+                kernel.run(g0, g1, g2, self._stream(dev), kernel.function, kernel.packed_metadata, None, None, None,
+                           *args, *tail)
+                self.short_launches += 1
+                return
+            kernel = self.fn[self.grid](*args, **kwargs)
+            if hasattr(kernel, "result"):  # compiled asynchronously
+                kernel = kernel.result()
+            if len(self._cache) < MAX_SIGNATURES:
+                self._cache[key] = (kernel, self._tail(len(args), kwargs))
+            return
+        self.fn[self.grid](*args, **kwargs)
+
+    def compiled(self, *args: Any, **kwargs: Any) -> Any:
+        """The compiled kernel the short path launches for these arguments, or None (not launched
+        yet with their signature, or not launched through the short path at all)."""
+        if not self.fast or self._backend is None:
+            return None
+        key = (self._device(), *kwargs.items(),
+               *[native_specialize_impl(self._backend, a, False, True, True) for a in args])
+        hit = self._cache.get(key) if self._runtime_names.isdisjoint(kwargs) else None
+        return None if hit is None else hit[0]
+
+    def _tail(self, npos: int, kwargs: dict[str, Any]) -> tuple:
+        """The values of the parameters after the positional ones, in order: as passed, else defaults."""
+        return tuple(kwargs[n] if n in kwargs else self._defaults[n] for n in self._names[npos:])

@@ -1,6 +1,10 @@
 """Where MoE dispatch/combine time goes: each kernel's GPU time (torch profiler), eager, one shape.
 
-    python3 benchmarks/experiments/moe_profile.py --world 1 --tokens 8,4096
+    python3 benchmarks/experiments/moe_profile.py --world 1 --tokens 8,4096 [--mode throughput]
+        [--max-tokens 4096]
+
+``--max-tokens`` sizes the instance for more tokens than each call carries (decode calls on an
+instance sized for prefill).
 """
 
 from __future__ import annotations
@@ -22,13 +26,14 @@ def _step(moe: MoEAllToAll, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor)
     moe.combine(moe.expert_buffer(), h)
 
 
-def _rank(ctx, shape: str, tokens: list[int]):
+def _rank(ctx, shape: str, tokens: list[int], mode: str, max_tokens: int | None):
     hidden, experts, k = MOE_SHAPES[shape]
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=4 << 30))
     out = {}
     for t in tokens:
-        moe = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k,
-                          capacity=_capacity(ctx.world, t, experts, k))
+        m = max(max_tokens or t, t)
+        moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
+                          capacity=_capacity(ctx.world, m, experts, k), mode=mode)
         x = torch.randn(t, hidden, device=ctx.device).to(torch.bfloat16)
         ids = torch.rand(t, experts, device=ctx.device).topk(k).indices
         w = torch.rand(t, k, device=ctx.device)
@@ -56,11 +61,14 @@ def main() -> None:
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--shape", default="deepseek-v3")
     p.add_argument("--tokens", default="8,4096")
+    p.add_argument("--mode", default="auto", choices=("auto", "latency", "throughput"))
+    p.add_argument("--max-tokens", type=int, default=None)
     a = p.parse_args()
     with LocalWorld(a.world, "cuda") as world:
-        rep = world.run(_rank, a.shape, [int(t) for t in a.tokens.split(",")], timeout=600)[0]
+        rep = world.run(_rank, a.shape, [int(t) for t in a.tokens.split(",")], a.mode, a.max_tokens, timeout=600)[0]
     for t, per in rep.items():
-        print(f"{a.shape} EP{a.world} {t} tokens/rank: GPU us per dispatch+combine, by kernel")
+        print(f"{a.shape} EP{a.world} {t} tokens/rank (max_tokens {a.max_tokens or t}, mode {a.mode}): GPU us per "
+              "dispatch+combine, by kernel")
         for name, us in sorted(per.items(), key=lambda kv: -kv[1]):
             print(f"  {us:9.1f}  {name}")
 

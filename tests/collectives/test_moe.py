@@ -1,7 +1,8 @@
 """MoE dispatch and combine against a reference built from every rank's tokens and routing (gathered
 over gloo): random routing with edge cases, token counts that differ per rank and per call (zero
 included), "no expert" ids, full experts (capacity drops), every dtype of ids, weights and tokens,
-outputs poisoned before each call; exact expert layouts and counts, exact combine bits; bad input."""
+both combine modes and calls switching between them, outputs poisoned before each call; exact
+expert layouts and counts, exact combine bits; bad input."""
 
 from __future__ import annotations
 
@@ -78,15 +79,34 @@ def _fp8_mismatch(got: torch.Tensor, want: torch.Tensor, cpu: bool) -> int:
     return int(diff.sum())
 
 
+def _combined(x, wts, where, n: int, k: int, local: int, world: int, dtype, fp8: bool) -> torch.Tensor:
+    """The combine's rule: per owner rank the fp32 sum in ``j`` order rounded to the dtype, the
+    partials summed in fp32 in rank order; the experts are ``y = x * (e + 1)`` rounded to the dtype."""
+    want = torch.zeros(n, x.shape[1])
+    for t in range(n):
+        parts = [torch.zeros(x.shape[1]) for _ in range(world)]
+        for j in range(k):
+            if where[(t, j)] is not None:
+                e = where[(t, j)][0]
+                xt = _deq(*_quant(x[t])) if fp8 else x[t].float()
+                parts[e // local] = parts[e // local] + wts[t, j].float() * (xt * float(e + 1)).to(dtype).float()
+        acc = torch.zeros(x.shape[1])
+        for p in parts:
+            acc = acc + p.to(dtype).float()
+        want[t] = acc
+    return want.to(dtype)
+
+
 def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, reps: int, dtype=torch.bfloat16,
-         capacity=None, ids_dtype=torch.int64, w_dtype=torch.float32, fp8=False):
+         capacity=None, ids_dtype=torch.int64, w_dtype=torch.float32, fp8=False, mode="auto", throughput_from=256,
+         both_modes=False):
     comm = make_comm(ctx, heap_bytes=64 << 20)
     w, r, dev = ctx.world, ctx.rank, ctx.device
     local = experts // w
     moe = MoEAllToAll(comm, max_tokens=max_tokens, hidden=hidden, num_experts=experts, top_k=k, dtype=dtype,
-                      capacity=capacity, fp8_dispatch=fp8)
+                      capacity=capacity, fp8_dispatch=fp8, mode=mode, throughput_from=throughput_from)
     cap = moe.capacity
-    bad, dropped = [], 0
+    bad, dropped, totals = [], 0, []
     for rep in range(reps):
         g = torch.Generator().manual_seed(1000 * rep + 17 * r + 3)
         n = int(torch.randint(0, max_tokens + 1, (1,), generator=g))
@@ -106,6 +126,7 @@ def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, rep
             moe._scales.fill_(float("nan"))
         moe._combined.fill_(float("nan"))
         out, counts, handle = moe.dispatch(x.to(dev), ids_dev, wts.to(dev))
+        totals.append(int(sum(gathered(ctx, torch.tensor([n])))))
         xs = gathered(ctx, torch.cat([x, torch.zeros(max_tokens - n, hidden, dtype=x.dtype)]))
         idl = gathered(ctx, torch.cat([ids, torch.full((max_tokens - n, k), -1, dtype=ids.dtype)]))
         rows, want_counts, where = _reference(ctx, xs, idl, max_tokens, k, local, cap)
@@ -125,18 +146,12 @@ def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, rep
         scale = (torch.arange(local) + r * local + 1).float().to(dev)
         y = ((_deq(*out) if fp8 else out.float()) * scale[:, None, None]).to(dtype)
         comb = moe.combine(y, handle).cpu()
-        want = torch.zeros(n, hidden)
-        for t in range(n):
-            acc = torch.zeros(hidden)
-            for j in range(k):
-                if where[(t, j)] is not None:
-                    e = where[(t, j)][0]
-                    xt = _deq(*_quant(x[t])) if fp8 else x[t].float()
-                    acc = acc + wts[t, j].float() * (xt * float(e + 1)).to(dtype).float()
-            want[t] = acc
-        if not torch.equal(comb, want.to(dtype)):
-            bad.append((rep, "combine", (comb.float() - want).abs().max().item() if n else None))
+        want = _combined(x, wts, where, n, k, local, w, dtype, fp8)
+        if not torch.equal(comb, want):
+            bad.append((rep, "combine", (comb.float() - want.float()).abs().max().item() if n else None))
     torch.cuda.synchronize() if dev.type == "cuda" else None
+    if both_modes and len({t >= throughput_from for t in totals}) != 2:
+        bad.append(("calls of one mode only", totals))
     if moe.dropped() != dropped:
         bad.append(("dropped", moe.dropped(), dropped))
     moe.close()
@@ -146,16 +161,26 @@ def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, rep
 
 @pytest.mark.parametrize("world", world_sizes(2, 3, 4))
 @pytest.mark.parametrize("case", ["random", "one-rank", "hot", "unrouted"])
-def test_dispatch_combine_match_reference(worlds, world, case):
+@pytest.mark.parametrize("mode", ["latency", "throughput"])
+def test_dispatch_combine_match_reference(worlds, world, case, mode):
     experts = max(2 * world, 4) if case != "hot" else 4 * world
-    for bad in worlds(world).run(_job, experts, 3, 40, 6, case, 3):
+    for bad in worlds(world).run(_job, experts, 3, 40, 6, case, 3, mode=mode):
+        assert bad == []
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3))
+def test_auto_mode_switches_per_call_on_total_tokens(worlds, world):
+    """Token counts drawn per rank and call (4 at most), the switch just below every rank's maximum:
+    calls of both modes interleave on the same buffers, every one exact."""
+    for bad in worlds(world).run(_job, 2 * world, 2, 24, 4, "unrouted", 6, throughput_from=4 * world - 1,
+                                 both_modes=True):
         assert bad == []
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
 def test_full_experts_drop_later_entries_and_count_them(worlds, world):
     """Capacity 2 with one expert in every token's top-k: entries past slot 1 are dropped, in order."""
-    for bad in worlds(world).run(_job, 4 * world, 3, 24, 5, "hot", 3, capacity=2):
+    for bad in worlds(world).run(_job, 4 * world, 3, 24, 5, "hot", 3, capacity=2, mode="throughput"):
         assert bad == []
 
 
@@ -169,13 +194,14 @@ def test_every_dtype(worlds, dtype, ids_dtype, w_dtype):
 @pytest.mark.parametrize("world", world_sizes(2, 3))
 def test_fp8_dispatch_scales_per_128_values(worlds, world):
     for bad in worlds(world).run(_job, 2 * world, 2, 256, 4, "random", 3, torch.bfloat16, None, torch.int64,
-                                 torch.float32, True):
+                                 torch.float32, True, "throughput"):
         assert bad == []
 
 
 @pytest.mark.parametrize("world", world_sizes(8))
-def test_world8(worlds, world):
-    for bad in worlds(world).run(_job, 16, 4, 16, 3, "random", 2, timeout=1500):
+@pytest.mark.parametrize("mode", ["latency", "throughput"])
+def test_world8(worlds, world, mode):
+    for bad in worlds(world).run(_job, 16, 4, 16, 3, "random", 2, mode=mode, timeout=1500):
         assert bad == []
 
 
@@ -212,7 +238,8 @@ def _bad_input(ctx):
         errs.append("no error")
     except InvalidInputError:
         errs.append("reused handle")
-    for bad_args in (dict(num_experts=2 * ctx.world + 1), dict(top_k=0), dict(capacity=0), dict(dtype=torch.float32)):
+    for bad_args in (dict(num_experts=2 * ctx.world + 1), dict(top_k=0), dict(capacity=0), dict(dtype=torch.float32),
+                     dict(mode="fast"), dict(throughput_from=-1)):
         try:
             MoEAllToAll(comm, **{**dict(max_tokens=4, hidden=16, num_experts=2 * ctx.world, top_k=2), **bad_args})
             errs.append("no error")
@@ -225,17 +252,17 @@ def _bad_input(ctx):
 
 def test_bad_input_raises_before_waiting(worlds):
     for errs in worlds(2).run(_bad_input):
-        assert errs == ["InvalidInputError"] * 5 + ["ids: reported", "reused handle"] + ["ctor"] * 4, errs
+        assert errs == ["InvalidInputError"] * 5 + ["ids: reported", "reused handle"] + ["ctor"] * 6, errs
 
 
-def _graph_job(ctx):
+def _graph_job(ctx, mode: str):
     """Dispatch, experts and combine captured once in a CUDA graph, replayed with fresh tokens and
     routing copied into its inputs: every replay equals an eager run of the same inputs."""
     comm = make_comm(ctx, heap_bytes=64 << 20)
     experts, k, hidden, t = max(4, 2 * ctx.world), 2, 256, 8
     local = experts // ctx.world
-    eager = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k, name="moe.eager")
-    cap = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k, name="moe.graph")
+    eager = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k, mode=mode, name="moe.eager")
+    cap = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k, mode=mode, name="moe.graph")
     dev = ctx.device
     x, ids, wts = (torch.empty(t, hidden, dtype=torch.bfloat16, device=dev),
                    torch.empty(t, k, dtype=torch.int64, device=dev), torch.empty(t, k, device=dev))
@@ -273,6 +300,7 @@ def _graph_job(ctx):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", world_sizes(2))
-def test_cuda_graph_replays_with_new_routing(worlds, world):
-    for ok in worlds(world).run(_graph_job):
+@pytest.mark.parametrize("mode", ["latency", "throughput"])
+def test_cuda_graph_replays_with_new_routing(worlds, world, mode):
+    for ok in worlds(world).run(_graph_job, mode):
         assert ok == [True] * 4, ok

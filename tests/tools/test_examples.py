@@ -48,5 +48,7 @@ def test_moe_benchmark_runs_and_checks_correctness(worlds):
 
     rep = worlds(2).run(moe_rank, ["tiny"], [3], timeout=900)[0]
     assert len(rep["rows"]) == 6 and all(r["correct"] for r in rep["rows"]), format_moe(rep)
+    both = [r for r in rep["rows"] if r["op"] == "both" and r["dispatch_dtype"] == "bf16"]
+    assert all(r["tritoncomm_latency_us"] and r["tritoncomm_throughput_us"] for r in both), format_moe(rep)
     for r in rep["rows"]:
         assert all(r[key] is not None for key in ("tritoncomm_us", "nccl_a2a_us", "nccl_agrs_us", "tc_agrs_us")), r

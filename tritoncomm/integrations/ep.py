@@ -57,11 +57,11 @@ class ExpertParallelMoE(nn.Module):
 
     def __init__(self, comm: Communicator, router: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
                  down: torch.Tensor, *, top_k: int, max_tokens: int, capacity: int | None = None,
-                 renormalize: bool = True, fp8_dispatch: bool = False) -> None:
+                 renormalize: bool = True, fp8_dispatch: bool = False, mode: str = "auto") -> None:
         super().__init__()
         num_experts, _, hidden = gate.shape
         self.moe = MoEAllToAll(comm, max_tokens=max_tokens, hidden=hidden, num_experts=num_experts, top_k=top_k,
-                               dtype=gate.dtype, capacity=capacity, fp8_dispatch=fp8_dispatch)
+                               dtype=gate.dtype, capacity=capacity, fp8_dispatch=fp8_dispatch, mode=mode)
         local = self.moe.local_experts
         mine = slice(comm.rank * local, (comm.rank + 1) * local)
         dev = comm.device

@@ -3,7 +3,8 @@
 For each shape and token count per rank (random top-k routing, a fresh draw on every rank):
 
 * tritoncomm: ``dispatch``, ``dispatch + combine`` (the expert buffer as ``y``; ``combine`` is their
-  difference), in CUDA graphs (32 calls per graph) and eager; bf16 and FP8 dispatch. Checked first
+  difference), in CUDA graphs (32 calls per graph) and eager; bf16 and FP8 dispatch; with bf16, also
+  with each combine mode forced (``*_latency_us``, ``*_throughput_us``). Checked first
   with identity experts: per-expert counts equal a torch count of the gathered routing, nothing
   dropped, and ``combine(dispatch(x)) == x * sum_j w[t, j]`` within the dtype's rounding.
 * (a) ``nccl_a2a``: the count exchange synced to the host, then ``all_to_all_single`` of each token
@@ -122,11 +123,11 @@ def _case(ctx: RankContext, comm: Communicator, shape: str, t: int) -> list[dict
     cap = _capacity(ctx.world, t, experts, k)
     times: dict[str, float | None] = {}
     ok = True
-    for fp8 in (False, True):
+    for fp8, mode in ((False, "auto"), (True, "auto"), (False, "latency"), (False, "throughput")):
         moe = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k, capacity=cap,
-                          fp8_dispatch=fp8)
+                          fp8_dispatch=fp8, mode=mode)
         ok &= _check_ours(ctx, moe, x, ids, w)
-        sfx = "_fp8" if fp8 else ""
+        sfx = "_fp8" if fp8 else "" if mode == "auto" else "_" + mode
 
         def both(moe: MoEAllToAll = moe) -> None:
             _, _, h = moe.dispatch(x, ids, w)
@@ -134,7 +135,7 @@ def _case(ctx: RankContext, comm: Communicator, shape: str, t: int) -> list[dict
 
         times["dispatch" + sfx] = _time(ctx, lambda moe=moe: moe.dispatch(x, ids, w), graph)
         times["both" + sfx] = _time(ctx, both, graph)
-        times["both_eager" + sfx] = _time(ctx, both, "eager") if cuda else None
+        times["both_eager" + sfx] = _time(ctx, both, "eager") if cuda and mode == "auto" else None
         moe.close()
     a2a = _A2A(ctx, experts // ctx.world)
     times["a2a_dispatch"] = _time(ctx, lambda: a2a.dispatch(x, ids, w), "eager")
@@ -174,10 +175,14 @@ def _case(ctx: RankContext, comm: Communicator, shape: str, t: int) -> list[dict
                          _add(m["tc_dispatch"], m["tc_combine"]))}
         for op, us in ours.items():
             a, b, c = base[op]
+            forced = {} if sfx or op == "dispatch" else {
+                f"tritoncomm_{mode}_us": m["both_" + mode] if op == "both" else
+                _sub(m["both_" + mode], m["dispatch_" + mode]) for mode in ("latency", "throughput")}
             payload = t * hidden * 2 * (2 if op == "both" else 1)
             rows.append({"op": op, "dispatch_dtype": "fp8" if sfx else "bf16", "shape": shape, "tokens": t,
                          "hidden": hidden, "experts": experts, "top_k": k, "capacity": cap, "tritoncomm_us": us,
                          "tritoncomm_eager_us": m["both_eager" + sfx] if op == "both" else None,
+                         **forced,
                          "nccl_a2a_us": a, "nccl_agrs_us": b, "tc_agrs_us": c,
                          "gbps": payload / us / 1e3 if cuda and us and us > 0 else None, "correct": ok})
     return rows
@@ -208,10 +213,12 @@ def moe_rank(ctx: RankContext, shapes: list[str] | None = None, tokens: list[int
 
 def format_moe(rep: dict[str, Any]) -> str:
     out = [f"MoE dispatch/combine, EP{rep['world']}, {rep['device']}, {rep['date']} ({rep['timing']})",
-           f"{'shape':>12} {'tokens':>6} {'op':>8} {'wire':>4} {'tritoncomm':>10} {'GB/s':>6} {'nccl a2a':>9} "
-           f"{'nccl ag/rs':>10} {'tc ag/rs':>9} ok"]
+           f"{'shape':>12} {'tokens':>6} {'op':>8} {'wire':>4} {'tritoncomm':>10} {'GB/s':>6} {'latency':>8} "
+           f"{'thruput':>8} {'nccl a2a':>9} {'nccl ag/rs':>10} {'tc ag/rs':>9} ok"]
     for r in rep["rows"]:
         out.append(f"{r['shape']:>12} {r['tokens']:>6} {r['op']:>8} {r['dispatch_dtype']:>4} "
-                   f"{fmt(r['tritoncomm_us'], '10.1f')} {fmt(r['gbps'], '6.0f')} {fmt(r['nccl_a2a_us'])} "
+                   f"{fmt(r['tritoncomm_us'], '10.1f')} {fmt(r['gbps'], '6.0f')} "
+                   f"{fmt(r.get('tritoncomm_latency_us'), '8.1f')} {fmt(r.get('tritoncomm_throughput_us'), '8.1f')} "
+                   f"{fmt(r['nccl_a2a_us'])} "
                    f"{fmt(r['nccl_agrs_us'], '10.1f')} {fmt(r['tc_agrs_us'])} {'yes' if r['correct'] else 'NO'}")
     return "\n".join(out)

@@ -15,8 +15,15 @@ call, ``top_k`` experts per token, at most ``capacity`` entries per expert and c
   kernel, ``scale = max(amax, 1e-12) / 448``) and the first result is ``(values [local_experts,
   capacity, hidden] e4m3, scales [local_experts, capacity, hidden / 128] fp32)``.
 * ``combine(y, handle)``: ``y [local_experts, capacity, hidden]`` (write it into ``expert_buffer()`` to
-  skip a copy); returns ``out[t] = sum_j topk_weights[t, j] * y_owner[expert, slot]`` accumulated in
-  fp32 in ``j`` order, so the bits never depend on arrival order.
+  skip a copy); returns ``out[t] = sum_j topk_weights[t, j] * y_owner[expert, slot]``: per owner rank
+  the fp32 sum in ``j`` order rounded to the dtype, those partials summed in fp32 in rank order
+  (``combine.py`` states it exactly), so the bits never depend on arrival order nor on the mode.
+  Two modes, chosen on the device per call from the total token count over the ranks: latency
+  (below ``throughput_from``: every rank pulls its tokens' ``top_k`` rows from the owners) and
+  throughput (each owner sums its experts' outputs per token and pushes one row per token home).
+  ``mode="latency"`` or ``"throughput"`` fixes the mode; ``"latency"`` (and ``"auto"`` at world 1,
+  where it always chooses latency) also spares the partials buffer (``world * max_tokens * hidden``
+  elements of the heap).
 
 No host synchronisation: routing stays on the device, so both calls can be captured in CUDA graphs
 and replayed with new routing. Other ids outside ``[0, num_experts)`` are dropped on the device and
@@ -40,7 +47,13 @@ from .combine import launch_combine, moe_combine_kernel
 from .dispatch import launch_send, moe_send_kernel
 from .route import launch_gather, launch_route, moe_gather_kernel, moe_route_kernel
 
-__all__ = ["MoEAllToAll", "MoEHandle"]
+#: ``combine``'s default switch from the latency to the throughput mode: total tokens over the ranks
+#: per call. A first estimate: no run across NVLink has measured the crossover yet (``bench --op moe``
+#: times both modes).
+THROUGHPUT_FROM = 256
+MODES = ("auto", "latency", "throughput")
+
+__all__ = ["MODES", "THROUGHPUT_FROM", "MoEAllToAll", "MoEHandle"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +84,7 @@ class MoEAllToAll:
 
     def __init__(self, comm: Communicator, *, max_tokens: int, hidden: int, num_experts: int, top_k: int,
                  dtype: torch.dtype = torch.bfloat16, capacity: int | None = None, fp8_dispatch: bool = False,
-                 name: str = "moe") -> None:
+                 mode: str = "auto", throughput_from: int = THROUGHPUT_FROM, name: str = "moe") -> None:
         w = comm.world
         for what, v in (("max_tokens", max_tokens), ("hidden", hidden), ("num_experts", num_experts),
                         ("top_k", top_k)):
@@ -81,6 +94,10 @@ class MoEAllToAll:
             raise InvalidInputError(f"MoEAllToAll: {num_experts} experts do not split evenly over {w} ranks")
         if top_k > num_experts:
             raise InvalidInputError(f"MoEAllToAll: top_k {top_k} exceeds {num_experts} experts")
+        if mode not in MODES:
+            raise InvalidInputError(f"MoEAllToAll: mode must be one of {MODES}, got {mode!r}")
+        if not isinstance(throughput_from, int) or throughput_from < 0:
+            raise InvalidInputError(f"MoEAllToAll: throughput_from must be an int >= 0, got {throughput_from!r}")
         if dtype not in (torch.bfloat16, torch.float16):
             raise InvalidInputError(f"MoEAllToAll: dtype must be bf16 or fp16, got {dtype}")
         self.comm, self.world, self.rank = comm, w, comm.rank
@@ -99,15 +116,27 @@ class MoEAllToAll:
         self.shape = replace(sh, block_h=max(sh.block_h, 128)) if self.fp8 else sh
         dev, m, k = comm.device, max_tokens, top_k
         wire = torch.float8_e4m3fn if self.fp8 else dtype
-        # heap: two halves each (the send's epoch parity) of the receive buffer, its scales, the ids table
+        self.mode = mode
+        #: combine's switch, in total tokens per call (the kernel's runtime argument)
+        # (at world 1 the owners are the caller: the throughput mode would only add a pass)
+        self._throughput_from = {"auto": throughput_from if w > 1 else w * m + 1, "latency": w * m + 1,
+                                 "throughput": 0}[mode]
+        # heap: two halves each (the send's epoch parity) of the receive buffer, its scales, the tables of
+        # ids, weights and token counts; the expert buffer; the partials buffer
         self._recv = comm.empty((2, w * m, hidden), wire)
         self._ids = comm.empty((2, w * m * k), torch.int32)
+        self._wtab = comm.empty((2, w * m * k), torch.float32)
+        self._ntab = comm.empty((2, w), torch.int32)
         self._sc = comm.empty((2, w * m, hidden // 128), torch.float32) if self.fp8 else None
         (self._recv_off, self._recv_half), (self._ids_off, self._ids_half) = self._halves(self._recv), \
             self._halves(self._ids)
+        (self._wtab_off, self._wtab_half), (self._ntab_off, self._ntab_half) = self._halves(self._wtab), \
+            self._halves(self._ntab)
         self._sc_off, self._sc_half = self._halves(self._sc) if self.fp8 else (0, 0)
         self._ybuf = comm.empty((self.local_experts, self.capacity, hidden), dtype)
         self._ybuf_off = comm.heap_offset(self._ybuf)
+        self._part = comm.empty((w, m, hidden), dtype) if self._throughput_from <= w * m else None
+        self._part_off = comm.heap_offset(self._part) if self._part is not None else 0
         programs = self.shape.programs
         self._send_ch = Channel(comm, f"{name}.send", programs=programs, barrier_slots=programs)
         self._comb_ch = Channel(comm, f"{name}.combine", programs=programs, barrier_slots=programs)
@@ -119,6 +148,7 @@ class MoEAllToAll:
         self._owner = torch.empty(m, k, **i32)  # per own entry: the expert's rank, or -1
         self._row = torch.empty(m, k, **i32)  # per own entry: local expert * capacity + slot there
         self._src = torch.empty(self.local_experts, self.capacity, **i32)  # per local slot: its receive row
+        self._slot_of = torch.empty(w * m * k, **i32)  # per entry of a local expert: its expert-buffer row or -1
         self._weights = torch.empty(m, k, dtype=torch.float32, device=dev)
         self._counts = torch.empty(self.local_experts, **i32)
         self._out = torch.empty(self.local_experts, self.capacity, hidden, dtype=wire, device=dev)
@@ -154,12 +184,14 @@ class MoEAllToAll:
                     self._bad,
                     max_tokens=self.max_tokens, num_experts=self.num_experts, local=self.local_experts,
                     recv_off=self._recv_off, recv_half=self._recv_half, ids_off=self._ids_off,
-                    ids_half=self._ids_half, sc_off=self._sc_off, sc_half=self._sc_half, fp8=self.fp8,
+                    ids_half=self._ids_half, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
+                    ntab_off=self._ntab_off, ntab_half=self._ntab_half, sc_off=self._sc_off, sc_half=self._sc_half,
+                    fp8=self.fp8,
                     block_h=sh.block_h, num_warps=sh.num_warps)
-        launch_route(self._run_route, self.comm, self._send_ch, self._owner, self._row, self._src, self._counts,
-                     self._bad, max_tokens=self.max_tokens, capacity=self.capacity,
+        launch_route(self._run_route, self.comm, self._send_ch, self._owner, self._row, self._src, self._slot_of,
+                     self._counts, self._bad, max_tokens=self.max_tokens, capacity=self.capacity,
                      local=self.local_experts, top_k=self.top_k, ids_off=self._ids_off, ids_half=self._ids_half,
-                     block_e=sh.block_e, num_warps=sh.num_warps)
+                     ntab_off=self._ntab_off, ntab_half=self._ntab_half, block_e=sh.block_e, num_warps=sh.num_warps)
         launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._src, self._counts,
                       self._bad, self._bad_host.device_addr,
                       recv_off=self._recv_off, recv_half=self._recv_half, sc_off=self._sc_off, sc_half=self._sc_half,
@@ -181,16 +213,21 @@ class MoEAllToAll:
         if y.data_ptr() != self._ybuf.data_ptr():
             self._ybuf.copy_(y)
         out = self._combined
-        launch_combine(self._run_combine, self.comm, self._comb_ch, out, self._weights, self._owner, self._row,
-                       handle.n_tokens, self._ybuf_off, self.shape.block_h, self.shape.num_warps)
+        launch_combine(self._run_combine, self.comm, self._comb_ch, self._send_ch, out, self._weights, self._owner,
+                       self._row, self._slot_of, handle.n_tokens, max_tokens=self.max_tokens,
+                       throughput_from=self._throughput_from, local=self.local_experts, ybuf_off=self._ybuf_off,
+                       ids_off=self._ids_off, ids_half=self._ids_half, wtab_off=self._wtab_off,
+                       wtab_half=self._wtab_half, ntab_off=self._ntab_off, ntab_half=self._ntab_half,
+                       part_off=self._part_off, block_h=self.shape.block_h, num_warps=self.shape.num_warps)
         return out[:handle.n_tokens]
 
     def close(self) -> None:
         """Collective: release the heap memory and channels."""
         for ch in (self._send_ch, self._comb_ch):
             ch.close()
-        for t in (self._recv, self._ids, self._ybuf) + ((self._sc,) if self.fp8 else ()):
-            self.comm.free(t)
+        for t in (self._recv, self._ids, self._wtab, self._ntab, self._ybuf, self._sc, self._part):
+            if t is not None:
+                self.comm.free(t)
         self._bad_host.close()
 
     def _halves(self, t: torch.Tensor) -> tuple[int, int]:

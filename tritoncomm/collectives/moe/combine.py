@@ -1,15 +1,30 @@
-"""MoE combine: every rank reads its tokens' expert outputs from the experts' owners and sums them.
+"""MoE combine: every token's weighted expert outputs summed back on the rank the token came from.
 
-``moe_combine_kernel``: each rank has copied its experts' outputs into its heap buffer before the
-launch (a prior op on its stream); a barrier on slot ``pid`` makes every owner's buffer visible
-(release at arrival covers the owner's earlier stream work). Program ``pid`` then takes tokens
-``pid, pid + grid, ...`` and, for each column block, accumulates ``w[t, j] * y[owner[t, j]][row[t, j]]``
-in fp32 for ``j = 0 .. TOP_K - 1`` in that order, each product rounded before its add (no fused
-multiply-add: the launch turns contraction off, so both worlds and torch's ``acc + w * y`` agree);
-entries with ``owner < 0`` add exactly nothing. The bits depend only on the inputs, never on
-arrival order. An owner's buffer is next written after its next dispatch (by the experts, or by
-``combine``'s copy), and no rank passes that dispatch's send barrier before every peer's combine
-kernel has ended.
+**Numerics, both modes.** ``out[t] = sum_r part_r`` in fp32 over the ranks ``r = 0 .. WORLD - 1`` in
+order, rounded once to the dtype, where ``part_r`` is the sum in fp32 of ``w[t, j] * y_r[expert_j,
+slot_j]`` over the token's kept entries ``j`` on rank ``r`` in ``j`` order, rounded to the dtype (each
+product rounded before its add: the launch turns contraction off, so both worlds and torch's ``acc +
+w * y`` agree; absent terms add exactly nothing). The bits depend only on the inputs, never on
+arrival order nor on the mode, so a token's output does not change with the batch it is in.
+
+``moe_combine_kernel`` chooses its mode on the device from the call's total token count (the count
+table every rank received in dispatch, so every rank makes the same choice): below
+``throughput_from`` tokens, the latency mode; from it on, the throughput mode.
+
+* **Latency mode** (one barrier, then pulls): each owner has copied its experts' outputs into its
+  heap buffer before the launch (a prior op on its stream); a barrier on slot ``pid`` makes every
+  owner's buffer visible (release at arrival covers the owner's earlier stream work). Program ``pid``
+  then takes tokens ``pid, pid + grid, ...`` and loads their ``TOP_K`` rows from the owners' buffers.
+* **Throughput mode** (pushes, then one barrier): program ``pid`` of owner ``r`` takes the rows ``(s,
+  t)`` of every source ``s`` with ``t = pid, pid + grid, ... < n_s`` that have a kept entry on ``r``,
+  sums ``part_r`` from its own buffer with the weights received in dispatch, and stores it into row
+  ``(r, t)`` of source ``s``'s partials buffer: one row per token and rank instead of one per entry.
+  After the barrier on slot ``pid`` (which pairs program ``pid`` everywhere, the programs that wrote
+  and will read rows ``t = pid, pid + grid, ...``), each rank sums its tokens' partials locally.
+
+An owner's expert buffer is next written after its next dispatch (by the experts, or by ``combine``'s
+copy), and a partials buffer is next written in the next combine, after that dispatch; no rank
+passes that dispatch's send barrier before every peer's combine kernel has ended.
 """
 
 from __future__ import annotations
@@ -24,35 +39,130 @@ from ...kernels.launcher import Launcher
 __all__ = ["launch_combine", "moe_combine_kernel"]
 
 
-@triton.jit(do_not_specialize=["rank", "n_tokens"])  # one build whatever the token count
-def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, bases, rank, timeout, diag_addr,
-                       flags_off, epochs_off, ybuf_off, WORLD: tl.constexpr, TOP_K: tl.constexpr,
+@triton.jit
+def _pick(v, kk, j):
+    """Element ``j`` of the small vector ``v`` (exact: one term plus zeros)."""
+    return tl.sum(tl.where(kk == j, v, 0), axis=0)
+
+
+@triton.jit
+def _pull_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, bases, ybuf_off, pid, grid,
+                 WORLD: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Latency mode, after the barrier: every token's rows pulled from their owners. The routing of a
+    token is loaded once, so each column block waits on one round of loads."""
+    DTYPE: tl.constexpr = out_ptr.dtype.element_ty
+    cols = tl.arange(0, BLOCK_H)
+    kk = tl.arange(0, BLOCK_K)
+    km = kk < TOP_K
+    for t in range(pid, n_tokens, grid):
+        owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
+        row = tl.load(row_ptr + t * TOP_K + kk, mask=km, other=0).to(tl.int64) * hidden  # meaningful where owned
+        wt = tl.load(w_ptr + t * TOP_K + kk, mask=km, other=0.0)
+        for c in range(0, hidden, BLOCK_H):
+            m = c + cols < hidden
+            acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+            for r in tl.static_range(WORLD):
+                part = tl.zeros([BLOCK_H], dtype=tl.float32)
+                for j in tl.static_range(TOP_K):  # no branch: the loads are in flight together
+                    on_r = _pick(owner, kk, j) == r
+                    src = heap_ptr(bases, r, ybuf_off, DTYPE, ALIGNED=False) + _pick(row, kk, j) + c + cols
+                    y = tl.load(src, mask=m & on_r, other=0.0).to(tl.float32)
+                    part += tl.where(on_r, _pick(wt, kk, j) * y, 0.0)
+                acc += round_to(part, DTYPE).to(tl.float32)
+            tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, round_to(acc, DTYPE), mask=m)
+
+
+@triton.jit
+def _push_partials(slot_ptr, hidden, max_tokens, bases, rank, ybuf_off, ids, wtab, ntab, part_off, pid, grid,
+                   DTYPE: tl.constexpr, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
+                   BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Throughput mode, before the barrier: this rank's partial of every received token, pushed home."""
+    ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
+    cols = tl.arange(0, BLOCK_H)
+    kk = tl.arange(0, BLOCK_K)
+    km = kk < TOP_K
+    ybuf = heap_ptr(bases, rank, ybuf_off, DTYPE)
+    for s in range(WORLD):
+        for t in range(pid, tl.load(ntab + s), grid):
+            i0 = (s * max_tokens + t) * TOP_K
+            e = tl.load(ids + i0 + kk, mask=km, other=-1)
+            slot = tl.load(slot_ptr + i0 + kk, mask=km, other=-1)  # meaningful where the expert is mine
+            wt = tl.load(wtab + i0 + kk, mask=km, other=0.0)
+            kept = (e >= 0) & (e // LOCAL == rank) & (slot >= 0)
+            slot = tl.where(kept, slot, -1).to(tl.int64) * hidden
+            if tl.sum(kept.to(tl.int32), axis=0) > 0:
+                dst = heap_ptr(bases, s, part_off + tl.cast(rank * max_tokens + t, tl.int64) * hidden * ESIZE, DTYPE,
+                               ALIGNED=False)
+                for c in range(0, hidden, BLOCK_H):
+                    m = c + cols < hidden
+                    part = tl.zeros([BLOCK_H], dtype=tl.float32)
+                    for j in tl.static_range(TOP_K):
+                        at = _pick(slot, kk, j)
+                        y = tl.load(ybuf + tl.maximum(at, 0) + c + cols, mask=m & (at >= 0), other=0.0).to(tl.float32)
+                        part += tl.where(at >= 0, _pick(wt, kk, j) * y, 0.0)
+                    tl.store(dst + c + cols, round_to(part, DTYPE), mask=m)
+
+
+@triton.jit
+def _sum_partials(out_ptr, owner_ptr, n_tokens, hidden, max_tokens, bases, rank, part_off, pid, grid,
+                  WORLD: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, SUM_H: tl.constexpr):
+    """Throughput mode, after the barrier: every token's partials summed in rank order (local reads
+    only, so in wider column blocks than the pulls: more bytes in flight per program)."""
+    DTYPE: tl.constexpr = out_ptr.dtype.element_ty
+    cols = tl.arange(0, SUM_H)
+    kk = tl.arange(0, BLOCK_K)
+    part = heap_ptr(bases, rank, part_off, DTYPE)
+    for t in range(pid, n_tokens, grid):
+        owner = tl.load(owner_ptr + t * TOP_K + kk, mask=kk < TOP_K, other=-1)
+        for c in range(0, hidden, SUM_H):
+            m = c + cols < hidden
+            acc = tl.zeros([SUM_H], dtype=tl.float32)
+            for r in tl.static_range(WORLD):
+                on_r = tl.sum((owner == r).to(tl.int32), axis=0) > 0
+                src = part + tl.cast(r * max_tokens + t, tl.int64) * hidden + c + cols
+                acc += tl.load(src, mask=m & on_r, other=0.0).to(tl.float32)
+            tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, round_to(acc, DTYPE), mask=m)
+
+
+@triton.jit(do_not_specialize=["rank", "n_tokens", "throughput_from"])  # one build whatever the counts
+def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, throughput_from,
+                       bases, rank, timeout, diag_addr, flags_off, epochs_off, send_epochs_off, ybuf_off, ids_off,
+                       ids_half, wtab_off, wtab_half, ntab_off, ntab_half, part_off, WORLD: tl.constexpr,
+                       LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr,
                        BLOCK_H: tl.constexpr):
-    """``out[t] = sum_j w[t, j] * y_owner[row[t, j]]`` (fp32, in ``j`` order) for ``t < n_tokens``."""
+    """``out[t]`` for ``t < n_tokens`` (see the module docstring)."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
-    barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)  # every owner's buffer is written
-    cols = tl.arange(0, BLOCK_H)
-    for t in range(pid, n_tokens, grid):
-        for c in range(0, hidden, BLOCK_H):
-            m = c + cols < hidden
-            acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-            for j in tl.static_range(TOP_K):  # no branch: the TOP_K loads are in flight together
-                owner = tl.load(owner_ptr + t * TOP_K + j)
-                row = tl.load(row_ptr + t * TOP_K + j).to(tl.int64)
-                src = heap_ptr(bases, tl.maximum(owner, 0), ybuf_off, DTYPE, ALIGNED=False) + row * hidden + c + cols
-                y = tl.load(src, mask=m & (owner >= 0), other=0.0).to(tl.float32)
-                acc += tl.where(owner >= 0, tl.load(w_ptr + t * TOP_K + j) * y, 0.0)
-            tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, round_to(acc, DTYPE), mask=m)
+    parity = (tl.load(heap_ptr(bases, rank, send_epochs_off, tl.uint32)) & 1).to(tl.int64)  # the dispatch's half
+    ntab = heap_ptr(bases, rank, ntab_off + parity * ntab_half, tl.int32)
+    ranks = tl.arange(0, BLOCK_W)
+    total = tl.sum(tl.load(ntab + ranks, mask=ranks < WORLD, other=0))
+    if total >= throughput_from:
+        ids = heap_ptr(bases, rank, ids_off + parity * ids_half, tl.int32)
+        wtab = heap_ptr(bases, rank, wtab_off + parity * wtab_half, tl.float32)
+        _push_partials(slot_ptr, hidden, max_tokens, bases, rank, ybuf_off, ids, wtab, ntab, part_off, pid, grid,
+                       DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H)
+        barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)  # every partial of my tokens is here
+        _sum_partials(out_ptr, owner_ptr, n_tokens, hidden, max_tokens, bases, rank, part_off, pid, grid, WORLD, TOP_K,
+                      BLOCK_K, 4 * BLOCK_H)
+    else:
+        barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)  # every owner's buffer is written
+        _pull_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, bases, ybuf_off, pid, grid, WORLD, TOP_K,
+                     BLOCK_K, BLOCK_H)
     epoch_commit(epoch_ptr, e)
 
 
-def launch_combine(run: Launcher, comm, channel, out: torch.Tensor, w: torch.Tensor, owner: torch.Tensor,
-                   row: torch.Tensor, n_tokens: int, ybuf_off: int, block_h: int, num_warps: int) -> None:
+def launch_combine(run: Launcher, comm, channel, send_channel, out: torch.Tensor, w: torch.Tensor,
+                   owner: torch.Tensor, row: torch.Tensor, slot_of: torch.Tensor, n_tokens: int, *, max_tokens: int,
+                   throughput_from: int, local: int, ybuf_off: int, ids_off: int, ids_half: int, wtab_off: int,
+                   wtab_half: int, ntab_off: int, ntab_half: int, part_off: int, block_h: int, num_warps: int) -> None:
     """Launch ``moe_combine_kernel`` through ``run`` (its launcher, one program per SM on GPUs)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
-    run(out, w, owner, row, n_tokens, out.shape[-1], bases, rank, timeout, diag, channel.flags_off, channel.epochs_off,
-        ybuf_off, WORLD=world, TOP_K=w.shape[-1], BLOCK_H=block_h, num_warps=num_warps, enable_fp_fusion=False)
+    run(out, w, owner, row, slot_of, n_tokens, out.shape[-1], max_tokens, throughput_from, bases, rank, timeout, diag,
+        channel.flags_off, channel.epochs_off, send_channel.epochs_off, ybuf_off, ids_off, ids_half, wtab_off,
+        wtab_half, ntab_off, ntab_half, part_off, WORLD=world, LOCAL=local, TOP_K=w.shape[-1],
+        BLOCK_K=triton.next_power_of_2(w.shape[-1]), BLOCK_W=triton.next_power_of_2(world), BLOCK_H=block_h,
+        num_warps=num_warps, enable_fp_fusion=False)

@@ -1,23 +1,25 @@
 """MoE dispatch, step 1 of 3: every rank sends its routing to every rank and each token once to every
 rank that holds one of its experts.
 
-``moe_send_kernel``: program ``pid`` takes the token rows ``t = pid, pid + grid, ... < max_tokens``
-(rows ``t >= n_tokens`` carry no token: their ids are -1). For each row it
+``moe_send_kernel``: program 0 stores the token count ``n_tokens`` into entry ``rank`` of every rank's
+count table; program ``pid`` takes the token rows ``t = pid, pid + grid, ... < n_tokens``. For each
+row it
 
 * reads the ``TOP_K`` expert ids (-1 means "no expert"; any other id outside ``[0, num_experts)``
   is counted in ``bad[0]`` and treated as -1) and weights, keeps the weights for ``combine`` and
   marks the row's entries unrouted (``owner = -1``; step 2 fills in the routed ones);
-* stores the ids into row ``rank * max_tokens + t`` of every rank's ids table, and the token into the
-  same row of the receive buffer of every rank that owns one of its experts (its own included), both
-  in the half given by the launch's epoch parity;
+* stores the ids and the weights (fp32) into row ``rank * max_tokens + t`` of every rank's ids and
+  weights tables, and the token into the same row of the receive buffer of every rank that owns one
+  of its experts (its own included), all in the half given by the launch's epoch parity;
 
 With ``FP8`` the token is sent as e4m3 with one fp32 scale per 128 values (``scale = max(amax,
 1e-12) / 448``, ``q = round(clamp(x / scale, -448, 448))``), the scales into the scale table's row.
 
-Then the kernel arrives at and waits on barrier slot ``pid``. Once the kernel has ended on a rank, every peer's
-programs have made their stores (each before arriving at the barrier its counterpart waited on), so
-the later steps on the stream may read the tables. A rank cannot start launch ``n + 2`` (same
-parity) before every peer has passed launch ``n + 1``'s barriers, i.e. before every peer's stream is
+Rows at or past a source's count are never read, so they are never sent. Then the kernel arrives
+at and waits on barrier slot ``pid``. Once the kernel has ended on a rank, every peer's programs have
+made their stores (each before arriving at the barrier its counterpart waited on), so the later
+steps on the stream may read the tables. A rank cannot start launch ``n + 2`` (same parity) before
+every peer has passed launch ``n + 1``'s barriers, i.e. before every peer's stream is
 past its reads of launch ``n``.
 """
 
@@ -36,7 +38,8 @@ __all__ = ["launch_send", "moe_send_kernel"]
 @triton.jit(do_not_specialize=["rank", "n_tokens", "ids_s0", "ids_s1", "w_s0", "w_s1"])  # one build for every call
 def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, owner_ptr, bad_ptr,
                     n_tokens, hidden, max_tokens, num_experts, bases, rank, timeout, diag_addr, flags_off, epochs_off,
-                    recv_off, recv_half, ids_off, ids_half, sc_off, sc_half, WORLD: tl.constexpr,
+                    recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half,
+                    WORLD: tl.constexpr,
                     LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
                     FP8: tl.constexpr):
     """See the module docstring."""
@@ -52,55 +55,60 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     recv_base = recv_off + half * recv_half
     ids_base = ids_off + half * ids_half
     sc_base = sc_off + half * sc_half
+    wtab_base = wtab_off + half * wtab_half
+    if pid == 0:
+        for d in tl.static_range(WORLD):
+            tl.store(heap_ptr(bases, d, ntab_off + half * ntab_half, tl.int32, ALIGNED=False) + rank, n_tokens)
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     cols = (tl.arange(0, G) * GW)[:, None] + tl.arange(0, GW)[None, :]  # [G, GW]
     groups = tl.arange(0, G)
-    for t in range(pid, max_tokens, grid):
-        live = t < n_tokens
+    for t in range(pid, n_tokens, grid):
         t64 = tl.cast(t, tl.int64)
-        ids = tl.load(ids_ptr + t64 * ids_s0 + kk * ids_s1, mask=km & live, other=-1).to(tl.int32)
+        ids = tl.load(ids_ptr + t64 * ids_s0 + kk * ids_s1, mask=km, other=-1).to(tl.int32)
         bad = km & (ids != -1) & ((ids < 0) | (ids >= num_experts))
         n_bad = tl.sum(bad.to(tl.int32))
         if n_bad > 0:
             tl.atomic_add(bad_ptr, n_bad.to(tl.int64))
         ids = tl.where(bad, -1, ids)
-        wt = tl.load(w_ptr + t64 * w_s0 + kk * w_s1, mask=km & live, other=0.0).to(tl.float32)
+        wt = tl.load(w_ptr + t64 * w_s0 + kk * w_s1, mask=km, other=0.0).to(tl.float32)
         tl.store(wts_ptr + t * TOP_K + kk, wt, mask=km)
         tl.store(owner_ptr + t * TOP_K + kk, tl.full([BLOCK_K], -1, tl.int32), mask=km)
         owner = tl.where(km & (ids >= 0), ids // LOCAL, -1)
         row = tl.cast(rank * max_tokens + t, tl.int64)
         for d in tl.static_range(WORLD):
             tl.store(heap_ptr(bases, d, ids_base + row * TOP_K * 4, tl.int32, ALIGNED=False) + kk, ids, mask=km)
-        if live:
-            for c in range(0, hidden, BLOCK_H):
-                m = c + cols < hidden
-                v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
-                if FP8:
-                    # IEEE divisions (div_rn), as torch computes them: Triton's "/" is approximate on GPUs
-                    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(v.to(tl.float32)), axis=1), 1e-12), 448.0)
-                    q = tl.minimum(tl.maximum(tl.math.div_rn(v.to(tl.float32), scale[:, None]), -448.0), 448.0)
-                    v = round_to(q, DTYPE)
-                for d in tl.static_range(WORLD):
-                    if tl.sum((owner == d).to(tl.int32)) > 0:
-                        dst = heap_ptr(bases, d, recv_base + row * hidden * ESIZE, DTYPE, ALIGNED=False)
-                        tl.store(dst + c + cols, v, mask=m)
-                        if FP8:
-                            gm = c // 128 + groups
-                            sdst = heap_ptr(bases, d, sc_base + row * (hidden // 128) * 4, tl.float32, ALIGNED=False)
-                            tl.store(sdst + gm, scale, mask=c + groups * 128 < hidden)
+            tl.store(heap_ptr(bases, d, wtab_base + row * TOP_K * 4, tl.float32, ALIGNED=False) + kk, wt, mask=km)
+        for c in range(0, hidden, BLOCK_H):
+            m = c + cols < hidden
+            v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
+            if FP8:
+                # IEEE divisions (div_rn), as torch computes them: Triton's "/" is approximate on GPUs
+                scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(v.to(tl.float32)), axis=1), 1e-12), 448.0)
+                q = tl.minimum(tl.maximum(tl.math.div_rn(v.to(tl.float32), scale[:, None]), -448.0), 448.0)
+                v = round_to(q, DTYPE)
+            for d in tl.static_range(WORLD):
+                if tl.sum((owner == d).to(tl.int32)) > 0:
+                    dst = heap_ptr(bases, d, recv_base + row * hidden * ESIZE, DTYPE, ALIGNED=False)
+                    tl.store(dst + c + cols, v, mask=m)
+                    if FP8:
+                        gm = c // 128 + groups
+                        sdst = heap_ptr(bases, d, sc_base + row * (hidden // 128) * 4, tl.float32, ALIGNED=False)
+                        tl.store(sdst + gm, scale, mask=c + groups * 128 < hidden)
     barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     epoch_commit(epoch_ptr, e)
 
 
 def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                 wts: torch.Tensor, owner: torch.Tensor, bad: torch.Tensor, *, max_tokens: int, num_experts: int,
-                local: int, recv_off: int, recv_half: int, ids_off: int, ids_half: int, sc_off: int, sc_half: int,
-                fp8: bool, block_h: int, num_warps: int) -> None:
+                local: int, recv_off: int, recv_half: int, ids_off: int, ids_half: int, wtab_off: int, wtab_half: int,
+                ntab_off: int, ntab_half: int, sc_off: int, sc_half: int, fp8: bool, block_h: int,
+                num_warps: int) -> None:
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     run(x, x.stride(0), ids, ids.stride(0), ids.stride(1), weights, weights.stride(0), weights.stride(1), wts, owner,
         bad, x.shape[0], x.shape[1], max_tokens, num_experts, bases, rank, timeout, diag, channel.flags_off,
-        channel.epochs_off, recv_off, recv_half, ids_off, ids_half, sc_off, sc_half, WORLD=world, LOCAL=local, TOP_K=k,
+        channel.epochs_off, recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off,
+        sc_half, WORLD=world, LOCAL=local, TOP_K=k,
         BLOCK_K=triton.next_power_of_2(k), BLOCK_H=block_h, FP8=fp8, num_warps=num_warps)

@@ -5,11 +5,13 @@ talking: the entries ``i = (source rank, token, j)`` (flattened in that order) o
 slots ``0, 1, ...`` in order; entries at or past ``capacity`` are dropped.
 
 ``moe_route_kernel``: program ``e`` (one per expert, every rank runs all of them) scans the ids table
-in order, keeping a running count. For this rank's own entries of ``e`` it writes where ``combine``
-will find the expert's output (``owner``, and ``row = local expert * capacity + slot``; dropped
-entries keep ``owner = -1`` and are counted in ``bad[1]``). If ``e`` is one of this rank's experts it
-also writes, for each kept entry, the receive row it came from (``src[local expert, slot]``), and
-the expert's count (``min(entries, capacity)``).
+in order, each source's rows below its token count only, keeping a running count. For this rank's
+own entries of ``e`` it writes where ``combine`` will find the expert's output (``owner``, and ``row =
+local expert * capacity + slot``; dropped entries keep ``owner = -1`` and are counted in ``bad[1]``).
+If ``e`` is one of this rank's experts it also writes, for each kept entry, the receive row it came
+from (``src[local expert, slot]``), for each entry its row in the expert buffer or -1 if dropped
+(``slot_of[entry]``, read by the owner-side combine), and the expert's count (``min(entries,
+capacity)``).
 
 ``moe_gather_kernel``: program ``(expert, p)`` copies rows ``slot = p, p + grid_1, ...`` below the
 expert's count from the receive buffer into ``out[expert, slot]`` (and, with ``FP8``, their scales);
@@ -32,34 +34,39 @@ __all__ = ["launch_gather", "launch_route", "moe_gather_kernel", "moe_route_kern
 
 
 @triton.jit(do_not_specialize=["rank"])
-def moe_route_kernel(owner_ptr, row_ptr, src_ptr, counts_ptr, bad_ptr, n_entries, max_tokens, capacity, bases, rank,
-                     epochs_off, ids_off, ids_half, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
-                     BLOCK_E: tl.constexpr):
+def moe_route_kernel(owner_ptr, row_ptr, src_ptr, slot_ptr, counts_ptr, bad_ptr, max_tokens, capacity, bases, rank,
+                     epochs_off, ids_off, ids_half, ntab_off, ntab_half, WORLD: tl.constexpr, LOCAL: tl.constexpr,
+                     TOP_K: tl.constexpr, BLOCK_E: tl.constexpr):
     """See the module docstring."""
     e = tl.program_id(0)
     parity = (tl.load(heap_ptr(bases, rank, epochs_off, tl.uint32)) & 1).to(tl.int64)
     ids = heap_ptr(bases, rank, ids_off + parity * ids_half, tl.int32)
+    ntab = heap_ptr(bases, rank, ntab_off + parity * ntab_half, tl.int32)
     owner = e // LOCAL
     mine = owner == rank
     el = e - owner * LOCAL
-    own_lo = rank * max_tokens * TOP_K
-    own_hi = own_lo + max_tokens * TOP_K
     seen = 0
     dropped = 0
-    for b in range(0, n_entries, BLOCK_E):
-        i = b + tl.arange(0, BLOCK_E)
-        hit = tl.load(ids + i, mask=i < n_entries, other=-1) == e
-        n_hit = tl.sum(hit.to(tl.int32))
-        if n_hit > 0:
-            slot = seen + tl.cumsum(hit.to(tl.int32), 0) - 1
-            keep = hit & (slot < capacity)
-            own = hit & (i >= own_lo) & (i < own_hi)
-            tl.store(owner_ptr + (i - own_lo), tl.where(keep, owner, -1), mask=own)
-            tl.store(row_ptr + (i - own_lo), el * capacity + slot, mask=own & keep)
-            dropped += tl.sum((own & ~keep).to(tl.int32))
-            if mine:
-                tl.store(src_ptr + el * capacity + slot, i // TOP_K, mask=keep)
-            seen += n_hit
+    for s in range(WORLD):
+        n_s = tl.load(ntab + s) * TOP_K  # the source's live entries
+        base = s * max_tokens * TOP_K
+        own = s == rank
+        for b in range(0, n_s, BLOCK_E):
+            k = b + tl.arange(0, BLOCK_E)
+            i = base + k
+            hit = tl.load(ids + i, mask=k < n_s, other=-1) == e
+            n_hit = tl.sum(hit.to(tl.int32))
+            if n_hit > 0:
+                slot = seen + tl.cumsum(hit.to(tl.int32), 0) - 1
+                keep = hit & (slot < capacity)
+                if own:
+                    tl.store(owner_ptr + k, tl.where(keep, owner, -1), mask=hit)
+                    tl.store(row_ptr + k, el * capacity + slot, mask=keep)
+                    dropped += tl.sum((hit & ~keep).to(tl.int32))
+                if mine:
+                    tl.store(src_ptr + el * capacity + slot, i // TOP_K, mask=keep)
+                    tl.store(slot_ptr + i, tl.where(keep, el * capacity + slot, -1), mask=hit)
+                seen += n_hit
     if mine:
         tl.store(counts_ptr + el, tl.minimum(seen, capacity))
     if dropped > 0:
@@ -102,12 +109,13 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, src_ptr, counts_ptr, bad_ptr, bad_hos
 
 
 def launch_route(run: Launcher, comm, channel, owner: torch.Tensor, row: torch.Tensor, src: torch.Tensor,
-                 counts: torch.Tensor, bad: torch.Tensor, *, max_tokens: int, capacity: int, local: int, top_k: int,
-                 ids_off: int, ids_half: int, block_e: int, num_warps: int) -> None:
+                 slot_of: torch.Tensor, counts: torch.Tensor, bad: torch.Tensor, *, max_tokens: int, capacity: int,
+                 local: int, top_k: int, ids_off: int, ids_half: int, ntab_off: int, ntab_half: int, block_e: int,
+                 num_warps: int) -> None:
     """Launch ``moe_route_kernel`` through ``run`` (its launcher: one program per expert)."""
     bases, rank, world, _, _ = comm.kernel_args()
-    run(owner, row, src, counts, bad, world * max_tokens * top_k, max_tokens, capacity, bases, rank,
-        channel.epochs_off, ids_off, ids_half, LOCAL=local, TOP_K=top_k, BLOCK_E=block_e, num_warps=num_warps)
+    run(owner, row, src, slot_of, counts, bad, max_tokens, capacity, bases, rank, channel.epochs_off, ids_off,
+        ids_half, ntab_off, ntab_half, WORLD=world, LOCAL=local, TOP_K=top_k, BLOCK_E=block_e, num_warps=num_warps)
 
 
 def launch_gather(run: Launcher, comm, channel, out: torch.Tensor, scales: torch.Tensor | None, src: torch.Tensor,

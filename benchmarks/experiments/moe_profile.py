@@ -1,7 +1,7 @@
 """Where MoE dispatch/combine time goes: each kernel's GPU time (torch profiler), eager, one shape.
 
     python3 benchmarks/experiments/moe_profile.py --world 1 --tokens 8,4096 [--mode throughput]
-        [--max-tokens 4096]
+        [--max-tokens 4096] [--block-e 4096]
 
 ``--max-tokens`` sizes the instance for more tokens than each call carries (decode calls on an
 instance sized for prefill).
@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 from collections import defaultdict
+from dataclasses import replace
 
 import torch
 
 from tritoncomm.channels import Communicator
 from tritoncomm.collectives import MoEAllToAll
+from tritoncomm.collectives.moe import SHAPES
 from tritoncomm.config import CommConfig
 from tritoncomm.launch import LocalWorld
 from tritoncomm.tools.moebench import MOE_SHAPES, _capacity
@@ -26,14 +28,16 @@ def _step(moe: MoEAllToAll, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor)
     moe.combine(moe.expert_buffer(), h)
 
 
-def _rank(ctx, shape: str, tokens: list[int], mode: str, max_tokens: int | None):
+def _rank(ctx, shape: str, tokens: list[int], mode: str, max_tokens: int | None, block_e: int | None):
     hidden, experts, k = MOE_SHAPES[shape]
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=4 << 30))
+    sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
+    launch = replace(SHAPES["cuda"], programs=sms, block_e=block_e) if block_e else None
     out = {}
     for t in tokens:
         m = max(max_tokens or t, t)
         moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
-                          capacity=_capacity(ctx.world, m, experts, k), mode=mode)
+                          capacity=_capacity(ctx.world, m, experts, k), mode=mode, shape=launch)
         x = torch.randn(t, hidden, device=ctx.device).to(torch.bfloat16)
         ids = torch.rand(t, experts, device=ctx.device).topk(k).indices
         w = torch.rand(t, k, device=ctx.device)
@@ -63,12 +67,14 @@ def main() -> None:
     p.add_argument("--tokens", default="8,4096")
     p.add_argument("--mode", default="auto", choices=("auto", "latency", "throughput"))
     p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument("--block-e", type=int, default=None, help="routing entries per step of the route kernel")
     a = p.parse_args()
     with LocalWorld(a.world, "cuda") as world:
-        rep = world.run(_rank, a.shape, [int(t) for t in a.tokens.split(",")], a.mode, a.max_tokens, timeout=600)[0]
+        rep = world.run(_rank, a.shape, [int(t) for t in a.tokens.split(",")], a.mode, a.max_tokens, a.block_e,
+                         timeout=600)[0]
     for t, per in rep.items():
-        print(f"{a.shape} EP{a.world} {t} tokens/rank (max_tokens {a.max_tokens or t}, mode {a.mode}): GPU us per "
-              "dispatch+combine, by kernel")
+        print(f"{a.shape} EP{a.world} {t} tokens/rank (max_tokens {a.max_tokens or t}, mode {a.mode}, "
+              f"block_e {a.block_e or 'default'}): GPU us per dispatch+combine, by kernel")
         for name, us in sorted(per.items(), key=lambda kv: -kv[1]):
             print(f"  {us:9.1f}  {name}")
 

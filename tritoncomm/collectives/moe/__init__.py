@@ -53,12 +53,12 @@ from .route import launch_gather, launch_route, moe_gather_kernel, moe_route_ker
 THROUGHPUT_FROM = 256
 MODES = ("auto", "latency", "throughput")
 
-__all__ = ["MODES", "THROUGHPUT_FROM", "MoEAllToAll", "MoEHandle"]
+__all__ = ["MODES", "SHAPES", "THROUGHPUT_FROM", "MoEAllToAll", "MoEHandle", "MoEShape"]
 
 
 @dataclass(frozen=True)
 class MoEShape:
-    """Launch shape for one backend."""
+    """Launch shape for one backend (``MoEAllToAll(shape=...)`` overrides the default)."""
 
     programs: int  #: send and combine programs (one barrier slot each; on GPUs, the SM count)
     block_h: int  #: columns per step
@@ -66,6 +66,14 @@ class MoEShape:
     gather_programs: int  #: programs per expert in the gather kernel
     block_s: int  #: rows per step of the gather kernel
     num_warps: int
+
+    def __post_init__(self) -> None:
+        for name in ("block_h", "block_e", "block_s"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise InvalidInputError(f"MoEShape: {name} must be a power of two, got {v}")
+        if self.programs < 1 or self.gather_programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):
+            raise InvalidInputError(f"MoEShape: bad programs or warps in {self}")
 
 
 SHAPES = {"cuda": MoEShape(132, 1024, 1024, 4, 4, 4), "cpu": MoEShape(2, 64, 64, 1, 4, 1)}
@@ -84,7 +92,8 @@ class MoEAllToAll:
 
     def __init__(self, comm: Communicator, *, max_tokens: int, hidden: int, num_experts: int, top_k: int,
                  dtype: torch.dtype = torch.bfloat16, capacity: int | None = None, fp8_dispatch: bool = False,
-                 mode: str = "auto", throughput_from: int = THROUGHPUT_FROM, name: str = "moe") -> None:
+                 mode: str = "auto", throughput_from: int = THROUGHPUT_FROM, shape: MoEShape | None = None,
+                 name: str = "moe") -> None:
         w = comm.world
         for what, v in (("max_tokens", max_tokens), ("hidden", hidden), ("num_experts", num_experts),
                         ("top_k", top_k)):
@@ -113,6 +122,10 @@ class MoEAllToAll:
         sh = SHAPES[comm.backend]
         if comm.backend == "cuda":  # one send/combine program per SM
             sh = replace(sh, programs=torch.cuda.get_device_properties(comm.device).multi_processor_count)
+        if shape is not None:
+            if not isinstance(shape, MoEShape):
+                raise InvalidInputError(f"MoEAllToAll: shape must be a MoEShape, got {shape!r}")
+            sh = shape
         self.shape = replace(sh, block_h=max(sh.block_h, 128)) if self.fp8 else sh
         dev, m, k = comm.device, max_tokens, top_k
         wire = torch.float8_e4m3fn if self.fp8 else dtype

@@ -239,7 +239,7 @@ def _bad_input(ctx):
     except InvalidInputError:
         errs.append("reused handle")
     for bad_args in (dict(num_experts=2 * ctx.world + 1), dict(top_k=0), dict(capacity=0), dict(dtype=torch.float32),
-                     dict(mode="fast"), dict(throughput_from=-1)):
+                     dict(mode="fast"), dict(throughput_from=-1), dict(shape=(2, 64, 64, 1, 4, 1))):
         try:
             MoEAllToAll(comm, **{**dict(max_tokens=4, hidden=16, num_experts=2 * ctx.world, top_k=2), **bad_args})
             errs.append("no error")
@@ -252,7 +252,7 @@ def _bad_input(ctx):
 
 def test_bad_input_raises_before_waiting(worlds):
     for errs in worlds(2).run(_bad_input):
-        assert errs == ["InvalidInputError"] * 5 + ["ids: reported", "reused handle"] + ["ctor"] * 6, errs
+        assert errs == ["InvalidInputError"] * 5 + ["ids: reported", "reused handle"] + ["ctor"] * 7, errs
 
 
 def _graph_job(ctx, mode: str):

@@ -151,6 +151,8 @@ class TritonCommProcessGroup(ProcessGroup):
         self._group_id = group_id
         self._delegate = ProcessGroup(rank, size)  # the inner backends, behind torch's own dispatch
         self._logged: set[str] = set()
+        #: The latest delegated call's work, held until the next one replaces it (see ``_delegated``).
+        self._last_delegated: Any = None
         gloo = dist.ProcessGroupGloo(dist.PrefixStore("tritoncomm/gloo/", store), rank, size, timeout)
         gloo.options.global_ranks_in_group = list(global_ranks)
         gloo.options.group_name = group_id
@@ -203,7 +205,13 @@ class TritonCommProcessGroup(ProcessGroup):
         if what not in self._logged:
             self._logged.add(what)
             log.info("tritoncomm backend: group %s hands %s to its inner gloo/NCCL backend", self._group_id, what)
-        return getattr(self._delegate, method)(*args)
+        work = getattr(self._delegate, method)(*args)
+        # Gloo's worker thread drops its reference to a finished work while holding the process group's
+        # lock; were that the last one, freeing the work's tensors would need the GIL there, while the
+        # caller's next call holds the GIL and waits for that lock (a deadlock seen in the CPU world).
+        # Holding the work here makes the caller's thread the one that frees it, with no lock held.
+        self._last_delegated = work
+        return work
 
     def _work(self, outputs: list[torch.Tensor], opts: Any) -> TritonCommWork:
         if opts is not None and getattr(opts, "asyncOp", False) and self._serve_type == "cuda":
@@ -318,6 +326,7 @@ class TritonCommProcessGroup(ProcessGroup):
 
     def _close(self) -> None:
         self.device = None  # nothing is served from here on
+        self._last_delegated = None
         if self.comm is not None:
             for c in (self.ar, self.ag, self.rs):
                 c.close()

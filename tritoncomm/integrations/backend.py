@@ -201,15 +201,18 @@ class TritonCommProcessGroup(ProcessGroup):
     def _ok(self, t: torch.Tensor) -> bool:
         return t.device == self.device and t.dtype in SUPPORTED_DTYPES and t.is_contiguous()
 
-    def _delegated(self, what: str, method: str, *args: Any) -> Any:
+    def _delegated(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``method`` of the inner backend. Every delegated call goes through here, from Python, so the
+        caller's thread waits for the inner backend with the GIL released: gloo's worker thread may
+        need the GIL while it holds the process group's lock (to free a finished work whose tensors
+        Python no longer references), and a caller holding the GIL while it waits for that lock
+        deadlocks (seen in the CPU world when an operation with no Python method here went straight to
+        torch's C++ dispatch). The latest work is also held here, so that its last reference is
+        usually the caller's."""
         if what not in self._logged:
             self._logged.add(what)
             log.info("tritoncomm backend: group %s hands %s to its inner gloo/NCCL backend", self._group_id, what)
-        work = getattr(self._delegate, method)(*args)
-        # Gloo's worker thread drops its reference to a finished work while holding the process group's
-        # lock; were that the last one, freeing the work's tensors would need the GIL there, while the
-        # caller's next call holds the GIL and waits for that lock (a deadlock seen in the CPU world).
-        # Holding the work here makes the caller's thread the one that frees it, with no lock held.
+        work = getattr(self._delegate, method)(*args, **kwargs)
         self._last_delegated = work
         return work
 
@@ -340,3 +343,21 @@ class TritonCommProcessGroup(ProcessGroup):
     def abort(self) -> None:
         self._close()
         self._delegate.abort()
+
+
+#: Operations never served: forwarded to the inner backend through ``_delegated``.
+FORWARDED = ("broadcast", "alltoall_base", "alltoall", "send", "recv", "recv_anysource", "barrier", "reduce",
+             "gather", "scatter")
+
+
+def _forwarder(name: str) -> Callable[..., Any]:
+    def forward(self: TritonCommProcessGroup, *args: Any, **kwargs: Any) -> Any:
+        return self._delegated(f"{name}", name, *args, **kwargs)
+
+    forward.__name__ = forward.__qualname__ = name
+    forward.__doc__ = f"``{name}``: the inner backend's (see ``_delegated``)."
+    return forward
+
+
+for _name in FORWARDED:
+    setattr(TritonCommProcessGroup, _name, _forwarder(_name))

@@ -16,11 +16,12 @@ table every rank received in dispatch, so every rank makes the same choice): bel
   owner's buffer visible (release at arrival covers the owner's earlier stream work). Program ``pid``
   then takes tokens ``pid, pid + grid, ...`` and loads their ``TOP_K`` rows from the owners' buffers.
 * **Throughput mode** (pushes, then one barrier): program ``pid`` of owner ``r`` takes the rows ``(s,
-  t)`` of every source ``s`` with ``t = pid, pid + grid, ... < n_s`` that have a kept entry on ``r``,
-  sums ``part_r`` from its own buffer with the weights received in dispatch, and stores it into row
-  ``(r, t)`` of source ``s``'s partials buffer: one row per token and rank instead of one per entry.
-  After the barrier on slot ``pid`` (which pairs program ``pid`` everywhere, the programs that wrote
-  and will read rows ``t = pid, pid + grid, ...``), each rank sums its tokens' partials locally.
+  t)`` of every other source ``s`` with ``t = pid, pid + grid, ... < n_s`` that have a kept entry on
+  ``r``, sums ``part_r`` from its own buffer with the weights received in dispatch, and stores it into
+  row ``(r, t)`` of source ``s``'s partials buffer: one row per token and rank instead of one per
+  entry. After the barrier on slot ``pid`` (which pairs program ``pid`` everywhere, the programs that
+  wrote and will read rows ``t = pid, pid + grid, ...``), each rank computes its own partial of its
+  tokens from its own buffer and adds the peers' from its partials buffer, in rank order.
 
 An owner's expert buffer is next written after its next dispatch (by the experts, or by ``combine``'s
 copy), and a partials buffer is next written in the next combine, after that dispatch; no rank
@@ -46,14 +47,19 @@ def _pick(v, kk, j):
 
 
 @triton.jit
-def _pull_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, bases, ybuf_off, pid, grid,
-                 WORLD: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Latency mode, after the barrier: every token's rows pulled from their owners. The routing of a
-    token is loaded once, so each column block waits on one round of loads."""
+def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, bases, rank, ybuf_off, part_off,
+                from_partials, pid, grid, WORLD: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+                BLOCK_H: tl.constexpr):
+    """Both modes, after the barrier: every token's partials in rank order. Rank ``r``'s partial is
+    summed here from ``r``'s expert buffer (latency mode; in throughput mode for ``r`` = this rank
+    only) or read from this rank's partials buffer (throughput mode, peers). A token's routing is
+    loaded once, so each column block waits on one round of loads; no branch: they are in flight
+    together."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     cols = tl.arange(0, BLOCK_H)
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
+    part = heap_ptr(bases, rank, part_off, DTYPE)
     for t in range(pid, n_tokens, grid):
         owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
         row = tl.load(row_ptr + t * TOP_K + kk, mask=km, other=0).to(tl.int64) * hidden  # meaningful where owned
@@ -62,13 +68,17 @@ def _pull_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, bases, yb
             m = c + cols < hidden
             acc = tl.zeros([BLOCK_H], dtype=tl.float32)
             for r in tl.static_range(WORLD):
-                part = tl.zeros([BLOCK_H], dtype=tl.float32)
-                for j in tl.static_range(TOP_K):  # no branch: the loads are in flight together
-                    on_r = _pick(owner, kk, j) == r
+                pushed = from_partials & (r != rank)  # r's partial is in the partials buffer
+                summed = tl.zeros([BLOCK_H], dtype=tl.float32)
+                for j in tl.static_range(TOP_K):
+                    on_r = (_pick(owner, kk, j) == r) & ~pushed
                     src = heap_ptr(bases, r, ybuf_off, DTYPE, ALIGNED=False) + _pick(row, kk, j) + c + cols
                     y = tl.load(src, mask=m & on_r, other=0.0).to(tl.float32)
-                    part += tl.where(on_r, _pick(wt, kk, j) * y, 0.0)
-                acc += round_to(part, DTYPE).to(tl.float32)
+                    summed += tl.where(on_r, _pick(wt, kk, j) * y, 0.0)
+                has_r = tl.sum((owner == r).to(tl.int32), axis=0) > 0
+                got = tl.load(part + tl.cast(r * max_tokens + t, tl.int64) * hidden + c + cols, mask=m & pushed & has_r,
+                              other=0.0).to(tl.float32)
+                acc += tl.where(pushed, got, round_to(summed, DTYPE).to(tl.float32))
             tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, round_to(acc, DTYPE), mask=m)
 
 
@@ -76,14 +86,16 @@ def _pull_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, bases, yb
 def _push_partials(slot_ptr, hidden, max_tokens, bases, rank, ybuf_off, ids, wtab, ntab, part_off, pid, grid,
                    DTYPE: tl.constexpr, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
                    BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Throughput mode, before the barrier: this rank's partial of every received token, pushed home."""
+    """Throughput mode, before the barrier: this rank's partial of every token received from a peer,
+    pushed to the token's home."""
     ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
     cols = tl.arange(0, BLOCK_H)
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     ybuf = heap_ptr(bases, rank, ybuf_off, DTYPE)
     for s in range(WORLD):
-        for t in range(pid, tl.load(ntab + s), grid):
+        n_s = tl.where(s == rank, 0, tl.load(ntab + s))  # this rank's own tokens: summed in _sum_tokens
+        for t in range(pid, n_s, grid):
             i0 = (s * max_tokens + t) * TOP_K
             e = tl.load(ids + i0 + kk, mask=km, other=-1)
             slot = tl.load(slot_ptr + i0 + kk, mask=km, other=-1)  # meaningful where the expert is mine
@@ -103,27 +115,6 @@ def _push_partials(slot_ptr, hidden, max_tokens, bases, rank, ybuf_off, ids, wta
                     tl.store(dst + c + cols, round_to(part, DTYPE), mask=m)
 
 
-@triton.jit
-def _sum_partials(out_ptr, owner_ptr, n_tokens, hidden, max_tokens, bases, rank, part_off, pid, grid,
-                  WORLD: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, SUM_H: tl.constexpr):
-    """Throughput mode, after the barrier: every token's partials summed in rank order (local reads
-    only, so in wider column blocks than the pulls: more bytes in flight per program)."""
-    DTYPE: tl.constexpr = out_ptr.dtype.element_ty
-    cols = tl.arange(0, SUM_H)
-    kk = tl.arange(0, BLOCK_K)
-    part = heap_ptr(bases, rank, part_off, DTYPE)
-    for t in range(pid, n_tokens, grid):
-        owner = tl.load(owner_ptr + t * TOP_K + kk, mask=kk < TOP_K, other=-1)
-        for c in range(0, hidden, SUM_H):
-            m = c + cols < hidden
-            acc = tl.zeros([SUM_H], dtype=tl.float32)
-            for r in tl.static_range(WORLD):
-                on_r = tl.sum((owner == r).to(tl.int32), axis=0) > 0
-                src = part + tl.cast(r * max_tokens + t, tl.int64) * hidden + c + cols
-                acc += tl.load(src, mask=m & on_r, other=0.0).to(tl.float32)
-            tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, round_to(acc, DTYPE), mask=m)
-
-
 @triton.jit(do_not_specialize=["rank", "n_tokens", "throughput_from"])  # one build whatever the counts
 def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, throughput_from,
                        bases, rank, timeout, diag_addr, flags_off, epochs_off, send_epochs_off, ybuf_off, ids_off,
@@ -140,18 +131,16 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
     ntab = heap_ptr(bases, rank, ntab_off + parity * ntab_half, tl.int32)
     ranks = tl.arange(0, BLOCK_W)
     total = tl.sum(tl.load(ntab + ranks, mask=ranks < WORLD, other=0))
-    if total >= throughput_from:
+    from_partials = total >= throughput_from
+    if from_partials:
         ids = heap_ptr(bases, rank, ids_off + parity * ids_half, tl.int32)
         wtab = heap_ptr(bases, rank, wtab_off + parity * wtab_half, tl.float32)
         _push_partials(slot_ptr, hidden, max_tokens, bases, rank, ybuf_off, ids, wtab, ntab, part_off, pid, grid,
                        DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H)
-        barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)  # every partial of my tokens is here
-        _sum_partials(out_ptr, owner_ptr, n_tokens, hidden, max_tokens, bases, rank, part_off, pid, grid, WORLD, TOP_K,
-                      BLOCK_K, 4 * BLOCK_H)
-    else:
-        barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)  # every owner's buffer is written
-        _pull_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, bases, ybuf_off, pid, grid, WORLD, TOP_K,
-                     BLOCK_K, BLOCK_H)
+    # latency mode: every owner's buffer is written; throughput mode: every peer's partial of my tokens is here
+    barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
+    _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, bases, rank, ybuf_off, part_off,
+                from_partials, pid, grid, WORLD, TOP_K, BLOCK_K, BLOCK_H)
     epoch_commit(epoch_ptr, e)
 
 

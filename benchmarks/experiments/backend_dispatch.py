@@ -9,18 +9,11 @@ cProfile of ``dist.all_reduce`` on the group. Not part of the library:
 
 from __future__ import annotations
 
-import argparse
-import cProfile
-import io
-import json
-import pstats
-import time
-
 import torch
 import torch.distributed as dist
+from hosttime import host_us, main_for, profile_text  # benchmarks/experiments/, the script's directory
 
 from tritoncomm.integrations.backend import register
-from tritoncomm.launch import launch
 
 
 class _NoOp:
@@ -31,17 +24,6 @@ class _NoOp:
 
     def close(self) -> None:
         pass
-
-
-def _host_us(fn, n: int, device: torch.device) -> float:
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize(device)
-    return (time.perf_counter() - t0) / n * 1e6
 
 
 def dispatch_rank(ctx, n: int) -> dict | None:
@@ -57,37 +39,13 @@ def dispatch_rank(ctx, n: int) -> dict | None:
         for name, fn in {"direct": lambda: g.ar(x, x), "method": lambda: g.allreduce([x], opts),
                          "dist.all_reduce": lambda: dist.all_reduce(x, group=g)}.items():
             ctx.barrier()
-            rows[f"{label} {name}"] = _host_us(fn, n, ctx.device)
+            rows[f"{label} {name}"] = host_us(fn, n, ctx.device)
     ctx.barrier()
-    rows["nccl dist.all_reduce"] = _host_us(lambda: dist.all_reduce(x, group=ctx.group), n, ctx.device)
-    prof = None
-    if ctx.rank == 0:
-        pr = cProfile.Profile()
-        pr.enable()
-        for _ in range(n):
-            dist.all_reduce(x, group=g)
-        pr.disable()
-        s = io.StringIO()
-        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(20)
-        prof = s.getvalue()
+    rows["nccl dist.all_reduce"] = host_us(lambda: dist.all_reduce(x, group=ctx.group), n, ctx.device)
+    prof = profile_text(lambda: dist.all_reduce(x, group=g), n, 20) if ctx.rank == 0 else None
     dist.destroy_process_group(g)
     return {"rank": ctx.rank, "host_us_per_call": rows, "profile_rank0": prof}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--json", default=None)
-    a = ap.parse_args()
-    reps = launch(dispatch_rank, a.world, a.calls, backend="cuda", timeout=600)
-    for r in reps:
-        print(f"rank {r['rank']}: " + ", ".join(f"{k} {v:.2f}" for k, v in r["host_us_per_call"].items()))
-    print(reps[0]["profile_rank0"])
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(reps, f, indent=1)
-
-
 if __name__ == "__main__":
-    main()
+    main_for(dispatch_rank, 2000)

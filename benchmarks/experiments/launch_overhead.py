@@ -19,33 +19,14 @@ short path's parts one by one (``anatomy``), and rank 0's cProfile of the direct
 
 from __future__ import annotations
 
-import argparse
-import cProfile
-import io
-import json
-import pstats
 import time
 
 import torch
 import torch.distributed as dist
+from hosttime import host_us, main_for, profile_text  # benchmarks/experiments/, the script's directory
 
 import tritoncomm as tc
 from tritoncomm.integrations.backend import register
-from tritoncomm.launch import launch
-
-
-def _host_us(fn, n: int, device: torch.device) -> float:
-    """Host time per call: the best of 5 loops of ``n`` calls, timed before the stream is drained
-    (``n`` stays below the launch queue's depth, so the GPU never holds the host back)."""
-    best = float("inf")
-    for _ in range(5):
-        torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, time.perf_counter() - t0)
-    torch.cuda.synchronize(device)
-    return best / n * 1e6
 
 
 def _anatomy(ctx, ar: tc.AllReduce, x: torch.Tensor, out: torch.Tensor, n: int) -> dict[str, float]:
@@ -66,16 +47,16 @@ def _anatomy(ctx, ar: tc.AllReduce, x: torch.Tensor, out: torch.Tensor, n: int) 
     stream = driver.active.get_current_stream(dev)
     g = ln._dims
     return {
-        f"anatomy ({algo.name}): Launcher call, short path": _host_us(lambda: ln(*args, **kw), n, ctx.device),
-        "anatomy: signature key": _host_us(
+        f"anatomy ({algo.name}): Launcher call, short path": host_us(lambda: ln(*args, **kw), n, ctx.device),
+        "anatomy: signature key": host_us(
             lambda: (dev, *kw.items(), *[spec(be, a, False, True, True) for a in args]), n, ctx.device),
-        "anatomy: device + stream queries": _host_us(
+        "anatomy: device + stream queries": host_us(
             lambda: driver.active.get_current_stream(driver.active.get_current_device()), n, ctx.device),
-        "anatomy: compiled kernel's run": _host_us(
+        "anatomy: compiled kernel's run": host_us(
             lambda: kernel.run(*g, stream, kernel.function, kernel.packed_metadata, None, None, None, *args, *tail),
             n, ctx.device),
-        "anatomy: Triton kernel[grid]": _host_us(lambda: algo.kernel[ln.grid](*args, **kw), n, ctx.device),
-        "anatomy: comm.kernel_args + pow2_divisor": _host_us(lambda: (ar.comm.kernel_args(), x.numel() & -x.numel()),
+        "anatomy: Triton kernel[grid]": host_us(lambda: algo.kernel[ln.grid](*args, **kw), n, ctx.device),
+        "anatomy: comm.kernel_args + pow2_divisor": host_us(lambda: (ar.comm.kernel_args(), x.numel() & -x.numel()),
                                                              n, ctx.device),
     }
 
@@ -141,30 +122,21 @@ def overhead_rank(ctx, n: int) -> dict:
                 ln.fast = f and mode == "short"
             for name, fn in cases.items():
                 ctx.barrier()
-                t = _host_us(fn, n, ctx.device)
+                t = host_us(fn, n, ctx.device)
                 rows[f"{mode}: {name}"] = min(t, rows.get(f"{mode}: {name}", t))
     for ln, f in zip(launchers, fast, strict=True):
         ln.fast = f
     for a in ar._algos.values():  # our Python alone: the launch replaced by a no-op
         a.launcher, a._saved = (lambda *args, **kw: None), a.launcher
     ctx.barrier()
-    rows["no launch: AllReduce direct"] = _host_us(lambda: ar(x, out), n, ctx.device)
+    rows["no launch: AllReduce direct"] = host_us(lambda: ar(x, out), n, ctx.device)
     for a in ar._algos.values():
         a.launcher = a._saved
     rows.update(_anatomy(ctx, ar, x, out, n))
     if ctx.world > 1:
         ctx.barrier()
-        rows["NCCL dist.all_reduce"] = _host_us(lambda: dist.all_reduce(x, group=ctx.group), n, ctx.device)
-    prof = None
-    if ctx.rank == 0:
-        pr = cProfile.Profile()
-        pr.enable()
-        for _ in range(n):
-            ar(x, out)
-        pr.disable()
-        s = io.StringIO()
-        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(15)
-        prof = s.getvalue()
+        rows["NCCL dist.all_reduce"] = host_us(lambda: dist.all_reduce(x, group=ctx.group), n, ctx.device)
+    prof = profile_text(lambda: ar(x, out), n, 15) if ctx.rank == 0 else None
     torch.cuda.synchronize(ctx.device)
     dist.destroy_process_group(g)
     moe.close()
@@ -175,22 +147,5 @@ def overhead_rank(ctx, n: int) -> dict:
             "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--calls", type=int, default=500)
-    ap.add_argument("--json", default=None)
-    a = ap.parse_args()
-    reps = launch(overhead_rank, a.world, a.calls, backend="cuda", timeout=600)
-    for r in reps:
-        print(f"rank {r['rank']} (world {r['world']}, {r['device']}): mismatches {r['check_mismatches']}")
-        for k, v in r["host_us_per_call"].items():
-            print(f"  {k:45s} {v:8.2f} us")
-    print(reps[0]["profile_rank0"])
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(reps, f, indent=1)
-
-
 if __name__ == "__main__":
-    main()
+    main_for(overhead_rank, 500)

@@ -81,12 +81,11 @@ class Launcher:
         if self.fast and len(args) <= self._positional and self._runtime_names.isdisjoint(kwargs) \
                 and _hook_idle(knobs.runtime.launch_enter_hook) and _hook_idle(knobs.runtime.launch_exit_hook):
             dev = self._device()
-            spec, be = native_specialize_impl, self._backend
-            if be is None:  # Triton's per-device state exists once it has launched here
+            if self._backend is None:  # Triton's per-device state exists once it has launched here
                 self.fn[self.grid](*args, **kwargs)
                 self._backend = self.fn.device_caches[dev][3]
                 return
-            key = (dev, *kwargs.items(), *[spec(be, a, False, True, True) for a in args])
+            key = self._key(dev, args, kwargs)
             try:
                 hit = self._cache.get(key)
             except TypeError:  # an unhashable constexpr or option value: Triton's path
@@ -112,10 +111,14 @@ class Launcher:
         yet with their signature, or not launched through the short path at all)."""
         if not self.fast or self._backend is None:
             return None
-        key = (self._device(), *kwargs.items(),
-               *[native_specialize_impl(self._backend, a, False, True, True) for a in args])
-        hit = self._cache.get(key) if self._runtime_names.isdisjoint(kwargs) else None
+        hit = self._cache.get(self._key(self._device(), args, kwargs)) if self._runtime_names.isdisjoint(kwargs) \
+            else None
         return None if hit is None else hit[0]
+
+    def _key(self, dev: int, args: tuple, kwargs: dict[str, Any]) -> tuple:
+        """The signature (module docstring)."""
+        be = self._backend
+        return (dev, *kwargs.items(), *[native_specialize_impl(be, a, False, True, True) for a in args])
 
     def _tail(self, npos: int, kwargs: dict[str, Any]) -> tuple:
         """The values of the parameters after the positional ones, in order: as passed, else defaults."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import pickle
+import uuid
 from typing import Any, Protocol
 
 import torch.distributed as dist
@@ -33,23 +34,53 @@ class Bootstrap(Protocol):
 
 
 class GroupBootstrap:
-    """Bootstrap over a CPU process group (gloo)."""
+    """Bootstrap over a CPU process group (gloo).
+
+    Untimed barriers are gloo collectives. Timed barriers go through the group's key-value store
+    instead, so that every rank gives up at its own deadline: gloo's ``monitored_barrier`` makes
+    the ranks other than 0 wait for rank 0's answer for the group's whole timeout (often many
+    minutes) once rank 0 has given up. The store keys carry rank 0's token, agreed on the first
+    ``all_gather``; a timed barrier before any ``all_gather`` uses ``monitored_barrier``."""
 
     def __init__(self, group: dist.ProcessGroup | None = None) -> None:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
+        self._token = uuid.uuid4().hex
+        self._prefix: str | None = None
+        self._timed = 0
 
     def all_gather(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
+        dist.all_gather_object(out, (self._token, obj), group=self.group)
+        if self._prefix is None:
+            self._prefix = f"tritoncomm/bootstrap/{out[0][0]}"
+        return [o for _, o in out]
 
     def barrier(self, timeout: float | None = None) -> None:
         if timeout is None:
             self.all_gather(None)
-        else:
+            return
+        store = self._store()
+        if store is None or self._prefix is None:
             dist.monitored_barrier(self.group, timeout=datetime.timedelta(seconds=timeout), wait_all_ranks=True)
+            return
+        key = f"{self._prefix}/{self._timed}"
+        self._timed += 1
+        if store.add(key, 1) == self.world:
+            store.set(f"{key}/all", b"1")
+        try:
+            store.wait([f"{key}/all"], datetime.timedelta(seconds=timeout))
+        except Exception as e:  # the store raises its own timeout type
+            arrived = store.add(key, 0)
+            raise TimeoutError(f"rank {self.rank}: {arrived} of {self.world} ranks reached the barrier "
+                               f"within {timeout:g} s") from e
+
+    def _store(self) -> dist.Store | None:
+        try:
+            return dist.distributed_c10d._get_process_group_store(self.group or dist.group.WORLD)
+        except Exception:
+            return None
 
 
 class StoreBootstrap:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tritoncomm.collectives.moe import MoEAllToAll
+from tritoncomm.collectives.moe import MoEAllToAll, MoEShape
 from tritoncomm.errors import InvalidInputError
 
 from ..helpers import make_comm, warm_up_for_capture, world_sizes
@@ -99,12 +99,12 @@ def _combined(x, wts, where, n: int, k: int, local: int, world: int, dtype, fp8:
 
 def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, reps: int, dtype=torch.bfloat16,
          capacity=None, ids_dtype=torch.int64, w_dtype=torch.float32, fp8=False, mode="auto", throughput_from=256,
-         both_modes=False):
+         both_modes=False, shape=None):
     comm = make_comm(ctx, heap_bytes=64 << 20)
     w, r, dev = ctx.world, ctx.rank, ctx.device
     local = experts // w
     moe = MoEAllToAll(comm, max_tokens=max_tokens, hidden=hidden, num_experts=experts, top_k=k, dtype=dtype,
-                      capacity=capacity, fp8_dispatch=fp8, mode=mode, throughput_from=throughput_from)
+                      capacity=capacity, fp8_dispatch=fp8, mode=mode, throughput_from=throughput_from, shape=shape)
     cap = moe.capacity
     bad, dropped, totals = [], 0, []
     for rep in range(reps):
@@ -195,6 +195,18 @@ def test_every_dtype(worlds, dtype, ids_dtype, w_dtype):
 def test_fp8_dispatch_scales_per_128_values(worlds, world):
     for bad in worlds(world).run(_job, 2 * world, 2, 256, 4, "random", 3, torch.bfloat16, None, torch.int64,
                                  torch.float32, True, "throughput"):
+        assert bad == []
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3))
+@pytest.mark.parametrize("mode,fp8", [("latency", False), ("throughput", False), ("throughput", True)])
+def test_rows_split_over_programs_by_column_blocks(worlds, world, mode, fp8):
+    """More programs than rows: rows' column blocks spread over programs (send, gather, both combine
+    modes), for every token count from 0 to 6; the last block partial."""
+    shape = MoEShape(programs=6, block_h=128 if fp8 else 16, block_e=8, gather_programs=3, block_s=2, num_warps=1)
+    hidden = 384 if fp8 else 40
+    for bad in worlds(world).run(_job, 2 * world, 2, hidden, 6, "unrouted", 4, torch.bfloat16, None, torch.int64,
+                                 torch.float32, fp8, mode, shape=shape):
         assert bad == []
 
 

@@ -14,14 +14,18 @@ table every rank received in dispatch, so every rank makes the same choice): bel
 * **Latency mode** (one barrier, then pulls): each owner has copied its experts' outputs into its
   heap buffer before the launch (a prior op on its stream); a barrier on slot ``pid`` makes every
   owner's buffer visible (release at arrival covers the owner's earlier stream work). Program ``pid``
-  then takes tokens ``pid, pid + grid, ...`` and loads their ``TOP_K`` rows from the owners' buffers.
-* **Throughput mode** (pushes, then one barrier): program ``pid`` of owner ``r`` takes the rows ``(s,
-  t)`` of every other source ``s`` with ``t = pid, pid + grid, ... < n_s`` that have a kept entry on
-  ``r``, sums ``part_r`` from its own buffer with the weights received in dispatch, and stores it into
-  row ``(r, t)`` of source ``s``'s partials buffer: one row per token and rank instead of one per
-  entry. After the barrier on slot ``pid`` (which pairs program ``pid`` everywhere, the programs that
-  wrote and will read rows ``t = pid, pid + grid, ...``), each rank computes its own partial of its
-  tokens from its own buffer and adds the peers' from its partials buffer, in rank order.
+  then takes the work items ``pid, pid + grid, ...``, item ``i`` being token ``i // shares`` and its
+  column blocks ``i % shares, i % shares + shares, ...`` (``shares = column_shares(n_tokens)``: at
+  decode a token's blocks spread over programs), and loads the token's ``TOP_K`` rows there from
+  the owners' buffers.
+* **Throughput mode** (pushes, then one barrier): program ``pid`` of owner ``r`` takes, for every
+  other source ``s``, the items ``pid, pid + grid, ...`` of ``s``'s ``n_s`` tokens (the same split,
+  from ``n_s``) that have a kept entry on ``r``, sums ``part_r`` there from its own buffer with the
+  weights received in dispatch, and stores it into row ``(r, t)`` of source ``s``'s partials buffer:
+  one row per token and rank instead of one per entry. After the barrier on slot ``pid`` (which
+  pairs program ``pid`` everywhere: the programs that wrote and will read the same items), each
+  rank computes its own partial of its tokens from its own buffer and adds the peers' from its
+  partials buffer, in rank order.
 
 An owner's expert buffer is next written after its next dispatch (by the experts, or by ``combine``'s
 copy), and a partials buffer is next written in the next combine, after that dispatch; no rank
@@ -36,6 +40,7 @@ import triton.language as tl
 
 from ...kernels import barrier, epoch_commit, heap_ptr, program_epoch, round_to
 from ...kernels.launcher import Launcher
+from .shares import column_shares
 
 __all__ = ["launch_combine", "moe_combine_kernel"]
 
@@ -52,19 +57,21 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
                 BLOCK_H: tl.constexpr):
     """Both modes, after the barrier: every token's partials in rank order. Rank ``r``'s partial is
     summed here from ``r``'s expert buffer (latency mode; in throughput mode for ``r`` = this rank
-    only) or read from this rank's partials buffer (throughput mode, peers). A token's routing is
-    loaded once, so each column block waits on one round of loads; no branch: they are in flight
-    together."""
+    only) or read from this rank's partials buffer (throughput mode, peers). The work items are
+    (token, share of its column blocks) (``column_shares``); an item's routing is loaded once, so each
+    column block waits on one round of loads; no branch: they are in flight together."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     cols = tl.arange(0, BLOCK_H)
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     part = heap_ptr(bases, rank, part_off, DTYPE)
-    for t in range(pid, n_tokens, grid):
+    shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
+    for item in range(pid, n_tokens * shares, grid):
+        t = item // shares
         owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
         row = tl.load(row_ptr + t * TOP_K + kk, mask=km, other=0).to(tl.int64) * hidden  # meaningful where owned
         wt = tl.load(w_ptr + t * TOP_K + kk, mask=km, other=0.0)
-        for c in range(0, hidden, BLOCK_H):
+        for c in range((item % shares) * BLOCK_H, hidden, shares * BLOCK_H):
             m = c + cols < hidden
             acc = tl.zeros([BLOCK_H], dtype=tl.float32)
             for r in tl.static_range(WORLD):
@@ -95,7 +102,9 @@ def _push_partials(slot_ptr, hidden, max_tokens, bases, rank, ybuf_off, ids, wta
     ybuf = heap_ptr(bases, rank, ybuf_off, DTYPE)
     for s in range(WORLD):
         n_s = tl.where(s == rank, 0, tl.load(ntab + s))  # this rank's own tokens: summed in _sum_tokens
-        for t in range(pid, n_s, grid):
+        shares = column_shares(n_s, hidden, grid, BLOCK_H)  # as the home splits them in _sum_tokens
+        for item in range(pid, n_s * shares, grid):
+            t = item // shares
             i0 = (s * max_tokens + t) * TOP_K
             e = tl.load(ids + i0 + kk, mask=km, other=-1)
             slot = tl.load(slot_ptr + i0 + kk, mask=km, other=-1)  # meaningful where the expert is mine
@@ -105,7 +114,7 @@ def _push_partials(slot_ptr, hidden, max_tokens, bases, rank, ybuf_off, ids, wta
             if tl.sum(kept.to(tl.int32), axis=0) > 0:
                 dst = heap_ptr(bases, s, part_off + tl.cast(rank * max_tokens + t, tl.int64) * hidden * ESIZE, DTYPE,
                                ALIGNED=False)
-                for c in range(0, hidden, BLOCK_H):
+                for c in range((item % shares) * BLOCK_H, hidden, shares * BLOCK_H):
                     m = c + cols < hidden
                     part = tl.zeros([BLOCK_H], dtype=tl.float32)
                     for j in tl.static_range(TOP_K):

@@ -2,15 +2,19 @@
 rank that holds one of its experts.
 
 ``moe_send_kernel``: program 0 stores the token count ``n_tokens`` into entry ``rank`` of every rank's
-count table; program ``pid`` takes the token rows ``t = pid, pid + grid, ... < n_tokens``. For each
-row it
+count table; program ``pid`` takes the work items ``pid, pid + grid, ...``, item ``i`` being token row
+``t = i // shares`` and its column blocks ``i % shares, i % shares + shares, ...`` (``shares =
+column_shares(n_tokens)``: at decode a row's blocks spread over programs). For each row
 
-* reads the ``TOP_K`` expert ids (-1 means "no expert"; any other id outside ``[0, num_experts)``
-  is counted in ``bad[0]`` and treated as -1) and weights, keeps the weights for ``combine`` and
-  marks the row's entries unrouted (``owner = -1``; step 2 fills in the routed ones);
-* stores the ids and the weights (fp32) into row ``rank * max_tokens + t`` of every rank's ids and
-  weights tables, and the token into the same row of the receive buffer of every rank that owns one
-  of its experts (its own included), all in the half given by the launch's epoch parity;
+* its first item reads the ``TOP_K`` expert ids (-1 means "no expert"; any other id outside ``[0,
+  num_experts)`` is counted in ``bad[0]`` and treated as -1) and weights, keeps the weights for
+  ``combine``, marks the row's entries unrouted (``owner = -1``; step 2 fills in the routed ones),
+  and stores the ids and the weights (fp32) into row ``rank * max_tokens + t`` of every rank's ids
+  and weights tables;
+* every item stores its column blocks of the token into the same row of the receive buffer of every
+  rank that owns one of its experts (its own included);
+
+all in the half given by the launch's epoch parity.
 
 With ``FP8`` the token is sent as e4m3 with one fp32 scale per 128 values (``scale = max(amax,
 1e-12) / 448``, ``q = round(clamp(x / scale, -448, 448))``), the scales into the scale table's row.
@@ -31,6 +35,7 @@ import triton.language as tl
 
 from ...kernels import barrier, epoch_commit, heap_ptr, program_epoch, round_to
 from ...kernels.launcher import Launcher
+from .shares import column_shares
 
 __all__ = ["launch_send", "moe_send_kernel"]
 
@@ -63,23 +68,28 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     km = kk < TOP_K
     cols = (tl.arange(0, G) * GW)[:, None] + tl.arange(0, GW)[None, :]  # [G, GW]
     groups = tl.arange(0, G)
-    for t in range(pid, n_tokens, grid):
+    shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
+    for item in range(pid, n_tokens * shares, grid):
+        t = item // shares
+        first = item % shares == 0  # the item that also sends the token's routing
         t64 = tl.cast(t, tl.int64)
         ids = tl.load(ids_ptr + t64 * ids_s0 + kk * ids_s1, mask=km, other=-1).to(tl.int32)
         bad = km & (ids != -1) & ((ids < 0) | (ids >= num_experts))
         n_bad = tl.sum(bad.to(tl.int32))
-        if n_bad > 0:
+        if first and n_bad > 0:
             tl.atomic_add(bad_ptr, n_bad.to(tl.int64))
         ids = tl.where(bad, -1, ids)
-        wt = tl.load(w_ptr + t64 * w_s0 + kk * w_s1, mask=km, other=0.0).to(tl.float32)
-        tl.store(wts_ptr + t * TOP_K + kk, wt, mask=km)
-        tl.store(owner_ptr + t * TOP_K + kk, tl.full([BLOCK_K], -1, tl.int32), mask=km)
         owner = tl.where(km & (ids >= 0), ids // LOCAL, -1)
         row = tl.cast(rank * max_tokens + t, tl.int64)
-        for d in tl.static_range(WORLD):
-            tl.store(heap_ptr(bases, d, ids_base + row * TOP_K * 4, tl.int32, ALIGNED=False) + kk, ids, mask=km)
-            tl.store(heap_ptr(bases, d, wtab_base + row * TOP_K * 4, tl.float32, ALIGNED=False) + kk, wt, mask=km)
-        for c in range(0, hidden, BLOCK_H):
+        if first:
+            wt = tl.load(w_ptr + t64 * w_s0 + kk * w_s1, mask=km, other=0.0).to(tl.float32)
+            tl.store(wts_ptr + t * TOP_K + kk, wt, mask=km)
+            tl.store(owner_ptr + t * TOP_K + kk, tl.full([BLOCK_K], -1, tl.int32), mask=km)
+            for d in tl.static_range(WORLD):
+                tl.store(heap_ptr(bases, d, ids_base + row * TOP_K * 4, tl.int32, ALIGNED=False) + kk, ids, mask=km)
+                tl.store(heap_ptr(bases, d, wtab_base + row * TOP_K * 4, tl.float32, ALIGNED=False) + kk, wt,
+                         mask=km)
+        for c in range((item % shares) * BLOCK_H, hidden, shares * BLOCK_H):
             m = c + cols < hidden
             v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
             if FP8:

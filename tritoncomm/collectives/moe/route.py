@@ -13,8 +13,9 @@ from (``src[local expert, slot]``), for each entry its row in the expert buffer 
 (``slot_of[entry]``, read by the owner-side combine), and the expert's count (``min(entries,
 capacity)``).
 
-``moe_gather_kernel``: program ``(expert, p)`` copies rows ``slot = p, p + grid_1, ...`` below the
-expert's count from the receive buffer into ``out[expert, slot]`` (and, with ``FP8``, their scales);
+``moe_gather_kernel``: programs ``(expert, p)`` copy the rows below the expert's count from the
+receive buffer into ``out[expert, slot]`` (and, with ``FP8``, their scales), ``BLOCK_S`` rows at a
+time, program ``p`` taking the items ``p, p + grid_1, ...`` of those row blocks (``shares.py``);
 program ``(0, 0)`` also copies the two problem counters into host-mapped words, which the host
 reads without synchronising.
 
@@ -29,6 +30,7 @@ import triton.language as tl
 
 from ...kernels import heap_ptr
 from ...kernels.launcher import Launcher
+from .shares import column_shares
 
 __all__ = ["launch_gather", "launch_route", "moe_gather_kernel", "moe_route_kernel"]
 
@@ -90,15 +92,17 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, src_ptr, counts_ptr, bad_ptr, bad_hos
         tl.store(bad_host_addr.to(tl.pointer_type(tl.int64)) + two, tl.load(bad_ptr + two))
     cols = tl.arange(0, BLOCK_H)
     out = out_ptr + tl.cast(el, tl.int64) * capacity * hidden
-    for s0 in range(p * BLOCK_S, count, grid * BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)
+    row_blocks = tl.cdiv(count, BLOCK_S)
+    shares = column_shares(row_blocks, hidden, grid, BLOCK_H)
+    for item in range(p, row_blocks * shares, grid):
+        s = item // shares * BLOCK_S + tl.arange(0, BLOCK_S)
         sm = s < count
         src = tl.load(src_ptr + el * capacity + s, mask=sm, other=0).to(tl.int64)
-        for c in range(0, hidden, BLOCK_H):
+        for c in range((item % shares) * BLOCK_H, hidden, shares * BLOCK_H):
             m = sm[:, None] & (c + cols < hidden)[None, :]
             v = tl.load(recv + src[:, None] * hidden + c + cols[None, :], mask=m)
             tl.store(out + s[:, None].to(tl.int64) * hidden + c + cols[None, :], v, mask=m)
-        if FP8:
+        if FP8 and item % shares == 0:
             groups = hidden // 128
             sc = heap_ptr(bases, rank, sc_off + parity * sc_half, tl.float32)
             sc_out = sc_out_ptr + tl.cast(el, tl.int64) * capacity * groups

@@ -1,0 +1,25 @@
+"""How the MoE kernels split rows of ``hidden`` columns over their programs.
+
+A program that takes a whole row waits on one round of loads per column block, one after another;
+at decode there are fewer rows than programs, so most programs would idle while a few walk their
+rows' blocks. Work items are therefore (row, share of its column blocks): item ``i`` is row ``i //
+shares`` and its blocks ``i % shares, i % shares + shares, ...``, and program ``pid`` takes items
+``pid, pid + grid, ...``. Two kernels that split the same row count the same way give the same item
+to the same program.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["column_shares"]
+
+
+@triton.jit
+def column_shares(n_rows, hidden, grid, BLOCK_H: tl.constexpr):
+    """How many programs share one row's column blocks: the programs left over per row, at least
+    1 and at most the number of blocks. Few rows (decode) spread each row's blocks over programs,
+    whose loads are then in flight together; with at least ``grid`` rows each program takes whole
+    rows."""
+    return tl.minimum(tl.maximum(grid // tl.maximum(n_rows, 1), 1), tl.cdiv(hidden, BLOCK_H))

@@ -350,3 +350,42 @@ def test_rank_zero_and_one_get_the_same_specialisation():
                       WORLD=2, CH=16, BLOCK_C=512, GEMMA=False, FP8=False)[1]
 
     assert spec(0) == spec(1) == spec(2) == spec(3)
+
+
+def _moe_ptx(kernel: str) -> str:
+    from tritoncomm.collectives.moe import combine, dispatch, route
+
+    i64 = dict.fromkeys(("epochs_off", "recv_off", "recv_half", "sc_off", "sc_half"), "i64")
+    if kernel == "send":
+        sig = {"x_ptr": "*bf16", "x_stride": "i32", "ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32",
+               "w_ptr": "*fp32", "w_s0": "i32", "w_s1": "i32", "wts_ptr": "*fp32", "owner_ptr": "*i32",
+               "bad_ptr": "*i64", "n_tokens": "i32", "hidden": "i32", "max_tokens": "i32", "num_experts": "i32",
+               **COMMON, "flags_off": "i64", **i64, **dict.fromkeys(("ids_off", "ids_half", "wtab_off", "wtab_half",
+                                                                    "ntab_off", "ntab_half"), "i64")}
+        fn, cx = dispatch.moe_send_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_H": 1024,
+                                            "FP8": False}
+    elif kernel == "gather":
+        sig = {"out_ptr": "*bf16", "sc_out_ptr": "*bf16", "src_ptr": "*i32", "counts_ptr": "*i32", "bad_ptr": "*i64",
+               "bad_host_addr": "i64", "hidden": "i32", "capacity": "i32", "bases": "*i64", "rank": "i32", **i64}
+        fn, cx = route.moe_gather_kernel, {"BLOCK_S": 4, "BLOCK_H": 1024, "FP8": False}
+    else:
+        sig = {"out_ptr": "*bf16", "w_ptr": "*fp32", "owner_ptr": "*i32", "row_ptr": "*i32", "slot_ptr": "*i32",
+               "n_tokens": "i32", "hidden": "i32", "max_tokens": "i32", "throughput_from": "i32", **COMMON,
+               **dict.fromkeys(("flags_off", "epochs_off", "send_epochs_off", "ybuf_off", "ids_off", "ids_half",
+                                "wtab_off", "wtab_half", "ntab_off", "ntab_half", "part_off"), "i64")}
+        fn, cx = combine.moe_combine_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_W": 2,
+                                              "BLOCK_H": 1024}
+    # as launched: tensors and hidden (7168) divisible by 16; the counts and rank are not
+    sized = ("hidden", "capacity", "max_tokens", "num_experts", "x_stride")
+    aligned = {k for k, v in sig.items() if v.startswith("*") or k in sized or k.endswith(("_off", "_half"))}
+    return compile_ptx(fn, sig, cx, aligned)
+
+
+def test_moe_kernels_move_tokens_in_16_byte_vectors():
+    """The send kernel's stores into peers' receive buffers, the gather's copies and the combine's
+    stores (its output and pushed partials) are 16-byte vector accesses, with no 2-byte stores."""
+    for kernel in ("send", "gather", "combine"):
+        o = ops(_moe_ptx(kernel))
+        assert o["st.global.v4.b32"] >= 1 and o["st.global.b16"] == 0, (kernel, o)
+        if kernel != "combine":  # combine's loads through picked row offsets stay 2-byte (docs/moe.md)
+            assert o["ld.global.v4.b32"] >= 1, (kernel, o)

@@ -14,9 +14,9 @@ table every rank received in dispatch, so every rank makes the same choice): bel
 * **Latency mode** (one barrier, then pulls): each owner has copied its experts' outputs into its
   heap buffer before the launch (a prior op on its stream); a barrier on slot ``pid`` makes every
   owner's buffer visible (release at arrival covers the owner's earlier stream work). Program ``pid``
-  then takes the work items ``pid, pid + grid, ...``, item ``i`` being token ``i // shares`` and its
-  column blocks ``i % shares, i % shares + shares, ...`` (``shares = column_shares(n_tokens)``: at
-  decode a token's blocks spread over programs), and loads the token's ``TOP_K`` rows there from
+  then takes the work items ``pid, pid + grid, ...``, item ``i`` being token ``i // shares`` and the
+  ``i % shares``-th run of its column blocks (``shares.py``; ``shares = column_shares(n_tokens)``:
+  at decode a token's blocks spread over programs), and loads the token's ``TOP_K`` rows there from
   the owners' buffers.
 * **Throughput mode** (pushes, then one barrier): program ``pid`` of owner ``r`` takes, for every
   other source ``s``, the items ``pid, pid + grid, ...`` of ``s``'s ``n_s`` tokens (the same split,
@@ -40,7 +40,7 @@ import triton.language as tl
 
 from ...kernels import barrier, epoch_commit, heap_ptr, program_epoch, round_to
 from ...kernels.launcher import Launcher
-from .shares import column_shares
+from .shares import column_shares, share_columns
 
 __all__ = ["launch_combine", "moe_combine_kernel"]
 
@@ -69,9 +69,12 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
     for item in range(pid, n_tokens * shares, grid):
         t = item // shares
         owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
+        # the row offsets as a vector, picked whole: the loads through them stay 2-byte loads, which
+        # measured faster here than 16-byte ones (docs/moe.md, "Loads")
         row = tl.load(row_ptr + t * TOP_K + kk, mask=km, other=0).to(tl.int64) * hidden  # meaningful where owned
         wt = tl.load(w_ptr + t * TOP_K + kk, mask=km, other=0.0)
-        for c in range((item % shares) * BLOCK_H, hidden, shares * BLOCK_H):
+        lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
+        for c in range(lo, hi, BLOCK_H):
             m = c + cols < hidden
             acc = tl.zeros([BLOCK_H], dtype=tl.float32)
             for r in tl.static_range(WORLD):
@@ -79,7 +82,7 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
                 summed = tl.zeros([BLOCK_H], dtype=tl.float32)
                 for j in tl.static_range(TOP_K):
                     on_r = (_pick(owner, kk, j) == r) & ~pushed
-                    src = heap_ptr(bases, r, ybuf_off, DTYPE, ALIGNED=False) + _pick(row, kk, j) + c + cols
+                    src = heap_ptr(bases, r, ybuf_off, DTYPE) + _pick(row, kk, j) + c + cols
                     y = tl.load(src, mask=m & on_r, other=0.0).to(tl.float32)
                     summed += tl.where(on_r, _pick(wt, kk, j) * y, 0.0)
                 has_r = tl.sum((owner == r).to(tl.int32), axis=0) > 0
@@ -95,7 +98,6 @@ def _push_partials(slot_ptr, hidden, max_tokens, bases, rank, ybuf_off, ids, wta
                    BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
     """Throughput mode, before the barrier: this rank's partial of every token received from a peer,
     pushed to the token's home."""
-    ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
     cols = tl.arange(0, BLOCK_H)
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
@@ -110,11 +112,11 @@ def _push_partials(slot_ptr, hidden, max_tokens, bases, rank, ybuf_off, ids, wta
             slot = tl.load(slot_ptr + i0 + kk, mask=km, other=-1)  # meaningful where the expert is mine
             wt = tl.load(wtab + i0 + kk, mask=km, other=0.0)
             kept = (e >= 0) & (e // LOCAL == rank) & (slot >= 0)
-            slot = tl.where(kept, slot, -1).to(tl.int64) * hidden
+            slot = tl.where(kept, slot, -1).to(tl.int64) * hidden  # picked whole, as in _sum_tokens
             if tl.sum(kept.to(tl.int32), axis=0) > 0:
-                dst = heap_ptr(bases, s, part_off + tl.cast(rank * max_tokens + t, tl.int64) * hidden * ESIZE, DTYPE,
-                               ALIGNED=False)
-                for c in range((item % shares) * BLOCK_H, hidden, shares * BLOCK_H):
+                dst = heap_ptr(bases, s, part_off, DTYPE) + tl.cast(rank * max_tokens + t, tl.int64) * hidden
+                lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
+                for c in range(lo, hi, BLOCK_H):
                     m = c + cols < hidden
                     part = tl.zeros([BLOCK_H], dtype=tl.float32)
                     for j in tl.static_range(TOP_K):

@@ -3,7 +3,7 @@ rank that holds one of its experts.
 
 ``moe_send_kernel``: program 0 stores the token count ``n_tokens`` into entry ``rank`` of every rank's
 count table; program ``pid`` takes the work items ``pid, pid + grid, ...``, item ``i`` being token row
-``t = i // shares`` and its column blocks ``i % shares, i % shares + shares, ...`` (``shares =
+``t = i // shares`` and the ``i % shares``-th run of its column blocks (``shares.py``; ``shares =
 column_shares(n_tokens)``: at decode a row's blocks spread over programs). For each row
 
 * its first item reads the ``TOP_K`` expert ids (-1 means "no expert"; any other id outside ``[0,
@@ -35,7 +35,7 @@ import triton.language as tl
 
 from ...kernels import barrier, epoch_commit, heap_ptr, program_epoch, round_to
 from ...kernels.launcher import Launcher
-from .shares import column_shares
+from .shares import column_shares, share_columns
 
 __all__ = ["launch_send", "moe_send_kernel"]
 
@@ -51,7 +51,6 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
-    ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1  # scale groups per column block
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     diag = diag_addr.to(tl.pointer_type(tl.int64))
@@ -81,15 +80,16 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
         ids = tl.where(bad, -1, ids)
         owner = tl.where(km & (ids >= 0), ids // LOCAL, -1)
         row = tl.cast(rank * max_tokens + t, tl.int64)
-        if first:
-            wt = tl.load(w_ptr + t64 * w_s0 + kk * w_s1, mask=km, other=0.0).to(tl.float32)
-            tl.store(wts_ptr + t * TOP_K + kk, wt, mask=km)
-            tl.store(owner_ptr + t * TOP_K + kk, tl.full([BLOCK_K], -1, tl.int32), mask=km)
-            for d in tl.static_range(WORLD):
-                tl.store(heap_ptr(bases, d, ids_base + row * TOP_K * 4, tl.int32, ALIGNED=False) + kk, ids, mask=km)
-                tl.store(heap_ptr(bases, d, wtab_base + row * TOP_K * 4, tl.float32, ALIGNED=False) + kk, wt,
-                         mask=km)
-        for c in range((item % shares) * BLOCK_H, hidden, shares * BLOCK_H):
+        # masked, not branched: a load inside a branch would hold the row's first column loads back
+        wt = tl.load(w_ptr + t64 * w_s0 + kk * w_s1, mask=km, other=0.0).to(tl.float32)
+        fm = km & first
+        tl.store(wts_ptr + t * TOP_K + kk, wt, mask=fm)
+        tl.store(owner_ptr + t * TOP_K + kk, tl.full([BLOCK_K], -1, tl.int32), mask=fm)
+        for d in tl.static_range(WORLD):
+            tl.store(heap_ptr(bases, d, ids_base + row * TOP_K * 4, tl.int32, ALIGNED=False) + kk, ids, mask=fm)
+            tl.store(heap_ptr(bases, d, wtab_base + row * TOP_K * 4, tl.float32, ALIGNED=False) + kk, wt, mask=fm)
+        lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
+        for c in range(lo, hi, BLOCK_H):
             m = c + cols < hidden
             v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
             if FP8:
@@ -99,7 +99,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                 v = round_to(q, DTYPE)
             for d in tl.static_range(WORLD):
                 if tl.sum((owner == d).to(tl.int32)) > 0:
-                    dst = heap_ptr(bases, d, recv_base + row * hidden * ESIZE, DTYPE, ALIGNED=False)
+                    dst = heap_ptr(bases, d, recv_base, DTYPE) + row * hidden  # 16-byte vectors when hidden allows
                     tl.store(dst + c + cols, v, mask=m)
                     if FP8:
                         gm = c // 128 + groups

@@ -30,7 +30,7 @@ import triton.language as tl
 
 from ...kernels import heap_ptr
 from ...kernels.launcher import Launcher
-from .shares import column_shares
+from .shares import column_shares, share_columns
 
 __all__ = ["launch_gather", "launch_route", "moe_gather_kernel", "moe_route_kernel"]
 
@@ -98,7 +98,8 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, src_ptr, counts_ptr, bad_ptr, bad_hos
         s = item // shares * BLOCK_S + tl.arange(0, BLOCK_S)
         sm = s < count
         src = tl.load(src_ptr + el * capacity + s, mask=sm, other=0).to(tl.int64)
-        for c in range((item % shares) * BLOCK_H, hidden, shares * BLOCK_H):
+        lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
+        for c in range(lo, hi, BLOCK_H):
             m = sm[:, None] & (c + cols < hidden)[None, :]
             v = tl.load(recv + src[:, None] * hidden + c + cols[None, :], mask=m)
             tl.store(out + s[:, None].to(tl.int64) * hidden + c + cols[None, :], v, mask=m)

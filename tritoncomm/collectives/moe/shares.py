@@ -3,9 +3,10 @@
 A program that takes a whole row waits on one round of loads per column block, one after another;
 at decode there are fewer rows than programs, so most programs would idle while a few walk their
 rows' blocks. Work items are therefore (row, share of its column blocks): item ``i`` is row ``i //
-shares`` and its blocks ``i % shares, i % shares + shares, ...``, and program ``pid`` takes items
-``pid, pid + grid, ...``. Two kernels that split the same row count the same way give the same item
-to the same program.
+shares`` and the ``i % shares``-th of ``shares`` runs of consecutive column blocks
+(``share_columns``), and program ``pid`` takes items ``pid, pid + grid, ...``. A run's loop keeps
+the constant step ``BLOCK_H``, as a whole row's does. Two kernels that split the same row count
+the same way give the same item to the same program.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["column_shares"]
+__all__ = ["column_shares", "share_columns"]
 
 
 @triton.jit
@@ -23,3 +24,13 @@ def column_shares(n_rows, hidden, grid, BLOCK_H: tl.constexpr):
     whose loads are then in flight together; with at least ``grid`` rows each program takes whole
     rows."""
     return tl.minimum(tl.maximum(grid // tl.maximum(n_rows, 1), 1), tl.cdiv(hidden, BLOCK_H))
+
+
+@triton.jit
+def share_columns(part, shares, hidden, BLOCK_H: tl.constexpr):
+    """Columns ``[lo, hi)`` of share ``part`` of ``shares``: a run of whole blocks (the last one
+    ending at ``hidden``); iterate ``range(lo, hi, BLOCK_H)`` and mask columns at ``hidden``."""
+    blocks = tl.cdiv(hidden, BLOCK_H)
+    lo = part * blocks // shares * BLOCK_H
+    hi = tl.minimum((part + 1) * blocks // shares * BLOCK_H, hidden)
+    return lo, hi

@@ -1,7 +1,7 @@
 """Where MoE dispatch/combine time goes: each kernel's GPU time (torch profiler), eager, one shape.
 
     python3 benchmarks/experiments/moe_profile.py --world 1 --tokens 8,4096 [--mode throughput]
-        [--max-tokens 4096] [--block-e 4096]
+        [--max-tokens 4096] [--block-e 4096] [--programs-per-sm 2] [--num-warps 8] [--block-h 2048]
 
 ``--max-tokens`` sizes the instance for more tokens than each call carries (decode calls on an
 instance sized for prefill).
@@ -17,7 +17,7 @@ import torch
 
 from tritoncomm.channels import Communicator
 from tritoncomm.collectives import MoEAllToAll
-from tritoncomm.collectives.moe import SHAPES
+from tritoncomm.collectives.moe import default_shape
 from tritoncomm.config import CommConfig
 from tritoncomm.launch import LocalWorld
 from tritoncomm.tools.moebench import MOE_SHAPES, _capacity
@@ -28,14 +28,17 @@ def _step(moe: MoEAllToAll, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor)
     moe.combine(moe.expert_buffer(), h)
 
 
-def _rank(ctx, shape: str, tokens: list[int], mode: str, max_tokens: int | None, block_e: int | None):
+def _rank(ctx, shape: str, tokens: list[int], mode: str, max_tokens: int | None, overrides: dict[str, int]):
     hidden, experts, k = MOE_SHAPES[shape]
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=4 << 30))
     sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
-    launch = replace(SHAPES["cuda"], programs=sms, block_e=block_e) if block_e else None
+    per_sm = overrides.pop("programs_per_sm", None)
     out = {}
     for t in tokens:
         m = max(max_tokens or t, t)
+        launch = replace(default_shape("cuda", m, sms), **overrides)
+        if per_sm:
+            launch = replace(launch, programs=sms * per_sm)
         moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
                           capacity=_capacity(ctx.world, m, experts, k), mode=mode, shape=launch)
         x = torch.randn(t, hidden, device=ctx.device).to(torch.bfloat16)
@@ -68,13 +71,18 @@ def main() -> None:
     p.add_argument("--mode", default="auto", choices=("auto", "latency", "throughput"))
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--block-e", type=int, default=None, help="routing entries per step of the route kernel")
+    p.add_argument("--programs-per-sm", type=int, default=None, help="send and combine programs per SM")
+    p.add_argument("--num-warps", type=int, default=None)
+    p.add_argument("--block-h", type=int, default=None, help="columns per step")
     a = p.parse_args()
+    overrides = {k: v for k, v in (("block_e", a.block_e), ("programs_per_sm", a.programs_per_sm),
+                                   ("num_warps", a.num_warps), ("block_h", a.block_h)) if v}
     with LocalWorld(a.world, "cuda") as world:
-        rep = world.run(_rank, a.shape, [int(t) for t in a.tokens.split(",")], a.mode, a.max_tokens, a.block_e,
-                         timeout=600)[0]
+        rep = world.run(_rank, a.shape, [int(t) for t in a.tokens.split(",")], a.mode, a.max_tokens, overrides,
+                        timeout=600)[0]
     for t, per in rep.items():
         print(f"{a.shape} EP{a.world} {t} tokens/rank (max_tokens {a.max_tokens or t}, mode {a.mode}, "
-              f"block_e {a.block_e or 'default'}): GPU us per dispatch+combine, by kernel")
+              f"launch {overrides or 'default'}): GPU us per dispatch+combine, by kernel")
         for name, us in sorted(per.items(), key=lambda kv: -kv[1]):
             print(f"  {us:9.1f}  {name}")
 

@@ -316,3 +316,12 @@ def _graph_job(ctx, mode: str):
 def test_cuda_graph_replays_with_new_routing(worlds, world, mode):
     for ok in worlds(world).run(_graph_job, mode):
         assert ok == [True] * 4, ok
+
+
+def test_default_launch_shape_follows_the_instance_size():
+    from tritoncomm.collectives.moe import PREFILL_FROM, SHAPES, default_shape
+
+    decode, prefill = default_shape("cuda", PREFILL_FROM - 1, 132), default_shape("cuda", PREFILL_FROM, 132)
+    assert (decode.programs, decode.num_warps) == (132, 4)
+    assert (prefill.programs, prefill.num_warps) == (264, 8)
+    assert default_shape("cpu", 10_000, 1) == SHAPES["cpu"]

@@ -52,3 +52,4 @@ def test_moe_benchmark_runs_and_checks_correctness(worlds):
     assert all(r["tritoncomm_latency_us"] and r["tritoncomm_throughput_us"] for r in both), format_moe(rep)
     for r in rep["rows"]:
         assert all(r[key] is not None for key in ("tritoncomm_us", "nccl_a2a_us", "nccl_agrs_us", "tc_agrs_us")), r
+        assert r["nccl_a2a_us"] > 0, r  # each phase timed on its own, never a difference

@@ -53,7 +53,8 @@ from .route import launch_gather, launch_route, moe_gather_kernel, moe_route_ker
 THROUGHPUT_FROM = 256
 MODES = ("auto", "latency", "throughput")
 
-__all__ = ["MODES", "SHAPES", "THROUGHPUT_FROM", "MoEAllToAll", "MoEHandle", "MoEShape"]
+__all__ = ["MODES", "PREFILL_FROM", "SHAPES", "THROUGHPUT_FROM", "MoEAllToAll", "MoEHandle", "MoEShape",
+           "default_shape"]
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,27 @@ class MoEShape:
             raise InvalidInputError(f"MoEShape: bad programs or warps in {self}")
 
 
-SHAPES = {"cuda": MoEShape(132, 1024, 1024, 4, 4, 4), "cpu": MoEShape(2, 64, 64, 1, 4, 1)}
+#: Launch shapes by kind of instance; on GPUs ``programs`` is set from the SM count at construction
+#: (``default_shape``).
+SHAPES = {"cuda": MoEShape(132, 1024, 1024, 4, 4, 4), "cuda-prefill": MoEShape(264, 1024, 1024, 4, 4, 8),
+          "cpu": MoEShape(2, 64, 64, 1, 4, 1)}
+
+#: Instances sized for at least this many tokens per rank get the ``cuda-prefill`` shape. Measured at
+#: EP1 on one H200 (DeepSeek-V3, eager, GPU time by kernel, ``docs/moe.md``): at 128 and 4096 tokens
+#: two 8-warp programs per SM beat one 4-warp program (send + combine + gather 22.1 vs 26.0 µs and
+#: 414 vs 611 µs); at 8 tokens they lose (12.4 vs 10.3 µs).
+PREFILL_FROM = 128
+
+
+def default_shape(backend: str, max_tokens: int, sms: int) -> MoEShape:
+    """The launch shape of an instance given none: in the CPU world ``SHAPES["cpu"]``; on GPUs one
+    4-warp send/combine program per SM below ``PREFILL_FROM`` tokens per rank, two 8-warp ones per SM
+    from it on. Every rank builds the same shape (the barriers pair program ``pid`` across ranks)."""
+    if backend != "cuda":
+        return SHAPES["cpu"]
+    if max_tokens >= PREFILL_FROM:
+        return replace(SHAPES["cuda-prefill"], programs=2 * sms)
+    return replace(SHAPES["cuda"], programs=sms)
 
 
 @dataclass(frozen=True)
@@ -119,9 +140,8 @@ class MoEAllToAll:
         if fp8_dispatch and hidden % 128:
             raise InvalidInputError(f"MoEAllToAll: FP8 dispatch needs hidden a multiple of 128, got {hidden}")
         self.fp8 = bool(fp8_dispatch)
-        sh = SHAPES[comm.backend]
-        if comm.backend == "cuda":  # one send/combine program per SM
-            sh = replace(sh, programs=torch.cuda.get_device_properties(comm.device).multi_processor_count)
+        sms = torch.cuda.get_device_properties(comm.device).multi_processor_count if comm.backend == "cuda" else 1
+        sh = default_shape(comm.backend, max_tokens, sms)
         if shape is not None:
             if not isinstance(shape, MoEShape):
                 raise InvalidInputError(f"MoEAllToAll: shape must be a MoEShape, got {shape!r}")

@@ -1,7 +1,7 @@
 """Where MoE dispatch/combine time goes: each kernel's GPU time (torch profiler), eager, one shape.
 
     python3 benchmarks/experiments/moe_profile.py --world 1 --tokens 8,4096 [--mode throughput]
-        [--max-tokens 4096] [--block-e 4096] [--programs-per-sm 2] [--num-warps 8] [--block-h 2048]
+        [--max-tokens 4096] [--block-e 4096] [--programs-per-sm 2] [--num-warps 8] [--block-h 2048] [--fp8]
 
 ``--max-tokens`` sizes the instance for more tokens than each call carries (decode calls on an
 instance sized for prefill).
@@ -28,7 +28,8 @@ def _step(moe: MoEAllToAll, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor)
     moe.combine(moe.expert_buffer(), h)
 
 
-def _rank(ctx, shape: str, tokens: list[int], mode: str, max_tokens: int | None, overrides: dict[str, int]):
+def _rank(ctx, shape: str, tokens: list[int], mode: str, max_tokens: int | None, overrides: dict[str, int],
+          fp8: bool = False):
     hidden, experts, k = MOE_SHAPES[shape]
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=4 << 30))
     sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
@@ -40,7 +41,7 @@ def _rank(ctx, shape: str, tokens: list[int], mode: str, max_tokens: int | None,
         if per_sm:
             launch = replace(launch, programs=sms * per_sm)
         moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
-                          capacity=_capacity(ctx.world, m, experts, k), mode=mode, shape=launch)
+                          capacity=_capacity(ctx.world, m, experts, k), mode=mode, shape=launch, fp8_dispatch=fp8)
         x = torch.randn(t, hidden, device=ctx.device).to(torch.bfloat16)
         ids = torch.rand(t, experts, device=ctx.device).topk(k).indices
         w = torch.rand(t, k, device=ctx.device)
@@ -74,14 +75,15 @@ def main() -> None:
     p.add_argument("--programs-per-sm", type=int, default=None, help="send and combine programs per SM")
     p.add_argument("--num-warps", type=int, default=None)
     p.add_argument("--block-h", type=int, default=None, help="columns per step")
+    p.add_argument("--fp8", action="store_true", help="FP8 dispatch")
     a = p.parse_args()
     overrides = {k: v for k, v in (("block_e", a.block_e), ("programs_per_sm", a.programs_per_sm),
                                    ("num_warps", a.num_warps), ("block_h", a.block_h)) if v}
     with LocalWorld(a.world, "cuda") as world:
         rep = world.run(_rank, a.shape, [int(t) for t in a.tokens.split(",")], a.mode, a.max_tokens, overrides,
-                        timeout=600)[0]
+                        a.fp8, timeout=600)[0]
     for t, per in rep.items():
-        print(f"{a.shape} EP{a.world} {t} tokens/rank (max_tokens {a.max_tokens or t}, mode {a.mode}, "
+        print(f"{a.shape} EP{a.world} {t} tokens/rank (max_tokens {a.max_tokens or t}, mode {a.mode}, fp8 {a.fp8}, "
               f"launch {overrides or 'default'}): GPU us per dispatch+combine, by kernel")
         for name, us in sorted(per.items(), key=lambda kv: -kv[1]):
             print(f"  {us:9.1f}  {name}")

@@ -202,8 +202,10 @@ def test_fp8_dispatch_scales_per_128_values(worlds, world):
 @pytest.mark.parametrize("mode,fp8", [("latency", False), ("throughput", False), ("throughput", True)])
 def test_rows_split_over_programs_by_column_blocks(worlds, world, mode, fp8):
     """More programs than rows: rows' column blocks spread over programs (send, gather, both combine
-    modes), for every token count from 0 to 6; the last block partial."""
-    shape = MoEShape(programs=6, block_h=128 if fp8 else 16, block_e=8, gather_programs=3, block_s=2, num_warps=1)
+    modes), for every token count from 0 to 6; the last block partial; the send's block twice the
+    others'."""
+    shape = MoEShape(programs=6, block_h=128 if fp8 else 16, block_e=8, gather_programs=3, block_s=2, num_warps=1,
+                     send_block_h=256 if fp8 else 32)
     hidden = 384 if fp8 else 40
     for bad in worlds(world).run(_job, 2 * world, 2, hidden, 6, "unrouted", 4, torch.bfloat16, None, torch.int64,
                                  torch.float32, fp8, mode, shape=shape):

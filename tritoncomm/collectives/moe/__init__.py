@@ -67,11 +67,12 @@ class MoEShape:
     gather_programs: int  #: programs per expert in the gather kernel
     block_s: int  #: rows per step of the gather kernel
     num_warps: int
+    send_block_h: int = 0  #: columns per step of the send kernel; 0: ``block_h``
 
     def __post_init__(self) -> None:
-        for name in ("block_h", "block_e", "block_s"):
+        for name in ("block_h", "block_e", "block_s", "send_block_h"):
             v = getattr(self, name)
-            if v < 1 or v & (v - 1):
+            if (v < 1 and name != "send_block_h") or v < 0 or v & (v - 1):
                 raise InvalidInputError(f"MoEShape: {name} must be a power of two, got {v}")
         if self.programs < 1 or self.gather_programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):
             raise InvalidInputError(f"MoEShape: bad programs or warps in {self}")
@@ -79,13 +80,15 @@ class MoEShape:
 
 #: Launch shapes by kind of instance; on GPUs ``programs`` is set from the SM count at construction
 #: (``default_shape``).
-SHAPES = {"cuda": MoEShape(132, 1024, 1024, 4, 4, 4), "cuda-prefill": MoEShape(264, 1024, 1024, 4, 4, 8),
+SHAPES = {"cuda": MoEShape(132, 1024, 1024, 4, 4, 4),
+          "cuda-prefill": MoEShape(264, 1024, 1024, 4, 4, 8, send_block_h=4096),
           "cpu": MoEShape(2, 64, 64, 1, 4, 1)}
 
 #: Instances sized for at least this many tokens per rank get the ``cuda-prefill`` shape. Measured at
 #: EP1 on one H200 (DeepSeek-V3, eager, GPU time by kernel, ``docs/moe.md``): at 128 and 4096 tokens
 #: two 8-warp programs per SM beat one 4-warp program (send + combine + gather 22.1 vs 26.0 µs and
-#: 414 vs 611 µs); at 8 tokens they lose (12.4 vs 10.3 µs).
+#: 414 vs 611 µs); at 8 tokens they lose (12.4 vs 10.3 µs). Its send takes 4096 columns per step (43
+#: vs 70 µs at 4096 tokens); the combine and gather lose with blocks past 1024.
 PREFILL_FROM = 128
 
 
@@ -146,7 +149,9 @@ class MoEAllToAll:
             if not isinstance(shape, MoEShape):
                 raise InvalidInputError(f"MoEAllToAll: shape must be a MoEShape, got {shape!r}")
             sh = shape
-        self.shape = replace(sh, block_h=max(sh.block_h, 128)) if self.fp8 else sh
+        if self.fp8:  # whole scale groups per step
+            sh = replace(sh, block_h=max(sh.block_h, 128), send_block_h=sh.send_block_h and max(sh.send_block_h, 128))
+        self.shape = sh
         dev, m, k = comm.device, max_tokens, top_k
         wire = torch.float8_e4m3fn if self.fp8 else dtype
         self.mode = mode
@@ -220,7 +225,7 @@ class MoEAllToAll:
                     ids_half=self._ids_half, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     ntab_off=self._ntab_off, ntab_half=self._ntab_half, sc_off=self._sc_off, sc_half=self._sc_half,
                     fp8=self.fp8,
-                    block_h=sh.block_h, num_warps=sh.num_warps)
+                    block_h=sh.send_block_h or sh.block_h, num_warps=sh.num_warps)
         launch_route(self._run_route, self.comm, self._send_ch, self._owner, self._row, self._src, self._slot_of,
                      self._counts, self._bad, max_tokens=self.max_tokens, capacity=self.capacity,
                      local=self.local_experts, top_k=self.top_k, ids_off=self._ids_off, ids_half=self._ids_half,

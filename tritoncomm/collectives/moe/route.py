@@ -78,7 +78,7 @@ def moe_route_kernel(owner_ptr, row_ptr, src_ptr, slot_ptr, counts_ptr, bad_ptr,
 @triton.jit(do_not_specialize=["rank"])
 def moe_gather_kernel(out_ptr, sc_out_ptr, src_ptr, counts_ptr, bad_ptr, bad_host_addr, hidden, capacity, bases, rank,
                       epochs_off, recv_off, recv_half, sc_off, sc_half, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
-                      FP8: tl.constexpr):
+                      FP8: tl.constexpr, BLOCK_G: tl.constexpr = 1):
     """See the module docstring."""
     el = tl.program_id(0)
     p = tl.program_id(1)
@@ -107,10 +107,11 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, src_ptr, counts_ptr, bad_ptr, bad_hos
             groups = hidden // 128
             sc = heap_ptr(bases, rank, sc_off + parity * sc_half, tl.float32)
             sc_out = sc_out_ptr + tl.cast(el, tl.int64) * capacity * groups
-            for c in range(0, groups, BLOCK_H):
-                m = sm[:, None] & (c + cols < groups)[None, :]
-                v = tl.load(sc + src[:, None] * groups + c + cols[None, :], mask=m)
-                tl.store(sc_out + s[:, None].to(tl.int64) * groups + c + cols[None, :], v, mask=m)
+            gcols = tl.arange(0, BLOCK_G)  # a block the size of a row's scales, not of its values
+            for c in range(0, groups, BLOCK_G):
+                m = sm[:, None] & (c + gcols < groups)[None, :]
+                v = tl.load(sc + src[:, None] * groups + c + gcols[None, :], mask=m)
+                tl.store(sc_out + s[:, None].to(tl.int64) * groups + c + gcols[None, :], v, mask=m)
 
 
 def launch_route(run: Launcher, comm, channel, owner: torch.Tensor, row: torch.Tensor, src: torch.Tensor,
@@ -132,4 +133,4 @@ def launch_gather(run: Launcher, comm, channel, out: torch.Tensor, scales: torch
     fp8 = scales is not None
     run(out, scales if fp8 else out, src, counts, bad, bad_host_addr, hidden, capacity, bases, rank,
         channel.epochs_off, recv_off, recv_half, sc_off, sc_half, BLOCK_S=block_s, BLOCK_H=block_h, FP8=fp8,
-        num_warps=num_warps)
+        BLOCK_G=min(triton.next_power_of_2(max(hidden // 128, 1)), block_h), num_warps=num_warps)

@@ -46,7 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     tune = sub.add_parser("tune", help="measure candidates under CUDA graphs and write the selection table")
     tune.add_argument("--world", type=int, default=None)
     tune.add_argument("--backend", choices=["auto", "cuda", "cpu"], default="auto")
-    tune.add_argument("--op", default="allreduce,allgather,reducescatter")
+    tune.add_argument("--op", default="allreduce,allgather,reducescatter",
+                      help="allreduce, allgather, reducescatter, moe (launch shapes and combine mode)")
+    tune.add_argument("--tokens", default=None, help="moe: tokens per rank, comma-separated")
+    tune.add_argument("--shapes", default=None, help="moe: deepseek-v3, qwen3-moe, tiny (comma-separated)")
     tune.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     tune.add_argument("--sizes", default=None)
     tune.add_argument("--out", default=None, help="table JSON to write (merged with an existing file)")
@@ -193,10 +196,15 @@ def _tune(args: argparse.Namespace) -> int:
     from .tune import tune_rank
 
     backend = detect_backend() if args.backend == "auto" else args.backend
+    ops = args.op.split(",")
+    if "moe" in ops:
+        ops.remove("moe")
+        _tune_moe(args, backend)
+        if not ops:
+            return 0
     default = ",".join(str(1 << k) for k in range(11, 28)) if backend == "cuda" else "1K,16K,64K"
     sizes = sorted({parse_size(s) for s in (args.sizes or default).split(",")})
-    rep = launch(tune_rank, _world(args, backend), args.op.split(","), sizes, args.dtype, backend=backend,
-                 timeout=3600)[0]
+    rep = launch(tune_rank, _world(args, backend), ops, sizes, args.dtype, backend=backend, timeout=3600)[0]
     table = SelectionTable.from_json(rep["table"], "tune")
     for m in rep["measured"]:
         print(f"{m['op']:>13} {m['bytes']:>10} {m['best_us']:9.1f} us  {m['best']}")
@@ -214,3 +222,29 @@ def _tune(args: argparse.Namespace) -> int:
             json.dump(rep, f, indent=1)
         print(f"wrote {args.out}")
     return 0
+
+
+def _tune_moe(args: argparse.Namespace, backend: str) -> None:
+    """``tune --op moe``: print the measured rows and switches; with ``--out``, merge them into the
+    file's ``moe`` list (replacing entries of the same world and shape)."""
+    import json
+    import os
+
+    from .moetune import moe_tune_rank
+
+    tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
+    shapes = args.shapes.split(",") if args.shapes else None
+    rep = launch(moe_tune_rank, _world(args, backend), shapes, tokens, backend=backend, timeout=3600)[0]
+    for r in rep["moe"]:
+        print(f"moe {r['shape']} EP{r['world']}: prefill_from {r['prefill_from']}, "
+              f"throughput_from {r['throughput_from']} ({rep['timing']})")
+        for row in r["rows"]:
+            print(f"  {row['tokens']:>6} tokens: decode shape {row['decode_us']:9.1f} us, prefill shape "
+                  f"{row['prefill_us']:9.1f} us, throughput combine {row['throughput_us'] or float('nan'):9.1f} us")
+    if args.out:
+        old = json.load(open(args.out)) if os.path.exists(args.out) else {}
+        fresh = {(r["world"], r["shape"]) for r in rep["moe"]}
+        old["moe"] = [r for r in old.get("moe", []) if (r["world"], r["shape"]) not in fresh] + rep["moe"]
+        with open(args.out, "w") as f:
+            json.dump(old, f, indent=1)
+        print(f"wrote {args.out}")

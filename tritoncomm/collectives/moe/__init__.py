@@ -25,6 +25,10 @@ call, ``top_k`` experts per token, at most ``capacity`` entries per expert and c
   where it always chooses latency) also spares the partials buffer (``world * max_tokens * hidden``
   elements of the heap).
 
+The launch shape follows the instance's size (``default_shape``: ``max_tokens`` against
+``prefill_from``) unless ``shape`` is given; ``tune --op moe`` measures both switches
+(``tools/moetune.py``).
+
 No host synchronisation: routing stays on the device, so both calls can be captured in CUDA graphs
 and replayed with new routing. Other ids outside ``[0, num_experts)`` are dropped on the device and
 reported by an error at the first ``dispatch`` after the call that dropped them has finished on the
@@ -92,13 +96,13 @@ SHAPES = {"cuda": MoEShape(132, 1024, 1024, 4, 4, 4),
 PREFILL_FROM = 128
 
 
-def default_shape(backend: str, max_tokens: int, sms: int) -> MoEShape:
+def default_shape(backend: str, max_tokens: int, sms: int, prefill_from: int = PREFILL_FROM) -> MoEShape:
     """The launch shape of an instance given none: in the CPU world ``SHAPES["cpu"]``; on GPUs one
-    4-warp send/combine program per SM below ``PREFILL_FROM`` tokens per rank, two 8-warp ones per SM
+    4-warp send/combine program per SM below ``prefill_from`` tokens per rank, two 8-warp ones per SM
     from it on. Every rank builds the same shape (the barriers pair program ``pid`` across ranks)."""
     if backend != "cuda":
         return SHAPES["cpu"]
-    if max_tokens >= PREFILL_FROM:
+    if max_tokens >= prefill_from:
         return replace(SHAPES["cuda-prefill"], programs=2 * sms)
     return replace(SHAPES["cuda"], programs=sms)
 
@@ -116,8 +120,8 @@ class MoEAllToAll:
 
     def __init__(self, comm: Communicator, *, max_tokens: int, hidden: int, num_experts: int, top_k: int,
                  dtype: torch.dtype = torch.bfloat16, capacity: int | None = None, fp8_dispatch: bool = False,
-                 mode: str = "auto", throughput_from: int = THROUGHPUT_FROM, shape: MoEShape | None = None,
-                 name: str = "moe") -> None:
+                 mode: str = "auto", throughput_from: int = THROUGHPUT_FROM, prefill_from: int = PREFILL_FROM,
+                 shape: MoEShape | None = None, name: str = "moe") -> None:
         w = comm.world
         for what, v in (("max_tokens", max_tokens), ("hidden", hidden), ("num_experts", num_experts),
                         ("top_k", top_k)):
@@ -131,6 +135,8 @@ class MoEAllToAll:
             raise InvalidInputError(f"MoEAllToAll: mode must be one of {MODES}, got {mode!r}")
         if not isinstance(throughput_from, int) or throughput_from < 0:
             raise InvalidInputError(f"MoEAllToAll: throughput_from must be an int >= 0, got {throughput_from!r}")
+        if not isinstance(prefill_from, int) or prefill_from < 1:
+            raise InvalidInputError(f"MoEAllToAll: prefill_from must be an int >= 1, got {prefill_from!r}")
         if dtype not in (torch.bfloat16, torch.float16):
             raise InvalidInputError(f"MoEAllToAll: dtype must be bf16 or fp16, got {dtype}")
         self.comm, self.world, self.rank = comm, w, comm.rank
@@ -144,7 +150,7 @@ class MoEAllToAll:
             raise InvalidInputError(f"MoEAllToAll: FP8 dispatch needs hidden a multiple of 128, got {hidden}")
         self.fp8 = bool(fp8_dispatch)
         sms = torch.cuda.get_device_properties(comm.device).multi_processor_count if comm.backend == "cuda" else 1
-        sh = default_shape(comm.backend, max_tokens, sms)
+        sh = default_shape(comm.backend, max_tokens, sms, prefill_from)
         if shape is not None:
             if not isinstance(shape, MoEShape):
                 raise InvalidInputError(f"MoEAllToAll: shape must be a MoEShape, got {shape!r}")

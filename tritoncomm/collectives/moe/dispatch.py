@@ -80,7 +80,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
         ids = tl.where(bad, -1, ids)
         owner = tl.where(km & (ids >= 0), ids // LOCAL, -1)
         row = tl.cast(rank * max_tokens + t, tl.int64)
-        # masked, not branched: a load inside a branch would hold the row's first column loads back
+        # the routing goes out with the row's first item only (masked stores)
         wt = tl.load(w_ptr + t64 * w_s0 + kk * w_s1, mask=km, other=0.0).to(tl.float32)
         fm = km & first
         tl.store(wts_ptr + t * TOP_K + kk, wt, mask=fm)

@@ -383,9 +383,9 @@ def _moe_ptx(kernel: str) -> str:
 
 def test_moe_kernels_move_tokens_in_16_byte_vectors():
     """The send kernel's stores into peers' receive buffers, the gather's copies and the combine's
-    stores (its output and pushed partials) are 16-byte vector accesses, with no 2-byte stores."""
+    loads of expert rows and stores (its output and pushed partials) are 16-byte vector accesses,
+    with no 2-byte ones."""
     for kernel in ("send", "gather", "combine"):
         o = ops(_moe_ptx(kernel))
         assert o["st.global.v4.b32"] >= 1 and o["st.global.b16"] == 0, (kernel, o)
-        if kernel != "combine":  # combine's loads through picked row offsets stay 2-byte (docs/moe.md)
-            assert o["ld.global.v4.b32"] >= 1, (kernel, o)
+        assert o["ld.global.v4.b32"] >= 1 and o["ld.global.b16"] == 0, (kernel, o)

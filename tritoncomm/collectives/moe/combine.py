@@ -69,9 +69,7 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
     for item in range(pid, n_tokens * shares, grid):
         t = item // shares
         owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
-        # the row offsets as a vector, picked whole: the loads through them stay 2-byte loads, which
-        # measured faster here than 16-byte ones (docs/moe.md, "Loads")
-        row = tl.load(row_ptr + t * TOP_K + kk, mask=km, other=0).to(tl.int64) * hidden  # meaningful where owned
+        row = tl.load(row_ptr + t * TOP_K + kk, mask=km, other=0)  # meaningful where owned
         wt = tl.load(w_ptr + t * TOP_K + kk, mask=km, other=0.0)
         lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
         for c in range(lo, hi, BLOCK_H):
@@ -82,7 +80,8 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
                 summed = tl.zeros([BLOCK_H], dtype=tl.float32)
                 for j in tl.static_range(TOP_K):
                     on_r = (_pick(owner, kk, j) == r) & ~pushed
-                    src = heap_ptr(bases, r, ybuf_off, DTYPE) + _pick(row, kk, j) + c + cols
+                    # times hidden after the pick: 16-byte loads (a pick's result has no known divisibility)
+                    src = heap_ptr(bases, r, ybuf_off, DTYPE) + _pick(row, kk, j).to(tl.int64) * hidden + c + cols
                     y = tl.load(src, mask=m & on_r, other=0.0).to(tl.float32)
                     summed += tl.where(on_r, _pick(wt, kk, j) * y, 0.0)
                 has_r = tl.sum((owner == r).to(tl.int32), axis=0) > 0
@@ -112,7 +111,7 @@ def _push_partials(slot_ptr, hidden, max_tokens, bases, rank, ybuf_off, ids, wta
             slot = tl.load(slot_ptr + i0 + kk, mask=km, other=-1)  # meaningful where the expert is mine
             wt = tl.load(wtab + i0 + kk, mask=km, other=0.0)
             kept = (e >= 0) & (e // LOCAL == rank) & (slot >= 0)
-            slot = tl.where(kept, slot, -1).to(tl.int64) * hidden  # picked whole, as in _sum_tokens
+            slot = tl.where(kept, slot, -1)
             if tl.sum(kept.to(tl.int32), axis=0) > 0:
                 dst = heap_ptr(bases, s, part_off, DTYPE) + tl.cast(rank * max_tokens + t, tl.int64) * hidden
                 lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
@@ -121,7 +120,8 @@ def _push_partials(slot_ptr, hidden, max_tokens, bases, rank, ybuf_off, ids, wta
                     part = tl.zeros([BLOCK_H], dtype=tl.float32)
                     for j in tl.static_range(TOP_K):
                         at = _pick(slot, kk, j)
-                        y = tl.load(ybuf + tl.maximum(at, 0) + c + cols, mask=m & (at >= 0), other=0.0).to(tl.float32)
+                        y = tl.load(ybuf + tl.maximum(at, 0).to(tl.int64) * hidden + c + cols, mask=m & (at >= 0),
+                                    other=0.0).to(tl.float32)
                         part += tl.where(at >= 0, _pick(wt, kk, j) * y, 0.0)
                     tl.store(dst + c + cols, round_to(part, DTYPE), mask=m)
 

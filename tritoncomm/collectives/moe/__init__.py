@@ -76,7 +76,8 @@ class MoEShape:
     def __post_init__(self) -> None:
         for name in ("block_h", "block_e", "block_s", "send_block_h"):
             v = getattr(self, name)
-            if (v < 1 and name != "send_block_h") or v < 0 or v & (v - 1):
+            lowest = 0 if name == "send_block_h" else 1  # send_block_h 0: the send uses block_h
+            if v < lowest or v & (v - 1):
                 raise InvalidInputError(f"MoEShape: {name} must be a power of two, got {v}")
         if self.programs < 1 or self.gather_programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):
             raise InvalidInputError(f"MoEShape: bad programs or warps in {self}")

@@ -204,7 +204,7 @@ def test_rows_split_over_programs_by_column_blocks(worlds, world, mode, fp8):
     """More programs than rows: rows' column blocks spread over programs (send, gather, both combine
     modes), for every token count from 0 to 6; the last block partial; the send's block twice the
     others'."""
-    shape = MoEShape(programs=6, block_h=128 if fp8 else 16, block_e=8, gather_programs=3, block_s=2, num_warps=1,
+    shape = MoEShape(programs=6, block_h=128 if fp8 else 16, block_e=8, num_warps=1,
                      send_block_h=256 if fp8 else 32)
     hidden = 384 if fp8 else 40
     for bad in worlds(world).run(_job, 2 * world, 2, hidden, 6, "unrouted", 4, torch.bfloat16, None, torch.int64,
@@ -253,7 +253,7 @@ def _bad_input(ctx):
     except InvalidInputError:
         errs.append("reused handle")
     for bad_args in (dict(num_experts=2 * ctx.world + 1), dict(top_k=0), dict(capacity=0), dict(dtype=torch.float32),
-                     dict(mode="fast"), dict(throughput_from=-1), dict(shape=(2, 64, 64, 1, 4, 1))):
+                     dict(mode="fast"), dict(throughput_from=-1), dict(shape=(2, 64, 64, 1))):
         try:
             MoEAllToAll(comm, **{**dict(max_tokens=4, hidden=16, num_experts=2 * ctx.world, top_k=2), **bad_args})
             errs.append("no error")

@@ -353,7 +353,7 @@ def test_rank_zero_and_one_get_the_same_specialisation():
 
 
 def _moe_ptx(kernel: str) -> str:
-    from tritoncomm.collectives.moe import combine, dispatch, route
+    from tritoncomm.collectives.moe import combine, dispatch, gather
 
     i64 = dict.fromkeys(("epochs_off", "recv_off", "recv_half", "sc_off", "sc_half"), "i64")
     if kernel == "send":
@@ -365,9 +365,11 @@ def _moe_ptx(kernel: str) -> str:
         fn, cx = dispatch.moe_send_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_H": 1024,
                                             "FP8": False}
     elif kernel == "gather":
-        sig = {"out_ptr": "*bf16", "sc_out_ptr": "*bf16", "src_ptr": "*i32", "counts_ptr": "*i32", "bad_ptr": "*i64",
-               "bad_host_addr": "i64", "hidden": "i32", "capacity": "i32", "bases": "*i64", "rank": "i32", **i64}
-        fn, cx = route.moe_gather_kernel, {"BLOCK_S": 4, "BLOCK_H": 1024, "FP8": False}
+        sig = {"out_ptr": "*bf16", "sc_out_ptr": "*bf16", "x_ptr": "*bf16", "x_stride": "i32", "slot_ptr": "*i32",
+               "bad_ptr": "*i64", "bad_host_addr": "i64", "hidden": "i32", "max_tokens": "i32", "bases": "*i64",
+               "rank": "i32", **i64, **dict.fromkeys(("ids_off", "ids_half", "ntab_off", "ntab_half"), "i64")}
+        fn, cx = gather.moe_gather_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_H": 1024,
+                                            "FP8": False}
     else:
         sig = {"out_ptr": "*bf16", "w_ptr": "*fp32", "owner_ptr": "*i32", "row_ptr": "*i32", "slot_ptr": "*i32",
                "n_tokens": "i32", "hidden": "i32", "max_tokens": "i32", "throughput_from": "i32", **COMMON,

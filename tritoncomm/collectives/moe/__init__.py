@@ -8,12 +8,13 @@ call, ``top_k`` experts per token, at most ``capacity`` entries per expert and c
   routing to every rank and each token once to each rank that holds one of its experts; then every
   rank computes the same slots from the gathered routing (``moe_route_kernel``: the entries ``(source
   rank, token, j)`` of expert ``e`` in that order get slots ``0, 1, ...``; entries past ``capacity``
-  are dropped) and copies its received tokens into ``[local_experts, capacity, hidden]``
-  (``moe_gather_kernel``). Returns that tensor (rows past ``counts[e]`` are undefined), ``counts``
-  (int32, on the device) and a handle for ``combine``. An expert id of -1 means "no expert". With
-  ``fp8_dispatch`` tokens travel as e4m3 with one fp32 scale per 128 values (computed in the send
-  kernel, ``scale = max(amax, 1e-12) / 448``) and the first result is ``(values [local_experts,
-  capacity, hidden] e4m3, scales [local_experts, capacity, hidden / 128] fp32)``.
+  are dropped) and lays out its tokens, peers' received ones and its own, into ``[local_experts,
+  capacity, hidden]`` (``moe_gather_kernel``: each row read once, stored once per kept entry).
+  Returns that tensor (rows past ``counts[e]`` are undefined), ``counts`` (int32, on the device)
+  and a handle for ``combine``. An expert id of -1 means "no expert". With ``fp8_dispatch`` tokens
+  travel as e4m3 with one fp32 scale per 128 values (``scale = max(amax, 1e-12) / 448``, computed
+  on the device, ``wire.py``) and the first result is ``(values [local_experts, capacity, hidden]
+  e4m3, scales [local_experts, capacity, hidden / 128] fp32)``.
 * ``combine(y, handle)``: ``y [local_experts, capacity, hidden]`` (write it into ``expert_buffer()`` to
   skip a copy); returns ``out[t] = sum_j topk_weights[t, j] * y_owner[expert, slot]``: per owner rank
   the fp32 sum in ``j`` order rounded to the dtype, those partials summed in fp32 in rank order
@@ -49,7 +50,8 @@ from ...errors import InvalidInputError
 from ...kernels.launcher import Launcher
 from .combine import launch_combine, moe_combine_kernel
 from .dispatch import launch_send, moe_send_kernel
-from .route import launch_gather, launch_route, moe_gather_kernel, moe_route_kernel
+from .gather import launch_gather, moe_gather_kernel
+from .route import launch_route, moe_route_kernel
 
 #: ``combine``'s default switch from the latency to the throughput mode: total tokens over the ranks
 #: per call. A first estimate: no run across NVLink has measured the crossover yet (``bench --op moe``
@@ -65,29 +67,27 @@ __all__ = ["MODES", "PREFILL_FROM", "SHAPES", "THROUGHPUT_FROM", "MoEAllToAll", 
 class MoEShape:
     """Launch shape for one backend (``MoEAllToAll(shape=...)`` overrides the default)."""
 
-    programs: int  #: send and combine programs (one barrier slot each; on GPUs, the SM count)
+    programs: int  #: send, gather and combine programs (one barrier slot each; on GPUs, per SM)
     block_h: int  #: columns per step
     block_e: int  #: routing entries per step of the route kernel
-    gather_programs: int  #: programs per expert in the gather kernel
-    block_s: int  #: rows per step of the gather kernel
     num_warps: int
     send_block_h: int = 0  #: columns per step of the send kernel; 0: ``block_h``
 
     def __post_init__(self) -> None:
-        for name in ("block_h", "block_e", "block_s", "send_block_h"):
+        for name in ("block_h", "block_e", "send_block_h"):
             v = getattr(self, name)
             lowest = 0 if name == "send_block_h" else 1  # send_block_h 0: the send uses block_h
             if v < lowest or v & (v - 1):
                 raise InvalidInputError(f"MoEShape: {name} must be a power of two, got {v}")
-        if self.programs < 1 or self.gather_programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):
+        if self.programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):
             raise InvalidInputError(f"MoEShape: bad programs or warps in {self}")
 
 
 #: Launch shapes by kind of instance; on GPUs ``programs`` is set from the SM count at construction
 #: (``default_shape``).
-SHAPES = {"cuda": MoEShape(132, 1024, 1024, 4, 4, 4),
-          "cuda-prefill": MoEShape(264, 1024, 1024, 4, 4, 8, send_block_h=4096),
-          "cpu": MoEShape(2, 64, 64, 1, 4, 1)}
+SHAPES = {"cuda": MoEShape(132, 1024, 1024, 4),
+          "cuda-prefill": MoEShape(264, 1024, 1024, 8, send_block_h=4096),
+          "cpu": MoEShape(2, 64, 64, 1)}
 
 #: Instances sized for at least this many tokens per rank get the ``cuda-prefill`` shape. Measured at
 #: EP1 on one H200 (DeepSeek-V3, eager, GPU time by kernel, ``docs/moe.md``): at 128 and 4096 tokens
@@ -166,13 +166,14 @@ class MoEAllToAll:
         # (at world 1 the owners are the caller: the throughput mode would only add a pass)
         self._throughput_from = {"auto": throughput_from if w > 1 else w * m + 1, "latency": w * m + 1,
                                  "throughput": 0}[mode]
-        # heap: two halves each (the send's epoch parity) of the receive buffer, its scales, the tables of
-        # ids, weights and token counts; the expert buffer; the partials buffer
-        self._recv = comm.empty((2, w * m, hidden), wire)
+        # heap: two halves each (the send's epoch parity) of the receive buffer (peers' rows), its scales,
+        # the tables of ids, weights and token counts; the expert buffer; the partials buffer
+        peers = max(w - 1, 1)
+        self._recv = comm.empty((2, peers * m, hidden), wire)
         self._ids = comm.empty((2, w * m * k), torch.int32)
         self._wtab = comm.empty((2, w * m * k), torch.float32)
         self._ntab = comm.empty((2, w), torch.int32)
-        self._sc = comm.empty((2, w * m, hidden // 128), torch.float32) if self.fp8 else None
+        self._sc = comm.empty((2, peers * m, hidden // 128), torch.float32) if self.fp8 else None
         (self._recv_off, self._recv_half), (self._ids_off, self._ids_half) = self._halves(self._recv), \
             self._halves(self._ids)
         (self._wtab_off, self._wtab_half), (self._ntab_off, self._ntab_half) = self._halves(self._wtab), \
@@ -188,11 +189,10 @@ class MoEAllToAll:
         self._run_send = Launcher(moe_send_kernel, (programs,))
         self._run_combine = Launcher(moe_combine_kernel, (programs,))
         self._run_route = Launcher(moe_route_kernel, (num_experts,))
-        self._run_gather = Launcher(moe_gather_kernel, (self.local_experts, self.shape.gather_programs))
+        self._run_gather = Launcher(moe_gather_kernel, (programs,))
         i32 = dict(dtype=torch.int32, device=dev)
         self._owner = torch.empty(m, k, **i32)  # per own entry: the expert's rank, or -1
         self._row = torch.empty(m, k, **i32)  # per own entry: local expert * capacity + slot there
-        self._src = torch.empty(self.local_experts, self.capacity, **i32)  # per local slot: its receive row
         self._slot_of = torch.empty(w * m * k, **i32)  # per entry of a local expert: its expert-buffer row or -1
         self._weights = torch.empty(m, k, dtype=torch.float32, device=dev)
         self._counts = torch.empty(self.local_experts, **i32)
@@ -233,14 +233,15 @@ class MoEAllToAll:
                     ntab_off=self._ntab_off, ntab_half=self._ntab_half, sc_off=self._sc_off, sc_half=self._sc_half,
                     fp8=self.fp8,
                     block_h=sh.send_block_h or sh.block_h, num_warps=sh.num_warps)
-        launch_route(self._run_route, self.comm, self._send_ch, self._owner, self._row, self._src, self._slot_of,
+        launch_route(self._run_route, self.comm, self._send_ch, self._owner, self._row, self._slot_of,
                      self._counts, self._bad, max_tokens=self.max_tokens, capacity=self.capacity,
                      local=self.local_experts, top_k=self.top_k, ids_off=self._ids_off, ids_half=self._ids_half,
                      ntab_off=self._ntab_off, ntab_half=self._ntab_half, block_e=sh.block_e, num_warps=sh.num_warps)
-        launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._src, self._counts,
-                      self._bad, self._bad_host.device_addr,
-                      recv_off=self._recv_off, recv_half=self._recv_half, sc_off=self._sc_off, sc_half=self._sc_half,
-                      block_s=sh.block_s, block_h=sh.block_h, num_warps=sh.num_warps)
+        launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, x, self._slot_of,
+                      self._bad, self._bad_host.device_addr, max_tokens=self.max_tokens, local=self.local_experts,
+                      top_k=self.top_k, recv_off=self._recv_off, recv_half=self._recv_half, ids_off=self._ids_off,
+                      ids_half=self._ids_half, ntab_off=self._ntab_off, ntab_half=self._ntab_half,
+                      sc_off=self._sc_off, sc_half=self._sc_half, block_h=sh.block_h, num_warps=sh.num_warps)
         self._call += 1
         self._open_handle = self._call
         return (self._out, self._scales) if self.fp8 else self._out, self._counts, MoEHandle(n, self._call)

@@ -40,15 +40,9 @@ import triton.language as tl
 
 from ...kernels import barrier, epoch_commit, heap_ptr, program_epoch, round_to
 from ...kernels.launcher import Launcher
-from .shares import column_shares, share_columns
+from .shares import column_shares, pick, share_columns
 
 __all__ = ["launch_combine", "moe_combine_kernel"]
-
-
-@triton.jit
-def _pick(v, kk, j):
-    """Element ``j`` of the small vector ``v`` (exact: one term plus zeros)."""
-    return tl.sum(tl.where(kk == j, v, 0), axis=0)
 
 
 @triton.jit
@@ -79,11 +73,11 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
                 pushed = from_partials & (r != rank)  # r's partial is in the partials buffer
                 summed = tl.zeros([BLOCK_H], dtype=tl.float32)
                 for j in tl.static_range(TOP_K):
-                    on_r = (_pick(owner, kk, j) == r) & ~pushed
+                    on_r = (pick(owner, kk, j) == r) & ~pushed
                     # times hidden after the pick: 16-byte loads (a pick's result has no known divisibility)
-                    src = heap_ptr(bases, r, ybuf_off, DTYPE) + _pick(row, kk, j).to(tl.int64) * hidden + c + cols
+                    src = heap_ptr(bases, r, ybuf_off, DTYPE) + pick(row, kk, j).to(tl.int64) * hidden + c + cols
                     y = tl.load(src, mask=m & on_r, other=0.0).to(tl.float32)
-                    summed += tl.where(on_r, _pick(wt, kk, j) * y, 0.0)
+                    summed += tl.where(on_r, pick(wt, kk, j) * y, 0.0)
                 has_r = tl.sum((owner == r).to(tl.int32), axis=0) > 0
                 got = tl.load(part + tl.cast(r * max_tokens + t, tl.int64) * hidden + c + cols, mask=m & pushed & has_r,
                               other=0.0).to(tl.float32)
@@ -119,10 +113,10 @@ def _push_partials(slot_ptr, hidden, max_tokens, bases, rank, ybuf_off, ids, wta
                     m = c + cols < hidden
                     part = tl.zeros([BLOCK_H], dtype=tl.float32)
                     for j in tl.static_range(TOP_K):
-                        at = _pick(slot, kk, j)
+                        at = pick(slot, kk, j)
                         y = tl.load(ybuf + tl.maximum(at, 0).to(tl.int64) * hidden + c + cols, mask=m & (at >= 0),
                                     other=0.0).to(tl.float32)
-                        part += tl.where(at >= 0, _pick(wt, kk, j) * y, 0.0)
+                        part += tl.where(at >= 0, pick(wt, kk, j) * y, 0.0)
                     tl.store(dst + c + cols, round_to(part, DTYPE), mask=m)
 
 

@@ -11,13 +11,14 @@ column_shares(n_tokens)``: at decode a row's blocks spread over programs). For e
   ``combine``, marks the row's entries unrouted (``owner = -1``; step 2 fills in the routed ones),
   and stores the ids and the weights (fp32) into row ``rank * max_tokens + t`` of every rank's ids
   and weights tables;
-* every item stores its column blocks of the token into the same row of the receive buffer of every
-  rank that owns one of its experts (its own included);
+* every item stores its column blocks of the token into row ``(rank - (rank > d)) * max_tokens + t``
+  of the receive buffer of every peer ``d`` that owns one of its experts (never its own: the gather
+  kernel reads the rank's own tokens from ``x``);
 
 all in the half given by the launch's epoch parity.
 
-With ``FP8`` the token is sent as e4m3 with one fp32 scale per 128 values (``scale = max(amax,
-1e-12) / 448``, ``q = round(clamp(x / scale, -448, 448))``), the scales into the scale table's row.
+With ``FP8`` the token is sent as e4m3 with one fp32 scale per 128 values (``wire.to_fp8``), the
+scales into the scale table's row.
 
 Rows at or past a source's count are never read, so they are never sent. Then the kernel arrives
 at and waits on barrier slot ``pid``. Once the kernel has ended on a rank, every peer's programs have
@@ -33,9 +34,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import barrier, epoch_commit, heap_ptr, program_epoch, round_to
+from ...kernels import barrier, epoch_commit, heap_ptr, program_epoch
 from ...kernels.launcher import Launcher
 from .shares import column_shares, share_columns
+from .wire import to_fp8
 
 __all__ = ["launch_send", "moe_send_kernel"]
 
@@ -88,23 +90,22 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
         for d in tl.static_range(WORLD):
             tl.store(heap_ptr(bases, d, ids_base + row * TOP_K * 4, tl.int32, ALIGNED=False) + kk, ids, mask=fm)
             tl.store(heap_ptr(bases, d, wtab_base + row * TOP_K * 4, tl.float32, ALIGNED=False) + kk, wt, mask=fm)
-        lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
-        for c in range(lo, hi, BLOCK_H):
-            m = c + cols < hidden
-            v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
-            if FP8:
-                # IEEE divisions (div_rn), as torch computes them: Triton's "/" is approximate on GPUs
-                scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(v.to(tl.float32)), axis=1), 1e-12), 448.0)
-                q = tl.minimum(tl.maximum(tl.math.div_rn(v.to(tl.float32), scale[:, None]), -448.0), 448.0)
-                v = round_to(q, DTYPE)
-            for d in tl.static_range(WORLD):
-                if tl.sum((owner == d).to(tl.int32)) > 0:
-                    dst = heap_ptr(bases, d, recv_base, DTYPE) + row * hidden  # 16-byte vectors when hidden allows
-                    tl.store(dst + c + cols, v, mask=m)
-                    if FP8:
-                        gm = c // 128 + groups
-                        sdst = heap_ptr(bases, d, sc_base + row * (hidden // 128) * 4, tl.float32, ALIGNED=False)
-                        tl.store(sdst + gm, scale, mask=c + groups * 128 < hidden)
+        if tl.sum(((owner >= 0) & (owner != rank)).to(tl.int32)) > 0:  # a peer holds one of its experts
+            lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
+            for c in range(lo, hi, BLOCK_H):
+                m = c + cols < hidden
+                v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
+                if FP8:
+                    v, scale = to_fp8(v)
+                for d in tl.static_range(WORLD):
+                    if (d != rank) & (tl.sum((owner == d).to(tl.int32)) > 0):
+                        # row (rank - (rank > d)) * max_tokens + t of d's buffer: peers only
+                        prow = tl.cast(rank - (rank > d).to(tl.int32), tl.int64) * max_tokens + t64
+                        dst = heap_ptr(bases, d, recv_base, DTYPE) + prow * hidden  # 16-byte vectors when hidden allows
+                        tl.store(dst + c + cols, v, mask=m)
+                        if FP8:
+                            sdst = heap_ptr(bases, d, sc_base + prow * (hidden // 128) * 4, tl.float32, ALIGNED=False)
+                            tl.store(sdst + c // 128 + groups, scale, mask=c + groups * 128 < hidden)
     barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     epoch_commit(epoch_ptr, e)
 

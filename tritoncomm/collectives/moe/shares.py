@@ -7,6 +7,10 @@ shares`` and the ``i % shares``-th of ``shares`` runs of consecutive column bloc
 (``share_columns``), and program ``pid`` takes items ``pid, pid + grid, ...``. A run's loop keeps
 the constant step ``BLOCK_H``, as a whole row's does. Two kernels that split the same row count
 the same way give the same item to the same program.
+
+``pick(v, kk, j)`` reads element ``j`` of a token's small routing vector (ids, slots, weights) in
+registers, so a token's routing is loaded once, as vectors, and each column block then waits on one
+round of loads.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["column_shares", "share_columns"]
+__all__ = ["column_shares", "pick", "share_columns"]
 
 
 @triton.jit
@@ -34,3 +38,10 @@ def share_columns(part, shares, hidden, BLOCK_H: tl.constexpr):
     lo = part * blocks // shares * BLOCK_H
     hi = tl.minimum((part + 1) * blocks // shares * BLOCK_H, hidden)
     return lo, hi
+
+
+@triton.jit
+def pick(v, kk, j):
+    """Element ``j`` of the small vector ``v`` indexed by ``kk = tl.arange(0, len(v))`` (exact: one
+    term plus zeros)."""
+    return tl.sum(tl.where(kk == j, v, 0), axis=0)

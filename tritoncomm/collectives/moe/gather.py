@@ -1,0 +1,103 @@
+"""MoE dispatch, step 3 of 3 (local: it reads this rank's heap and input, after the route kernel).
+
+``moe_gather_kernel`` lays out this rank's tokens per expert: every live row ``(source s, token t)``
+of every source (``t`` below the source's count) that has a kept entry on one of this rank's
+experts is read **once** and stored into each of its slots ``out[expert, slot]`` (``slot_of``, from
+the route kernel; at most ``TOP_K`` of them), so the reads are one row per token and the writes one
+per kept entry. A peer's row comes from the receive buffer (the send kernel stored it there); the
+rank's own rows come straight from its input ``x``, which the send kernel never copies (with ``FP8``
+they are quantised here with ``wire.to_fp8``, the send kernel's rule, and their scales stored beside
+them).
+
+Program ``pid`` takes, per source, the work items ``pid, pid + grid, ...``: row ``i // shares`` and
+the ``i % shares``-th run of its column blocks (``shares.py``; at decode a row's blocks spread over
+programs). Program 0 also copies the two problem counters into host-mapped words, which the host
+reads without synchronising.
+
+It reads the tables' half given by the parity of the epoch the send kernel's program 0 stored.
+Peer ``s``'s rows are rows ``(s - (s > rank)) * max_tokens + t`` of the receive buffer.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...kernels import heap_ptr
+from ...kernels.launcher import Launcher
+from .shares import column_shares, pick, share_columns
+from .wire import to_fp8
+
+__all__ = ["launch_gather", "moe_gather_kernel"]
+
+
+@triton.jit(do_not_specialize=["rank"])
+def moe_gather_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, slot_ptr, bad_ptr, bad_host_addr, hidden, max_tokens,
+                      bases, rank, epochs_off, recv_off, recv_half, ids_off, ids_half, ntab_off, ntab_half, sc_off,
+                      sc_half, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+                      BLOCK_H: tl.constexpr, FP8: tl.constexpr):
+    """See the module docstring."""
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    DTYPE: tl.constexpr = out_ptr.dtype.element_ty  # e4m3 with FP8, else the tokens' dtype
+    G: tl.constexpr = BLOCK_H // 128 if FP8 else 1  # scale groups per column block
+    GW: tl.constexpr = 128 if FP8 else BLOCK_H
+    parity = (tl.load(heap_ptr(bases, rank, epochs_off, tl.uint32)) & 1).to(tl.int64)
+    recv = heap_ptr(bases, rank, recv_off + parity * recv_half, DTYPE)
+    ids = heap_ptr(bases, rank, ids_off + parity * ids_half, tl.int32)
+    ntab = heap_ptr(bases, rank, ntab_off + parity * ntab_half, tl.int32)
+    sc = heap_ptr(bases, rank, sc_off + parity * sc_half, tl.float32)
+    if pid == 0:
+        two = tl.arange(0, 2)
+        tl.store(bad_host_addr.to(tl.pointer_type(tl.int64)) + two, tl.load(bad_ptr + two))
+    kk = tl.arange(0, BLOCK_K)
+    km = kk < TOP_K
+    cols = (tl.arange(0, G) * GW)[:, None] + tl.arange(0, GW)[None, :]  # [G, GW]
+    groups = tl.arange(0, G)
+    n_groups = hidden // 128
+    for s in range(WORLD):
+        n_s = tl.load(ntab + s)
+        own = s == rank
+        peer_row = (s - (s > rank).to(tl.int32)) * max_tokens  # the source's first row in the receive buffer
+        shares = column_shares(n_s, hidden, grid, BLOCK_H)
+        for item in range(pid, n_s * shares, grid):
+            t = item // shares
+            i0 = (s * max_tokens + t) * TOP_K
+            e = tl.load(ids + i0 + kk, mask=km, other=-1)
+            at = tl.load(slot_ptr + i0 + kk, mask=km & (e >= 0) & (e // LOCAL == rank), other=-1)
+            if tl.sum((at >= 0).to(tl.int32), axis=0) > 0:
+                t64 = tl.cast(t, tl.int64)
+                r64 = tl.cast(peer_row + t, tl.int64)
+                lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
+                for c in range(lo, hi, BLOCK_H):
+                    m = c + cols < hidden
+                    gm = c + groups * 128 < hidden
+                    if own:
+                        v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
+                        if FP8:
+                            v, scale = to_fp8(v)
+                    else:
+                        v = tl.load(recv + r64 * hidden + c + cols, mask=m)
+                        if FP8:
+                            scale = tl.load(sc + r64 * n_groups + c // 128 + groups, mask=gm)
+                    for j in tl.static_range(TOP_K):
+                        a = pick(at, kk, j)
+                        # times hidden after the pick: 16-byte stores (a pick's result has no known divisibility)
+                        tl.store(out_ptr + a.to(tl.int64) * hidden + c + cols, v, mask=m & (a >= 0))
+                        if FP8:
+                            tl.store(sc_out_ptr + a.to(tl.int64) * n_groups + c // 128 + groups, scale,
+                                     mask=gm & (a >= 0))
+
+
+def launch_gather(run: Launcher, comm, channel, out: torch.Tensor, scales: torch.Tensor | None, x: torch.Tensor,
+                  slot_of: torch.Tensor, bad: torch.Tensor, bad_host_addr: int, *, max_tokens: int, local: int,
+                  top_k: int, recv_off: int, recv_half: int, ids_off: int, ids_half: int, ntab_off: int,
+                  ntab_half: int, sc_off: int, sc_half: int, block_h: int, num_warps: int) -> None:
+    """Launch ``moe_gather_kernel`` through ``run`` (its launcher: a 1-D grid)."""
+    bases, rank, world, _, _ = comm.kernel_args()
+    fp8 = scales is not None
+    run(out, scales if fp8 else out, x, x.stride(0), slot_of, bad, bad_host_addr, out.shape[-1], max_tokens, bases,
+        rank, channel.epochs_off, recv_off, recv_half, ids_off, ids_half, ntab_off, ntab_half, sc_off, sc_half,
+        WORLD=world, LOCAL=local, TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k), BLOCK_H=block_h, FP8=fp8,
+        num_warps=num_warps)

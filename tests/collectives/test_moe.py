@@ -237,14 +237,18 @@ def _bad_input(ctx):
             errs.append(type(e).__name__)
     ids_bad = ids.clone()
     ids_bad[1, 0] = 99  # out of range: dropped now, reported at the next call
+    ids_bad[0, 1] = 2 ** 32 + 1  # out of range as int64, though expert 1 once narrowed to int32
     ids_bad[2, 1] = -1  # "no expert": never reported
-    out, _, h = moe.dispatch(x, ids_bad, wts)
+    out, counts, h = moe.dispatch(x, ids_bad, wts)
+    # rank 0's experts 0 and 1: expert 0 has the entries (0, 0), (1, 1), (2, 0) of every rank, 1 none
+    got = counts.tolist()
+    errs.append("counts " + ("ok" if ctx.rank or got == [3 * ctx.world, 0] else str(got)))
     moe.combine(out, h)
     try:
         moe.dispatch(x, ids, wts)
         errs.append("no error")
     except InvalidInputError as e:
-        errs.append("ids: " + ("1 expert ids outside" in str(e)) * "reported")
+        errs.append("ids: " + ("2 expert ids outside" in str(e)) * "reported")
     _, _, h = moe.dispatch(x, ids, wts)  # the error was reported once; calls go on
     try:
         moe.combine(out, h)
@@ -266,7 +270,7 @@ def _bad_input(ctx):
 
 def test_bad_input_raises_before_waiting(worlds):
     for errs in worlds(2).run(_bad_input):
-        assert errs == ["InvalidInputError"] * 5 + ["ids: reported", "reused handle"] + ["ctor"] * 7, errs
+        assert errs == ["InvalidInputError"] * 5 + ["counts ok", "ids: reported", "reused handle"] + ["ctor"] * 7, errs
 
 
 def _graph_job(ctx, mode: str):

@@ -361,9 +361,10 @@ def _moe_ptx(kernel: str) -> str:
                "w_ptr": "*fp32", "w_s0": "i32", "w_s1": "i32", "wts_ptr": "*fp32", "owner_ptr": "*i32",
                "bad_ptr": "*i64", "n_tokens": "i32", "hidden": "i32", "max_tokens": "i32", "num_experts": "i32",
                **COMMON, "flags_off": "i64", **i64, **dict.fromkeys(("ids_off", "ids_half", "wtab_off", "wtab_half",
-                                                                    "ntab_off", "ntab_half"), "i64")}
+                                                                    "ntab_off", "ntab_half", "hist_off",
+                                                                    "hist_half"), "i64"), "hist_blocks": "i32"}
         fn, cx = dispatch.moe_send_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_H": 1024,
-                                            "FP8": False}
+                                            "BLOCK_E": 256, "BLOCK_X": 256, "FP8": False}
     elif kernel == "gather":
         sig = {"out_ptr": "*bf16", "sc_out_ptr": "*bf16", "x_ptr": "*bf16", "x_stride": "i32", "slot_ptr": "*i32",
                "bad_ptr": "*i64", "bad_host_addr": "i64", "hidden": "i32", "max_tokens": "i32", "bases": "*i64",

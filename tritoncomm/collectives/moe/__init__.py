@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
+import triton
 
 from ...channels import Channel, Communicator
 from ...channels.cuda_ipc import HostMappedWords
@@ -69,7 +70,7 @@ class MoEShape:
 
     programs: int  #: send, gather and combine programs (one barrier slot each; on GPUs, per SM)
     block_h: int  #: columns per step
-    block_e: int  #: routing entries per step of the route kernel
+    block_e: int  #: routing entries per block of the route kernel (and of the send's histograms)
     num_warps: int
     send_block_h: int = 0  #: columns per step of the send kernel; 0: ``block_h``
 
@@ -85,9 +86,9 @@ class MoEShape:
 
 #: Launch shapes by kind of instance; on GPUs ``programs`` is set from the SM count at construction
 #: (``default_shape``).
-SHAPES = {"cuda": MoEShape(132, 1024, 1024, 4),
+SHAPES = {"cuda": MoEShape(132, 1024, 256, 4),
           "cuda-prefill": MoEShape(264, 1024, 1024, 8, send_block_h=4096),
-          "cpu": MoEShape(2, 64, 64, 1)}
+          "cpu": MoEShape(2, 64, 16, 1)}
 
 #: Instances sized for at least this many tokens per rank get the ``cuda-prefill`` shape. Measured at
 #: EP1 on one H200 (DeepSeek-V3, eager, GPU time by kernel, ``docs/moe.md``): at 128 and 4096 tokens
@@ -173,12 +174,17 @@ class MoEAllToAll:
         self._ids = comm.empty((2, w * m * k), torch.int32)
         self._wtab = comm.empty((2, w * m * k), torch.float32)
         self._ntab = comm.empty((2, w), torch.int32)
+        # per block of block_e entries of every source, its count per expert (the route kernel's sums)
+        self._block_x = max(triton.next_power_of_2(num_experts), 4)
+        self._hist_blocks = -(-m * k // sh.block_e)
+        self._hist = comm.empty((2, w * self._hist_blocks, self._block_x), torch.int32)
         self._sc = comm.empty((2, peers * m, hidden // 128), torch.float32) if self.fp8 else None
         (self._recv_off, self._recv_half), (self._ids_off, self._ids_half) = self._halves(self._recv), \
             self._halves(self._ids)
         (self._wtab_off, self._wtab_half), (self._ntab_off, self._ntab_half) = self._halves(self._wtab), \
             self._halves(self._ntab)
         self._sc_off, self._sc_half = self._halves(self._sc) if self.fp8 else (0, 0)
+        self._hist_off, self._hist_half = self._halves(self._hist)
         self._ybuf = comm.empty((self.local_experts, self.capacity, hidden), dtype)
         self._ybuf_off = comm.heap_offset(self._ybuf)
         self._part = comm.empty((w, m, hidden), dtype) if self._throughput_from <= w * m else None
@@ -188,7 +194,7 @@ class MoEAllToAll:
         self._comb_ch = Channel(comm, f"{name}.combine", programs=programs, barrier_slots=programs)
         self._run_send = Launcher(moe_send_kernel, (programs,))
         self._run_combine = Launcher(moe_combine_kernel, (programs,))
-        self._run_route = Launcher(moe_route_kernel, (num_experts,))
+        self._run_route = Launcher(moe_route_kernel, (w * self._hist_blocks,))
         self._run_gather = Launcher(moe_gather_kernel, (programs,))
         i32 = dict(dtype=torch.int32, device=dev)
         self._owner = torch.empty(m, k, **i32)  # per own entry: the expert's rank, or -1
@@ -231,12 +237,14 @@ class MoEAllToAll:
                     recv_off=self._recv_off, recv_half=self._recv_half, ids_off=self._ids_off,
                     ids_half=self._ids_half, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     ntab_off=self._ntab_off, ntab_half=self._ntab_half, sc_off=self._sc_off, sc_half=self._sc_half,
-                    fp8=self.fp8,
-                    block_h=sh.send_block_h or sh.block_h, num_warps=sh.num_warps)
+                    hist_off=self._hist_off, hist_half=self._hist_half, hist_blocks=self._hist_blocks, fp8=self.fp8,
+                    block_h=sh.send_block_h or sh.block_h, block_e=sh.block_e, num_warps=sh.num_warps)
         launch_route(self._run_route, self.comm, self._send_ch, self._owner, self._row, self._slot_of,
                      self._counts, self._bad, max_tokens=self.max_tokens, capacity=self.capacity,
                      local=self.local_experts, top_k=self.top_k, ids_off=self._ids_off, ids_half=self._ids_half,
-                     ntab_off=self._ntab_off, ntab_half=self._ntab_half, block_e=sh.block_e, num_warps=sh.num_warps)
+                     ntab_off=self._ntab_off, ntab_half=self._ntab_half, hist_off=self._hist_off,
+                     hist_half=self._hist_half, hist_blocks=self._hist_blocks, block_e=sh.block_e,
+                     block_x=self._block_x, num_warps=sh.num_warps)
         launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, x, self._slot_of,
                       self._bad, self._bad_host.device_addr, max_tokens=self.max_tokens, local=self.local_experts,
                       top_k=self.top_k, recv_off=self._recv_off, recv_half=self._recv_half, ids_off=self._ids_off,
@@ -271,7 +279,7 @@ class MoEAllToAll:
         """Collective: release the heap memory and channels."""
         for ch in (self._send_ch, self._comb_ch):
             ch.close()
-        for t in (self._recv, self._ids, self._wtab, self._ntab, self._ybuf, self._sc, self._part):
+        for t in (self._recv, self._ids, self._wtab, self._ntab, self._hist, self._ybuf, self._sc, self._part):
             if t is not None:
                 self.comm.free(t)
         self._bad_host.close()

@@ -20,6 +20,11 @@ all in the half given by the launch's epoch parity.
 With ``FP8`` the token is sent as e4m3 with one fp32 scale per 128 values (``wire.to_fp8``), the
 scales into the scale table's row.
 
+Program ``pid`` also counts the entries per expert of the blocks ``pid, pid + grid, ...`` of
+``BLOCK_E`` consecutive entries ``(t, j)`` of this rank (``tl.histogram``) and stores each block's
+counts into row ``rank * hist_blocks + block`` of every rank's histogram table, from which the
+route kernel places every entry without scanning.
+
 Rows at or past a source's count are never read, so they are never sent. Then the kernel arrives
 at and waits on barrier slot ``pid``. Once the kernel has ended on a rank, every peer's programs have
 made their stores (each before arriving at the barrier its counterpart waited on), so the later
@@ -42,12 +47,21 @@ from .wire import to_fp8
 __all__ = ["launch_send", "moe_send_kernel"]
 
 
+@triton.jit
+def _expert_ids(ptr, mask, num_experts):
+    """The expert ids at ``ptr`` (int32 or int64) as int32, -1 where masked off, "no expert" (-1) or
+    out of ``[0, num_experts)``; and where they were out of range (checked before narrowing)."""
+    raw = tl.load(ptr, mask=mask, other=-1)
+    bad = mask & (raw != -1) & ((raw < 0) | (raw >= num_experts))
+    return tl.where(bad, -1, raw).to(tl.int32), bad
+
+
 @triton.jit(do_not_specialize=["rank", "n_tokens", "ids_s0", "ids_s1", "w_s0", "w_s1"])  # one build for every call
 def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, owner_ptr, bad_ptr,
                     n_tokens, hidden, max_tokens, num_experts, bases, rank, timeout, diag_addr, flags_off, epochs_off,
                     recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half,
-                    WORLD: tl.constexpr,
-                    LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
+                    hist_off, hist_half, hist_blocks, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
+                    BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr,
                     FP8: tl.constexpr):
     """See the module docstring."""
     pid = tl.program_id(0)
@@ -74,12 +88,10 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
         t = item // shares
         first = item % shares == 0  # the item that also sends the token's routing
         t64 = tl.cast(t, tl.int64)
-        ids = tl.load(ids_ptr + t64 * ids_s0 + kk * ids_s1, mask=km, other=-1).to(tl.int32)
-        bad = km & (ids != -1) & ((ids < 0) | (ids >= num_experts))
+        ids, bad = _expert_ids(ids_ptr + t64 * ids_s0 + kk * ids_s1, km, num_experts)
         n_bad = tl.sum(bad.to(tl.int32))
         if first and n_bad > 0:
             tl.atomic_add(bad_ptr, n_bad.to(tl.int64))
-        ids = tl.where(bad, -1, ids)
         owner = tl.where(km & (ids >= 0), ids // LOCAL, -1)
         row = tl.cast(rank * max_tokens + t, tl.int64)
         # the routing goes out with the row's first item only (masked stores)
@@ -106,6 +118,17 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                         if FP8:
                             sdst = heap_ptr(bases, d, sc_base + prow * (hidden // 128) * 4, tl.float32, ALIGNED=False)
                             tl.store(sdst + c // 128 + groups, scale, mask=c + groups * 128 < hidden)
+    # the histogram of each block of BLOCK_E entries, to every rank (the route kernel's prefix sums)
+    eb = tl.arange(0, BLOCK_E)
+    xs = tl.arange(0, BLOCK_X)
+    for b in range(pid, tl.cdiv(n_tokens * TOP_K, BLOCK_E), grid):
+        i = b * BLOCK_E + eb
+        im = i < n_tokens * TOP_K
+        bids, _ = _expert_ids(ids_ptr + (i // TOP_K).to(tl.int64) * ids_s0 + (i % TOP_K) * ids_s1, im, num_experts)
+        h = tl.histogram(bids, BLOCK_X, mask=bids >= 0)
+        hrow = tl.cast(rank * hist_blocks + b, tl.int64) * BLOCK_X * 4
+        for d in tl.static_range(WORLD):
+            tl.store(heap_ptr(bases, d, hist_off + half * hist_half + hrow, tl.int32) + xs, h)
     barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     epoch_commit(epoch_ptr, e)
 
@@ -113,13 +136,14 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
 def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                 wts: torch.Tensor, owner: torch.Tensor, bad: torch.Tensor, *, max_tokens: int, num_experts: int,
                 local: int, recv_off: int, recv_half: int, ids_off: int, ids_half: int, wtab_off: int, wtab_half: int,
-                ntab_off: int, ntab_half: int, sc_off: int, sc_half: int, fp8: bool, block_h: int,
-                num_warps: int) -> None:
+                ntab_off: int, ntab_half: int, sc_off: int, sc_half: int, hist_off: int, hist_half: int,
+                hist_blocks: int, fp8: bool, block_h: int, block_e: int, num_warps: int) -> None:
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     run(x, x.stride(0), ids, ids.stride(0), ids.stride(1), weights, weights.stride(0), weights.stride(1), wts, owner,
         bad, x.shape[0], x.shape[1], max_tokens, num_experts, bases, rank, timeout, diag, channel.flags_off,
         channel.epochs_off, recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off,
-        sc_half, WORLD=world, LOCAL=local, TOP_K=k,
-        BLOCK_K=triton.next_power_of_2(k), BLOCK_H=block_h, FP8=fp8, num_warps=num_warps)
+        sc_half, hist_off, hist_half, hist_blocks, WORLD=world, LOCAL=local, TOP_K=k,
+        BLOCK_K=triton.next_power_of_2(k), BLOCK_H=block_h, BLOCK_E=block_e,
+        BLOCK_X=max(triton.next_power_of_2(num_experts), 4), FP8=fp8, num_warps=num_warps)

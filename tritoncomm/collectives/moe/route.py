@@ -4,13 +4,23 @@ Every rank holds every rank's routing after step 1, so every rank computes the s
 talking: the entries ``i = (source rank, token, j)`` (flattened in that order) of expert ``e`` get
 slots ``0, 1, ...`` in order; entries at or past ``capacity`` are dropped.
 
-``moe_route_kernel``: program ``e`` (one per expert, every rank runs all of them) scans the ids table
-in order, each source's rows below its token count only, keeping a running count. For this rank's
-own entries of ``e`` it writes where ``combine`` will find the expert's output (``owner``, and ``row =
-local expert * capacity + slot``; dropped entries keep ``owner = -1`` and are counted in ``bad[1]``).
-If ``e`` is one of this rank's experts it also writes, for each of its entries, its row in the expert
-buffer or -1 if dropped (``slot_of[entry]``, read by the gather kernel and the owner-side combine),
-and the expert's count (``min(entries, capacity)``).
+Step 1 also left, for every block of ``BLOCK_E`` consecutive entries of every source, the block's
+count per expert (the histogram table, row ``source * hist_blocks + block``). So no program scans
+for its place: ``moe_route_kernel``'s program ``pid`` takes block ``pid % hist_blocks`` of source
+``pid // hist_blocks`` (if the source has entries there) and gives each entry of expert ``e`` the
+slot
+
+    (entries of ``e`` in every earlier block: the histogram rows of the earlier sources' blocks and
+    of this source's earlier blocks, summed) + (entries of ``e`` before it in its block),
+
+the second term from a stable sort of the block by ``(expert, position)``. Each entry is read
+once, whatever the number of experts or ranks.
+
+For this rank's own entries it writes where ``combine`` will find the expert's output (``owner``,
+and ``row = local expert * capacity + slot``; dropped entries keep ``owner = -1`` and are counted in
+``bad[1]``). For the entries of this rank's experts it writes their row in the expert buffer, or -1
+if dropped (``slot_of[entry]``, read by the gather kernel and the owner-side combine). Program 0
+also writes this rank's experts' counts (``min(entries, capacity)``) from the sum of all live rows.
 
 It reads the tables' half given by the parity of the epoch the send kernel's program 0 stored.
 """
@@ -27,51 +37,76 @@ from ...kernels.launcher import Launcher
 __all__ = ["launch_route", "moe_route_kernel"]
 
 
+@triton.jit
+def _rows_sum(hist, row0, n_rows, BLOCK_B: tl.constexpr, BLOCK_X: tl.constexpr):
+    """The sum of the histogram rows ``row0 .. row0 + n_rows - 1``, ``BLOCK_B`` rows per load."""
+    rb = tl.arange(0, BLOCK_B)
+    xs = tl.arange(0, BLOCK_X)
+    acc = tl.zeros([BLOCK_X], dtype=tl.int32)
+    for r in range(0, n_rows, BLOCK_B):
+        rows = tl.cast(row0 + r + rb, tl.int64)
+        acc += tl.sum(tl.load(hist + rows[:, None] * BLOCK_X + xs[None, :], mask=(r + rb < n_rows)[:, None],
+                              other=0), axis=0)
+    return acc
+
+
 @triton.jit(do_not_specialize=["rank"])
-def moe_route_kernel(owner_ptr, row_ptr, slot_ptr, counts_ptr, bad_ptr, max_tokens, capacity, bases, rank,
-                     epochs_off, ids_off, ids_half, ntab_off, ntab_half, WORLD: tl.constexpr, LOCAL: tl.constexpr,
-                     TOP_K: tl.constexpr, BLOCK_E: tl.constexpr):
+def moe_route_kernel(owner_ptr, row_ptr, slot_ptr, counts_ptr, bad_ptr, max_tokens, capacity, hist_blocks, bases,
+                     rank, epochs_off, ids_off, ids_half, ntab_off, ntab_half, hist_off, hist_half,
+                     WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
+                     BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr):
     """See the module docstring."""
-    e = tl.program_id(0)
+    pid = tl.program_id(0)
+    s = pid // hist_blocks
+    b = pid % hist_blocks
     parity = (tl.load(heap_ptr(bases, rank, epochs_off, tl.uint32)) & 1).to(tl.int64)
     ids = heap_ptr(bases, rank, ids_off + parity * ids_half, tl.int32)
     ntab = heap_ptr(bases, rank, ntab_off + parity * ntab_half, tl.int32)
-    owner = e // LOCAL
-    mine = owner == rank
-    el = e - owner * LOCAL
-    seen = 0
-    dropped = 0
-    for s in range(WORLD):
-        n_s = tl.load(ntab + s) * TOP_K  # the source's live entries
-        base = s * max_tokens * TOP_K
-        own = s == rank
-        for b in range(0, n_s, BLOCK_E):
-            k = b + tl.arange(0, BLOCK_E)
-            i = base + k
-            hit = tl.load(ids + i, mask=k < n_s, other=-1) == e
-            n_hit = tl.sum(hit.to(tl.int32))
-            if n_hit > 0:
-                slot = seen + tl.cumsum(hit.to(tl.int32), 0) - 1
-                keep = hit & (slot < capacity)
-                if own:
-                    tl.store(owner_ptr + k, tl.where(keep, owner, -1), mask=hit)
-                    tl.store(row_ptr + k, el * capacity + slot, mask=keep)
-                    dropped += tl.sum((hit & ~keep).to(tl.int32))
-                if mine:
-                    tl.store(slot_ptr + i, tl.where(keep, el * capacity + slot, -1), mask=hit)
-                seen += n_hit
-    if mine:
-        tl.store(counts_ptr + el, tl.minimum(seen, capacity))
-    if dropped > 0:
-        tl.atomic_add(bad_ptr + 1, dropped.to(tl.int64))
+    hist = heap_ptr(bases, rank, hist_off + parity * hist_half, tl.int32)
+    xs = tl.arange(0, BLOCK_X)
+    if pid == 0:
+        total = tl.zeros([BLOCK_X], dtype=tl.int32)
+        for s2 in range(WORLD):
+            total += _rows_sum(hist, s2 * hist_blocks, tl.cdiv(tl.load(ntab + s2) * TOP_K, BLOCK_E), BLOCK_B, BLOCK_X)
+        first = rank * LOCAL
+        tl.store(counts_ptr + xs - first, tl.minimum(total, capacity), mask=(xs >= first) & (xs < first + LOCAL))
+    n_s = tl.load(ntab + s) * TOP_K  # the source's live entries
+    if b * BLOCK_E < n_s:
+        base = _rows_sum(hist, s * hist_blocks, b, BLOCK_B, BLOCK_X)  # this source's earlier blocks
+        for s2 in range(s):  # every block of the earlier sources
+            base += _rows_sum(hist, s2 * hist_blocks, tl.cdiv(tl.load(ntab + s2) * TOP_K, BLOCK_E), BLOCK_B, BLOCK_X)
+        eb = tl.arange(0, BLOCK_E)
+        e = tl.load(ids + tl.cast(s * max_tokens * TOP_K + b * BLOCK_E, tl.int64) + eb, mask=b * BLOCK_E + eb < n_s,
+                    other=-1)
+        routed = e >= 0
+        h = tl.histogram(e, BLOCK_X, mask=routed)
+        # sorted by (expert, position): the entries of one expert in order, "no expert" last
+        key = tl.sort(tl.where(routed, e, BLOCK_X) * BLOCK_E + eb)
+        x = key // BLOCK_E  # the p-th sorted entry's expert ...
+        k = key % BLOCK_E  # ... and its position in the block
+        valid = x < BLOCK_X
+        x = tl.minimum(x, BLOCK_X - 1)
+        # slot = earlier blocks' entries of x + p - (the block's entries of experts before x)
+        slot = tl.gather(base - (tl.cumsum(h, 0) - h), x, 0) + eb
+        keep = valid & (slot < capacity)
+        owner = x // LOCAL
+        at = (x - owner * LOCAL) * capacity + slot
+        if s == rank:
+            tl.store(owner_ptr + b * BLOCK_E + k, tl.where(keep, owner, -1), mask=valid)
+            tl.store(row_ptr + b * BLOCK_E + k, at, mask=keep)
+            dropped = tl.sum((valid & ~keep).to(tl.int32))
+            if dropped > 0:
+                tl.atomic_add(bad_ptr + 1, dropped.to(tl.int64))
+        tl.store(slot_ptr + tl.cast(s * max_tokens * TOP_K + b * BLOCK_E, tl.int64) + k, tl.where(keep, at, -1),
+                 mask=valid & (owner == rank))
 
 
 def launch_route(run: Launcher, comm, channel, owner: torch.Tensor, row: torch.Tensor,
                  slot_of: torch.Tensor, counts: torch.Tensor, bad: torch.Tensor, *, max_tokens: int, capacity: int,
-                 local: int, top_k: int, ids_off: int, ids_half: int, ntab_off: int, ntab_half: int, block_e: int,
-                 num_warps: int) -> None:
-    """Launch ``moe_route_kernel`` through ``run`` (its launcher: one program per expert)."""
+                 local: int, top_k: int, ids_off: int, ids_half: int, ntab_off: int, ntab_half: int, hist_off: int,
+                 hist_half: int, hist_blocks: int, block_e: int, block_x: int, num_warps: int) -> None:
+    """Launch ``moe_route_kernel`` through ``run`` (its launcher: ``world * hist_blocks`` programs)."""
     bases, rank, world, _, _ = comm.kernel_args()
-    run(owner, row, slot_of, counts, bad, max_tokens, capacity, bases, rank, channel.epochs_off, ids_off,
-        ids_half, ntab_off, ntab_half, WORLD=world, LOCAL=local, TOP_K=top_k, BLOCK_E=block_e, num_warps=num_warps)
-
+    run(owner, row, slot_of, counts, bad, max_tokens, capacity, hist_blocks, bases, rank, channel.epochs_off, ids_off,
+        ids_half, ntab_off, ntab_half, hist_off, hist_half, WORLD=world, LOCAL=local, TOP_K=top_k, BLOCK_E=block_e,
+        BLOCK_X=block_x, BLOCK_B=max(1, min(16, 4096 // block_x)), num_warps=num_warps)

@@ -86,15 +86,16 @@ class MoEShape:
 
 #: Launch shapes by kind of instance; on GPUs ``programs`` is set from the SM count at construction
 #: (``default_shape``).
-SHAPES = {"cuda": MoEShape(132, 1024, 256, 4),
-          "cuda-prefill": MoEShape(264, 1024, 1024, 8, send_block_h=4096),
+SHAPES = {"cuda": MoEShape(132, 1024, 64, 4),
+          "cuda-prefill": MoEShape(264, 4096, 256, 8),
           "cpu": MoEShape(2, 64, 16, 1)}
 
 #: Instances sized for at least this many tokens per rank get the ``cuda-prefill`` shape. Measured at
 #: EP1 on one H200 (DeepSeek-V3, eager, GPU time by kernel, ``docs/moe.md``): at 128 and 4096 tokens
 #: two 8-warp programs per SM beat one 4-warp program (send + combine + gather 22.1 vs 26.0 µs and
-#: 414 vs 611 µs); at 8 tokens they lose (12.4 vs 10.3 µs). Its send takes 4096 columns per step (43
-#: vs 70 µs at 4096 tokens); the combine and gather lose with blocks past 1024.
+#: 414 vs 611 µs); at 8 tokens they lose (12.4 vs 10.3 µs). It takes 4096 columns per step (at 4096
+#: tokens: send 43 vs 70 µs, combine 137 vs 161, FP8 gather 122 vs 162) and routes in blocks of 256
+#: entries (route 12 µs at 4096 tokens, 4 at 128), where decode instances use 64 (2.8 µs at 1-8).
 PREFILL_FROM = 128
 
 

@@ -20,10 +20,11 @@ all in the half given by the launch's epoch parity.
 With ``FP8`` the token is sent as e4m3 with one fp32 scale per 128 values (``wire.to_fp8``), the
 scales into the scale table's row.
 
-Program ``pid`` also counts the entries per expert of the blocks ``pid, pid + grid, ...`` of
-``BLOCK_E`` consecutive entries ``(t, j)`` of this rank (``tl.histogram``) and stores each block's
-counts into row ``rank * hist_blocks + block`` of every rank's histogram table, from which the
-route kernel places every entry without scanning.
+Program ``pid`` also counts the entries per expert of the blocks ``q, q + grid, ...`` of ``BLOCK_E``
+consecutive entries ``(t, j)`` of this rank (``q = grid - 1 - pid``: at decode the programs with no
+token row do it; ``tl.histogram``) and stores each block's counts into row ``rank * hist_blocks +
+block`` of every rank's histogram table, from which the route kernel places every entry without
+scanning.
 
 Rows at or past a source's count are never read, so they are never sent. Then the kernel arrives
 at and waits on barrier slot ``pid``. Once the kernel has ended on a rank, every peer's programs have
@@ -121,7 +122,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     # the histogram of each block of BLOCK_E entries, to every rank (the route kernel's prefix sums)
     eb = tl.arange(0, BLOCK_E)
     xs = tl.arange(0, BLOCK_X)
-    for b in range(pid, tl.cdiv(n_tokens * TOP_K, BLOCK_E), grid):
+    for b in range(grid - 1 - pid, tl.cdiv(n_tokens * TOP_K, BLOCK_E), grid):  # the last programs: idle at decode
         i = b * BLOCK_E + eb
         im = i < n_tokens * TOP_K
         bids, _ = _expert_ids(ids_ptr + (i // TOP_K).to(tl.int64) * ids_s0 + (i % TOP_K) * ids_s1, im, num_experts)

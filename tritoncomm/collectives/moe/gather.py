@@ -65,7 +65,8 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, slot_ptr, bad_ptr, b
             t = item // shares
             i0 = (s * max_tokens + t) * TOP_K
             e = tl.load(ids + i0 + kk, mask=km, other=-1)
-            at = tl.load(slot_ptr + i0 + kk, mask=km & (e >= 0) & (e // LOCAL == rank), other=-1)
+            at = tl.load(slot_ptr + i0 + kk, mask=km, other=-1)  # meaningful where the expert is mine
+            at = tl.where((e >= 0) & (e // LOCAL == rank), at, -1)
             if tl.sum((at >= 0).to(tl.int32), axis=0) > 0:
                 t64 = tl.cast(t, tl.int64)
                 r64 = tl.cast(peer_row + t, tl.int64)

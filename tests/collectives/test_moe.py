@@ -203,12 +203,21 @@ def test_fp8_dispatch_scales_per_128_values(worlds, world):
 def test_rows_split_over_programs_by_column_blocks(worlds, world, mode, fp8):
     """More programs than rows: rows' column blocks spread over programs (send, gather, both combine
     modes), for every token count from 0 to 6; the last block partial; the send's block twice the
-    others'."""
-    shape = MoEShape(programs=6, block_h=128 if fp8 else 16, block_e=8, num_warps=1,
+    others'; routing in blocks of 4 entries, superblocks of 2."""
+    shape = MoEShape(programs=6, block_h=128 if fp8 else 16, block_e=4, num_warps=1, super_blocks=2,
                      send_block_h=256 if fp8 else 32)
     hidden = 384 if fp8 else 40
     for bad in worlds(world).run(_job, 2 * world, 2, hidden, 6, "unrouted", 4, torch.bfloat16, None, torch.int64,
                                  torch.float32, fp8, mode, shape=shape):
+        assert bad == []
+
+
+@pytest.mark.parametrize("mode", ["latency", "throughput"])
+def test_rows_cut_finer_than_the_block(worlds, mode):
+    """Blocks of 2048 columns, rows cut every 1024 (``SHARE_STEP``): runs narrower than a block,
+    masked at their end, in every kernel."""
+    shape = MoEShape(programs=8, block_h=2048, block_e=4, num_warps=1, super_blocks=2)
+    for bad in worlds(2).run(_job, 4, 2, 2 * 1024 + 128, 3, "random", 3, mode=mode, shape=shape):
         assert bad == []
 
 

@@ -73,9 +73,10 @@ class MoEShape:
     block_e: int  #: routing entries per block of the route kernel (and of the send's histograms)
     num_warps: int
     send_block_h: int = 0  #: columns per step of the send kernel; 0: ``block_h``
+    super_blocks: int = 16  #: route blocks per superblock of the histogram table (``route.py``)
 
     def __post_init__(self) -> None:
-        for name in ("block_h", "block_e", "send_block_h"):
+        for name in ("block_h", "block_e", "send_block_h", "super_blocks"):
             v = getattr(self, name)
             lowest = 0 if name == "send_block_h" else 1  # send_block_h 0: the send uses block_h
             if v < lowest or v & (v - 1):
@@ -87,7 +88,7 @@ class MoEShape:
 #: Launch shapes by kind of instance; on GPUs ``programs`` is set from the SM count at construction
 #: (``default_shape``).
 SHAPES = {"cuda": MoEShape(132, 1024, 64, 4),
-          "cuda-prefill": MoEShape(264, 4096, 256, 8),
+          "cuda-prefill": MoEShape(264, 4096, 64, 8),
           "cpu": MoEShape(2, 64, 16, 1)}
 
 #: Instances sized for at least this many tokens per rank get the ``cuda-prefill`` shape. Measured at
@@ -175,10 +176,11 @@ class MoEAllToAll:
         self._ids = comm.empty((2, w * m * k), torch.int32)
         self._wtab = comm.empty((2, w * m * k), torch.float32)
         self._ntab = comm.empty((2, w), torch.int32)
-        # per block of block_e entries of every source, its count per expert (the route kernel's sums)
+        # per block of block_e entries of every source and per superblock, its count per expert (route.py)
         self._block_x = max(triton.next_power_of_2(num_experts), 4)
         self._hist_blocks = -(-m * k // sh.block_e)
-        self._hist = comm.empty((2, w * self._hist_blocks, self._block_x), torch.int32)
+        supers = -(-self._hist_blocks // sh.super_blocks)
+        self._hist = comm.empty((2, w * (self._hist_blocks + supers), self._block_x), torch.int32)
         self._sc = comm.empty((2, peers * m, hidden // 128), torch.float32) if self.fp8 else None
         (self._recv_off, self._recv_half), (self._ids_off, self._ids_half) = self._halves(self._recv), \
             self._halves(self._ids)
@@ -239,13 +241,14 @@ class MoEAllToAll:
                     ids_half=self._ids_half, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     ntab_off=self._ntab_off, ntab_half=self._ntab_half, sc_off=self._sc_off, sc_half=self._sc_half,
                     hist_off=self._hist_off, hist_half=self._hist_half, hist_blocks=self._hist_blocks, fp8=self.fp8,
-                    block_h=sh.send_block_h or sh.block_h, block_e=sh.block_e, num_warps=sh.num_warps)
+                    block_h=sh.send_block_h or sh.block_h, block_e=sh.block_e, super_blocks=sh.super_blocks,
+                    num_warps=sh.num_warps)
         launch_route(self._run_route, self.comm, self._send_ch, self._owner, self._row, self._slot_of,
                      self._counts, self._bad, max_tokens=self.max_tokens, capacity=self.capacity,
                      local=self.local_experts, top_k=self.top_k, ids_off=self._ids_off, ids_half=self._ids_half,
                      ntab_off=self._ntab_off, ntab_half=self._ntab_half, hist_off=self._hist_off,
                      hist_half=self._hist_half, hist_blocks=self._hist_blocks, block_e=sh.block_e,
-                     block_x=self._block_x, num_warps=sh.num_warps)
+                     block_x=self._block_x, super_blocks=sh.super_blocks, num_warps=sh.num_warps)
         launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, x, self._slot_of,
                       self._bad, self._bad_host.device_addr, max_tokens=self.max_tokens, local=self.local_experts,
                       top_k=self.top_k, recv_off=self._recv_off, recv_half=self._recv_half, ids_off=self._ids_off,

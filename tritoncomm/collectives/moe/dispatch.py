@@ -20,11 +20,11 @@ all in the half given by the launch's epoch parity.
 With ``FP8`` the token is sent as e4m3 with one fp32 scale per 128 values (``wire.to_fp8``), the
 scales into the scale table's row.
 
-Program ``pid`` also counts the entries per expert of the blocks ``q, q + grid, ...`` of ``BLOCK_E``
-consecutive entries ``(t, j)`` of this rank (``q = grid - 1 - pid``: at decode the programs with no
-token row do it; ``tl.histogram``) and stores each block's counts into row ``rank * hist_blocks +
-block`` of every rank's histogram table, from which the route kernel places every entry without
-scanning.
+Program ``pid`` also counts the entries per expert (``tl.histogram``) of this rank's blocks of
+``BLOCK_E`` consecutive entries ``(t, j)`` and of its superblocks of ``SUPER`` blocks, tasks ``q, q +
+grid, ...`` (``q = grid - 1 - pid``: at decode the programs with no token row do them), and stores
+them into every rank's histogram table (``route.py`` gives its layout), from which the route kernel
+places every entry without scanning.
 
 Rows at or past a source's count are never read, so they are never sent. Then the kernel arrives
 at and waits on barrier slot ``pid``. Once the kernel has ended on a rank, every peer's programs have
@@ -57,13 +57,23 @@ def _expert_ids(ptr, mask, num_experts):
     return tl.where(bad, -1, raw).to(tl.int32), bad
 
 
+@triton.jit
+def _histogram(ids_ptr, ids_s0, ids_s1, first, n_entries, num_experts, N: tl.constexpr, TOP_K: tl.constexpr,
+               BLOCK_X: tl.constexpr):
+    """Entries per expert among this rank's entries ``first .. first + N - 1`` (below ``n_entries``)."""
+    i = first + tl.arange(0, N)
+    ids, _ = _expert_ids(ids_ptr + (i // TOP_K).to(tl.int64) * ids_s0 + (i % TOP_K) * ids_s1, i < n_entries,
+                         num_experts)
+    return tl.histogram(ids, BLOCK_X, mask=ids >= 0)
+
+
 @triton.jit(do_not_specialize=["rank", "n_tokens", "ids_s0", "ids_s1", "w_s0", "w_s1"])  # one build for every call
 def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, owner_ptr, bad_ptr,
                     n_tokens, hidden, max_tokens, num_experts, bases, rank, timeout, diag_addr, flags_off, epochs_off,
                     recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half,
                     hist_off, hist_half, hist_blocks, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
                     BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr,
-                    FP8: tl.constexpr):
+                    SUPER: tl.constexpr, FP8: tl.constexpr):
     """See the module docstring."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
@@ -106,7 +116,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
         if tl.sum(((owner >= 0) & (owner != rank)).to(tl.int32)) > 0:  # a peer holds one of its experts
             lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
             for c in range(lo, hi, BLOCK_H):
-                m = c + cols < hidden
+                m = c + cols < hi
                 v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
                 if FP8:
                     v, scale = to_fp8(v)
@@ -118,18 +128,21 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                         tl.store(dst + c + cols, v, mask=m)
                         if FP8:
                             sdst = heap_ptr(bases, d, sc_base + prow * (hidden // 128) * 4, tl.float32, ALIGNED=False)
-                            tl.store(sdst + c // 128 + groups, scale, mask=c + groups * 128 < hidden)
-    # the histogram of each block of BLOCK_E entries, to every rank (the route kernel's prefix sums)
-    eb = tl.arange(0, BLOCK_E)
+                            tl.store(sdst + c // 128 + groups, scale, mask=c + groups * 128 < hi)
+    # the histograms of each block of BLOCK_E entries and of each SUPER blocks, to every rank
     xs = tl.arange(0, BLOCK_X)
-    for b in range(grid - 1 - pid, tl.cdiv(n_tokens * TOP_K, BLOCK_E), grid):  # the last programs: idle at decode
-        i = b * BLOCK_E + eb
-        im = i < n_tokens * TOP_K
-        bids, _ = _expert_ids(ids_ptr + (i // TOP_K).to(tl.int64) * ids_s0 + (i % TOP_K) * ids_s1, im, num_experts)
-        h = tl.histogram(bids, BLOCK_X, mask=bids >= 0)
-        hrow = tl.cast(rank * hist_blocks + b, tl.int64) * BLOCK_X * 4
+    n_blocks = tl.cdiv(n_tokens * TOP_K, BLOCK_E)
+    for u in range(grid - 1 - pid, n_blocks + tl.cdiv(n_blocks, SUPER), grid):  # the last programs: idle at decode
+        if u < n_blocks:
+            h = _histogram(ids_ptr, ids_s0, ids_s1, u * BLOCK_E, n_tokens * TOP_K, num_experts, BLOCK_E, TOP_K, BLOCK_X)
+            hrow = rank * hist_blocks + u
+        else:
+            h = _histogram(ids_ptr, ids_s0, ids_s1, (u - n_blocks) * SUPER * BLOCK_E, n_tokens * TOP_K, num_experts,
+                           SUPER * BLOCK_E, TOP_K, BLOCK_X)
+            hrow = WORLD * hist_blocks + rank * tl.cdiv(hist_blocks, SUPER) + u - n_blocks
         for d in tl.static_range(WORLD):
-            tl.store(heap_ptr(bases, d, hist_off + half * hist_half + hrow, tl.int32) + xs, h)
+            tl.store(heap_ptr(bases, d, hist_off + half * hist_half + tl.cast(hrow, tl.int64) * BLOCK_X * 4,
+                              tl.int32) + xs, h)
     barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     epoch_commit(epoch_ptr, e)
 
@@ -138,7 +151,7 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
                 wts: torch.Tensor, owner: torch.Tensor, bad: torch.Tensor, *, max_tokens: int, num_experts: int,
                 local: int, recv_off: int, recv_half: int, ids_off: int, ids_half: int, wtab_off: int, wtab_half: int,
                 ntab_off: int, ntab_half: int, sc_off: int, sc_half: int, hist_off: int, hist_half: int,
-                hist_blocks: int, fp8: bool, block_h: int, block_e: int, num_warps: int) -> None:
+                hist_blocks: int, fp8: bool, block_h: int, block_e: int, super_blocks: int, num_warps: int) -> None:
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
@@ -147,4 +160,4 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
         channel.epochs_off, recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off,
         sc_half, hist_off, hist_half, hist_blocks, WORLD=world, LOCAL=local, TOP_K=k,
         BLOCK_K=triton.next_power_of_2(k), BLOCK_H=block_h, BLOCK_E=block_e,
-        BLOCK_X=max(triton.next_power_of_2(num_experts), 4), FP8=fp8, num_warps=num_warps)
+        BLOCK_X=max(triton.next_power_of_2(num_experts), 4), SUPER=super_blocks, FP8=fp8, num_warps=num_warps)

@@ -4,23 +4,26 @@ Every rank holds every rank's routing after step 1, so every rank computes the s
 talking: the entries ``i = (source rank, token, j)`` (flattened in that order) of expert ``e`` get
 slots ``0, 1, ...`` in order; entries at or past ``capacity`` are dropped.
 
-Step 1 also left, for every block of ``BLOCK_E`` consecutive entries of every source, the block's
-count per expert (the histogram table, row ``source * hist_blocks + block``). So no program scans
-for its place: ``moe_route_kernel``'s program ``pid`` takes block ``pid % hist_blocks`` of source
-``pid // hist_blocks`` (if the source has entries there) and gives each entry of expert ``e`` the
-slot
+Step 1 also left the count per expert of every block of ``BLOCK_E`` consecutive entries of every
+source (the histogram table, row ``source * hist_blocks + block``) and of every superblock of
+``SUPER`` blocks (row ``world * hist_blocks + source * super_blocks + superblock``). So no
+program scans for its place: ``moe_route_kernel``'s program ``pid`` takes block ``b = pid %
+hist_blocks`` of source ``s = pid // hist_blocks`` (if the source has entries there) and gives each
+entry of expert ``e`` the slot
 
-    (entries of ``e`` in every earlier block: the histogram rows of the earlier sources' blocks and
-    of this source's earlier blocks, summed) + (entries of ``e`` before it in its block),
+    (entries of ``e`` in every earlier block: the rows of the earlier sources' superblocks, of
+    ``s``'s superblocks before ``b``'s and of ``b``'s superblock's blocks before ``b``, summed)
+    + (entries of ``e`` before it in its block),
 
 the second term from a stable sort of the block by ``(expert, position)``. Each entry is read
-once, whatever the number of experts or ranks.
+once, and each program sums at most ``world * super_blocks + SUPER`` rows.
 
 For this rank's own entries it writes where ``combine`` will find the expert's output (``owner``,
 and ``row = local expert * capacity + slot``; dropped entries keep ``owner = -1`` and are counted in
 ``bad[1]``). For the entries of this rank's experts it writes their row in the expert buffer, or -1
 if dropped (``slot_of[entry]``, read by the gather kernel and the owner-side combine). Program 0
-also writes this rank's experts' counts (``min(entries, capacity)``) from the sum of all live rows.
+also writes this rank's experts' counts (``min(entries, capacity)``) from the sum of all live
+superblock rows.
 
 It reads the tables' half given by the parity of the epoch the send kernel's program 0 stored.
 """
@@ -54,7 +57,7 @@ def _rows_sum(hist, row0, n_rows, BLOCK_B: tl.constexpr, BLOCK_X: tl.constexpr):
 def moe_route_kernel(owner_ptr, row_ptr, slot_ptr, counts_ptr, bad_ptr, max_tokens, capacity, hist_blocks, bases,
                      rank, epochs_off, ids_off, ids_half, ntab_off, ntab_half, hist_off, hist_half,
                      WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
-                     BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr):
+                     BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr):
     """See the module docstring."""
     pid = tl.program_id(0)
     s = pid // hist_blocks
@@ -64,17 +67,23 @@ def moe_route_kernel(owner_ptr, row_ptr, slot_ptr, counts_ptr, bad_ptr, max_toke
     ntab = heap_ptr(bases, rank, ntab_off + parity * ntab_half, tl.int32)
     hist = heap_ptr(bases, rank, hist_off + parity * hist_half, tl.int32)
     xs = tl.arange(0, BLOCK_X)
+    super_blocks = tl.cdiv(hist_blocks, SUPER)
+    supers = WORLD * hist_blocks  # the first superblock row
     if pid == 0:
         total = tl.zeros([BLOCK_X], dtype=tl.int32)
         for s2 in range(WORLD):
-            total += _rows_sum(hist, s2 * hist_blocks, tl.cdiv(tl.load(ntab + s2) * TOP_K, BLOCK_E), BLOCK_B, BLOCK_X)
+            live = tl.cdiv(tl.cdiv(tl.load(ntab + s2) * TOP_K, BLOCK_E), SUPER)
+            total += _rows_sum(hist, supers + s2 * super_blocks, live, BLOCK_B, BLOCK_X)
         first = rank * LOCAL
         tl.store(counts_ptr + xs - first, tl.minimum(total, capacity), mask=(xs >= first) & (xs < first + LOCAL))
     n_s = tl.load(ntab + s) * TOP_K  # the source's live entries
     if b * BLOCK_E < n_s:
-        base = _rows_sum(hist, s * hist_blocks, b, BLOCK_B, BLOCK_X)  # this source's earlier blocks
-        for s2 in range(s):  # every block of the earlier sources
-            base += _rows_sum(hist, s2 * hist_blocks, tl.cdiv(tl.load(ntab + s2) * TOP_K, BLOCK_E), BLOCK_B, BLOCK_X)
+        q = b // SUPER
+        base = _rows_sum(hist, s * hist_blocks + q * SUPER, b - q * SUPER, BLOCK_B, BLOCK_X)
+        base += _rows_sum(hist, supers + s * super_blocks, q, BLOCK_B, BLOCK_X)
+        for s2 in range(s):  # every superblock of the earlier sources
+            live = tl.cdiv(tl.cdiv(tl.load(ntab + s2) * TOP_K, BLOCK_E), SUPER)
+            base += _rows_sum(hist, supers + s2 * super_blocks, live, BLOCK_B, BLOCK_X)
         eb = tl.arange(0, BLOCK_E)
         e = tl.load(ids + tl.cast(s * max_tokens * TOP_K + b * BLOCK_E, tl.int64) + eb, mask=b * BLOCK_E + eb < n_s,
                     other=-1)
@@ -104,9 +113,10 @@ def moe_route_kernel(owner_ptr, row_ptr, slot_ptr, counts_ptr, bad_ptr, max_toke
 def launch_route(run: Launcher, comm, channel, owner: torch.Tensor, row: torch.Tensor,
                  slot_of: torch.Tensor, counts: torch.Tensor, bad: torch.Tensor, *, max_tokens: int, capacity: int,
                  local: int, top_k: int, ids_off: int, ids_half: int, ntab_off: int, ntab_half: int, hist_off: int,
-                 hist_half: int, hist_blocks: int, block_e: int, block_x: int, num_warps: int) -> None:
+                 hist_half: int, hist_blocks: int, block_e: int, block_x: int, super_blocks: int,
+                 num_warps: int) -> None:
     """Launch ``moe_route_kernel`` through ``run`` (its launcher: ``world * hist_blocks`` programs)."""
     bases, rank, world, _, _ = comm.kernel_args()
     run(owner, row, slot_of, counts, bad, max_tokens, capacity, hist_blocks, bases, rank, channel.epochs_off, ids_off,
         ids_half, ntab_off, ntab_half, hist_off, hist_half, WORLD=world, LOCAL=local, TOP_K=top_k, BLOCK_E=block_e,
-        BLOCK_X=block_x, BLOCK_B=max(1, min(16, 4096 // block_x)), num_warps=num_warps)
+        BLOCK_X=block_x, BLOCK_B=max(1, min(16, 4096 // block_x)), SUPER=super_blocks, num_warps=num_warps)

@@ -364,7 +364,7 @@ def _moe_ptx(kernel: str) -> str:
                                                                     "ntab_off", "ntab_half", "hist_off",
                                                                     "hist_half"), "i64"), "hist_blocks": "i32"}
         fn, cx = dispatch.moe_send_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_H": 1024,
-                                            "BLOCK_E": 256, "BLOCK_X": 256, "FP8": False}
+                                            "BLOCK_E": 256, "BLOCK_X": 256, "SUPER": 16, "FP8": False}
     elif kernel == "gather":
         sig = {"out_ptr": "*bf16", "sc_out_ptr": "*bf16", "x_ptr": "*bf16", "x_stride": "i32", "slot_ptr": "*i32",
                "bad_ptr": "*i64", "bad_host_addr": "i64", "hidden": "i32", "max_tokens": "i32", "bases": "*i64",

@@ -212,15 +212,6 @@ def test_rows_split_over_programs_by_column_blocks(worlds, world, mode, fp8):
         assert bad == []
 
 
-@pytest.mark.parametrize("mode", ["latency", "throughput"])
-def test_rows_cut_finer_than_the_block(worlds, mode):
-    """Blocks of 2048 columns, rows cut every 1024 (``SHARE_STEP``): runs narrower than a block,
-    masked at their end, in every kernel."""
-    shape = MoEShape(programs=8, block_h=2048, block_e=4, num_warps=1, super_blocks=2)
-    for bad in worlds(2).run(_job, 4, 2, 2 * 1024 + 128, 3, "random", 3, mode=mode, shape=shape):
-        assert bad == []
-
-
 @pytest.mark.parametrize("world", world_sizes(8))
 @pytest.mark.parametrize("mode", ["latency", "throughput"])
 def test_world8(worlds, world, mode):

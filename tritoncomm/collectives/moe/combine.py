@@ -67,7 +67,7 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
         wt = tl.load(w_ptr + t * TOP_K + kk, mask=km, other=0.0)
         lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
         for c in range(lo, hi, BLOCK_H):
-            m = c + cols < hi
+            m = c + cols < hidden
             acc = tl.zeros([BLOCK_H], dtype=tl.float32)
             for r in tl.static_range(WORLD):
                 pushed = from_partials & (r != rank)  # r's partial is in the partials buffer
@@ -110,7 +110,7 @@ def _push_partials(slot_ptr, hidden, max_tokens, bases, rank, ybuf_off, ids, wta
                 dst = heap_ptr(bases, s, part_off, DTYPE) + tl.cast(rank * max_tokens + t, tl.int64) * hidden
                 lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
                 for c in range(lo, hi, BLOCK_H):
-                    m = c + cols < hi
+                    m = c + cols < hidden
                     part = tl.zeros([BLOCK_H], dtype=tl.float32)
                     for j in tl.static_range(TOP_K):
                         at = pick(slot, kk, j)

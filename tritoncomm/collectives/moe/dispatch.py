@@ -116,7 +116,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
         if tl.sum(((owner >= 0) & (owner != rank)).to(tl.int32)) > 0:  # a peer holds one of its experts
             lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
             for c in range(lo, hi, BLOCK_H):
-                m = c + cols < hi
+                m = c + cols < hidden
                 v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
                 if FP8:
                     v, scale = to_fp8(v)
@@ -128,7 +128,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                         tl.store(dst + c + cols, v, mask=m)
                         if FP8:
                             sdst = heap_ptr(bases, d, sc_base + prow * (hidden // 128) * 4, tl.float32, ALIGNED=False)
-                            tl.store(sdst + c // 128 + groups, scale, mask=c + groups * 128 < hi)
+                            tl.store(sdst + c // 128 + groups, scale, mask=c + groups * 128 < hidden)
     # the histograms of each block of BLOCK_E entries and of each SUPER blocks, to every rank
     xs = tl.arange(0, BLOCK_X)
     n_blocks = tl.cdiv(n_tokens * TOP_K, BLOCK_E)

@@ -72,8 +72,8 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, slot_ptr, bad_ptr, b
                 r64 = tl.cast(peer_row + t, tl.int64)
                 lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
                 for c in range(lo, hi, BLOCK_H):
-                    m = c + cols < hi
-                    gm = c + groups * 128 < hi
+                    m = c + cols < hidden
+                    gm = c + groups * 128 < hidden
                     if own:
                         v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
                         if FP8:

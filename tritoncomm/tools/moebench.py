@@ -104,10 +104,15 @@ def _check_ours(ctx: RankContext, moe: MoEAllToAll, x: torch.Tensor, ids: torch.
     return bool(torch.equal(counts.long(), mine) and moe.dropped() == 0 and err < tol)
 
 
+def _measure(ctx: RankContext, fn, mode: str) -> float:
+    """``fn``'s time per call (``time_per_call_us``); a few calls only in the CPU world."""
+    few = {} if ctx.backend == "cuda" else {"replays": 2, "warmup": 1, "calls": 2}  # the CPU world times nothing real
+    return time_per_call_us(fn, ctx.device, ctx.barrier, mode=mode, **few)
+
+
 def _time(ctx: RankContext, fn, mode: str) -> float | None:
-    few = {} if ctx.backend == "cuda" else {"replays": 2, "warmup": 1}  # the CPU world times nothing real
     try:
-        return time_per_call_us(fn, ctx.device, ctx.barrier, mode=mode, **few)
+        return _measure(ctx, fn, mode)
     except (RuntimeError, ValueError, NotImplementedError):  # a backend without the collective
         return None
 

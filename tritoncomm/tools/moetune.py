@@ -32,9 +32,8 @@ from ..collectives import MoEAllToAll
 from ..collectives.moe import default_shape
 from ..config import CommConfig
 from ..launch import RankContext
-from .moebench import DEFAULTS, MOE_SHAPES, _capacity
+from .moebench import DEFAULTS, MOE_SHAPES, _capacity, _measure
 from .report import device_name, max_over_ranks
-from .timing import time_per_call_us
 
 __all__ = ["NEVER", "moe_tune_rank", "options", "switch_point"]
 
@@ -58,9 +57,7 @@ def _time(ctx: RankContext, moe: MoEAllToAll, x: torch.Tensor, ids: torch.Tensor
         _, _, h = moe.dispatch(x, ids, w)
         moe.combine(moe.expert_buffer(), h)
 
-    cuda = ctx.backend == "cuda"
-    few = {} if cuda else {"replays": 2, "warmup": 1, "calls": 2}  # the CPU world times nothing real
-    return time_per_call_us(step, ctx.device, ctx.barrier, mode="graph" if cuda else "eager", **few)
+    return _measure(ctx, step, "graph" if ctx.backend == "cuda" else "eager")
 
 
 def _tune_shape(ctx: RankContext, comm: Communicator, shape: str, tokens: list[int]) -> dict[str, Any]:

@@ -95,15 +95,16 @@ SHAPES = {"cuda": MoEShape(132, 1024, 64, 4),
 #: EP1 on one H200 (DeepSeek-V3, eager, GPU time by kernel, ``docs/moe.md``): at 128 and 4096 tokens
 #: two 8-warp programs per SM beat one 4-warp program (send + combine + gather 22.1 vs 26.0 µs and
 #: 414 vs 611 µs); at 8 tokens they lose (12.4 vs 10.3 µs). It takes 4096 columns per step (at 4096
-#: tokens: send 43 vs 70 µs, combine 137 vs 161, FP8 gather 122 vs 162) and routes in blocks of 256
-#: entries (route 12 µs at 4096 tokens, 4 at 128), where decode instances use 64 (2.8 µs at 1-8).
+#: tokens: send 43 vs 70 µs, combine 137 vs 161, FP8 gather 122 vs 162). Both shapes route in blocks
+#: of 64 entries with superblocks of 16 (route 11.5 µs at 4096 tokens, 3.6 at 128, 3.0 at 1-8).
 PREFILL_FROM = 128
 
 
 def default_shape(backend: str, max_tokens: int, sms: int, prefill_from: int = PREFILL_FROM) -> MoEShape:
     """The launch shape of an instance given none: in the CPU world ``SHAPES["cpu"]``; on GPUs one
-    4-warp send/combine program per SM below ``prefill_from`` tokens per rank, two 8-warp ones per SM
-    from it on. Every rank builds the same shape (the barriers pair program ``pid`` across ranks)."""
+    4-warp send/gather/combine program per SM and 1024 columns per step below ``prefill_from``
+    tokens per rank, two 8-warp ones per SM and 4096 columns from it on. Every rank builds the same
+    shape (the barriers pair program ``pid`` across ranks)."""
     if backend != "cuda":
         return SHAPES["cpu"]
     if max_tokens >= prefill_from:
@@ -176,7 +177,8 @@ class MoEAllToAll:
         self._ids = comm.empty((2, w * m * k), torch.int32)
         self._wtab = comm.empty((2, w * m * k), torch.float32)
         self._ntab = comm.empty((2, w), torch.int32)
-        # per block of block_e entries of every source and per superblock, its count per expert (route.py)
+        # two halves too: per block of block_e entries of every source and per superblock, its count per
+        # expert (route.py)
         self._block_x = max(triton.next_power_of_2(num_experts), 4)
         self._hist_blocks = -(-m * k // sh.block_e)
         supers = -(-self._hist_blocks // sh.super_blocks)

@@ -199,15 +199,18 @@ def test_fp8_dispatch_scales_per_128_values(worlds, world):
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
-@pytest.mark.parametrize("mode,fp8", [("latency", False), ("throughput", False), ("throughput", True)])
-def test_rows_split_over_programs_by_column_blocks(worlds, world, mode, fp8):
+@pytest.mark.parametrize("mode,fp8,fused", [("latency", False, False), ("throughput", False, False),
+                                            ("throughput", True, False), ("latency", False, True),
+                                            ("throughput", True, True)])
+def test_rows_split_over_programs_by_column_blocks(worlds, world, mode, fp8, fused):
     """More programs than rows: rows' column blocks spread over programs (send, gather, both combine
     modes), for every token count from 0 to 6; the last block partial; the send's block twice the
-    others'; routing in blocks of 4 entries, superblocks of 2."""
+    others'; routing in blocks of 4 entries, superblocks of 2, by the route kernel or in the gather
+    (a row's entries then straddle two blocks: 3 per row)."""
     shape = MoEShape(programs=6, block_h=128 if fp8 else 16, block_e=4, num_warps=1, super_blocks=2,
-                     send_block_h=256 if fp8 else 32)
+                     send_block_h=256 if fp8 else 32, fused_route=fused)
     hidden = 384 if fp8 else 40
-    for bad in worlds(world).run(_job, 2 * world, 2, hidden, 6, "unrouted", 4, torch.bfloat16, None, torch.int64,
+    for bad in worlds(world).run(_job, 2 * world, 3, hidden, 6, "unrouted", 4, torch.bfloat16, None, torch.int64,
                                  torch.float32, fp8, mode, shape=shape):
         assert bad == []
 

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import barrier, epoch_commit, heap_ptr, program_epoch, round_to
+from ...kernels import barrier, epoch_commit, heap_ptr, pdl_launch_dependents, pdl_wait, program_epoch, round_to
 from ...kernels.launcher import Launcher
 from .shares import column_shares, pick, share_columns
 
@@ -131,6 +131,8 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     diag = diag_addr.to(tl.pointer_type(tl.int64))
+    pdl_wait()  # launched with PDL: the previous kernel has ended
+    pdl_launch_dependents()
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     parity = (tl.load(heap_ptr(bases, rank, send_epochs_off, tl.uint32)) & 1).to(tl.int64)  # the dispatch's half
     ntab = heap_ptr(bases, rank, ntab_off + parity * ntab_half, tl.int32)
@@ -152,11 +154,12 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
 def launch_combine(run: Launcher, comm, channel, send_channel, out: torch.Tensor, w: torch.Tensor,
                    owner: torch.Tensor, row: torch.Tensor, slot_of: torch.Tensor, n_tokens: int, *, max_tokens: int,
                    throughput_from: int, local: int, ybuf_off: int, ids_off: int, ids_half: int, wtab_off: int,
-                   wtab_half: int, ntab_off: int, ntab_half: int, part_off: int, block_h: int, num_warps: int) -> None:
+                   wtab_half: int, ntab_off: int, ntab_half: int, part_off: int, block_h: int, num_warps: int,
+                   launch_opts: dict[str, bool]) -> None:
     """Launch ``moe_combine_kernel`` through ``run`` (its launcher, one program per SM on GPUs)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     run(out, w, owner, row, slot_of, n_tokens, out.shape[-1], max_tokens, throughput_from, bases, rank, timeout, diag,
         channel.flags_off, channel.epochs_off, send_channel.epochs_off, ybuf_off, ids_off, ids_half, wtab_off,
         wtab_half, ntab_off, ntab_half, part_off, WORLD=world, LOCAL=local, TOP_K=w.shape[-1],
         BLOCK_K=triton.next_power_of_2(w.shape[-1]), BLOCK_W=triton.next_power_of_2(world), BLOCK_H=block_h,
-        num_warps=num_warps, enable_fp_fusion=False)
+        num_warps=num_warps, enable_fp_fusion=False, **launch_opts)

@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import barrier, epoch_commit, heap_ptr, program_epoch
+from ...kernels import barrier, epoch_commit, heap_ptr, pdl_launch_dependents, pdl_wait, program_epoch
 from ...kernels.launcher import Launcher
 from .shares import column_shares, share_columns
 from .wire import to_fp8
@@ -81,6 +81,8 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1  # scale groups per column block
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     diag = diag_addr.to(tl.pointer_type(tl.int64))
+    pdl_wait()  # launched with PDL: the previous kernel has ended
+    pdl_launch_dependents()
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     half = (e & 1).to(tl.int64)
     recv_base = recv_off + half * recv_half
@@ -151,7 +153,8 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
                 wts: torch.Tensor, owner: torch.Tensor, bad: torch.Tensor, *, max_tokens: int, num_experts: int,
                 local: int, recv_off: int, recv_half: int, ids_off: int, ids_half: int, wtab_off: int, wtab_half: int,
                 ntab_off: int, ntab_half: int, sc_off: int, sc_half: int, hist_off: int, hist_half: int,
-                hist_blocks: int, fp8: bool, block_h: int, block_e: int, super_blocks: int, num_warps: int) -> None:
+                hist_blocks: int, fp8: bool, block_h: int, block_e: int, super_blocks: int, num_warps: int,
+                launch_opts: dict[str, bool]) -> None:
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
@@ -160,4 +163,5 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
         channel.epochs_off, recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off,
         sc_half, hist_off, hist_half, hist_blocks, WORLD=world, LOCAL=local, TOP_K=k,
         BLOCK_K=triton.next_power_of_2(k), BLOCK_H=block_h, BLOCK_E=block_e,
-        BLOCK_X=max(triton.next_power_of_2(num_experts), 4), SUPER=super_blocks, FP8=fp8, num_warps=num_warps)
+        BLOCK_X=max(triton.next_power_of_2(num_experts), 4), SUPER=super_blocks, FP8=fp8, num_warps=num_warps,
+        **launch_opts)

@@ -1,0 +1,107 @@
+"""Which launch variant of MoE dispatch + combine is fastest end to end, in CUDA graphs?
+
+    python3 benchmarks/experiments/moe_variants.py --world 1 --tokens 1,8,128,4096 \
+        --variants default,no-pdl,route-kernel,route-kernel+no-pdl [--rounds 3] [--json out.json]
+
+A variant is ``default`` or ``+``-joined changes to the instance's default launch: ``route-kernel``
+(``MoEShape.fused_route`` off: the route kernel places the entries), ``fused-route`` (on), ``no-pdl``
+(no programmatic dependent launch). Each round times every variant in turn on the same inputs
+(``tools.timing.time_per_call_us``, graph mode), so drift between variants is spread over the
+rounds; the median over rounds is printed. Changes the tree does not know (an older checkout) are
+reported as such, not timed. Kernel-by-kernel profiles cannot show PDL's gain (a PDL kernel's span
+includes its wait for the previous one): this times whole calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import fields, replace
+
+import torch
+
+from tritoncomm.channels import Communicator
+from tritoncomm.collectives import MoEAllToAll
+from tritoncomm.collectives.moe import MoEShape, default_shape
+from tritoncomm.config import CommConfig
+from tritoncomm.launch import LocalWorld
+from tritoncomm.tools.moebench import MOE_SHAPES, _capacity
+from tritoncomm.tools.timing import time_per_call_us
+
+
+def _build(comm: Communicator, variant: str, t: int, hidden: int, experts: int, k: int, world: int,
+           sms: int) -> MoEAllToAll | None:
+    changes = set() if variant == "default" else set(variant.split("+"))
+    shape = default_shape("cuda", t, sms)
+    known = {f.name for f in fields(MoEShape)}
+    if changes & {"route-kernel", "fused-route"}:
+        if "fused_route" not in known:
+            return None
+        shape = replace(shape, fused_route="fused-route" in changes)
+    moe = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k,
+                      capacity=_capacity(world, t, experts, k), shape=shape)
+    if "no-pdl" in changes:
+        if not hasattr(moe, "_launch_opts"):
+            moe.close()
+            return None
+        moe._launch_opts.clear()  # before the first launch: the launchers have seen no option yet
+    return moe
+
+
+def _rank(ctx, shape: str, tokens: list[int], variants: list[str], rounds: int):
+    hidden, experts, k = MOE_SHAPES[shape]
+    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=4 << 30))
+    sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
+    out: dict[str, dict[str, list[float]]] = {}
+    for t in tokens:
+        gen = torch.Generator(device=ctx.device).manual_seed(1000 * t + ctx.rank)
+        x = torch.randn(t, hidden, device=ctx.device, generator=gen).to(torch.bfloat16)
+        ids = torch.rand(t, experts, device=ctx.device, generator=gen).topk(k).indices
+        w = torch.rand(t, k, device=ctx.device, generator=gen)
+        moes = {v: _build(comm, v, t, hidden, experts, k, ctx.world, sms) for v in variants}
+        times: dict[str, list[float]] = {v: [] for v in variants}
+        for _ in range(rounds):
+            for v, moe in moes.items():
+                if moe is None:
+                    continue
+
+                def both(moe: MoEAllToAll = moe, x: torch.Tensor = x, ids: torch.Tensor = ids,
+                         w: torch.Tensor = w) -> None:
+                    _, _, h = moe.dispatch(x, ids, w)
+                    moe.combine(moe.expert_buffer(), h)
+
+                times[v].append(time_per_call_us(both, ctx.device, ctx.barrier, mode="graph"))
+        for moe in moes.values():
+            if moe is not None:
+                moe.close()
+        out[str(t)] = times
+    comm.close()
+    return out if ctx.rank == 0 else None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--shape", default="deepseek-v3", choices=sorted(MOE_SHAPES))
+    p.add_argument("--tokens", default="1,8,128,4096")
+    p.add_argument("--variants", default="default,no-pdl,route-kernel,route-kernel+no-pdl")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", default=None, help="write the raw times here")
+    a = p.parse_args()
+    variants = a.variants.split(",")
+    with LocalWorld(a.world, "cuda") as world:
+        rep = world.run(_rank, a.shape, [int(t) for t in a.tokens.split(",")], variants, a.rounds, timeout=600)[0]
+    dev = torch.cuda.get_device_name(0)
+    print(f"{a.shape} EP{a.world} on {dev}, graphs: us per dispatch + combine, median of {a.rounds} rounds")
+    print("tokens  " + "".join(f"{v:>24}" for v in variants))
+    for t, times in rep.items():
+        cells = [f"{statistics.median(times[v]):24.2f}" if times[v] else f"{'not in this tree':>24}" for v in variants]
+        print(f"{t:>6}  " + "".join(cells))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"shape": a.shape, "world": a.world, "device": dev, "times_us": rep}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,15 +1,16 @@
 """Which launch variant of MoE dispatch + combine is fastest end to end, in CUDA graphs?
 
     python3 benchmarks/experiments/moe_variants.py --world 1 --tokens 1,8,128,4096 \
-        --variants default,no-pdl,route-kernel,route-kernel+no-pdl [--rounds 3] [--json out.json]
+        --variants default,no-pdl,route-kernel,route-kernel+no-pdl [--rounds 3] [--max-tokens 4096]
+        [--json out.json]
 
 A variant is ``default`` or ``+``-joined changes to the instance's default launch: ``route-kernel``
 (``MoEShape.fused_route`` off: the route kernel places the entries), ``fused-route`` (on), ``no-pdl``
-(no programmatic dependent launch). Each round times every variant in turn on the same inputs
-(``tools.timing.time_per_call_us``, graph mode), so drift between variants is spread over the
-rounds; the median over rounds is printed. Changes the tree does not know (an older checkout) are
-reported as such, not timed. Kernel-by-kernel profiles cannot show PDL's gain (a PDL kernel's span
-includes its wait for the previous one): this times whole calls.
+and ``pdl`` (``MoEShape.pdl``: programmatic dependent launch off or on). Each round times every
+variant in turn on the same inputs (``tools.timing.time_per_call_us``, graph mode), so drift between
+variants is spread over the rounds; the median over rounds is printed. Changes the tree does not
+know (an older checkout) are reported as such, not timed. Kernel-by-kernel profiles cannot show
+PDL's gain (a PDL kernel's span includes its wait for the previous one): this times whole calls.
 """
 
 from __future__ import annotations
@@ -30,26 +31,24 @@ from tritoncomm.tools.moebench import MOE_SHAPES, _capacity
 from tritoncomm.tools.timing import time_per_call_us
 
 
-def _build(comm: Communicator, variant: str, t: int, hidden: int, experts: int, k: int, world: int,
+def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, k: int, world: int,
            sms: int) -> MoEAllToAll | None:
     changes = set() if variant == "default" else set(variant.split("+"))
-    shape = default_shape("cuda", t, sms)
+    shape = default_shape("cuda", m, sms)
     known = {f.name for f in fields(MoEShape)}
     if changes & {"route-kernel", "fused-route"}:
         if "fused_route" not in known:
             return None
         shape = replace(shape, fused_route="fused-route" in changes)
-    moe = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k,
-                      capacity=_capacity(world, t, experts, k), shape=shape)
-    if "no-pdl" in changes:
-        if not hasattr(moe, "_launch_opts"):
-            moe.close()
+    if changes & {"no-pdl", "pdl"}:
+        if "pdl" not in known:
             return None
-        moe._launch_opts.clear()  # before the first launch: the launchers have seen no option yet
-    return moe
+        shape = replace(shape, pdl="pdl" in changes)
+    return MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
+                       capacity=_capacity(world, m, experts, k), shape=shape)
 
 
-def _rank(ctx, shape: str, tokens: list[int], variants: list[str], rounds: int):
+def _rank(ctx, shape: str, tokens: list[int], variants: list[str], rounds: int, max_tokens: int | None):
     hidden, experts, k = MOE_SHAPES[shape]
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=4 << 30))
     sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
@@ -59,7 +58,8 @@ def _rank(ctx, shape: str, tokens: list[int], variants: list[str], rounds: int):
         x = torch.randn(t, hidden, device=ctx.device, generator=gen).to(torch.bfloat16)
         ids = torch.rand(t, experts, device=ctx.device, generator=gen).topk(k).indices
         w = torch.rand(t, k, device=ctx.device, generator=gen)
-        moes = {v: _build(comm, v, t, hidden, experts, k, ctx.world, sms) for v in variants}
+        m = max(max_tokens or t, t)
+        moes = {v: _build(comm, v, m, hidden, experts, k, ctx.world, sms) for v in variants}
         times: dict[str, list[float]] = {v: [] for v in variants}
         for _ in range(rounds):
             for v, moe in moes.items():
@@ -87,20 +87,24 @@ def main() -> None:
     p.add_argument("--tokens", default="1,8,128,4096")
     p.add_argument("--variants", default="default,no-pdl,route-kernel,route-kernel+no-pdl")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=None, help="size the instances for this many tokens per rank")
     p.add_argument("--json", default=None, help="write the raw times here")
     a = p.parse_args()
     variants = a.variants.split(",")
     with LocalWorld(a.world, "cuda") as world:
-        rep = world.run(_rank, a.shape, [int(t) for t in a.tokens.split(",")], variants, a.rounds, timeout=600)[0]
+        rep = world.run(_rank, a.shape, [int(t) for t in a.tokens.split(",")], variants, a.rounds, a.max_tokens,
+                        timeout=600)[0]
     dev = torch.cuda.get_device_name(0)
-    print(f"{a.shape} EP{a.world} on {dev}, graphs: us per dispatch + combine, median of {a.rounds} rounds")
+    print(f"{a.shape} EP{a.world} on {dev}, graphs, max_tokens {a.max_tokens or 'tokens'}: us per dispatch + "
+          f"combine, median of {a.rounds} rounds")
     print("tokens  " + "".join(f"{v:>24}" for v in variants))
     for t, times in rep.items():
         cells = [f"{statistics.median(times[v]):24.2f}" if times[v] else f"{'not in this tree':>24}" for v in variants]
         print(f"{t:>6}  " + "".join(cells))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"shape": a.shape, "world": a.world, "device": dev, "times_us": rep}, f, indent=1)
+            json.dump({"shape": a.shape, "world": a.world, "device": dev, "max_tokens": a.max_tokens,
+                       "times_us": rep}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -28,8 +28,9 @@ call, ``top_k`` experts per token, at most ``capacity`` entries per expert and c
   where it always chooses latency) also spares the partials buffer (``world * max_tokens * hidden``
   elements of the heap).
 
-On GPUs from sm_90 on, every kernel is launched with programmatic dependent launch: it starts while
-the previous one ends and waits for it (``pdl_wait``) before touching memory.
+With ``MoEShape.pdl`` (decode-sized instances, on GPUs from sm_90 on) every kernel is launched with
+programmatic dependent launch: it starts while the previous one ends and waits for it (``pdl_wait``)
+before touching memory.
 
 The launch shape follows the instance's size (``default_shape``: ``max_tokens`` against
 ``prefill_from``) unless ``shape`` is given; ``tune --op moe`` measures both switches
@@ -83,6 +84,9 @@ class MoEShape:
     #: dispatch, but each row sums up to ``super_blocks + SUPER`` histogram rows: for decode-sized
     #: instances.
     fused_route: bool = False
+    #: Programmatic dependent launch (sm_90+; ignored elsewhere). It saves about a microsecond per
+    #: kernel boundary at decode, but slowed the prefill shape's calls by 15% (``docs/moe.md``).
+    pdl: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_e", "send_block_h", "super_blocks"):
@@ -96,7 +100,7 @@ class MoEShape:
 
 #: Launch shapes by kind of instance; on GPUs ``programs`` is set from the SM count at construction
 #: (``default_shape``).
-SHAPES = {"cuda": MoEShape(132, 1024, 64, 4, fused_route=True),
+SHAPES = {"cuda": MoEShape(132, 1024, 64, 4, fused_route=True, pdl=True),
           "cuda-prefill": MoEShape(264, 4096, 64, 8),
           "cpu": MoEShape(2, 64, 16, 1)}
 
@@ -212,7 +216,7 @@ class MoEAllToAll:
         self._run_send = Launcher(moe_send_kernel, (programs,))
         self._run_combine = Launcher(moe_combine_kernel, (programs,))
         self._run_route = None if sh.fused_route else Launcher(moe_route_kernel, (w * self._hist_blocks,))
-        pdl = comm.backend == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
+        pdl = sh.pdl and comm.backend == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
         self._launch_opts: dict[str, bool] = {"launch_pdl": True} if pdl else {}
         self._run_gather = Launcher(moe_gather_kernel, (programs,))
         i32 = dict(dtype=torch.int32, device=dev)

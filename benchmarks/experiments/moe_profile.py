@@ -71,7 +71,7 @@ def main() -> None:
     p.add_argument("--tokens", default="8,4096")
     p.add_argument("--mode", default="auto", choices=("auto", "latency", "throughput"))
     p.add_argument("--max-tokens", type=int, default=None)
-    p.add_argument("--block-e", type=int, default=None, help="routing entries per block of the route kernel")
+    p.add_argument("--block-e", type=int, default=None, help="routing entries per histogram block")
     p.add_argument("--programs-per-sm", type=int, default=None, help="send, gather and combine programs per SM")
     p.add_argument("--num-warps", type=int, default=None)
     p.add_argument("--block-h", type=int, default=None, help="columns per step")

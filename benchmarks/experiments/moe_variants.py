@@ -1,16 +1,15 @@
 """Which launch variant of MoE dispatch + combine is fastest end to end, in CUDA graphs?
 
     python3 benchmarks/experiments/moe_variants.py --world 1 --tokens 1,8,128,4096 \
-        --variants default,no-pdl,route-kernel,route-kernel+no-pdl [--rounds 3] [--max-tokens 4096]
-        [--json out.json]
+        --variants default,no-pdl [--rounds 3] [--max-tokens 4096] [--json out.json]
 
-A variant is ``default`` or ``+``-joined changes to the instance's default launch: ``route-kernel``
-(``MoEShape.fused_route`` off: the route kernel places the entries), ``fused-route`` (on), ``no-pdl``
-and ``pdl`` (``MoEShape.pdl``: programmatic dependent launch off or on). Each round times every
-variant in turn on the same inputs (``tools.timing.time_per_call_us``, graph mode), so drift between
-variants is spread over the rounds; the median over rounds is printed. Changes the tree does not
-know (an older checkout) are reported as such, not timed. Kernel-by-kernel profiles cannot show
-PDL's gain (a PDL kernel's span includes its wait for the previous one): this times whole calls.
+A variant is ``default`` or ``+``-joined changes to the instance's default launch: ``no-pdl`` and
+``pdl`` (``MoEShape.pdl``: programmatic dependent launch off or on); ``docs/moe.md`` names the
+checkout of its route-kernel variants. Each round times every variant in turn on the same inputs
+(``tools.timing.time_per_call_us``, graph mode), so drift between variants is spread over the
+rounds; the median over rounds is printed. Changes the tree does not know (an older checkout) are
+reported as such, not timed. Kernel-by-kernel profiles cannot show PDL's gain (a PDL kernel's span
+includes its wait for the previous one): this times whole calls.
 """
 
 from __future__ import annotations
@@ -36,10 +35,6 @@ def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, 
     changes = set() if variant == "default" else set(variant.split("+"))
     shape = default_shape("cuda", m, sms)
     known = {f.name for f in fields(MoEShape)}
-    if changes & {"route-kernel", "fused-route"}:
-        if "fused_route" not in known:
-            return None
-        shape = replace(shape, fused_route="fused-route" in changes)
     if changes & {"no-pdl", "pdl"}:
         if "pdl" not in known:
             return None
@@ -85,7 +80,7 @@ def main() -> None:
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--shape", default="deepseek-v3", choices=sorted(MOE_SHAPES))
     p.add_argument("--tokens", default="1,8,128,4096")
-    p.add_argument("--variants", default="default,no-pdl,route-kernel,route-kernel+no-pdl")
+    p.add_argument("--variants", default="default,no-pdl")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=None, help="size the instances for this many tokens per rank")
     p.add_argument("--json", default=None, help="write the raw times here")

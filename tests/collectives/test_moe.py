@@ -6,8 +6,6 @@ expert layouts and counts, exact combine bits; bad input."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
@@ -201,16 +199,13 @@ def test_fp8_dispatch_scales_per_128_values(worlds, world):
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
-@pytest.mark.parametrize("mode,fp8,fused", [("latency", False, False), ("throughput", False, False),
-                                            ("throughput", True, False), ("latency", False, True),
-                                            ("throughput", True, True)])
-def test_rows_split_over_programs_by_column_blocks(worlds, world, mode, fp8, fused):
+@pytest.mark.parametrize("mode,fp8", [("latency", False), ("throughput", False), ("throughput", True)])
+def test_rows_split_over_programs_by_column_blocks(worlds, world, mode, fp8):
     """More programs than rows: rows' column blocks spread over programs (send, gather, both combine
     modes), for every token count from 0 to 6; the last block partial; the send's block twice the
-    others'; routing in blocks of 4 entries, superblocks of 2, by the route kernel or in the gather
-    (a row's entries then straddle two blocks: 3 per row)."""
+    others'; routing in blocks of 4 entries (3 per row: rows straddle blocks), superblocks of 2."""
     shape = MoEShape(programs=6, block_h=128 if fp8 else 16, block_e=4, num_warps=1, super_blocks=2,
-                     send_block_h=256 if fp8 else 32, fused_route=fused)
+                     send_block_h=256 if fp8 else 32)
     hidden = 384 if fp8 else 40
     for bad in worlds(world).run(_job, 4 * world, 3, hidden, 6, "unrouted", 4, torch.bfloat16, None, torch.int64,
                                  torch.float32, fp8, mode, shape=shape):
@@ -333,7 +328,6 @@ def test_default_launch_shape_follows_the_instance_size():
     from tritoncomm.collectives.moe import PREFILL_FROM, SHAPES, default_shape
 
     decode, prefill = default_shape("cuda", PREFILL_FROM - 1, 132), default_shape("cuda", PREFILL_FROM, 132)
-    assert (decode.programs, decode.num_warps, decode.fused_route, decode.pdl) == (132, 4, True, True)
-    assert (prefill.programs, prefill.num_warps, prefill.fused_route, prefill.pdl) == (264, 8, False, False)
+    assert (decode.programs, decode.num_warps) == (132, 4)
+    assert (prefill.programs, prefill.num_warps) == (264, 8)
     assert default_shape("cpu", 10_000, 1) == SHAPES["cpu"]
-    assert default_shape("cpu", PREFILL_FROM - 1, 1) == replace(SHAPES["cpu"], fused_route=True)

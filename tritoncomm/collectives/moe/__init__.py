@@ -4,14 +4,13 @@
 over the ranks (expert ``e`` on rank ``e // local_experts``), up to ``max_tokens`` tokens per rank and
 call, ``top_k`` experts per token, at most ``capacity`` entries per expert and call.
 
-* ``dispatch(x, topk_ids, topk_weights)``: three kernels, or two. ``moe_send_kernel`` sends this
-  rank's routing to every rank and each token once to each rank that holds one of its experts; then
-  every rank computes the same slots from the gathered routing (``moe_route_kernel``: the entries
-  ``(source rank, token, j)`` of expert ``e`` in that order get slots ``0, 1, ...``; entries past
-  ``capacity`` are dropped) and lays out its tokens, peers' received ones and its own, into
-  ``[local_experts, capacity, hidden]`` (``moe_gather_kernel``: each row read once, stored once per
-  kept entry). With ``MoEShape.fused_route`` (decode-sized instances) the gather kernel computes the
-  slots itself, by the same rule, and no route kernel runs.
+* ``dispatch(x, topk_ids, topk_weights)``: two kernels. ``moe_send_kernel`` sends this rank's
+  routing to every rank and each token once to each rank that holds one of its experts; then
+  ``moe_gather_kernel`` computes the slots from the gathered routing, the same on every rank
+  (``route.py``: the entries ``(source rank, token, j)`` of expert ``e`` in that order get slots ``0,
+  1, ...``; entries past ``capacity`` are dropped), and lays out this rank's tokens, peers' received
+  ones and its own, into ``[local_experts, capacity, hidden]`` (each row read once, stored once per
+  kept entry).
   Returns that tensor (rows past ``counts[e]`` are undefined), ``counts`` (int32, on the device)
   and a handle for ``combine``. An expert id of -1 means "no expert". With ``fp8_dispatch`` tokens
   travel as e4m3 with one fp32 scale per 128 values (``scale = max(amax, 1e-12) / 448``, computed
@@ -28,9 +27,8 @@ call, ``top_k`` experts per token, at most ``capacity`` entries per expert and c
   where it always chooses latency) also spares the partials buffer (``world * max_tokens * hidden``
   elements of the heap).
 
-With ``MoEShape.pdl`` (decode-sized instances, on GPUs from sm_90 on) every kernel is launched with
-programmatic dependent launch: it starts while the previous one ends and waits for it (``pdl_wait``)
-before touching memory.
+With ``MoEShape.pdl`` (on GPUs from sm_90 on) every kernel is launched with programmatic dependent
+launch: it starts while the previous one ends and waits for it (``pdl_wait``) before touching memory.
 
 The launch shape follows the instance's size (``default_shape``: ``max_tokens`` against
 ``prefill_from``) unless ``shape`` is given; ``tune --op moe`` measures both switches
@@ -58,7 +56,6 @@ from ...kernels.launcher import Launcher
 from .combine import launch_combine, moe_combine_kernel
 from .dispatch import launch_send, moe_send_kernel
 from .gather import launch_gather, moe_gather_kernel
-from .route import launch_route, moe_route_kernel
 
 #: ``combine``'s default switch from the latency to the throughput mode: total tokens over the ranks
 #: per call. A first estimate: no run across NVLink has measured the crossover yet (``bench --op moe``
@@ -76,17 +73,13 @@ class MoEShape:
 
     programs: int  #: send, gather and combine programs (one barrier slot each; on GPUs, per SM)
     block_h: int  #: columns per step
-    block_e: int  #: routing entries per block of the route kernel (and of the send's histograms)
+    block_e: int  #: routing entries per block of the send's histograms (``route.py``)
     num_warps: int
     send_block_h: int = 0  #: columns per step of the send kernel; 0: ``block_h``
-    super_blocks: int = 16  #: route blocks per superblock of the histogram table (``route.py``)
-    #: The gather kernel places the entries itself (``route.row_slots``): one kernel fewer per
-    #: dispatch, but each row sums up to ``super_blocks + SUPER`` histogram rows: for decode-sized
-    #: instances.
-    fused_route: bool = False
-    #: Programmatic dependent launch (sm_90+; ignored elsewhere). It saves about a microsecond per
-    #: kernel boundary at decode, but slowed the prefill shape's calls by 15% (``docs/moe.md``).
-    pdl: bool = False
+    super_blocks: int = 16  #: routing blocks per superblock of the histogram table (``route.py``)
+    #: Programmatic dependent launch (sm_90+; ignored elsewhere): about a microsecond less per
+    #: kernel boundary (``docs/moe.md``).
+    pdl: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_e", "send_block_h", "super_blocks"):
@@ -100,7 +93,7 @@ class MoEShape:
 
 #: Launch shapes by kind of instance; on GPUs ``programs`` is set from the SM count at construction
 #: (``default_shape``).
-SHAPES = {"cuda": MoEShape(132, 1024, 64, 4, fused_route=True, pdl=True),
+SHAPES = {"cuda": MoEShape(132, 1024, 64, 4),
           "cuda-prefill": MoEShape(264, 4096, 64, 8),
           "cpu": MoEShape(2, 64, 16, 1)}
 
@@ -109,18 +102,17 @@ SHAPES = {"cuda": MoEShape(132, 1024, 64, 4, fused_route=True, pdl=True),
 #: two 8-warp programs per SM beat one 4-warp program (send + combine + gather 22.1 vs 26.0 µs and
 #: 414 vs 611 µs); at 8 tokens they lose (12.4 vs 10.3 µs). It takes 4096 columns per step (at 4096
 #: tokens: send 43 vs 70 µs, combine 137 vs 161, FP8 gather 122 vs 162). Both shapes route in blocks
-#: of 64 entries with superblocks of 16 (route 11.5 µs at 4096 tokens, 3.6 at 128, 3.0 at 1-8).
+#: of 64 entries with superblocks of 16, in the gather kernel (``docs/moe.md``).
 PREFILL_FROM = 128
 
 
 def default_shape(backend: str, max_tokens: int, sms: int, prefill_from: int = PREFILL_FROM) -> MoEShape:
     """The launch shape of an instance given none: in the CPU world ``SHAPES["cpu"]``; on GPUs one
     4-warp send/gather/combine program per SM and 1024 columns per step below ``prefill_from``
-    tokens per rank, two 8-warp ones per SM and 4096 columns from it on. Below ``prefill_from`` the
-    gather kernel routes (``fused_route``), in both worlds. Every rank builds the same shape (the
-    barriers pair program ``pid`` across ranks)."""
+    tokens per rank, two 8-warp ones per SM and 4096 columns from it on. Every rank builds the same
+    shape (the barriers pair program ``pid`` across ranks)."""
     if backend != "cuda":
-        return replace(SHAPES["cpu"], fused_route=max_tokens < prefill_from)
+        return SHAPES["cpu"]
     if max_tokens >= prefill_from:
         return replace(SHAPES["cuda-prefill"], programs=2 * sms)
     return replace(SHAPES["cuda"], programs=sms)
@@ -176,8 +168,8 @@ class MoEAllToAll:
             sh = shape
         if self.fp8:  # whole scale groups per step
             sh = replace(sh, block_h=max(sh.block_h, 128), send_block_h=sh.send_block_h and max(sh.send_block_h, 128))
-        if sh.fused_route:  # a row's entries within two routing blocks (route.row_slots)
-            sh = replace(sh, block_e=max(sh.block_e, triton.next_power_of_2(top_k)))
+        # a row's entries within two routing blocks (route.row_slots)
+        sh = replace(sh, block_e=max(sh.block_e, triton.next_power_of_2(top_k)))
         self.shape = sh
         dev, m, k = comm.device, max_tokens, top_k
         wire = torch.float8_e4m3fn if self.fp8 else dtype
@@ -215,7 +207,6 @@ class MoEAllToAll:
         self._comb_ch = Channel(comm, f"{name}.combine", programs=programs, barrier_slots=programs)
         self._run_send = Launcher(moe_send_kernel, (programs,))
         self._run_combine = Launcher(moe_combine_kernel, (programs,))
-        self._run_route = None if sh.fused_route else Launcher(moe_route_kernel, (w * self._hist_blocks,))
         pdl = sh.pdl and comm.backend == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
         self._launch_opts: dict[str, bool] = {"launch_pdl": True} if pdl else {}
         self._run_gather = Launcher(moe_gather_kernel, (programs,))
@@ -254,8 +245,7 @@ class MoEAllToAll:
         n = self._check(x, topk_ids, topk_weights)
         self.comm.check()
         sh = self.shape
-        launch_send(self._run_send, self.comm, self._send_ch, x, topk_ids, topk_weights, self._weights, self._owner,
-                    self._bad,
+        launch_send(self._run_send, self.comm, self._send_ch, x, topk_ids, topk_weights, self._weights, self._bad,
                     max_tokens=self.max_tokens, num_experts=self.num_experts, local=self.local_experts,
                     recv_off=self._recv_off, recv_half=self._recv_half, ids_off=self._ids_off,
                     ids_half=self._ids_half, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
@@ -263,21 +253,13 @@ class MoEAllToAll:
                     hist_off=self._hist_off, hist_half=self._hist_half, hist_blocks=self._hist_blocks, fp8=self.fp8,
                     block_h=sh.send_block_h or sh.block_h, block_e=sh.block_e, super_blocks=sh.super_blocks,
                     num_warps=sh.num_warps, launch_opts=self._launch_opts)
-        if self._run_route is not None:
-            launch_route(self._run_route, self.comm, self._send_ch, self._owner, self._row, self._slot_of,
-                         self._counts, self._bad, max_tokens=self.max_tokens, capacity=self.capacity,
-                         local=self.local_experts, top_k=self.top_k, ids_off=self._ids_off, ids_half=self._ids_half,
-                         ntab_off=self._ntab_off, ntab_half=self._ntab_half, hist_off=self._hist_off,
-                         hist_half=self._hist_half, hist_blocks=self._hist_blocks, block_e=sh.block_e,
-                         block_x=self._block_x, super_blocks=sh.super_blocks, num_warps=sh.num_warps,
-                         launch_opts=self._launch_opts)
         launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, x, self._slot_of,
                       self._owner, self._row, self._counts, self._bad, self._bad_host.device_addr,
                       max_tokens=self.max_tokens, capacity=self.capacity, local=self.local_experts, top_k=self.top_k,
                       recv_off=self._recv_off, recv_half=self._recv_half, ids_off=self._ids_off,
                       ids_half=self._ids_half, ntab_off=self._ntab_off, ntab_half=self._ntab_half,
                       sc_off=self._sc_off, sc_half=self._sc_half, hist_off=self._hist_off, hist_half=self._hist_half,
-                      hist_blocks=self._hist_blocks, route=sh.fused_route, block_e=sh.block_e,
+                      hist_blocks=self._hist_blocks, block_e=sh.block_e,
                       block_x=self._block_x, super_blocks=sh.super_blocks, block_h=sh.block_h,
                       num_warps=sh.num_warps, launch_opts=self._launch_opts)
         self._call += 1

@@ -1,4 +1,4 @@
-"""MoE dispatch, step 1 of 3: every rank sends its routing to every rank and each token once to every
+"""MoE dispatch, step 1 of 2: every rank sends its routing to every rank and each token once to every
 rank that holds one of its experts.
 
 ``moe_send_kernel``: program 0 stores the token count ``n_tokens`` into entry ``rank`` of every rank's
@@ -8,9 +8,8 @@ column_shares(n_tokens)``: at decode a row's blocks spread over programs). For e
 
 * its first item reads the ``TOP_K`` expert ids (-1 means "no expert"; any other id outside ``[0,
   num_experts)`` is counted in ``bad[0]`` and treated as -1) and weights, keeps the weights for
-  ``combine``, marks the row's entries unrouted (``owner = -1``; step 2 fills in the routed ones),
-  and stores the ids and the weights (fp32) into row ``rank * max_tokens + t`` of every rank's ids
-  and weights tables;
+  ``combine``, and stores the ids and the weights (fp32) into row ``rank * max_tokens + t`` of every
+  rank's ids and weights tables;
 * every item stores its column blocks of the token into row ``(rank - (rank > d)) * max_tokens + t``
   of the receive buffer of every peer ``d`` that owns one of its experts (never its own: the gather
   kernel reads the rank's own tokens from ``x``);
@@ -23,7 +22,7 @@ scales into the scale table's row.
 Program ``pid`` also counts the entries per expert (``tl.histogram``) of this rank's blocks of
 ``BLOCK_E`` consecutive entries ``(t, j)`` and of its superblocks of ``SUPER`` blocks, tasks ``q, q +
 grid, ...`` (``q = grid - 1 - pid``: at decode the programs with no token row do them), and stores
-them into every rank's histogram table (``route.py`` gives its layout), from which the route kernel
+them into every rank's histogram table (``route.py`` gives its layout), from which the gather kernel
 places every entry without scanning.
 
 Rows at or past a source's count are never read, so they are never sent. Then the kernel arrives
@@ -68,7 +67,7 @@ def _histogram(ids_ptr, ids_s0, ids_s1, first, n_entries, num_experts, N: tl.con
 
 
 @triton.jit(do_not_specialize=["rank", "n_tokens", "ids_s0", "ids_s1", "w_s0", "w_s1"])  # one build for every call
-def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, owner_ptr, bad_ptr,
+def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr,
                     n_tokens, hidden, max_tokens, num_experts, bases, rank, timeout, diag_addr, flags_off, epochs_off,
                     recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half,
                     hist_off, hist_half, hist_blocks, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
@@ -111,7 +110,6 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
         wt = tl.load(w_ptr + t64 * w_s0 + kk * w_s1, mask=km, other=0.0).to(tl.float32)
         fm = km & first
         tl.store(wts_ptr + t * TOP_K + kk, wt, mask=fm)
-        tl.store(owner_ptr + t * TOP_K + kk, tl.full([BLOCK_K], -1, tl.int32), mask=fm)
         for d in tl.static_range(WORLD):
             tl.store(heap_ptr(bases, d, ids_base + row * TOP_K * 4, tl.int32, ALIGNED=False) + kk, ids, mask=fm)
             tl.store(heap_ptr(bases, d, wtab_base + row * TOP_K * 4, tl.float32, ALIGNED=False) + kk, wt, mask=fm)
@@ -150,7 +148,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
 
 
 def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                wts: torch.Tensor, owner: torch.Tensor, bad: torch.Tensor, *, max_tokens: int, num_experts: int,
+                wts: torch.Tensor, bad: torch.Tensor, *, max_tokens: int, num_experts: int,
                 local: int, recv_off: int, recv_half: int, ids_off: int, ids_half: int, wtab_off: int, wtab_half: int,
                 ntab_off: int, ntab_half: int, sc_off: int, sc_half: int, hist_off: int, hist_half: int,
                 hist_blocks: int, fp8: bool, block_h: int, block_e: int, super_blocks: int, num_warps: int,
@@ -158,7 +156,7 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
-    run(x, x.stride(0), ids, ids.stride(0), ids.stride(1), weights, weights.stride(0), weights.stride(1), wts, owner,
+    run(x, x.stride(0), ids, ids.stride(0), ids.stride(1), weights, weights.stride(0), weights.stride(1), wts,
         bad, x.shape[0], x.shape[1], max_tokens, num_experts, bases, rank, timeout, diag, channel.flags_off,
         channel.epochs_off, recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off,
         sc_half, hist_off, hist_half, hist_blocks, WORLD=world, LOCAL=local, TOP_K=k,

@@ -1,10 +1,9 @@
-"""MoE dispatch, step 3 of 3 (local: it reads this rank's heap and input, after the route kernel, or
-after the send kernel when it routes itself).
+"""MoE dispatch, step 2 of 2 (local: it reads this rank's heap and input, after the send kernel).
 
 ``moe_gather_kernel`` lays out this rank's tokens per expert: every live row ``(source s, token t)``
 of every source (``t`` below the source's count) that has a kept entry on one of this rank's
-experts is read **once** and stored into each of its slots ``out[expert, slot]`` (``slot_of``, from
-the route kernel; at most ``TOP_K`` of them), so the reads are one row per token and the writes one
+experts is read **once** and stored into each of its slots ``out[expert, slot]`` (at most ``TOP_K``
+of them; ``route.row_slots`` computes them), so the reads are one row per token and the writes one
 per kept entry. A peer's row comes from the receive buffer (the send kernel stored it there); the
 rank's own rows come straight from its input ``x``, which the send kernel never copies (with ``FP8``
 they are quantised here with ``wire.to_fp8``, the send kernel's rule, and their scales stored beside
@@ -12,15 +11,14 @@ them).
 
 Program ``pid`` takes, per source, the work items ``pid, pid + grid, ...``: row ``i // shares`` and
 the ``i % shares``-th run of its column blocks (``shares.py``; at decode a row's blocks spread over
-programs). At its end, program 0 copies the two problem counters into host-mapped words, which the
-host reads without synchronising.
-
-With ``ROUTE`` (``MoEShape.fused_route``) no route kernel ran: every item computes its row's slots
-(``route.row_slots``, the route kernel's rule), each program summing the sources' superblock rows in
-rank order as it goes, and the row's first item writes what the route kernel would have (``slot_of``
-for this rank's experts; ``owner`` and ``row`` for this rank's own rows); program 0 writes the counts
-and adds this rank's dropped entries (per expert, those of its entries whose slots start past
-``capacity``) to ``bad[1]``.
+programs). Every item computes its row's slots; each program sums the sources' superblock rows in
+rank order as it goes. A row's first item writes what ``combine`` needs: for the entries of this
+rank's experts their expert-buffer row, or -1 if dropped (``slot_of``, read by the owner-side
+combine); for this rank's own rows each entry's owner rank and row there (``owner``, -1 if unrouted
+or dropped, and ``row``). Program 0 writes this rank's experts' counts (``min(entries, capacity)``),
+adds this rank's dropped entries (per expert, its entries whose slots fall past ``capacity``) to
+``bad[1]``, then copies the two problem counters into host-mapped words, which the host reads
+without synchronising.
 
 It reads the tables' half given by the parity of the epoch the send kernel's program 0 stored.
 Peer ``s``'s rows are rows ``(s - (s > rank)) * max_tokens + t`` of the receive buffer.
@@ -46,8 +44,8 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, slot_ptr, owner_ptr,
                       bad_host_addr, hidden, max_tokens, capacity, hist_blocks, bases, rank, epochs_off, recv_off,
                       recv_half, ids_off, ids_half, ntab_off, ntab_half, sc_off, sc_half, hist_off, hist_half,
                       WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
-                      BLOCK_H: tl.constexpr, FP8: tl.constexpr, ROUTE: tl.constexpr, BLOCK_E: tl.constexpr,
-                      BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr):
+                      BLOCK_H: tl.constexpr, FP8: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr,
+                      BLOCK_B: tl.constexpr, SUPER: tl.constexpr):
     """See the module docstring."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
@@ -68,33 +66,30 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, slot_ptr, owner_ptr,
     groups = tl.arange(0, G)
     n_groups = hidden // 128
     super_blocks = tl.cdiv(hist_blocks, SUPER)
-    earlier = tl.zeros([BLOCK_X], dtype=tl.int32)  # ROUTE: per expert, the entries of the sources before s
-    dropped = 0  # ROUTE, program 0: this rank's entries past their expert's capacity
+    earlier = tl.zeros([BLOCK_X], dtype=tl.int32)  # per expert, the entries of the sources before s
+    dropped = 0  # this rank's entries past their expert's capacity
     for s in range(WORLD):
         n_s = tl.load(ntab + s)
         own = s == rank
         peer_row = (s - (s > rank).to(tl.int32)) * max_tokens  # the source's first row in the receive buffer
-        if ROUTE:
-            mine = rows_sum(hist, WORLD * hist_blocks + s * super_blocks,
-                             tl.cdiv(tl.cdiv(n_s * TOP_K, BLOCK_E), SUPER), BLOCK_B, BLOCK_X)
-            if own:  # own entries of e take slots earlier[e] ..; those past capacity are dropped
-                dropped = tl.sum(tl.maximum(earlier + mine - capacity, 0) - tl.maximum(earlier - capacity, 0))
+        # the source's entries per expert (issued before the rows: needed after them)
+        mine = rows_sum(hist, WORLD * hist_blocks + s * super_blocks, tl.cdiv(tl.cdiv(n_s * TOP_K, BLOCK_E), SUPER),
+                        BLOCK_B, BLOCK_X)
+        if own:  # own entries of e take slots earlier[e] ..; those past capacity are dropped
+            dropped = tl.sum(tl.maximum(earlier + mine - capacity, 0) - tl.maximum(earlier - capacity, 0))
         shares = column_shares(n_s, hidden, grid, BLOCK_H)
         for item in range(pid, n_s * shares, grid):
             t = item // shares
             i0 = (s * max_tokens + t) * TOP_K
             e = tl.load(ids + i0 + kk, mask=km, other=-1)
-            if ROUTE:
-                at = row_slots(ids + s * max_tokens * TOP_K, hist, e, kk, t, n_s * TOP_K, earlier, s * hist_blocks,
-                               WORLD * hist_blocks + s * super_blocks, capacity, LOCAL, TOP_K, BLOCK_E, BLOCK_X,
-                               BLOCK_B, SUPER)
-                fm = km & (item % shares == 0)  # the row's first item writes its routing
-                tl.store(slot_ptr + i0 + kk, at, mask=fm & (e >= 0) & (e // LOCAL == rank))
-                if own:
-                    tl.store(owner_ptr + t * TOP_K + kk, tl.where(at >= 0, e // LOCAL, -1), mask=fm)
-                    tl.store(row_ptr + t * TOP_K + kk, at, mask=fm & (at >= 0))
-            else:
-                at = tl.load(slot_ptr + i0 + kk, mask=km, other=-1)  # meaningful where the expert is mine
+            at = row_slots(ids + s * max_tokens * TOP_K, hist, e, kk, t, n_s * TOP_K, earlier, s * hist_blocks,
+                           WORLD * hist_blocks + s * super_blocks, capacity, LOCAL, TOP_K, BLOCK_E, BLOCK_X, BLOCK_B,
+                           SUPER)
+            fm = km & (item % shares == 0)  # the row's first item writes its routing
+            tl.store(slot_ptr + i0 + kk, at, mask=fm & (e >= 0) & (e // LOCAL == rank))
+            if own:
+                tl.store(owner_ptr + t * TOP_K + kk, tl.where(at >= 0, e // LOCAL, -1), mask=fm)
+                tl.store(row_ptr + t * TOP_K + kk, at, mask=fm & (at >= 0))
             at = tl.where((e >= 0) & (e // LOCAL == rank), at, -1)
             if tl.sum((at >= 0).to(tl.int32), axis=0) > 0:
                 t64 = tl.cast(t, tl.int64)
@@ -118,15 +113,13 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, slot_ptr, owner_ptr,
                         if FP8:
                             tl.store(sc_out_ptr + a.to(tl.int64) * n_groups + c // 128 + groups, scale,
                                      mask=gm & (a >= 0))
-        if ROUTE:
-            earlier += mine
-    if pid == 0:
+        earlier += mine
+    if pid == 0:  # earlier: now every source's entries per expert
+        xs = tl.arange(0, BLOCK_X)
+        first = rank * LOCAL
+        tl.store(counts_ptr + xs - first, tl.minimum(earlier, capacity), mask=(xs >= first) & (xs < first + LOCAL))
+        tl.store(bad_ptr + 1, tl.load(bad_ptr + 1) + dropped)
         two = tl.arange(0, 2)
-        if ROUTE:  # the counts and the dropped entries, as the route kernel's program 0 would
-            xs = tl.arange(0, BLOCK_X)
-            first = rank * LOCAL
-            tl.store(counts_ptr + xs - first, tl.minimum(earlier, capacity), mask=(xs >= first) & (xs < first + LOCAL))
-            tl.store(bad_ptr + 1, tl.load(bad_ptr + 1) + dropped)
         tl.store(bad_host_addr.to(tl.pointer_type(tl.int64)) + two, tl.load(bad_ptr + two))
 
 
@@ -134,15 +127,14 @@ def launch_gather(run: Launcher, comm, channel, out: torch.Tensor, scales: torch
                   slot_of: torch.Tensor, owner: torch.Tensor, row: torch.Tensor, counts: torch.Tensor,
                   bad: torch.Tensor, bad_host_addr: int, *, max_tokens: int, capacity: int, local: int, top_k: int,
                   recv_off: int, recv_half: int, ids_off: int, ids_half: int, ntab_off: int, ntab_half: int,
-                  sc_off: int, sc_half: int, hist_off: int, hist_half: int, hist_blocks: int, route: bool,
-                  block_e: int, block_x: int, super_blocks: int, block_h: int, num_warps: int,
+                  sc_off: int, sc_half: int, hist_off: int, hist_half: int, hist_blocks: int, block_e: int,
+                  block_x: int, super_blocks: int, block_h: int, num_warps: int,
                   launch_opts: dict[str, bool]) -> None:
-    """Launch ``moe_gather_kernel`` through ``run`` (its launcher: a 1-D grid); with ``route`` it also
-    places the entries (no route kernel before it)."""
+    """Launch ``moe_gather_kernel`` through ``run`` (its launcher: a 1-D grid)."""
     bases, rank, world, _, _ = comm.kernel_args()
     fp8 = scales is not None
     run(out, scales if fp8 else out, x, x.stride(0), slot_of, owner, row, counts, bad, bad_host_addr, out.shape[-1],
         max_tokens, capacity, hist_blocks, bases, rank, channel.epochs_off, recv_off, recv_half, ids_off, ids_half,
         ntab_off, ntab_half, sc_off, sc_half, hist_off, hist_half, WORLD=world, LOCAL=local, TOP_K=top_k,
-        BLOCK_K=triton.next_power_of_2(top_k), BLOCK_H=block_h, FP8=fp8, ROUTE=route, BLOCK_E=block_e,
+        BLOCK_K=triton.next_power_of_2(top_k), BLOCK_H=block_h, FP8=fp8, BLOCK_E=block_e,
         BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, num_warps=num_warps, **launch_opts)

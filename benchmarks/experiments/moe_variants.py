@@ -1,10 +1,11 @@
 """Which launch variant of MoE dispatch + combine is fastest end to end, in CUDA graphs?
 
     python3 benchmarks/experiments/moe_variants.py --world 1 --tokens 1,8,128,4096 \
-        --variants default,no-pdl [--rounds 3] [--max-tokens 4096] [--json out.json]
+        --variants default,no-pdl,no-regcap [--rounds 3] [--max-tokens 4096] [--fp8] [--json out.json]
 
 A variant is ``default`` or ``+``-joined changes to the instance's default launch: ``no-pdl`` and
-``pdl`` (``MoEShape.pdl``: programmatic dependent launch off or on); ``docs/moe.md`` names the
+``pdl`` (``MoEShape.pdl``: programmatic dependent launch off or on), ``no-regcap`` (no register cap
+keeping every program resident); ``docs/moe.md`` names the
 checkout of its route-kernel variants. Each round times every variant in turn on the same inputs
 (``tools.timing.time_per_call_us``, graph mode), so drift between variants is spread over the
 rounds; the median over rounds is printed. Changes the tree does not know (an older checkout) are
@@ -31,7 +32,7 @@ from tritoncomm.tools.timing import time_per_call_us
 
 
 def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, k: int, world: int,
-           sms: int) -> MoEAllToAll | None:
+           sms: int, fp8: bool) -> MoEAllToAll | None:
     changes = set() if variant == "default" else set(variant.split("+"))
     shape = default_shape("cuda", m, sms)
     known = {f.name for f in fields(MoEShape)}
@@ -39,11 +40,18 @@ def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, 
         if "pdl" not in known:
             return None
         shape = replace(shape, pdl="pdl" in changes)
-    return MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
-                       capacity=_capacity(world, m, experts, k), shape=shape)
+    moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
+                      capacity=_capacity(world, m, experts, k), shape=shape, fp8_dispatch=fp8)
+    if "no-regcap" in changes:
+        if not hasattr(moe, "_launch_opts"):
+            moe.close()
+            return None
+        moe._launch_opts.pop("maxnreg", None)  # before the first launch
+    return moe
 
 
-def _rank(ctx, shape: str, tokens: list[int], variants: list[str], rounds: int, max_tokens: int | None):
+def _rank(ctx, shape: str, tokens: list[int], variants: list[str], rounds: int, max_tokens: int | None,
+          fp8: bool):
     hidden, experts, k = MOE_SHAPES[shape]
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=4 << 30))
     sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
@@ -54,7 +62,7 @@ def _rank(ctx, shape: str, tokens: list[int], variants: list[str], rounds: int, 
         ids = torch.rand(t, experts, device=ctx.device, generator=gen).topk(k).indices
         w = torch.rand(t, k, device=ctx.device, generator=gen)
         m = max(max_tokens or t, t)
-        moes = {v: _build(comm, v, m, hidden, experts, k, ctx.world, sms) for v in variants}
+        moes = {v: _build(comm, v, m, hidden, experts, k, ctx.world, sms, fp8) for v in variants}
         times: dict[str, list[float]] = {v: [] for v in variants}
         for _ in range(rounds):
             for v, moe in moes.items():
@@ -84,21 +92,22 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=None, help="size the instances for this many tokens per rank")
     p.add_argument("--json", default=None, help="write the raw times here")
+    p.add_argument("--fp8", action="store_true", help="FP8 dispatch")
     a = p.parse_args()
     variants = a.variants.split(",")
     with LocalWorld(a.world, "cuda") as world:
         rep = world.run(_rank, a.shape, [int(t) for t in a.tokens.split(",")], variants, a.rounds, a.max_tokens,
-                        timeout=600)[0]
+                        a.fp8, timeout=600)[0]
     dev = torch.cuda.get_device_name(0)
-    print(f"{a.shape} EP{a.world} on {dev}, graphs, max_tokens {a.max_tokens or 'tokens'}: us per dispatch + "
-          f"combine, median of {a.rounds} rounds")
+    print(f"{a.shape} EP{a.world} on {dev}, graphs, max_tokens {a.max_tokens or 'tokens'}, fp8 {a.fp8}: us per "
+          f"dispatch + combine, median of {a.rounds} rounds")
     print("tokens  " + "".join(f"{v:>24}" for v in variants))
     for t, times in rep.items():
         cells = [f"{statistics.median(times[v]):24.2f}" if times[v] else f"{'not in this tree':>24}" for v in variants]
         print(f"{t:>6}  " + "".join(cells))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"shape": a.shape, "world": a.world, "device": dev, "max_tokens": a.max_tokens,
+            json.dump({"shape": a.shape, "world": a.world, "device": dev, "max_tokens": a.max_tokens, "fp8": a.fp8,
                        "times_us": rep}, f, indent=1)
 
 

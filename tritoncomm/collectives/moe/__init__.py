@@ -118,6 +118,23 @@ def default_shape(backend: str, max_tokens: int, sms: int, prefill_from: int = P
     return replace(SHAPES["cuda"], programs=sms)
 
 
+def _launch_options(comm: Communicator, shape: MoEShape) -> dict[str, bool | int]:
+    """PDL where the shape asks for it and the GPU has it (sm_90+); and a register cap that keeps
+    every program of the grid resident at once (``maxnreg``: the SM's registers over the threads of
+    ``ceil(programs / SMs)`` programs). Without the cap, the prefill shape's 8-warp gather (FP8) and
+    combine took more than 128 registers per thread, so one program per SM ran where two were meant
+    to (``docs/moe.md``)."""
+    if comm.backend != "cuda":
+        return {}
+    props = torch.cuda.get_device_properties(comm.device)
+    opts: dict[str, bool | int] = {"launch_pdl": True} if shape.pdl and props.major >= 9 else {}
+    per_sm = -(-shape.programs // props.multi_processor_count)
+    cap = getattr(props, "regs_per_multiprocessor", 65536) // (per_sm * shape.num_warps * 32)
+    if cap < 255:
+        opts["maxnreg"] = max(cap // 8 * 8, 32)
+    return opts
+
+
 @dataclass(frozen=True)
 class MoEHandle:
     """What ``combine`` needs from its ``dispatch``: the token count and the call it came from."""
@@ -207,8 +224,8 @@ class MoEAllToAll:
         self._comb_ch = Channel(comm, f"{name}.combine", programs=programs, barrier_slots=programs)
         self._run_send = Launcher(moe_send_kernel, (programs,))
         self._run_combine = Launcher(moe_combine_kernel, (programs,))
-        pdl = sh.pdl and comm.backend == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
-        self._launch_opts: dict[str, bool] = {"launch_pdl": True} if pdl else {}
+        #: options of every kernel's launch (set once here: nothing is decided on the launch path)
+        self._launch_opts: dict[str, bool | int] = _launch_options(comm, sh)
         self._run_gather = Launcher(moe_gather_kernel, (programs,))
         i32 = dict(dtype=torch.int32, device=dev)
         self._owner = torch.empty(m, k, **i32)  # per own entry: the expert's rank, or -1

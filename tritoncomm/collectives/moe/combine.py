@@ -155,7 +155,7 @@ def launch_combine(run: Launcher, comm, channel, send_channel, out: torch.Tensor
                    owner: torch.Tensor, row: torch.Tensor, slot_of: torch.Tensor, n_tokens: int, *, max_tokens: int,
                    throughput_from: int, local: int, ybuf_off: int, ids_off: int, ids_half: int, wtab_off: int,
                    wtab_half: int, ntab_off: int, ntab_half: int, part_off: int, block_h: int, num_warps: int,
-                   launch_opts: dict[str, bool]) -> None:
+                   launch_opts: dict[str, bool | int]) -> None:
     """Launch ``moe_combine_kernel`` through ``run`` (its launcher, one program per SM on GPUs)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     run(out, w, owner, row, slot_of, n_tokens, out.shape[-1], max_tokens, throughput_from, bases, rank, timeout, diag,

@@ -152,7 +152,7 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
                 local: int, recv_off: int, recv_half: int, ids_off: int, ids_half: int, wtab_off: int, wtab_half: int,
                 ntab_off: int, ntab_half: int, sc_off: int, sc_half: int, hist_off: int, hist_half: int,
                 hist_blocks: int, fp8: bool, block_h: int, block_e: int, super_blocks: int, num_warps: int,
-                launch_opts: dict[str, bool]) -> None:
+                launch_opts: dict[str, bool | int]) -> None:
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]

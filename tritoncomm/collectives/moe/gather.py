@@ -129,7 +129,7 @@ def launch_gather(run: Launcher, comm, channel, out: torch.Tensor, scales: torch
                   recv_off: int, recv_half: int, ids_off: int, ids_half: int, ntab_off: int, ntab_half: int,
                   sc_off: int, sc_half: int, hist_off: int, hist_half: int, hist_blocks: int, block_e: int,
                   block_x: int, super_blocks: int, block_h: int, num_warps: int,
-                  launch_opts: dict[str, bool]) -> None:
+                  launch_opts: dict[str, bool | int]) -> None:
     """Launch ``moe_gather_kernel`` through ``run`` (its launcher: a 1-D grid)."""
     bases, rank, world, _, _ = comm.kernel_args()
     fp8 = scales is not None

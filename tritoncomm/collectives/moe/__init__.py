@@ -204,7 +204,7 @@ class MoEAllToAll:
         self._ntab = comm.empty((2, w), torch.int32)
         # two halves too: per block of block_e entries of every source and per superblock, its count per
         # expert (route.py)
-        self._block_x = max(triton.next_power_of_2(num_experts), 4)
+        self._block_x = max(triton.next_power_of_2(num_experts), 4)  # the histograms' width (BLOCK_X)
         self._hist_blocks = -(-m * k // sh.block_e)
         supers = -(-self._hist_blocks // sh.super_blocks)
         self._hist = comm.empty((2, w * (self._hist_blocks + supers), self._block_x), torch.int32)
@@ -268,7 +268,8 @@ class MoEAllToAll:
                     ids_half=self._ids_half, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     ntab_off=self._ntab_off, ntab_half=self._ntab_half, sc_off=self._sc_off, sc_half=self._sc_half,
                     hist_off=self._hist_off, hist_half=self._hist_half, hist_blocks=self._hist_blocks, fp8=self.fp8,
-                    block_h=sh.send_block_h or sh.block_h, block_e=sh.block_e, super_blocks=sh.super_blocks,
+                    block_h=sh.send_block_h or sh.block_h, block_e=sh.block_e, block_x=self._block_x,
+                    super_blocks=sh.super_blocks,
                     num_warps=sh.num_warps, launch_opts=self._launch_opts)
         launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, x, self._slot_of,
                       self._owner, self._row, self._counts, self._bad, self._bad_host.device_addr,

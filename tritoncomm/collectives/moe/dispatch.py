@@ -151,8 +151,8 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
                 wts: torch.Tensor, bad: torch.Tensor, *, max_tokens: int, num_experts: int,
                 local: int, recv_off: int, recv_half: int, ids_off: int, ids_half: int, wtab_off: int, wtab_half: int,
                 ntab_off: int, ntab_half: int, sc_off: int, sc_half: int, hist_off: int, hist_half: int,
-                hist_blocks: int, fp8: bool, block_h: int, block_e: int, super_blocks: int, num_warps: int,
-                launch_opts: dict[str, bool | int]) -> None:
+                hist_blocks: int, fp8: bool, block_h: int, block_e: int, block_x: int, super_blocks: int,
+                num_warps: int, launch_opts: dict[str, bool | int]) -> None:
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
@@ -160,6 +160,5 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
         bad, x.shape[0], x.shape[1], max_tokens, num_experts, bases, rank, timeout, diag, channel.flags_off,
         channel.epochs_off, recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off,
         sc_half, hist_off, hist_half, hist_blocks, WORLD=world, LOCAL=local, TOP_K=k,
-        BLOCK_K=triton.next_power_of_2(k), BLOCK_H=block_h, BLOCK_E=block_e,
-        BLOCK_X=max(triton.next_power_of_2(num_experts), 4), SUPER=super_blocks, FP8=fp8, num_warps=num_warps,
-        **launch_opts)
+        BLOCK_K=triton.next_power_of_2(k), BLOCK_H=block_h, BLOCK_E=block_e, BLOCK_X=block_x, SUPER=super_blocks,
+        FP8=fp8, num_warps=num_warps, **launch_opts)

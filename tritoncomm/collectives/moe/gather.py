@@ -86,11 +86,12 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, slot_ptr, owner_ptr,
                            WORLD * hist_blocks + s * super_blocks, capacity, LOCAL, TOP_K, BLOCK_E, BLOCK_X, BLOCK_B,
                            SUPER)
             fm = km & (item % shares == 0)  # the row's first item writes its routing
-            tl.store(slot_ptr + i0 + kk, at, mask=fm & (e >= 0) & (e // LOCAL == rank))
+            on_me = (e >= 0) & (e // LOCAL == rank)  # entries of this rank's experts
+            tl.store(slot_ptr + i0 + kk, at, mask=fm & on_me)
             if own:
                 tl.store(owner_ptr + t * TOP_K + kk, tl.where(at >= 0, e // LOCAL, -1), mask=fm)
                 tl.store(row_ptr + t * TOP_K + kk, at, mask=fm & (at >= 0))
-            at = tl.where((e >= 0) & (e // LOCAL == rank), at, -1)
+            at = tl.where(on_me, at, -1)
             if tl.sum((at >= 0).to(tl.int32), axis=0) > 0:
                 t64 = tl.cast(t, tl.int64)
                 r64 = tl.cast(peer_row + t, tl.int64)

@@ -4,6 +4,9 @@
 (one process per GPU; run on a GPU machine). Tests marked ``gpu`` only run with ``cuda``.
 ``TRITONCOMM_TEST_WORLDS`` (e.g. ``8``) runs the world-parametrized tests at those sizes only and
 skips every test that asks for another size (``helpers.world_sizes``).
+``TRITONCOMM_TEST_SHARED_GPUS=1`` (with ``cuda``) runs worlds larger than the GPU count with several
+ranks per GPU (``LocalWorld(shared_gpus=True)``: time-sliced, correctness only); tests marked ``nccl``
+(NCCL between the ranks, which refuses ranks that share a GPU) skip there.
 """
 
 from __future__ import annotations
@@ -18,18 +21,34 @@ from .helpers import only_worlds
 
 BACKEND = os.environ.get("TRITONCOMM_TEST_BACKEND", "cpu")
 ONLY_WORLDS = only_worlds()
+SHARED_GPUS = BACKEND == "cuda" and os.environ.get("TRITONCOMM_TEST_SHARED_GPUS", "0") == "1"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs TRITONCOMM_TEST_BACKEND=cuda (GPUs)")
+    config.addinivalue_line("markers", "nccl: needs NCCL between the ranks (skipped on shared GPUs)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if BACKEND != "cuda":
-        skip = pytest.mark.skip(reason="GPU test: set TRITONCOMM_TEST_BACKEND=cuda on a GPU machine")
-        for item in items:
-            if "gpu" in item.keywords:
-                item.add_marker(skip)
+    gpu = pytest.mark.skip(reason="GPU test: set TRITONCOMM_TEST_BACKEND=cuda on a GPU machine")
+    nccl = pytest.mark.skip(reason="NCCL refuses ranks that share a GPU")
+    for item in items:
+        if BACKEND != "cuda" and "gpu" in item.keywords:
+            item.add_marker(gpu)
+        if SHARED_GPUS and "nccl" in item.keywords:
+            item.add_marker(nccl)
+
+
+def new_world(n: int, **kwargs) -> LocalWorld:
+    """A world of ``n`` ranks on this run's backend (``TRITONCOMM_TEST_BACKEND``); skips the test when
+    the machine has fewer GPUs than ranks, unless ``TRITONCOMM_TEST_SHARED_GPUS=1``."""
+    if BACKEND == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < n and not SHARED_GPUS:
+            pytest.skip(f"needs {n} GPUs (TRITONCOMM_TEST_SHARED_GPUS=1 shares them)")
+    kwargs.setdefault("setup_timeout", 120)
+    return LocalWorld(n, BACKEND, shared_gpus=SHARED_GPUS, **kwargs)
 
 
 class Worlds:
@@ -41,16 +60,11 @@ class Worlds:
     def __call__(self, n: int) -> LocalWorld:
         if ONLY_WORLDS and n not in ONLY_WORLDS:
             pytest.skip(f"world {n} not in TRITONCOMM_TEST_WORLDS")
-        if BACKEND == "cuda":
-            import torch
-
-            if torch.cuda.device_count() < n:
-                pytest.skip(f"needs {n} GPUs")
         w = self._worlds.get(n)
         if w is None or not w.alive:
             if w is not None:
                 w.close()
-            w = LocalWorld(n, BACKEND, setup_timeout=120)
+            w = new_world(n)
             self._worlds[n] = w
         return w
 

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
-__all__ = ["CommConfig"]
+__all__ = ["SHARED_GPUS_ENV", "CommConfig"]
 
 _BACKENDS = ("auto", "cuda", "cpu")
+
+#: Environment switch for ``CommConfig.shared_gpus`` (what ``LocalWorld(..., shared_gpus=True)`` sets
+#: in its ranks, so that every communicator they build, the engines' and the backend's included, agrees).
+SHARED_GPUS_ENV = "TRITONCOMM_SHARED_GPUS"
+
+
+def _shared_gpus_default() -> bool:
+    return os.environ.get(SHARED_GPUS_ENV, "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -28,6 +37,10 @@ class CommConfig:
         registered_slots: rows of the registered-buffer table (``Communicator.register``,
             ``Communicator.graph_capture``): one per registered tensor or captured call that
             writes peers' regular outputs.
+        shared_gpus: let several ranks of one host use the same GPU (default: ``TRITONCOMM_SHARED_GPUS=1``
+            in the environment). Their kernels are time-sliced, so every wait for a peer lasts up to a
+            scheduler time slice: a correctness harness for machines with fewer GPUs than ranks, never
+            a way to run fast. Without it, ranks sharing a GPU are refused at set-up.
     """
 
     backend: str = "auto"
@@ -36,6 +49,7 @@ class CommConfig:
     cpu_spins_per_s: int = 2000
     debug: bool = False
     registered_slots: int = 16384
+    shared_gpus: bool = field(default_factory=_shared_gpus_default)
 
     def __post_init__(self) -> None:
         if self.backend not in _BACKENDS:

@@ -5,6 +5,10 @@ one world for many jobs); ``launch`` is the one-shot form. Each rank gets a ``Ra
 torch.distributed initialised over loopback: NCCL plus a gloo CPU group on GPUs, gloo alone in the
 CPU world, where ``TRITON_INTERPRET=1`` is set before the rank imports Triton.
 
+``shared_gpus=True`` starts more GPU ranks than there are GPUs (rank ``r`` on GPU ``r % count``) for
+correctness runs: the ranks' kernels are time-sliced, NCCL refuses ranks that share a GPU, so the
+default group is gloo too, and ``CommConfig.shared_gpus`` is on in every rank. Never time it.
+
 A job that raises on any rank raises ``RankError`` here with every failing rank's traceback; a
 job that outlives its timeout kills the world and raises ``TimeoutError``. Nothing hangs.
 """
@@ -21,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .config import SHARED_GPUS_ENV
+
 __all__ = ["MULTICAST_OFF", "LocalWorld", "RankContext", "RankError", "detect_backend", "init_from_env", "launch"]
 
 #: NVLink multicast must stay off everywhere (it can take a shared host's GPUs out of service).
@@ -35,8 +41,9 @@ class RankContext:
     world: int
     backend: str  # "cuda" or "cpu"
     device: Any  # torch.device
-    group: Any  # the default torch.distributed group (NCCL on GPUs, gloo on CPU)
+    group: Any  # the default torch.distributed group (NCCL on GPUs, gloo on CPU and on shared GPUs)
     cpu_group: Any  # a gloo group over the same ranks
+    shared_gpus: bool = False  # several ranks per GPU (time-sliced; correctness only)
 
     def barrier(self) -> None:
         """A host barrier over the ranks (the CPU group): what timing loops call between samples."""
@@ -72,14 +79,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world: int, port: int, backend: str, setup_timeout: float, conn: Any) -> None:
+def _rank_main(rank: int, world: int, port: int, backend: str, setup_timeout: float, conn: Any,
+               shared_gpus: bool = False) -> None:
     import torch
     import torch.distributed as dist
 
     try:
         timeout = datetime.timedelta(seconds=setup_timeout)
         init = f"tcp://127.0.0.1:{port}"
-        if backend == "cuda":
+        if backend == "cuda" and shared_gpus:
+            device = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(device)
+            dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timeout)
+            cpu_group = dist.group.WORLD
+        elif backend == "cuda":
             torch.cuda.set_device(rank)
             device = torch.device("cuda", rank)
             dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world, timeout=timeout,
@@ -89,7 +102,7 @@ def _rank_main(rank: int, world: int, port: int, backend: str, setup_timeout: fl
             device = torch.device("cpu")
             dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timeout)
             cpu_group = dist.group.WORLD
-        ctx = RankContext(rank, world, backend, device, dist.group.WORLD, cpu_group)
+        ctx = RankContext(rank, world, backend, device, dist.group.WORLD, cpu_group, shared_gpus)
         conn.send(("ready", None))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
@@ -107,25 +120,30 @@ def _rank_main(rank: int, world: int, port: int, backend: str, setup_timeout: fl
 
 
 class LocalWorld:
-    """``world`` live ranks on this machine. Use as a context manager, or call ``close``."""
+    """``world`` live ranks on this machine. Use as a context manager, or call ``close``.
+    ``shared_gpus``: see the module docstring (GPU ranks only; ignored in the CPU world)."""
 
     def __init__(self, world: int, backend: str = "auto", *, setup_timeout: float = 120.0,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, shared_gpus: bool = False) -> None:
         if world < 1:
             raise ValueError("world must be >= 1")
         self.world = world
         self.backend = detect_backend() if backend == "auto" else backend
         if self.backend not in ("cuda", "cpu"):
             raise ValueError(f"backend must be 'auto', 'cuda' or 'cpu', got {backend!r}")
+        self.shared_gpus = shared_gpus and self.backend == "cuda"
         if self.backend == "cuda":
             import torch
 
-            if torch.cuda.device_count() < world:
-                raise RuntimeError(f"world {world} needs {world} GPUs, found {torch.cuda.device_count()}")
+            count = torch.cuda.device_count()
+            if count < 1 or (count < world and not self.shared_gpus):
+                raise RuntimeError(f"world {world} needs {world} GPUs, found {count} "
+                                   "(shared_gpus=True runs several ranks per GPU, for correctness only)")
         ctx = mp.get_context("spawn")
         port = _free_port()
         extra = dict(MULTICAST_OFF)
         extra["TRITON_INTERPRET"] = "1" if self.backend == "cpu" else "0"
+        extra[SHARED_GPUS_ENV] = "1" if self.shared_gpus else "0"
         extra.update(env or {})
         saved = {k: os.environ.get(k) for k in extra}
         os.environ.update(extra)
@@ -134,8 +152,8 @@ class LocalWorld:
         try:
             for r in range(world):
                 parent, child = ctx.Pipe()
-                p = ctx.Process(target=_rank_main, args=(r, world, port, self.backend, setup_timeout, child),
-                                daemon=True, name=f"tritoncomm-rank{r}")
+                p = ctx.Process(target=_rank_main, daemon=True, name=f"tritoncomm-rank{r}",
+                                args=(r, world, port, self.backend, setup_timeout, child, self.shared_gpus))
                 p.start()
                 child.close()
                 self._conns.append(parent)
@@ -220,9 +238,9 @@ class LocalWorld:
 
 
 def launch(fn: Callable[..., Any], world: int, *args: Any, backend: str = "auto", timeout: float = 600.0,
-           **kwargs: Any) -> list[Any]:
+           shared_gpus: bool = False, **kwargs: Any) -> list[Any]:
     """Start ``world`` ranks, run ``fn(ctx, *args, **kwargs)`` in each, stop them; results by rank."""
-    with LocalWorld(world, backend) as w:
+    with LocalWorld(world, backend, shared_gpus=shared_gpus) as w:
         return w.run(fn, *args, timeout=timeout, **kwargs)
 
 

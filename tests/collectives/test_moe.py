@@ -215,7 +215,7 @@ def test_rows_split_over_programs_by_column_blocks(worlds, world, mode, fp8):
 @pytest.mark.parametrize("world", world_sizes(8))
 @pytest.mark.parametrize("mode", ["latency", "throughput"])
 def test_world8(worlds, world, mode):
-    for bad in worlds(world).run(_job, 16, 4, 16, 3, "random", 2, mode=mode, timeout=1500):
+    for bad in worlds(world).run(_job, 2 * world, 4, 16, 3, "random", 2, mode=mode, timeout=1500):
         assert bad == []
 
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import tritoncomm as tc
-from tritoncomm.launch import LocalWorld, RankError
+from tritoncomm.launch import RankError
 
-from ..conftest import BACKEND
+from ..conftest import BACKEND, new_world
 from ..helpers import make_comm
 from .test_allreduce import small_table
 
@@ -143,7 +143,7 @@ def test_killed_rank_turns_into_timeout_errors_on_the_others():
     # CPU world: the bound counts interpreted spins (0.25 s -> 500 spins, several seconds of wall
     # time), far above what a live peer needs
     timeout_s = 3.0 if BACKEND == "cuda" else 0.25
-    with LocalWorld(3, BACKEND) as w:
+    with new_world(3) as w:
         with pytest.raises(RankError) as info:
             w.run(_job_killed_rank, 2, 5, timeout_s, timeout=300)
     failures = info.value.failures

@@ -160,6 +160,7 @@ def _delegated(ctx):
 SMALL_WORLD = 2 if BACKEND == "cuda" else 3
 
 
+@pytest.mark.nccl
 @pytest.mark.parametrize("world", world_sizes(SMALL_WORLD))
 def test_delegated_ops_work(worlds, world):
     for res in worlds(world).run(_delegated):

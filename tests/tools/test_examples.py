@@ -30,6 +30,7 @@ def test_example_is_about_forty_lines_of_triton():
     assert len([line for line in kernel.splitlines() if line.strip()]) <= 40
 
 
+@pytest.mark.nccl  # the baselines run on the default group
 def test_layer_benchmarks_run_and_check_correctness(worlds):
     """The fused-layer benchmark code runs end to end (small shapes in the CPU world) and its
     correctness checks pass; the numbers themselves only mean something on GPUs."""
@@ -42,6 +43,7 @@ def test_layer_benchmarks_run_and_check_correctness(worlds):
         assert all(r["tritoncomm_us"] > 0 and r["baseline_us"] > 0 for r in rows)
 
 
+@pytest.mark.nccl  # the baselines run on the default group
 def test_moe_benchmark_runs_and_checks_correctness(worlds):
     """bench --op moe end to end in the CPU world (tiny shape): ours checked, every baseline timed."""
     from tritoncomm.tools.moebench import format_moe, moe_rank

@@ -89,7 +89,8 @@ class Communicator:
             raise SetupMismatchError(f"ranks disagree on (world, backend, config): {seen}")
         if self.world > MAX_WORLD.value:
             raise TritonCommError(f"world size {self.world} exceeds the supported maximum {MAX_WORLD.value}")
-        self.infos = check_topology(self.bootstrap, self.backend, self.device)
+        self.infos = check_topology(self.bootstrap, self.backend, self.device,
+                                    shared_gpus=self.config.shared_gpus)
 
         nbytes = self.config.resolved_heap_bytes(self.backend)
         if self.backend == "cuda":

@@ -29,8 +29,11 @@ def rank_info(backend: str, device: torch.device) -> RankInfo:
     return RankInfo(socket.gethostname(), backend, "cpu")
 
 
-def local_peer_access(backend: str, device: torch.device, infos: list[RankInfo], rank: int) -> list[str | None]:
-    """For each rank, ``None`` if this rank can map its memory, else the reason it cannot."""
+def local_peer_access(backend: str, device: torch.device, infos: list[RankInfo], rank: int, *,
+                      shared_gpus: bool = False) -> list[str | None]:
+    """For each rank, ``None`` if this rank can map its memory, else the reason it cannot. Ranks on
+    the same GPU can (CUDA IPC between processes of one device), but are refused unless
+    ``shared_gpus`` (``CommConfig.shared_gpus``: time-sliced, for correctness only)."""
     out: list[str | None] = []
     me = infos[rank]
     for r, info in enumerate(infos):
@@ -43,7 +46,8 @@ def local_peer_access(backend: str, device: torch.device, infos: list[RankInfo],
         elif backend != "cuda":
             out.append(None)
         elif info.device_id == me.device_id:
-            out.append(f"shares GPU {me.device_id} (one GPU per rank)")
+            out.append(None if shared_gpus else f"shares GPU {me.device_id} (one GPU per rank; "
+                       "CommConfig.shared_gpus allows it for correctness runs)")
         else:
             from .cuda_ipc import _rt
 
@@ -57,12 +61,14 @@ def local_peer_access(backend: str, device: torch.device, infos: list[RankInfo],
     return out
 
 
-def check_topology(bootstrap: Bootstrap, backend: str, device: torch.device) -> list[RankInfo]:
+def check_topology(bootstrap: Bootstrap, backend: str, device: torch.device, *,
+                   shared_gpus: bool = False) -> list[RankInfo]:
     """Collective. Returns every rank's info, or raises ``PeerAccessError`` on every rank."""
     from ..errors import PeerAccessError
 
     infos = bootstrap.all_gather(rank_info(backend, device))
-    verdicts = bootstrap.all_gather(local_peer_access(backend, device, infos, bootstrap.rank))
+    verdicts = bootstrap.all_gather(local_peer_access(backend, device, infos, bootstrap.rank,
+                                                        shared_gpus=shared_gpus))
     problems = [f"rank {a} -> rank {b}: {why}" for a, row in enumerate(verdicts) for b, why in enumerate(row)
                 if why is not None and a != b]
     if problems:

@@ -64,7 +64,8 @@ def probe(cpu_group: dist.ProcessGroup | None, device: torch.device | None, conf
     first = next((w for _, w in infos if w), "")
     if not first:
         all_infos = [i for i, _ in infos]
-        row = local_peer_access(backend, device if backend == "cuda" else torch.device("cpu"), all_infos, rank)
+        row = local_peer_access(backend, device if backend == "cuda" else torch.device("cpu"), all_infos, rank,
+                                shared_gpus=config.shared_gpus)
         mine = next((f"rank {rank} -> rank {r}: {w}" for r, w in enumerate(row) if w), "")
         first = next((w for w in boot.all_gather(mine) if w), "")
     return Verdict(not first, first)

@@ -22,7 +22,8 @@ rank of a collective agrees on (op, dtype, shape, layout), so the ranks never sp
 
 Ordering: a served collective runs on the caller's current CUDA stream, at the call. Its work
 object's ``wait()`` makes the then-current stream wait for it, like NCCL's (see ``TritonCommWork``);
-its future holds the outputs. Served calls
+its future holds the outputs. A synchronous call (``async_op=False``) gets the group's one completed
+work object back, whose ``result()`` is the latest synchronous call's outputs. Served calls
 can be captured in CUDA graphs; inside ``graph_capture(group)`` their outputs are also registered.
 
 Set-up is collective: building the group (as torch.distributed does for every group) probes the
@@ -169,6 +170,9 @@ class TritonCommProcessGroup(ProcessGroup):
                 pg._register_backend(device, kind, backend)
             pg._set_default_backend(backends[-1][1])
         self._backends = backends
+        #: Every synchronous served call returns this: creating a work object costs microseconds of
+        #: host time, and a synchronous call's work has nothing left to wait for.
+        self._done = TritonCommWork([])
         self._serve_type = "cpu" if interpreting() else ("cuda" if torch.cuda.is_available() else "")
         self.comm: Communicator | None = None
         self.device: torch.device | None = None  # the served device; None while nothing is served
@@ -217,9 +221,11 @@ class TritonCommProcessGroup(ProcessGroup):
         return work
 
     def _work(self, outputs: list[torch.Tensor], opts: Any) -> TritonCommWork:
-        if opts is not None and getattr(opts, "asyncOp", False) and self._serve_type == "cuda":
-            return TritonCommWork(outputs, torch.cuda.current_stream())
-        return TritonCommWork(outputs)
+        if opts is not None and getattr(opts, "asyncOp", False):
+            return TritonCommWork(outputs, torch.cuda.current_stream() if self._serve_type == "cuda" else None)
+        done = self._done
+        done._outputs = outputs
+        return done
 
     def _ar_ok(self, t: torch.Tensor) -> bool:
         return t.device == self.device and t.nbytes <= self.ar.max_bytes and t.dtype in SUPPORTED_DTYPES \

@@ -17,7 +17,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tritoncomm")
     sub = parser.add_subparsers(dest="cmd", required=True)
     demo = sub.add_parser("demo", help="all-reduce correctness and timing table on local ranks")
-    demo.add_argument("--world", type=int, default=None, help="ranks (default: 4, or the GPU count if fewer)")
+    demo.add_argument("--world", type=int, default=None, help="ranks (default: 4, or the GPU count if fewer; "
+                      "2 ranks sharing the GPU on a one-GPU machine)")
+    demo.add_argument("--shared-gpus", action="store_true", help="let ranks share GPUs (time-sliced: correctness "
+                      "only, nothing timed); on by default with one GPU")
     demo.add_argument("--backend", choices=["auto", "cuda", "cpu"], default="auto")
     demo.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     demo.add_argument("--sizes", default=None, help="comma-separated byte sizes, e.g. 2K,1M")
@@ -65,16 +68,19 @@ def main(argv: list[str] | None = None) -> int:
     from .report import write_json
 
     backend = detect_backend() if args.backend == "auto" else args.backend
-    world = args.world
+    world, shared = args.world, args.shared_gpus and backend == "cuda"
     if world is None:
         world = 4
         if backend == "cuda":
             import torch
 
             world = min(4, torch.cuda.device_count())
+            if world < 2:  # one rank would check nothing: two ranks on the one GPU, correctness only
+                world, shared = 2, True
     sizes = [parse_size(s) for s in (args.sizes or DEFAULT_SIZES[backend]).split(",")]
-    print(f"starting {world} {backend} ranks ...", flush=True)
-    report = launch(demo_rank, world, sizes, args.dtype, not args.no_timing, backend=backend, timeout=1800)[0]
+    print(f"starting {world} {backend} ranks{' sharing GPUs (correctness only)' if shared else ''} ...", flush=True)
+    report = launch(demo_rank, world, sizes, args.dtype, not args.no_timing, backend=backend, timeout=1800,
+                    shared_gpus=shared)[0]
     print(format_table(report))
     if args.json:
         write_json(report, args.json)

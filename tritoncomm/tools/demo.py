@@ -2,9 +2,10 @@
 
 For each size, every algorithm that can serve it runs on random data (a fresh draw per rank) into
 a NaN-poisoned output, and is checked against torch.distributed's all-reduce of the same data
-(fp32 sum) and for identical bytes on every rank. On GPUs, tritoncomm and NCCL are then timed the
-same way (``timing.time_per_call_us``: per call in CUDA graphs; each rank's median, max over ranks).
-The CPU world is a correctness harness (Triton's interpreter on shared memory): nothing is timed there.
+(fp32 sum, over the gloo group) and for identical bytes on every rank. On GPUs, tritoncomm and NCCL
+are then timed the same way (``timing.time_per_call_us``: per call in CUDA graphs; each rank's median,
+max over ranks). The CPU world is a correctness harness (Triton's interpreter on shared memory), and so
+are ranks sharing GPUs: nothing is timed there.
 """
 
 from __future__ import annotations
@@ -27,15 +28,19 @@ from .timing import time_per_call_us
 __all__ = ["DTYPES", "demo_rank", "format_table"]
 
 
-
 #: What the CPU world's report says instead of times.
 CPU_WORLD_NOTE = ("CPU world: the same Triton kernels run in Triton's interpreter on POSIX shared memory, to check "
                   "correctness; its times say nothing about speed, so none are measured (GPUs: NCCL is timed beside)")
 
 
+#: What the report says when ranks share GPUs.
+SHARED_NOTE = ("ranks share GPUs, their kernels time-sliced: correctness only, nothing timed (one rank per GPU "
+               "for times)")
+
+
 def demo_rank(ctx: RankContext, sizes: list[int], dtype_name: str, timing: bool = True) -> dict[str, Any] | None:
     """Runs on every rank; rank 0 returns the report. ``timing`` applies on GPUs only."""
-    timing = timing and ctx.backend == "cuda"
+    timing = timing and ctx.backend == "cuda" and not ctx.shared_gpus  # shared GPUs time-slice the ranks
     dtype = DTYPES[dtype_name]
     comm = Communicator(ctx.cpu_group, config=CommConfig(timeout_s=60.0))
     ar = AllReduce(comm, max_bytes=max(sizes), algos=tuple(ALGORITHMS))
@@ -45,9 +50,8 @@ def demo_rank(ctx: RankContext, sizes: list[int], dtype_name: str, timing: bool 
         n = max(1, nbytes // esize)
         g = torch.Generator().manual_seed(1_000_003 * ctx.rank + n)
         x = torch.randn(n, generator=g).to(dtype).to(ctx.device)
-        ref = x.float().clone()
-        dist.all_reduce(ref, group=ctx.group)
-        ref = ref.cpu()
+        ref = x.float().cpu()
+        dist.all_reduce(ref, group=ctx.cpu_group)  # gloo, in fp32
         base_buf = x.clone()
         base_us = time_per_call_us(lambda b=base_buf: dist.all_reduce(b, group=ctx.group), ctx.device,
                                    ctx.barrier) if timing else None
@@ -80,7 +84,8 @@ def demo_rank(ctx: RankContext, sizes: list[int], dtype_name: str, timing: bool 
         "date": datetime.date.today().isoformat(), "world": ctx.world, "backend": ctx.backend,
         "torch": torch.__version__, "triton": triton.__version__, "workspace_bytes": workspace,
         "timing": "per call, CUDA graph of 32 calls, median of 20 replays, max over ranks; baseline NCCL on the "
-                  "same data" if timing else (CPU_WORLD_NOTE if ctx.backend != "cuda" else "not timed"),
+                  "same data" if timing else (CPU_WORLD_NOTE if ctx.backend != "cuda" else SHARED_NOTE
+                                              if ctx.shared_gpus else "not timed"),
         "rows": rows,
     }
 

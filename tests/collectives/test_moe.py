@@ -324,6 +324,61 @@ def test_cuda_graph_replays_with_new_routing(worlds, world, mode):
         assert ok == [True] * 4, ok
 
 
+def _straggler_job(ctx, calls: int, seed: int) -> list:
+    """``calls`` dispatch + combine calls queued back to back with no host synchronisation, token counts
+    and routing new every call (zero tokens included, unrouted entries, both combine modes), one rank's
+    stream delayed before 20% of them; then the same calls again, one at a time with a host barrier
+    between them. The bits must agree (they depend only on the inputs)."""
+    import random
+
+    comm = make_comm(ctx, timeout_s=60)
+    experts, k, hidden, t_max = 4 * ctx.world, 3, 512, 64
+    local, dev = experts // ctx.world, ctx.device
+    moe = MoEAllToAll(comm, max_tokens=t_max, hidden=hidden, num_experts=experts, top_k=k, throughput_from=48)
+    scale = (torch.arange(local, device=dev) + ctx.rank * local + 1).float()[:, None, None]
+    schedule = random.Random(seed)  # the same on every rank
+    late = [(schedule.randrange(ctx.world) if schedule.random() < 0.2 else -1, schedule.randrange(1, 2_000_000))
+            for _ in range(calls)]
+    inputs = []
+    for i in range(calls):  # on the device before the first call: no copy from the host in between
+        g = torch.Generator().manual_seed(seed * 1_000_003 + i * 16 + ctx.rank)
+        n = int(torch.randint(0, t_max + 1, (1,), generator=g))
+        ids = torch.rand(n, experts, generator=g).topk(k).indices
+        ids[torch.rand(n, k, generator=g) < 0.1] = -1
+        inputs.append((torch.randn(n, hidden, generator=g).to(torch.bfloat16).to(dev), ids.to(dev),
+                       torch.rand(n, k, generator=g).to(dev)))
+    torch.cuda.synchronize()
+
+    def step(x, ids, w):
+        out, counts, h = moe.dispatch(x, ids, w)
+        moe.expert_buffer().copy_((out.float() * scale).to(torch.bfloat16))
+        return moe.combine(moe.expert_buffer(), h).clone(), counts.clone()
+
+    got = []
+    for (x, ids, w), (who, cycles) in zip(inputs, late, strict=True):
+        if who == ctx.rank:
+            torch.cuda._sleep(cycles)  # this rank's stream falls behind; nobody waits on the host
+        got.append(step(x, ids, w))
+    torch.cuda.synchronize()
+    bad = []
+    for i, (x, ids, w) in enumerate(inputs):
+        ctx.barrier()
+        comb, counts = step(x, ids, w)
+        torch.cuda.synchronize()
+        if not (torch.equal(got[i][0], comb) and torch.equal(got[i][1], counts)):
+            bad.append(i)
+    moe.close()
+    comm.close()
+    return bad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", world_sizes(2))
+def test_stragglers_with_no_host_sync(worlds, world):
+    for bad in worlds(world).run(_straggler_job, 200, 11, timeout=600):
+        assert bad == []
+
+
 def test_default_launch_shape_follows_the_instance_size():
     from tritoncomm.collectives.moe import PREFILL_FROM, SHAPES, default_shape
 

@@ -80,8 +80,8 @@ def _job_no_peer_access(ctx):
     if ctx.rank == 1:  # this rank cannot reach rank 0
         real = topology.local_peer_access
 
-        def fake(backend, device, infos, rank):
-            out = real(backend, device, infos, rank)
+        def fake(backend, device, infos, rank, **kwargs):
+            out = real(backend, device, infos, rank, **kwargs)
             out[0] = "no peer access (simulated)"
             return out
 

@@ -21,8 +21,8 @@ def _job_engine(ctx, deny_rank):
 
     real = probe_mod.local_peer_access
     if deny_rank is not None and ctx.rank == deny_rank:
-        probe_mod.local_peer_access = lambda *a: [r if i != 0 else "no peer access (simulated)"
-                                                  for i, r in enumerate(real(*a))]
+        probe_mod.local_peer_access = lambda *a, **kw: [r if i != 0 else "no peer access (simulated)"
+                                                        for i, r in enumerate(real(*a, **kw))]
     try:
         ca = TritonCommCustomAllreduce(ctx.cpu_group, ctx.device, max_size=1 << 20)
     finally:
@@ -89,8 +89,8 @@ def _job_probe_reason(ctx):
 
     real = probe_mod.local_peer_access
     if ctx.rank == 2:
-        probe_mod.local_peer_access = lambda *a: [r if i != 1 else "no peer access (simulated)"
-                                                  for i, r in enumerate(real(*a))]
+        probe_mod.local_peer_access = lambda *a, **kw: [r if i != 1 else "no peer access (simulated)"
+                                                        for i, r in enumerate(real(*a, **kw))]
     try:
         v = ti.probe(ctx.cpu_group, ctx.device)
     finally:

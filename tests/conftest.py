@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from tritoncomm.launch import LocalWorld
+from tritoncomm.launch import LocalWorld, RankError
 
 from .helpers import only_worlds
 
@@ -51,20 +51,57 @@ def new_world(n: int, **kwargs) -> LocalWorld:
     return LocalWorld(n, BACKEND, shared_gpus=SHARED_GPUS, **kwargs)
 
 
+def _meets(ctx) -> bool:
+    """A job: one gloo collective over the world's CPU group."""
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.ones(1), group=ctx.cpu_group)
+    return True
+
+
+class CheckedWorld:
+    """A live world whose ``run``, when a job fails, checks that the ranks can still meet: a job that
+    raised on some ranks inside a collective leaves the others' gloo group broken, and every later
+    job on that world would fail with it. A world that cannot meet is killed, so that the next test
+    gets a fresh one; the failure itself is raised as it was."""
+
+    def __init__(self, world: LocalWorld) -> None:
+        self.world = world
+
+    @property
+    def alive(self) -> bool:
+        return self.world.alive
+
+    def run(self, fn, *args, **kwargs):
+        try:
+            return self.world.run(fn, *args, **kwargs)
+        except RankError:
+            if self.world.alive:
+                try:
+                    self.world.run(_meets, timeout=60)
+                except (RankError, TimeoutError):
+                    self.world.kill()
+            raise
+
+    def close(self) -> None:
+        self.world.close()
+
+
 class Worlds:
-    """Creates worlds on demand, keeps them, replaces any that lost a rank."""
+    """Creates worlds on demand, keeps them, replaces any that lost a rank or cannot meet."""
 
     def __init__(self) -> None:
-        self._worlds: dict[int, LocalWorld] = {}
+        self._worlds: dict[int, CheckedWorld] = {}
 
-    def __call__(self, n: int) -> LocalWorld:
+    def __call__(self, n: int) -> CheckedWorld:
         if ONLY_WORLDS and n not in ONLY_WORLDS:
             pytest.skip(f"world {n} not in TRITONCOMM_TEST_WORLDS")
         w = self._worlds.get(n)
         if w is None or not w.alive:
             if w is not None:
                 w.close()
-            w = new_world(n)
+            w = CheckedWorld(new_world(n))
             self._worlds[n] = w
         return w
 

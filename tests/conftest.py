@@ -67,25 +67,21 @@ class CheckedWorld:
     gets a fresh one; the failure itself is raised as it was."""
 
     def __init__(self, world: LocalWorld) -> None:
-        self.world = world
+        self._inner = world
 
-    @property
-    def alive(self) -> bool:
-        return self.world.alive
+    def __getattr__(self, name: str):  # everything else is the LocalWorld's (world, backend, alive, close)
+        return getattr(self._inner, name)
 
     def run(self, fn, *args, **kwargs):
         try:
-            return self.world.run(fn, *args, **kwargs)
+            return self._inner.run(fn, *args, **kwargs)
         except RankError:
-            if self.world.alive:
+            if self._inner.alive:
                 try:
-                    self.world.run(_meets, timeout=60)
+                    self._inner.run(_meets, timeout=60)
                 except (RankError, TimeoutError):
-                    self.world.kill()
+                    self._inner.kill()
             raise
-
-    def close(self) -> None:
-        self.world.close()
 
 
 class Worlds:

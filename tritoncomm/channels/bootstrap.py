@@ -40,7 +40,8 @@ class GroupBootstrap:
     instead, so that every rank gives up at its own deadline: gloo's ``monitored_barrier`` makes
     the ranks other than 0 wait for rank 0's answer for the group's whole timeout (often many
     minutes) once rank 0 has given up. The store keys carry rank 0's token, agreed on the first
-    ``all_gather``; a timed barrier before any ``all_gather`` uses ``monitored_barrier``."""
+    ``all_gather``; the last rank to leave a timed barrier deletes them (a barrier that timed out
+    leaves its keys). A timed barrier before any ``all_gather`` uses ``monitored_barrier``."""
 
     def __init__(self, group: dist.ProcessGroup | None = None) -> None:
         self.group = group
@@ -75,6 +76,9 @@ class GroupBootstrap:
             arrived = store.add(key, 0)
             raise TimeoutError(f"rank {self.rank}: {arrived} of {self.world} ranks reached the barrier "
                                f"within {timeout:g} s") from e
+        if store.add(f"{key}/left", 1) == self.world:  # the last rank out removes the barrier's keys
+            for k in (key, f"{key}/all", f"{key}/left"):
+                store.delete_key(k)
 
     def _store(self) -> dist.Store | None:
         try:

@@ -7,11 +7,12 @@ For each shape and token count per rank (random top-k routing, a fresh draw on e
   with each combine mode forced (``*_latency_us``, ``*_throughput_us``). Checked first
   with identity experts: per-expert counts equal a torch count of the gathered routing, nothing
   dropped, and ``combine(dispatch(x)) == x * sum_j w[t, j]`` within the dtype's rounding.
-* (a) ``nccl_a2a``: the count exchange synced to the host, then ``all_to_all_single`` of each token
-  once per destination rank (ids and weights beside it), laid out per expert by a stable sort;
-  combine: each rank sums its experts' weighted outputs per received token, the reverse all-to-all,
-  the source sums. Eager (the host sync rules out graphs), as engines run it; its combine is timed
-  on its own, on one dispatch's output.
+* (a) ``nccl_a2a``: the counts (tokens per rank, entries per expert) exchanged and synced to the host
+  once, then one ``all_to_all_single`` of each token once per destination rank with its ids and
+  weights in the same row, laid out per expert by a stable sort; combine: each rank sums its
+  experts' weighted outputs per received token, the reverse all-to-all, the source sums. Eager
+  (the host sync rules out graphs), as engines run it; its combine is timed on its own, on one
+  dispatch's output. Checked like ours (``_check_a2a``).
 * (b) ``nccl_agrs``: all-gather of the tokens and routing, reduce-scatter of the outputs, through the
   default group (NCCL), in CUDA graphs: the communication only (an engine's fused MoE kernel reads the
   gathered tokens in place; its routing work is not timed here).
@@ -52,31 +53,47 @@ def _capacity(world: int, tokens: int, experts: int, k: int) -> int:
 
 
 class _A2A:
-    """Baseline (a): NCCL all-to-all with a host-synced count exchange."""
+    """Baseline (a): NCCL all-to-all, the counts exchanged first and synced to the host once, as
+    engines' normal (non-graph) expert-parallel path does it.
+
+    ``dispatch``: per destination rank, its token count and its entries per local expert go in one
+    small all-to-all; one host sync reads both directions' counts, so every later size is known and
+    nothing else syncs. Each token goes once to each rank that holds one of its experts, its ids
+    and weights packed into the same row (one all-to-all of ``hidden + 4 * top_k`` bf16 columns);
+    the receiver lays its entries out per local expert, in (source, token, j) order, by a stable
+    sort. ``combine``: each rank sums its experts' weighted outputs per received token (fp32), the
+    reverse all-to-all, the source sums."""
 
     def __init__(self, ctx: RankContext, local: int) -> None:
         self.ctx, self.local = ctx, local
 
     def dispatch(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         ctx, local, g = self.ctx, self.local, self.ctx.group
-        goes = torch.zeros(x.shape[0], ctx.world, dtype=torch.bool, device=x.device)
-        goes.scatter_(1, ids // local, True)
-        d_idx, t_idx = goes.t().nonzero(as_tuple=True)  # by destination, then token
-        counts = torch.bincount(d_idx, minlength=ctx.world)
+        t, k = ids.shape
+        hidden = x.shape[1]
+        dest = ids // local
+        goes = torch.zeros(t, ctx.world, dtype=torch.bool, device=x.device)
+        goes.scatter_(1, dest, True)
+        counts = torch.cat([goes.sum(0, dtype=torch.int64)[:, None],
+                            torch.bincount(ids.flatten(), minlength=ctx.world * local).view(ctx.world, local)], 1)
         recv_counts = torch.empty_like(counts)
         dist.all_to_all_single(recv_counts, counts, group=g)
-        sc, rc = counts.tolist(), recv_counts.tolist()
-        meta = torch.cat([ids.float(), w.float()], 1)[t_idx]
-        recv = x.new_empty(sum(rc), x.shape[1])
-        recv_meta = meta.new_empty(sum(rc), meta.shape[1])
-        dist.all_to_all_single(recv, x[t_idx], rc, sc, group=g)
-        dist.all_to_all_single(recv_meta, meta, rc, sc, group=g)
-        k = ids.shape[1]
-        e = recv_meta[:, :k].long() - ctx.rank * local
-        tok, j = ((e >= 0) & (e < local)).nonzero(as_tuple=True)
-        order = torch.sort(e[tok, j], stable=True).indices
-        self.state = (t_idx, sc, rc, tok[order], recv_meta[tok[order], k + j[order]], x.shape[0])
-        return recv[tok[order]]  # rows grouped by local expert
+        both = torch.stack([counts, recv_counts]).cpu()  # the one host sync
+        sc, rc = both[0, :, 0].tolist(), both[1, :, 0].tolist()
+        entries = int(both[1, :, 1:].sum())
+        # tokens by destination rank, then token: the first sum(sc) of a stable sort of "not going"
+        t_idx = torch.argsort((~goes.t()).flatten().to(torch.int8), stable=True)[:sum(sc)] % t
+        packed = torch.cat([x, ids.to(torch.int32).view(x.dtype), w.to(torch.float32).view(x.dtype)], 1)
+        recv = packed.new_empty(sum(rc), packed.shape[1])
+        dist.all_to_all_single(recv, packed[t_idx], rc, sc, group=g)
+        r_ids = recv[:, hidden:hidden + 2 * k].contiguous().view(torch.int32)
+        r_w = recv[:, hidden + 2 * k:].contiguous().view(torch.float32)
+        e = r_ids - ctx.rank * local
+        key = torch.where((e >= 0) & (e < local), e, local).flatten()
+        order = torch.argsort(key, stable=True)[:entries]  # entries of local experts, by expert
+        tok = order // k
+        self.state = (t_idx, sc, rc, tok, r_w.flatten()[order], t)
+        return recv[tok, :hidden]  # rows grouped by local expert
 
     def combine(self, y: torch.Tensor) -> torch.Tensor:
         t_idx, sc, rc, tok, wt, n = self.state
@@ -102,6 +119,24 @@ def _check_ours(ctx: RankContext, moe: MoEAllToAll, x: torch.Tensor, ids: torch.
         torch.cuda.synchronize(ctx.device)
     err = ((comb - want).abs().max() / want.abs().max()).item()
     return bool(torch.equal(counts.long(), mine) and moe.dropped() == 0 and err < tol)
+
+
+def _check_a2a(ctx: RankContext, a2a: _A2A, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> bool:
+    """Baseline (a) checked like ours: its rows are every rank's tokens of this rank's experts in
+    (source, token, j) order, and ``combine`` of those rows gives ``x * sum_j w[t, j]``."""
+    rows = a2a.dispatch(x, ids, w)
+    xs = [torch.empty_like(x) for _ in range(ctx.world)]
+    everyone = [torch.empty_like(ids) for _ in range(ctx.world)]
+    dist.all_gather(xs, x, group=ctx.group)
+    dist.all_gather(everyone, ids, group=ctx.group)
+    e = torch.cat(everyone) - ctx.rank * a2a.local
+    key = torch.where((e >= 0) & (e < a2a.local), e, a2a.local).flatten()
+    order = torch.argsort(key, stable=True)[:int((key < a2a.local).sum())]
+    want_rows = torch.cat(xs)[order // ids.shape[1]]
+    comb = a2a.combine(rows).float()
+    want = x.float() * w.float().sum(1, keepdim=True)
+    err = ((comb - want).abs().max() / want.abs().max()).item()
+    return bool(torch.equal(rows, want_rows) and err < 0.02)
 
 
 def _measure(ctx: RankContext, fn, mode: str) -> float:
@@ -144,6 +179,7 @@ def _case(ctx: RankContext, comm: Communicator, shape: str, t: int) -> list[dict
         times["both_eager" + sfx] = _time(ctx, both, "eager") if cuda and mode == "auto" else None
         moe.close()
     a2a = _A2A(ctx, experts // ctx.world)
+    ok &= _check_a2a(ctx, a2a, x, ids, w)
     times["a2a_dispatch"] = _time(ctx, lambda: a2a.dispatch(x, ids, w), "eager")
     times["a2a_both"] = _time(ctx, lambda: a2a.combine(a2a.dispatch(x, ids, w)), "eager")
     y = a2a.dispatch(x, ids, w)  # combine timed on its own: a difference of two eager timings can go negative

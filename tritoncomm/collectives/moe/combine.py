@@ -22,10 +22,12 @@ table every rank received in dispatch, so every rank makes the same choice): bel
   other source ``s``, the items ``pid, pid + grid, ...`` of ``s``'s ``n_s`` tokens (the same split,
   from ``n_s``) that have a kept entry on ``r``, sums ``part_r`` there from its own buffer with the
   weights received in dispatch, and stores it into row ``(r, t)`` of source ``s``'s partials buffer:
-  one row per token and rank instead of one per entry. After the barrier on slot ``pid`` (which
-  pairs program ``pid`` everywhere: the programs that wrote and will read the same items), each
-  rank computes its own partial of its tokens from its own buffer and adds the peers' from its
-  partials buffer, in rank order.
+  one row per token and rank instead of one per entry. Between the first peer's items it sums
+  ``part_r`` of its own tokens' items (the split of the second phase) into ``out``: that HBM work
+  runs while the pushes cross the links. After the barrier on slot ``pid`` (which pairs program
+  ``pid`` everywhere: the programs that wrote and will read the same items), each rank adds, in
+  rank order, its own partial (read back from ``out`` by the program that stored it) and the
+  peers' from its partials buffer.
 
 An owner's expert buffer is next written after its next dispatch (by the experts, or by ``combine``'s
 copy), and a partials buffer is next written in the next combine, after that dispatch; no rank
@@ -50,8 +52,9 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
                 from_partials, pid, grid, WORLD: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                 BLOCK_H: tl.constexpr):
     """Both modes, after the barrier: every token's partials in rank order. Rank ``r``'s partial is
-    summed here from ``r``'s expert buffer (latency mode; in throughput mode for ``r`` = this rank
-    only) or read from this rank's partials buffer (throughput mode, peers). The work items are
+    summed here from ``r``'s expert buffer (latency mode), or in throughput mode read back from
+    ``out`` (``r`` = this rank: ``_own_item`` stored it there) or from this rank's partials buffer
+    (peers). The work items are
     (token, share of its column blocks) (``column_shares``); an item's routing is loaded once, so each
     column block waits on one round of loads; no branch: they are in flight together."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
@@ -69,11 +72,14 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
         for c in range(lo, hi, BLOCK_H):
             m = c + cols < hidden
             acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+            # throughput mode: this rank's own partial, stored into out by this program before the barrier
+            mine = tl.load(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, mask=m & from_partials,
+                           other=0.0).to(tl.float32)
             for r in tl.static_range(WORLD):
                 pushed = from_partials & (r != rank)  # r's partial is in the partials buffer
                 summed = tl.zeros([BLOCK_H], dtype=tl.float32)
                 for j in tl.static_range(TOP_K):
-                    on_r = (pick(owner, kk, j) == r) & ~pushed
+                    on_r = (pick(owner, kk, j) == r) & ~from_partials
                     # times hidden after the pick: 16-byte loads (a pick's result has no known divisibility)
                     src = heap_ptr(bases, r, ybuf_off, DTYPE) + pick(row, kk, j).to(tl.int64) * hidden + c + cols
                     y = tl.load(src, mask=m & on_r, other=0.0).to(tl.float32)
@@ -81,43 +87,95 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
                 has_r = tl.sum((owner == r).to(tl.int32), axis=0) > 0
                 got = tl.load(part + tl.cast(r * max_tokens + t, tl.int64) * hidden + c + cols, mask=m & pushed & has_r,
                               other=0.0).to(tl.float32)
-                acc += tl.where(pushed, got, round_to(summed, DTYPE).to(tl.float32))
+                acc += tl.where(pushed, got, tl.where(from_partials, mine, round_to(summed, DTYPE).to(tl.float32)))
             tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, round_to(acc, DTYPE), mask=m)
 
 
 @triton.jit
-def _push_partials(slot_ptr, hidden, max_tokens, bases, rank, ybuf_off, ids, wtab, ntab, part_off, pid, grid,
-                   DTYPE: tl.constexpr, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
-                   BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Throughput mode, before the barrier: this rank's partial of every token received from a peer,
-    pushed to the token's home."""
+def _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, part_off, rank, s, n_s, item,
+               DTYPE: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+               BLOCK_H: tl.constexpr, grid):
+    """Throughput mode: item ``item`` of source ``s``'s tokens (``column_shares(n_s)``, as the home
+    splits them in ``_sum_tokens``): this rank's partial, pushed into row ``(rank, t)`` of ``s``'s
+    partials buffer when one of the token's kept entries is on this rank."""
     cols = tl.arange(0, BLOCK_H)
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
+    shares = column_shares(n_s, hidden, grid, BLOCK_H)
+    t = item // shares
+    i0 = (s * max_tokens + t) * TOP_K
+    e = tl.load(ids + i0 + kk, mask=km, other=-1)
+    slot = tl.load(slot_ptr + i0 + kk, mask=km, other=-1)  # meaningful where the expert is mine
+    wt = tl.load(wtab + i0 + kk, mask=km, other=0.0)
+    kept = (e >= 0) & (e // LOCAL == rank) & (slot >= 0)
+    slot = tl.where(kept, slot, -1)
+    if tl.sum(kept.to(tl.int32), axis=0) > 0:
+        dst = heap_ptr(bases, s, part_off, DTYPE) + tl.cast(rank * max_tokens + t, tl.int64) * hidden
+        lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
+        for c in range(lo, hi, BLOCK_H):
+            m = c + cols < hidden
+            part = tl.zeros([BLOCK_H], dtype=tl.float32)
+            for j in tl.static_range(TOP_K):
+                at = pick(slot, kk, j)
+                y = tl.load(ybuf + tl.maximum(at, 0).to(tl.int64) * hidden + c + cols, mask=m & (at >= 0),
+                            other=0.0).to(tl.float32)
+                part += tl.where(at >= 0, pick(wt, kk, j) * y, 0.0)
+            tl.store(dst + c + cols, round_to(part, DTYPE), mask=m)
+
+
+@triton.jit
+def _own_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, n_tokens, hidden, rank, item, grid, TOP_K: tl.constexpr,
+              BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Throughput mode: item ``item`` of this rank's own tokens (the split of ``_sum_tokens``): the
+    partial of this rank's experts, rounded, stored into ``out``, where the same program reads it
+    back after the barrier."""
+    DTYPE: tl.constexpr = out_ptr.dtype.element_ty
+    cols = tl.arange(0, BLOCK_H)
+    kk = tl.arange(0, BLOCK_K)
+    km = kk < TOP_K
+    shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
+    t = item // shares
+    owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
+    row = tl.load(row_ptr + t * TOP_K + kk, mask=km, other=0)
+    wt = tl.load(w_ptr + t * TOP_K + kk, mask=km, other=0.0)
+    lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
+    for c in range(lo, hi, BLOCK_H):
+        m = c + cols < hidden
+        summed = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for j in tl.static_range(TOP_K):
+            on_me = pick(owner, kk, j) == rank
+            y = tl.load(ybuf + pick(row, kk, j).to(tl.int64) * hidden + c + cols, mask=m & on_me,
+                        other=0.0).to(tl.float32)
+            summed += tl.where(on_me, pick(wt, kk, j) * y, 0.0)
+        tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, round_to(summed, DTYPE), mask=m)
+
+
+@triton.jit
+def _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, bases, rank,
+                   ybuf_off, ids, wtab, ntab, part_off, pid, grid, DTYPE: tl.constexpr, WORLD: tl.constexpr,
+                   LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Throughput mode, before the barrier: this rank's partial of every token received from a peer,
+    pushed to the token's home (peers in the order ``rank + 1, rank + 2, ...``), and of its own
+    tokens, kept in ``out``. The own items alternate with the first peer's, so that the local sums
+    run while the pushes cross the links."""
     ybuf = heap_ptr(bases, rank, ybuf_off, DTYPE)
-    for s in range(WORLD):
-        n_s = tl.where(s == rank, 0, tl.load(ntab + s))  # this rank's own tokens: summed in _sum_tokens
-        shares = column_shares(n_s, hidden, grid, BLOCK_H)  # as the home splits them in _sum_tokens
-        for item in range(pid, n_s * shares, grid):
-            t = item // shares
-            i0 = (s * max_tokens + t) * TOP_K
-            e = tl.load(ids + i0 + kk, mask=km, other=-1)
-            slot = tl.load(slot_ptr + i0 + kk, mask=km, other=-1)  # meaningful where the expert is mine
-            wt = tl.load(wtab + i0 + kk, mask=km, other=0.0)
-            kept = (e >= 0) & (e // LOCAL == rank) & (slot >= 0)
-            slot = tl.where(kept, slot, -1)
-            if tl.sum(kept.to(tl.int32), axis=0) > 0:
-                dst = heap_ptr(bases, s, part_off, DTYPE) + tl.cast(rank * max_tokens + t, tl.int64) * hidden
-                lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
-                for c in range(lo, hi, BLOCK_H):
-                    m = c + cols < hidden
-                    part = tl.zeros([BLOCK_H], dtype=tl.float32)
-                    for j in tl.static_range(TOP_K):
-                        at = pick(slot, kk, j)
-                        y = tl.load(ybuf + tl.maximum(at, 0).to(tl.int64) * hidden + c + cols, mask=m & (at >= 0),
-                                    other=0.0).to(tl.float32)
-                        part += tl.where(at >= 0, pick(wt, kk, j) * y, 0.0)
-                    tl.store(dst + c + cols, round_to(part, DTYPE), mask=m)
+    own_items = n_tokens * column_shares(n_tokens, hidden, grid, BLOCK_H)
+    for i in range(1, WORLD):
+        s = (rank + i) % WORLD
+        n_s = tl.load(ntab + s)
+        items = n_s * column_shares(n_s, hidden, grid, BLOCK_H)
+        last = tl.where(i == 1, tl.maximum(items, own_items), items)
+        for item in range(pid, last, grid):
+            if item < items:
+                _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, part_off, rank, s, n_s, item, DTYPE,
+                           LOCAL, TOP_K, BLOCK_K, BLOCK_H, grid)
+            if (i == 1) & (item < own_items):
+                _own_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, n_tokens, hidden, rank, item, grid, TOP_K,
+                          BLOCK_K, BLOCK_H)
+    if WORLD == 1:
+        for item in range(pid, own_items, grid):
+            _own_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, n_tokens, hidden, rank, item, grid, TOP_K, BLOCK_K,
+                      BLOCK_H)
 
 
 @triton.jit(do_not_specialize=["rank", "n_tokens", "throughput_from"])  # one build whatever the counts
@@ -142,8 +200,8 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
     if from_partials:
         ids = heap_ptr(bases, rank, ids_off + parity * ids_half, tl.int32)
         wtab = heap_ptr(bases, rank, wtab_off + parity * wtab_half, tl.float32)
-        _push_partials(slot_ptr, hidden, max_tokens, bases, rank, ybuf_off, ids, wtab, ntab, part_off, pid, grid,
-                       DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H)
+        _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, bases, rank,
+                       ybuf_off, ids, wtab, ntab, part_off, pid, grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H)
     # latency mode: every owner's buffer is written; throughput mode: every peer's partial of my tokens is here
     barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, bases, rank, ybuf_off, part_off,

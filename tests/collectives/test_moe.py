@@ -6,10 +6,12 @@ expert layouts and counts, exact combine bits; bad input."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from tritoncomm.collectives.moe import MoEAllToAll, MoEShape
+from tritoncomm.collectives.moe import SHAPES, MoEAllToAll, MoEShape
 from tritoncomm.errors import InvalidInputError
 
 from ..helpers import make_comm, warm_up_for_capture, world_sizes
@@ -165,6 +167,17 @@ def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, rep
 def test_dispatch_combine_match_reference(worlds, world, case, mode):
     experts = max(2 * world, 4) if case != "hot" else 4 * world
     for bad in worlds(world).run(_job, experts, 3, 40, 6, case, 3, mode=mode):
+        assert bad == []
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3))
+@pytest.mark.parametrize("case", ["hot", "unrouted"])
+def test_two_kernel_dispatch_matches_reference(worlds, world, case):
+    """The send + gather dispatch (``one_kernel=False``; the one-kernel dispatch is the CPU world's
+    default) lays out, counts and combines exactly as the reference, capacity drops included."""
+    shape = replace(SHAPES["cpu"], one_kernel=False)
+    for bad in worlds(world).run(_job, 4 * world, 3, 40, 6, case, 3, capacity=4 if case == "hot" else None,
+                                 mode="throughput", shape=shape):
         assert bad == []
 
 
@@ -380,9 +393,9 @@ def test_stragglers_with_no_host_sync(worlds, world):
 
 
 def test_default_launch_shape_follows_the_instance_size():
-    from tritoncomm.collectives.moe import PREFILL_FROM, SHAPES, default_shape
+    from tritoncomm.collectives.moe import PREFILL_FROM, default_shape
 
     decode, prefill = default_shape("cuda", PREFILL_FROM - 1, 132), default_shape("cuda", PREFILL_FROM, 132)
-    assert (decode.programs, decode.num_warps) == (132, 4)
-    assert (prefill.programs, prefill.num_warps) == (264, 8)
+    assert (decode.programs, decode.num_warps, decode.one_kernel) == (132, 4, True)
+    assert (prefill.programs, prefill.num_warps, prefill.one_kernel) == (264, 8, False)
     assert default_shape("cpu", 10_000, 1) == SHAPES["cpu"]

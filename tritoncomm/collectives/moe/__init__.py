@@ -56,6 +56,7 @@ from ...kernels.launcher import Launcher
 from .combine import launch_combine, moe_combine_kernel
 from .dispatch import launch_send, moe_send_kernel
 from .gather import launch_gather, moe_gather_kernel
+from .onekernel import launch_dispatch_one_kernel, moe_dispatch_one_kernel
 
 #: ``combine``'s default switch from the latency to the throughput mode: total tokens over the ranks
 #: per call. A first estimate: no run across NVLink has measured the crossover yet (``bench --op moe``
@@ -63,8 +64,8 @@ from .gather import launch_gather, moe_gather_kernel
 THROUGHPUT_FROM = 256
 MODES = ("auto", "latency", "throughput")
 
-__all__ = ["MODES", "PREFILL_FROM", "SHAPES", "THROUGHPUT_FROM", "MoEAllToAll", "MoEHandle", "MoEShape",
-           "default_shape"]
+__all__ = ["MODES", "ONE_KERNEL_ENTRIES", "PREFILL_FROM", "SHAPES", "THROUGHPUT_FROM", "MoEAllToAll", "MoEHandle",
+           "MoEShape", "default_shape"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,9 @@ class MoEShape:
     #: Programmatic dependent launch (sm_90+; ignored elsewhere): about a microsecond less per
     #: kernel boundary (``docs/moe.md``).
     pdl: bool = True
+    #: Dispatch in one kernel (``onekernel.py``) where ``max_tokens * top_k`` is at most
+    #: ``ONE_KERNEL_ENTRIES``; otherwise, or with False, the send and gather kernels.
+    one_kernel: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_e", "send_block_h", "super_blocks"):
@@ -93,9 +97,13 @@ class MoEShape:
 
 #: Launch shapes by kind of instance; on GPUs ``programs`` is set from the SM count at construction
 #: (``default_shape``).
-SHAPES = {"cuda": MoEShape(132, 1024, 64, 4),
+SHAPES = {"cuda": MoEShape(132, 1024, 64, 4, one_kernel=True),
           "cuda-prefill": MoEShape(264, 4096, 64, 8),
-          "cpu": MoEShape(2, 64, 16, 1)}
+          "cpu": MoEShape(2, 64, 16, 1, one_kernel=True)}
+
+#: The most routing entries per rank (``max_tokens * top_k``, rounded up to a power of two) that the
+#: one-kernel dispatch takes: each of its programs holds a source's whole routing in registers.
+ONE_KERNEL_ENTRIES = 1024
 
 #: Instances sized for at least this many tokens per rank get the ``cuda-prefill`` shape. Measured at
 #: EP1 on one H200 (DeepSeek-V3, eager, GPU time by kernel, ``docs/moe.md``): at 128 and 4096 tokens
@@ -207,14 +215,20 @@ class MoEAllToAll:
         self._block_x = max(triton.next_power_of_2(num_experts), 4)  # the histograms' width (BLOCK_X)
         self._hist_blocks = -(-m * k // sh.block_e)
         supers = -(-self._hist_blocks // sh.super_blocks)
-        self._hist = comm.empty((2, w * (self._hist_blocks + supers), self._block_x), torch.int32)
+        #: the one-kernel dispatch (onekernel.py): per half, a copy of every source's routing per program
+        self._block_n = triton.next_power_of_2(m * k)
+        self._one = sh.one_kernel and self._block_n <= ONE_KERNEL_ENTRIES
+        self._hist = None if self._one else \
+            comm.empty((2, w * (self._hist_blocks + supers), self._block_x), torch.int32)
+        self._copy = comm.empty((2, sh.programs * w * (self._block_n + 1)), torch.int32) if self._one else None
         self._sc = comm.empty((2, peers * m, hidden // 128), torch.float32) if self.fp8 else None
         (self._recv_off, self._recv_half), (self._ids_off, self._ids_half) = self._halves(self._recv), \
             self._halves(self._ids)
         (self._wtab_off, self._wtab_half), (self._ntab_off, self._ntab_half) = self._halves(self._wtab), \
             self._halves(self._ntab)
         self._sc_off, self._sc_half = self._halves(self._sc) if self.fp8 else (0, 0)
-        self._hist_off, self._hist_half = self._halves(self._hist)
+        self._hist_off, self._hist_half = self._halves(self._hist) if self._hist is not None else (0, 0)
+        self._copy_off, self._copy_half = self._halves(self._copy) if self._copy is not None else (0, 0)
         self._ybuf = comm.empty((self.local_experts, self.capacity, hidden), dtype)
         self._ybuf_off = comm.heap_offset(self._ybuf)
         self._part = comm.empty((w, m, hidden), dtype) if self._throughput_from <= w * m else None
@@ -227,6 +241,7 @@ class MoEAllToAll:
         #: options of every kernel's launch (set once here: nothing is decided on the launch path)
         self._launch_opts: dict[str, bool | int] = _launch_options(comm, sh)
         self._run_gather = Launcher(moe_gather_kernel, (programs,))
+        self._run_one = Launcher(moe_dispatch_one_kernel, (programs,))
         i32 = dict(dtype=torch.int32, device=dev)
         self._owner = torch.empty(m, k, **i32)  # per own entry: the expert's rank, or -1
         self._row = torch.empty(m, k, **i32)  # per own entry: local expert * capacity + slot there
@@ -262,6 +277,25 @@ class MoEAllToAll:
         n = self._check(x, topk_ids, topk_weights)
         self.comm.check()
         sh = self.shape
+        if self._one:
+            launch_dispatch_one_kernel(
+                self._run_one, self.comm, self._send_ch, self._out, self._scales, x, topk_ids, topk_weights,
+                self._weights, self._slot_of, self._owner, self._row, self._counts, self._bad,
+                self._bad_host.device_addr, max_tokens=self.max_tokens, num_experts=self.num_experts,
+                capacity=self.capacity, local=self.local_experts, recv_off=self._recv_off, recv_half=self._recv_half,
+                ids_off=self._ids_off, ids_half=self._ids_half, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
+                ntab_off=self._ntab_off, ntab_half=self._ntab_half, sc_off=self._sc_off, sc_half=self._sc_half,
+                copy_off=self._copy_off, copy_half=self._copy_half, block_n=self._block_n, block_x=self._block_x,
+                block_h=sh.send_block_h or sh.block_h, num_warps=sh.num_warps, launch_opts=self._launch_opts)
+        else:
+            self._dispatch_two_kernels(x, topk_ids, topk_weights)
+        self._call += 1
+        self._open_handle = self._call
+        return (self._out, self._scales) if self.fp8 else self._out, self._counts, MoEHandle(n, self._call)
+
+    def _dispatch_two_kernels(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
+        """The send kernel, then the gather kernel (``dispatch.py``, ``gather.py``)."""
+        sh = self.shape
         launch_send(self._run_send, self.comm, self._send_ch, x, topk_ids, topk_weights, self._weights, self._bad,
                     max_tokens=self.max_tokens, num_experts=self.num_experts, local=self.local_experts,
                     recv_off=self._recv_off, recv_half=self._recv_half, ids_off=self._ids_off,
@@ -280,9 +314,6 @@ class MoEAllToAll:
                       hist_blocks=self._hist_blocks, block_e=sh.block_e,
                       block_x=self._block_x, super_blocks=sh.super_blocks, block_h=sh.block_h,
                       num_warps=sh.num_warps, launch_opts=self._launch_opts)
-        self._call += 1
-        self._open_handle = self._call
-        return (self._out, self._scales) if self.fp8 else self._out, self._counts, MoEHandle(n, self._call)
 
     def combine(self, y: torch.Tensor, handle: MoEHandle) -> torch.Tensor:
         """See the module docstring. Collective. Returns ``[n_tokens, hidden]`` (reused by the next call)."""
@@ -310,7 +341,8 @@ class MoEAllToAll:
         """Collective: release the heap memory and channels."""
         for ch in (self._send_ch, self._comb_ch):
             ch.close()
-        for t in (self._recv, self._ids, self._wtab, self._ntab, self._hist, self._ybuf, self._sc, self._part):
+        for t in (self._recv, self._ids, self._wtab, self._ntab, self._hist, self._copy, self._ybuf, self._sc,
+                  self._part):
             if t is not None:
                 self.comm.free(t)
         self._bad_host.close()

@@ -4,8 +4,9 @@
 over the ranks (expert ``e`` on rank ``e // local_experts``), up to ``max_tokens`` tokens per rank and
 call, ``top_k`` experts per token, at most ``capacity`` entries per expert and call.
 
-* ``dispatch(x, topk_ids, topk_weights)``: two kernels. ``moe_send_kernel`` sends this rank's
-  routing to every rank and each token once to each rank that holds one of its experts; then
+* ``dispatch(x, topk_ids, topk_weights)``: two kernels (one for decode-sized instances,
+  ``MoEShape.one_kernel``: ``onekernel.py``, the same results). ``moe_send_kernel`` sends this
+  rank's routing to every rank and each token once to each rank that holds one of its experts; then
   ``moe_gather_kernel`` computes the slots from the gathered routing, the same on every rank
   (``route.py``: the entries ``(source rank, token, j)`` of expert ``e`` in that order get slots ``0,
   1, ...``; entries past ``capacity`` are dropped), and lays out this rank's tokens, peers' received

@@ -4,8 +4,10 @@
         --variants default,no-pdl,no-regcap [--rounds 3] [--max-tokens 4096] [--fp8] [--json out.json]
 
 A variant is ``default`` or ``+``-joined changes to the instance's default launch: ``no-pdl`` and
-``pdl`` (``MoEShape.pdl``: programmatic dependent launch off or on), ``no-regcap`` (no register cap
-keeping every program resident); ``docs/moe.md`` names the
+``pdl`` (``MoEShape.pdl``: programmatic dependent launch off or on), ``one-kernel`` and
+``two-kernel`` (``MoEShape.one_kernel``: the dispatch in one kernel where the instance allows it, or
+the send and gather kernels), ``no-regcap`` (no register cap keeping every program resident);
+``docs/moe.md`` names the
 checkout of its route-kernel variants. Each round times every variant in turn on the same inputs
 (``tools.timing.time_per_call_us``, graph mode), so drift between variants is spread over the
 rounds; the median over rounds is printed. Changes the tree does not know (an older checkout) are
@@ -40,6 +42,10 @@ def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, 
         if "pdl" not in known:
             return None
         shape = replace(shape, pdl="pdl" in changes)
+    if changes & {"one-kernel", "two-kernel"}:
+        if "one_kernel" not in known:
+            return None
+        shape = replace(shape, one_kernel="one-kernel" in changes)
     moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
                       capacity=_capacity(world, m, experts, k), shape=shape, fp8_dispatch=fp8)
     if "no-regcap" in changes:

@@ -82,8 +82,9 @@ def _fp8_mismatch(got: torch.Tensor, want: torch.Tensor, cpu: bool) -> int:
 
 
 def _combined(x, wts, where, n: int, k: int, local: int, world: int, dtype, fp8: bool) -> torch.Tensor:
-    """The combine's rule: per owner rank the fp32 sum in ``j`` order rounded to the dtype, the
-    partials summed in fp32 in rank order; the experts are ``y = x * (e + 1)`` rounded to the dtype."""
+    """The combine's rule: per owner rank the fp32 sum in ``j`` order rounded to the dtype (-0.0 as
+    +0.0), the partials summed in fp32 in rank order; the experts are ``y = x * (e + 1)`` rounded to
+    the dtype."""
     want = torch.zeros(n, x.shape[1])
     for t in range(n):
         parts = [torch.zeros(x.shape[1]) for _ in range(world)]
@@ -94,7 +95,7 @@ def _combined(x, wts, where, n: int, k: int, local: int, world: int, dtype, fp8:
                 parts[e // local] = parts[e // local] + wts[t, j].float() * (xt * float(e + 1)).to(dtype).float()
         acc = torch.zeros(x.shape[1])
         for p in parts:
-            acc = acc + p.to(dtype).float()
+            acc = acc + (p.to(dtype).float() + 0.0)  # a partial of -0.0 counts as +0.0
         want[t] = acc
     return want.to(dtype)
 
@@ -152,6 +153,11 @@ def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, rep
         if not torch.equal(comb, want):
             bad.append((rep, "combine", (comb.float() - want.float()).abs().max().item() if n else None))
     torch.cuda.synchronize() if dev.type == "cuda" else None
+    if moe._lpart is not None:  # every packet read and reset: the Lamport buffer is at rest again
+        ctx.barrier()
+        busy = int((moe._lpart.view(torch.int16) != -(1 << 15)).sum())
+        if busy:
+            bad.append(("lamport buffer not at rest", busy))
     if both_modes and len({t >= throughput_from for t in totals}) != 2:
         bad.append(("calls of one mode only", totals))
     if moe.dropped() != dropped:

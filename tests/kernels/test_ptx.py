@@ -386,9 +386,10 @@ def _moe_ptx(kernel: str) -> str:
                                                      "BLOCK_H": 1024, "BLOCK_N": 1024, "BLOCK_X": 256, "FP8": False}
     else:
         sig = {"out_ptr": "*bf16", "w_ptr": "*fp32", "owner_ptr": "*i32", "row_ptr": "*i32", "slot_ptr": "*i32",
-               "n_tokens": "i32", "hidden": "i32", "max_tokens": "i32", "throughput_from": "i32", **COMMON,
+               "n_tokens": "i32", "hidden": "i32", "max_tokens": "i32", "throughput_from": "i32",
+               "lamport_rows": "i32", **COMMON,
                **dict.fromkeys(("flags_off", "epochs_off", "send_epochs_off", "ybuf_off", "ids_off", "ids_half",
-                                "wtab_off", "wtab_half", "ntab_off", "ntab_half", "part_off"), "i64")}
+                                "wtab_off", "wtab_half", "ntab_off", "ntab_half", "part_off", "lpart_off"), "i64")}
         fn, cx = combine.moe_combine_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_W": 2,
                                               "BLOCK_H": 1024}
     # as launched: tensors and hidden (7168) divisible by 16; the counts and rank are not

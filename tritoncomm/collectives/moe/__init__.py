@@ -21,12 +21,13 @@ call, ``top_k`` experts per token, at most ``capacity`` entries per expert and c
   skip a copy); returns ``out[t] = sum_j topk_weights[t, j] * y_owner[expert, slot]``: per owner rank
   the fp32 sum in ``j`` order rounded to the dtype, those partials summed in fp32 in rank order
   (``combine.py`` states it exactly), so the bits never depend on arrival order nor on the mode.
-  Two modes, chosen on the device per call from the total token count over the ranks: latency
-  (below ``throughput_from``: every rank pulls its tokens' ``top_k`` rows from the owners) and
-  throughput (each owner sums its experts' outputs per token and pushes one row per token home).
+  Each owner sums its experts' outputs per token and pushes one row per token home, in one of two
+  modes chosen on the device per call from the total token count over the ranks: latency (below
+  ``throughput_from``: Lamport packets, no barrier) and throughput (bulk stores, then a barrier).
   ``mode="latency"`` or ``"throughput"`` fixes the mode; ``"latency"`` (and ``"auto"`` at world 1,
-  where it always chooses latency) also spares the partials buffer (``world * max_tokens * hidden``
-  elements of the heap).
+  where it always chooses latency) spares the partials buffer (``world * max_tokens * hidden``
+  elements of the heap), ``"throughput"`` the Lamport buffer (``world * min(max_tokens,
+  throughput_from - 1) * hidden``).
 
 With ``MoEShape.pdl`` (on GPUs from sm_90 on) every kernel is launched with programmatic dependent
 launch: it starts while the previous one ends and waits for it (``pdl_wait``) before touching memory.
@@ -53,6 +54,7 @@ import triton
 from ...channels import Channel, Communicator
 from ...channels.cuda_ipc import HostMappedWords
 from ...errors import InvalidInputError
+from ...kernels import lamport_fill
 from ...kernels.launcher import Launcher
 from .combine import launch_combine, moe_combine_kernel
 from .dispatch import launch_send, moe_send_kernel
@@ -234,6 +236,12 @@ class MoEAllToAll:
         self._ybuf_off = comm.heap_offset(self._ybuf)
         self._part = comm.empty((w, m, hidden), dtype) if self._throughput_from <= w * m else None
         self._part_off = comm.heap_offset(self._part) if self._part is not None else 0
+        # the latency mode's Lamport buffer: a row per peer and token of a call below the switch, at rest
+        self._lamport_rows = min(m, self._throughput_from - 1) if w > 1 else 0
+        self._lpart = comm.empty((w, self._lamport_rows, hidden), dtype) if self._lamport_rows > 0 else None
+        self._lpart_off = comm.heap_offset(self._lpart) if self._lpart is not None else 0
+        if self._lpart is not None:
+            lamport_fill(self._lpart)  # before this rank's first dispatch, hence before any peer writes it
         programs = self.shape.programs
         self._send_ch = Channel(comm, f"{name}.send", programs=programs, barrier_slots=programs)
         self._comb_ch = Channel(comm, f"{name}.combine", programs=programs, barrier_slots=programs)
@@ -331,11 +339,12 @@ class MoEAllToAll:
         out = self._combined
         launch_combine(self._run_combine, self.comm, self._comb_ch, self._send_ch, out, self._weights, self._owner,
                        self._row, self._slot_of, handle.n_tokens, max_tokens=self.max_tokens,
-                       throughput_from=self._throughput_from, local=self.local_experts, ybuf_off=self._ybuf_off,
+                       throughput_from=self._throughput_from, lamport_rows=self._lamport_rows,
+                       local=self.local_experts, ybuf_off=self._ybuf_off,
                        ids_off=self._ids_off, ids_half=self._ids_half, wtab_off=self._wtab_off,
                        wtab_half=self._wtab_half, ntab_off=self._ntab_off, ntab_half=self._ntab_half,
-                       part_off=self._part_off, block_h=self.shape.block_h, num_warps=self.shape.num_warps,
-                       launch_opts=self._launch_opts)
+                       part_off=self._part_off, lpart_off=self._lpart_off, block_h=self.shape.block_h,
+                       num_warps=self.shape.num_warps, launch_opts=self._launch_opts)
         return out[:handle.n_tokens]
 
     def close(self) -> None:
@@ -343,7 +352,7 @@ class MoEAllToAll:
         for ch in (self._send_ch, self._comb_ch):
             ch.close()
         for t in (self._recv, self._ids, self._wtab, self._ntab, self._hist, self._copy, self._ybuf, self._sc,
-                  self._part):
+                  self._part, self._lpart):
             if t is not None:
                 self.comm.free(t)
         self._bad_host.close()

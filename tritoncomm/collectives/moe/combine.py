@@ -2,36 +2,38 @@
 
 **Numerics, both modes.** ``out[t] = sum_r part_r`` in fp32 over the ranks ``r = 0 .. WORLD - 1`` in
 order, rounded once to the dtype, where ``part_r`` is the sum in fp32 of ``w[t, j] * y_r[expert_j,
-slot_j]`` over the token's kept entries ``j`` on rank ``r`` in ``j`` order, rounded to the dtype (each
-product rounded before its add: the launch turns contraction off, so both worlds and torch's ``acc +
-w * y`` agree; absent terms add exactly nothing). The bits depend only on the inputs, never on
-arrival order nor on the mode, so a token's output does not change with the batch it is in.
+slot_j]`` over the token's kept entries ``j`` on rank ``r`` in ``j`` order, rounded to the dtype, a
+-0.0 taken as +0.0 (the Lamport packets' rule, ``kernels/lamport.py``; each product is rounded before
+its add: the launch turns contraction off, so both worlds and torch's ``acc + w * y`` agree; absent
+terms add exactly nothing). The bits depend only on the inputs, never on arrival order nor on the
+mode, so a token's output does not change with the batch it is in.
 
 ``moe_combine_kernel`` chooses its mode on the device from the call's total token count (the count
 table every rank received in dispatch, so every rank makes the same choice): below
-``throughput_from`` tokens, the latency mode; from it on, the throughput mode.
+``throughput_from`` tokens, the latency mode; from it on, the throughput mode. In both, an owner
+computes ``part_r`` of the tokens peers sent it and pushes one row per token (not one per entry)
+home: program ``pid`` of owner ``r`` takes, for every other source ``s`` (in the order ``r + 1, r +
+2, ...``), the items ``pid, pid + grid, ...`` of ``s``'s ``n_s`` tokens that have a kept entry on
+``r``, an item being token ``i // shares`` and the ``i % shares``-th run of its column blocks
+(``shares.py``; ``shares = column_shares(n_s)``: at decode a token's blocks spread over programs).
+The home splits its own tokens the same way, so program ``pid`` reads what program ``pid`` of every
+peer pushed.
 
-* **Latency mode** (one barrier, then pulls): each owner has copied its experts' outputs into its
-  heap buffer before the launch (a prior op on its stream); a barrier on slot ``pid`` makes every
-  owner's buffer visible (release at arrival covers the owner's earlier stream work). Program ``pid``
-  then takes the work items ``pid, pid + grid, ...``, item ``i`` being token ``i // shares`` and the
-  ``i % shares``-th run of its column blocks (``shares.py``; ``shares = column_shares(n_tokens)``:
-  at decode a token's blocks spread over programs), and loads the token's ``TOP_K`` rows there from
-  the owners' buffers.
-* **Throughput mode** (pushes, then one barrier): program ``pid`` of owner ``r`` takes, for every
-  other source ``s``, the items ``pid, pid + grid, ...`` of ``s``'s ``n_s`` tokens (the same split,
-  from ``n_s``) that have a kept entry on ``r``, sums ``part_r`` there from its own buffer with the
-  weights received in dispatch, and stores it into row ``(r, t)`` of source ``s``'s partials buffer:
-  one row per token and rank instead of one per entry. Between the first peer's items it sums
-  ``part_r`` of its own tokens' items (the split of the second phase) into ``out``: that HBM work
-  runs while the pushes cross the links. After the barrier on slot ``pid`` (which pairs program
-  ``pid`` everywhere: the programs that wrote and will read the same items), each rank adds, in
-  rank order, its own partial (read back from ``out`` by the program that stored it) and the
-  peers' from its partials buffer.
+* **Latency mode** (Lamport packets, no barrier): the rows go into row ``(r, t)`` of the home's
+  Lamport buffer (``lamport_store``: the data is its own flag). Then each home program sums its own
+  experts' part of its items from its own expert buffer, polls each peer's row that the token's
+  routing says was pushed (bounded, like every wait), resets it, and adds the partials in rank
+  order. One trip over the links, nothing else.
+* **Throughput mode** (bulk pushes, then one barrier): the rows go into row ``(r, t)`` of the home's
+  partials buffer. Between the first peer's items each program sums its own tokens' items' own part
+  into ``out``: that HBM work runs while the pushes cross the links. After the barrier on slot
+  ``pid`` (which pairs program ``pid`` everywhere), each rank adds, in rank order, its own part
+  (read back from ``out`` by the program that stored it) and the peers' from its partials buffer.
 
-An owner's expert buffer is next written after its next dispatch (by the experts, or by ``combine``'s
-copy), and a partials buffer is next written in the next combine, after that dispatch; no rank
-passes that dispatch's send barrier before every peer's combine kernel has ended.
+An owner's expert buffer is next written after its next dispatch (by the experts, or by
+``combine``'s copy), and a peer writes a rank's partials or Lamport buffer again only in the next
+combine, after that dispatch: no rank passes that dispatch's barrier slots before every peer's
+combine kernel has ended, its resets included.
 """
 
 from __future__ import annotations
@@ -40,7 +42,19 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import barrier, epoch_commit, heap_ptr, pdl_launch_dependents, pdl_wait, program_epoch, round_to
+from ...kernels import (
+    barrier,
+    epoch_commit,
+    heap_ptr,
+    lamport_canonical,
+    lamport_poll,
+    lamport_reset,
+    lamport_store,
+    pdl_launch_dependents,
+    pdl_wait,
+    program_epoch,
+    round_to,
+)
 from ...kernels.launcher import Launcher
 from .shares import column_shares, pick, share_columns
 
@@ -48,20 +62,29 @@ __all__ = ["launch_combine", "moe_combine_kernel"]
 
 
 @triton.jit
-def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, bases, rank, ybuf_off, part_off,
-                from_partials, pid, grid, WORLD: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
-                BLOCK_H: tl.constexpr):
-    """Both modes, after the barrier: every token's partials in rank order. Rank ``r``'s partial is
-    summed here from ``r``'s expert buffer (latency mode), or in throughput mode read back from
-    ``out`` (``r`` = this rank: ``_own_item`` stored it there) or from this rank's partials buffer
-    (peers). The work items are
-    (token, share of its column blocks) (``column_shares``); an item's routing is loaded once, so each
-    column block waits on one round of loads; no branch: they are in flight together."""
+def _partial(summed, DTYPE: tl.constexpr):
+    """A rank's partial as it is added: rounded to the dtype, -0.0 as +0.0 (a Lamport packet's rule,
+    applied in both modes so that they agree bit for bit)."""
+    return lamport_canonical(round_to(summed, DTYPE))
+
+
+@triton.jit
+def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off,
+                part_off, lpart_off, from_partials, pid, grid, timeout, diag, WORLD: tl.constexpr, TOP_K: tl.constexpr,
+                BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Both modes, last: every token's partials in rank order. This rank's own partial is summed here
+    from its expert buffer (latency mode) or read back from ``out`` (throughput mode: ``_own_item``
+    stored it there); a peer's is polled from the Lamport buffer and reset (latency mode) or read
+    from the partials buffer after the barrier (throughput mode). The work items are (token, share
+    of its column blocks) (``column_shares``); an item's routing is loaded once, so each column
+    block waits on one round of loads."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     cols = tl.arange(0, BLOCK_H)
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
+    ybuf = heap_ptr(bases, rank, ybuf_off, DTYPE)
     part = heap_ptr(bases, rank, part_off, DTYPE)
+    lpart = heap_ptr(bases, rank, lpart_off, DTYPE)
     shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
     for item in range(pid, n_tokens * shares, grid):
         t = item // shares
@@ -71,33 +94,38 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
         lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
         for c in range(lo, hi, BLOCK_H):
             m = c + cols < hidden
-            acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-            # throughput mode: this rank's own partial, stored into out by this program before the barrier
             mine = tl.load(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, mask=m & from_partials,
                            other=0.0).to(tl.float32)
+            summed = tl.zeros([BLOCK_H], dtype=tl.float32)
+            for j in tl.static_range(TOP_K):
+                on_me = (pick(owner, kk, j) == rank) & ~from_partials
+                # times hidden after the pick: 16-byte loads (a pick's result has no known divisibility)
+                y = tl.load(ybuf + pick(row, kk, j).to(tl.int64) * hidden + c + cols, mask=m & on_me,
+                            other=0.0).to(tl.float32)
+                summed += tl.where(on_me, pick(wt, kk, j) * y, 0.0)
+            own = tl.where(from_partials, mine, _partial(summed, DTYPE).to(tl.float32))
+            acc = tl.zeros([BLOCK_H], dtype=tl.float32)
             for r in tl.static_range(WORLD):
-                pushed = from_partials & (r != rank)  # r's partial is in the partials buffer
-                summed = tl.zeros([BLOCK_H], dtype=tl.float32)
-                for j in tl.static_range(TOP_K):
-                    on_r = (pick(owner, kk, j) == r) & ~from_partials
-                    # times hidden after the pick: 16-byte loads (a pick's result has no known divisibility)
-                    src = heap_ptr(bases, r, ybuf_off, DTYPE) + pick(row, kk, j).to(tl.int64) * hidden + c + cols
-                    y = tl.load(src, mask=m & on_r, other=0.0).to(tl.float32)
-                    summed += tl.where(on_r, pick(wt, kk, j) * y, 0.0)
                 has_r = tl.sum((owner == r).to(tl.int32), axis=0) > 0
-                got = tl.load(part + tl.cast(r * max_tokens + t, tl.int64) * hidden + c + cols, mask=m & pushed & has_r,
-                              other=0.0).to(tl.float32)
-                acc += tl.where(pushed, got, tl.where(from_partials, mine, round_to(summed, DTYPE).to(tl.float32)))
+                peer = (r != rank) & has_r
+                got = tl.load(part + tl.cast(r * max_tokens + t, tl.int64) * hidden + c + cols,
+                              mask=m & peer & from_partials, other=0.0).to(tl.float32)
+                if peer & ~from_partials:
+                    at = lpart + tl.cast(r * lamport_rows + t, tl.int64) * hidden + c + cols
+                    got = lamport_poll(at, m, r, t, rank, timeout, diag).to(tl.float32)
+                    lamport_reset(at, m)
+                acc += tl.where(r == rank, own, got)
             tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, round_to(acc, DTYPE), mask=m)
 
 
 @triton.jit
-def _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, part_off, rank, s, n_s, item,
+def _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, dst_off, dst_rows, rank, s, n_s, item,
                DTYPE: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
-               BLOCK_H: tl.constexpr, grid):
-    """Throughput mode: item ``item`` of source ``s``'s tokens (``column_shares(n_s)``, as the home
-    splits them in ``_sum_tokens``): this rank's partial, pushed into row ``(rank, t)`` of ``s``'s
-    partials buffer when one of the token's kept entries is on this rank."""
+               BLOCK_H: tl.constexpr, LAMPORT: tl.constexpr, grid):
+    """Item ``item`` of source ``s``'s tokens (``column_shares(n_s)``, as the home splits them in
+    ``_sum_tokens``): this rank's partial, pushed into row ``rank * dst_rows + t`` of the buffer at
+    heap offset ``dst_off`` of ``s`` (as Lamport packets with ``LAMPORT``) when one of the token's
+    kept entries is on this rank."""
     cols = tl.arange(0, BLOCK_H)
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
@@ -110,7 +138,7 @@ def _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, part_off, r
     kept = (e >= 0) & (e // LOCAL == rank) & (slot >= 0)
     slot = tl.where(kept, slot, -1)
     if tl.sum(kept.to(tl.int32), axis=0) > 0:
-        dst = heap_ptr(bases, s, part_off, DTYPE) + tl.cast(rank * max_tokens + t, tl.int64) * hidden
+        dst = heap_ptr(bases, s, dst_off, DTYPE) + tl.cast(rank * dst_rows + t, tl.int64) * hidden
         lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
         for c in range(lo, hi, BLOCK_H):
             m = c + cols < hidden
@@ -120,15 +148,18 @@ def _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, part_off, r
                 y = tl.load(ybuf + tl.maximum(at, 0).to(tl.int64) * hidden + c + cols, mask=m & (at >= 0),
                             other=0.0).to(tl.float32)
                 part += tl.where(at >= 0, pick(wt, kk, j) * y, 0.0)
-            tl.store(dst + c + cols, round_to(part, DTYPE), mask=m)
+            if LAMPORT:
+                lamport_store(dst + c + cols, _partial(part, DTYPE), mask=m)
+            else:
+                tl.store(dst + c + cols, _partial(part, DTYPE), mask=m)
 
 
 @triton.jit
 def _own_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, n_tokens, hidden, rank, item, grid, TOP_K: tl.constexpr,
               BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
     """Throughput mode: item ``item`` of this rank's own tokens (the split of ``_sum_tokens``): the
-    partial of this rank's experts, rounded, stored into ``out``, where the same program reads it
-    back after the barrier."""
+    partial of this rank's experts, stored into ``out``, where the same program reads it back after
+    the barrier."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     cols = tl.arange(0, BLOCK_H)
     kk = tl.arange(0, BLOCK_K)
@@ -147,7 +178,7 @@ def _own_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, n_tokens, hidden, rank, 
             y = tl.load(ybuf + pick(row, kk, j).to(tl.int64) * hidden + c + cols, mask=m & on_me,
                         other=0.0).to(tl.float32)
             summed += tl.where(on_me, pick(wt, kk, j) * y, 0.0)
-        tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, round_to(summed, DTYPE), mask=m)
+        tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, _partial(summed, DTYPE), mask=m)
 
 
 @triton.jit
@@ -167,8 +198,8 @@ def _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidde
         last = tl.where(i == 1, tl.maximum(items, own_items), items)
         for item in range(pid, last, grid):
             if item < items:
-                _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, part_off, rank, s, n_s, item, DTYPE,
-                           LOCAL, TOP_K, BLOCK_K, BLOCK_H, grid)
+                _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, part_off, max_tokens, rank, s, n_s,
+                           item, DTYPE, LOCAL, TOP_K, BLOCK_K, BLOCK_H, False, grid)
             if (i == 1) & (item < own_items):
                 _own_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, n_tokens, hidden, rank, item, grid, TOP_K,
                           BLOCK_K, BLOCK_H)
@@ -178,10 +209,26 @@ def _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidde
                       BLOCK_H)
 
 
-@triton.jit(do_not_specialize=["rank", "n_tokens", "throughput_from"])  # one build whatever the counts
+@triton.jit
+def _push_packets(slot_ptr, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off, ids, wtab, ntab, lpart_off, pid,
+                  grid, DTYPE: tl.constexpr, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
+                  BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Latency mode, first: this rank's partial of every token received from a peer, pushed to the
+    token's home as Lamport packets (peers in the order ``rank + 1, rank + 2, ...``)."""
+    ybuf = heap_ptr(bases, rank, ybuf_off, DTYPE)
+    for i in range(1, WORLD):
+        s = (rank + i) % WORLD
+        n_s = tl.load(ntab + s)
+        for item in range(pid, n_s * column_shares(n_s, hidden, grid, BLOCK_H), grid):
+            _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, lpart_off, lamport_rows, rank, s, n_s,
+                       item, DTYPE, LOCAL, TOP_K, BLOCK_K, BLOCK_H, True, grid)
+
+
+@triton.jit(do_not_specialize=["rank", "n_tokens", "throughput_from", "lamport_rows"])  # one build whatever the counts
 def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, throughput_from,
-                       bases, rank, timeout, diag_addr, flags_off, epochs_off, send_epochs_off, ybuf_off, ids_off,
-                       ids_half, wtab_off, wtab_half, ntab_off, ntab_half, part_off, WORLD: tl.constexpr,
+                       lamport_rows, bases, rank, timeout, diag_addr, flags_off, epochs_off, send_epochs_off, ybuf_off,
+                       ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, part_off, lpart_off,
+                       WORLD: tl.constexpr,
                        LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr,
                        BLOCK_H: tl.constexpr):
     """``out[t]`` for ``t < n_tokens`` (see the module docstring)."""
@@ -197,27 +244,30 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
     ranks = tl.arange(0, BLOCK_W)
     total = tl.sum(tl.load(ntab + ranks, mask=ranks < WORLD, other=0))
     from_partials = total >= throughput_from
+    ids = heap_ptr(bases, rank, ids_off + parity * ids_half, tl.int32)
+    wtab = heap_ptr(bases, rank, wtab_off + parity * wtab_half, tl.float32)
     if from_partials:
-        ids = heap_ptr(bases, rank, ids_off + parity * ids_half, tl.int32)
-        wtab = heap_ptr(bases, rank, wtab_off + parity * wtab_half, tl.float32)
         _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, bases, rank,
                        ybuf_off, ids, wtab, ntab, part_off, pid, grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H)
-    # latency mode: every owner's buffer is written; throughput mode: every peer's partial of my tokens is here
-    barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
-    _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, bases, rank, ybuf_off, part_off,
-                from_partials, pid, grid, WORLD, TOP_K, BLOCK_K, BLOCK_H)
+        # every peer's partial of my tokens is here
+        barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
+    else:
+        _push_packets(slot_ptr, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off, ids, wtab, ntab, lpart_off,
+                      pid, grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H)
+    _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off,
+                part_off, lpart_off, from_partials, pid, grid, timeout, diag, WORLD, TOP_K, BLOCK_K, BLOCK_H)
     epoch_commit(epoch_ptr, e)
 
 
 def launch_combine(run: Launcher, comm, channel, send_channel, out: torch.Tensor, w: torch.Tensor,
                    owner: torch.Tensor, row: torch.Tensor, slot_of: torch.Tensor, n_tokens: int, *, max_tokens: int,
-                   throughput_from: int, local: int, ybuf_off: int, ids_off: int, ids_half: int, wtab_off: int,
-                   wtab_half: int, ntab_off: int, ntab_half: int, part_off: int, block_h: int, num_warps: int,
-                   launch_opts: dict[str, bool | int]) -> None:
+                   throughput_from: int, lamport_rows: int, local: int, ybuf_off: int, ids_off: int, ids_half: int,
+                   wtab_off: int, wtab_half: int, ntab_off: int, ntab_half: int, part_off: int, lpart_off: int,
+                   block_h: int, num_warps: int, launch_opts: dict[str, bool | int]) -> None:
     """Launch ``moe_combine_kernel`` through ``run`` (its launcher, one program per SM on GPUs)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
-    run(out, w, owner, row, slot_of, n_tokens, out.shape[-1], max_tokens, throughput_from, bases, rank, timeout, diag,
-        channel.flags_off, channel.epochs_off, send_channel.epochs_off, ybuf_off, ids_off, ids_half, wtab_off,
-        wtab_half, ntab_off, ntab_half, part_off, WORLD=world, LOCAL=local, TOP_K=w.shape[-1],
+    run(out, w, owner, row, slot_of, n_tokens, out.shape[-1], max_tokens, throughput_from, lamport_rows, bases, rank,
+        timeout, diag, channel.flags_off, channel.epochs_off, send_channel.epochs_off, ybuf_off, ids_off, ids_half,
+        wtab_off, wtab_half, ntab_off, ntab_half, part_off, lpart_off, WORLD=world, LOCAL=local, TOP_K=w.shape[-1],
         BLOCK_K=triton.next_power_of_2(w.shape[-1]), BLOCK_W=triton.next_power_of_2(world), BLOCK_H=block_h,
         num_warps=num_warps, enable_fp_fusion=False, **launch_opts)

@@ -44,11 +44,11 @@ from ...kernels.launcher import Launcher
 from .shares import column_shares, share_columns
 from .wire import to_fp8
 
-__all__ = ["launch_send", "moe_send_kernel"]
+__all__ = ["expert_ids", "launch_epoch", "launch_send", "moe_send_kernel", "send_items"]
 
 
 @triton.jit
-def _expert_ids(ptr, mask, num_experts):
+def expert_ids(ptr, mask, num_experts):
     """The expert ids at ``ptr`` (int32 or int64) as int32, -1 where masked off, "no expert" (-1) or
     out of ``[0, num_experts)``; and where they were out of range (checked before narrowing)."""
     raw = tl.load(ptr, mask=mask, other=-1)
@@ -61,36 +61,33 @@ def _histogram(ids_ptr, ids_s0, ids_s1, first, n_entries, num_experts, N: tl.con
                BLOCK_X: tl.constexpr):
     """Entries per expert among this rank's entries ``first .. first + N - 1`` (below ``n_entries``)."""
     i = first + tl.arange(0, N)
-    ids, _ = _expert_ids(ids_ptr + (i // TOP_K).to(tl.int64) * ids_s0 + (i % TOP_K) * ids_s1, i < n_entries,
+    ids, _ = expert_ids(ids_ptr + (i // TOP_K).to(tl.int64) * ids_s0 + (i % TOP_K) * ids_s1, i < n_entries,
                          num_experts)
     return tl.histogram(ids, BLOCK_X, mask=ids >= 0)
 
 
-@triton.jit(do_not_specialize=["rank", "n_tokens", "ids_s0", "ids_s1", "w_s0", "w_s1"])  # one build for every call
-def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr,
-                    n_tokens, hidden, max_tokens, num_experts, bases, rank, timeout, diag_addr, flags_off, epochs_off,
-                    recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half,
-                    hist_off, hist_half, hist_blocks, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
-                    BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr,
-                    SUPER: tl.constexpr, FP8: tl.constexpr):
-    """See the module docstring."""
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
-    G: tl.constexpr = BLOCK_H // 128 if FP8 else 1  # scale groups per column block
-    GW: tl.constexpr = 128 if FP8 else BLOCK_H
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
-    pdl_wait()  # launched with PDL: the previous kernel has ended
+@triton.jit
+def launch_epoch(bases, rank, epochs_off):
+    """A dispatch kernel's start: wait for the previous kernel (launched with PDL), let the next one
+    start, and return this program's ``(epoch_ptr, epoch)`` (``program_epoch``) and the tables' half
+    (the epoch's parity, int64). Also called by the one-kernel dispatch."""
+    pdl_wait()
     pdl_launch_dependents()
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
-    half = (e & 1).to(tl.int64)
-    recv_base = recv_off + half * recv_half
-    ids_base = ids_off + half * ids_half
-    sc_base = sc_off + half * sc_half
-    wtab_base = wtab_off + half * wtab_half
-    if pid == 0:
-        for d in tl.static_range(WORLD):
-            tl.store(heap_ptr(bases, d, ntab_off + half * ntab_half, tl.int32, ALIGNED=False) + rank, n_tokens)
+    return epoch_ptr, e, (e & 1).to(tl.int64)
+
+
+@triton.jit
+def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, n_tokens, hidden,
+               max_tokens, num_experts, bases, rank, pid, grid, recv_base, ids_base, wtab_base, sc_base,
+               DTYPE: tl.constexpr, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
+               BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr, COUNT_BAD: tl.constexpr):
+    """Program ``pid``'s work items of this rank's ``n_tokens`` rows (module docstring): the routing
+    with each row's first item, the columns to each peer that holds one of the row's experts. With
+    ``COUNT_BAD`` each row's first item adds its out-of-range ids to ``bad[0]``. Also called by the
+    one-kernel dispatch (``onekernel.py``)."""
+    G: tl.constexpr = BLOCK_H // 128 if FP8 else 1  # scale groups per column block
+    GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     cols = (tl.arange(0, G) * GW)[:, None] + tl.arange(0, GW)[None, :]  # [G, GW]
@@ -100,10 +97,11 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
         t = item // shares
         first = item % shares == 0  # the item that also sends the token's routing
         t64 = tl.cast(t, tl.int64)
-        ids, bad = _expert_ids(ids_ptr + t64 * ids_s0 + kk * ids_s1, km, num_experts)
-        n_bad = tl.sum(bad.to(tl.int32))
-        if first and n_bad > 0:
-            tl.atomic_add(bad_ptr, n_bad.to(tl.int64))
+        ids, bad = expert_ids(ids_ptr + t64 * ids_s0 + kk * ids_s1, km, num_experts)
+        if COUNT_BAD:
+            n_bad = tl.sum(bad.to(tl.int32))
+            if first and n_bad > 0:
+                tl.atomic_add(bad_ptr, n_bad.to(tl.int64))
         owner = tl.where(km & (ids >= 0), ids // LOCAL, -1)
         row = tl.cast(rank * max_tokens + t, tl.int64)
         # the routing goes out with the row's first item only (masked stores)
@@ -129,6 +127,31 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                         if FP8:
                             sdst = heap_ptr(bases, d, sc_base + prow * (hidden // 128) * 4, tl.float32, ALIGNED=False)
                             tl.store(sdst + c // 128 + groups, scale, mask=c + groups * 128 < hidden)
+
+
+@triton.jit(do_not_specialize=["rank", "n_tokens", "ids_s0", "ids_s1", "w_s0", "w_s1"])  # one build for every call
+def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr,
+                    n_tokens, hidden, max_tokens, num_experts, bases, rank, timeout, diag_addr, flags_off, epochs_off,
+                    recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half,
+                    hist_off, hist_half, hist_blocks, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
+                    BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr,
+                    SUPER: tl.constexpr, FP8: tl.constexpr):
+    """See the module docstring."""
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
+    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    epoch_ptr, e, half = launch_epoch(bases, rank, epochs_off)
+    recv_base = recv_off + half * recv_half
+    ids_base = ids_off + half * ids_half
+    sc_base = sc_off + half * sc_half
+    wtab_base = wtab_off + half * wtab_half
+    if pid == 0:
+        for d in tl.static_range(WORLD):
+            tl.store(heap_ptr(bases, d, ntab_off + half * ntab_half, tl.int32, ALIGNED=False) + rank, n_tokens)
+    send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, n_tokens, hidden,
+               max_tokens, num_experts, bases, rank, pid, grid, recv_base, ids_base, wtab_base, sc_base, DTYPE, WORLD,
+               LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, True)
     # the histograms of each block of BLOCK_E entries and of each SUPER blocks, to every rank
     xs = tl.arange(0, BLOCK_X)
     n_blocks = tl.cdiv(n_tokens * TOP_K, BLOCK_E)

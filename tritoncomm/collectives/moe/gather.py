@@ -36,7 +36,62 @@ from .route import row_slots, rows_per_load, rows_sum
 from .shares import column_shares, pick, share_columns
 from .wire import to_fp8
 
-__all__ = ["launch_gather", "moe_gather_kernel"]
+__all__ = ["launch_gather", "moe_gather_kernel", "place_item", "place_row"]
+
+
+@triton.jit
+def place_row(out_ptr, sc_out_ptr, x_ptr, x_stride, recv, sc, at, own, t, recv_row, lo, hi, hidden,
+              TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr):
+    """Columns ``[lo, hi)`` of one token row, read once and stored into each of its kept slots ``at``
+    (expert-buffer rows, -1 for none): the rank's own row ``t`` from ``x`` (quantised here under
+    ``FP8``), a peer's from row ``recv_row`` of the receive buffer (and its scales). Also called by
+    the one-kernel dispatch (``onekernel.py``)."""
+    G: tl.constexpr = BLOCK_H // 128 if FP8 else 1  # scale groups per column block
+    GW: tl.constexpr = 128 if FP8 else BLOCK_H
+    kk = tl.arange(0, BLOCK_K)
+    cols = (tl.arange(0, G) * GW)[:, None] + tl.arange(0, GW)[None, :]  # [G, GW]
+    groups = tl.arange(0, G)
+    n_groups = hidden // 128
+    t64 = tl.cast(t, tl.int64)
+    r64 = tl.cast(recv_row, tl.int64)
+    for c in range(lo, hi, BLOCK_H):
+        m = c + cols < hidden
+        gm = c + groups * 128 < hidden
+        if own:
+            v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
+            if FP8:
+                v, scale = to_fp8(v)
+        else:
+            v = tl.load(recv + r64 * hidden + c + cols, mask=m)
+            if FP8:
+                scale = tl.load(sc + r64 * n_groups + c // 128 + groups, mask=gm)
+        for j in tl.static_range(TOP_K):
+            a = pick(at, kk, j)
+            # times hidden after the pick: 16-byte stores (a pick's result has no known divisibility)
+            tl.store(out_ptr + a.to(tl.int64) * hidden + c + cols, v, mask=m & (a >= 0))
+            if FP8:
+                tl.store(sc_out_ptr + a.to(tl.int64) * n_groups + c // 128 + groups, scale, mask=gm & (a >= 0))
+
+
+@triton.jit
+def place_item(out_ptr, sc_out_ptr, x_ptr, x_stride, slot_ptr, owner_ptr, row_ptr, recv, sc, e, at, i0, t, item,
+               shares, own, rank, recv_row, hidden, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+               BLOCK_H: tl.constexpr, FP8: tl.constexpr):
+    """One work item of row ``t`` (entries ``e``, slots ``at``; ``i0`` its first entry in the tables):
+    the row's first item writes what ``combine`` needs (module docstring); then the item's columns
+    go into this rank's kept slots (``place_row``). Also called by the one-kernel dispatch."""
+    kk = tl.arange(0, BLOCK_K)
+    fm = (kk < TOP_K) & (item % shares == 0)  # the row's first item writes its routing
+    on_me = (e >= 0) & (e // LOCAL == rank)  # entries of this rank's experts
+    tl.store(slot_ptr + i0 + kk, at, mask=fm & on_me)
+    if own:
+        tl.store(owner_ptr + t * TOP_K + kk, tl.where(at >= 0, e // LOCAL, -1), mask=fm)
+        tl.store(row_ptr + t * TOP_K + kk, at, mask=fm & (at >= 0))
+    at = tl.where(on_me, at, -1)
+    if tl.sum((at >= 0).to(tl.int32), axis=0) > 0:
+        lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
+        place_row(out_ptr, sc_out_ptr, x_ptr, x_stride, recv, sc, at, own, t, recv_row, lo, hi, hidden, TOP_K, BLOCK_K,
+                  BLOCK_H, FP8)
 
 
 @triton.jit(do_not_specialize=["rank"])
@@ -50,8 +105,6 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, slot_ptr, owner_ptr,
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty  # e4m3 with FP8, else the tokens' dtype
-    G: tl.constexpr = BLOCK_H // 128 if FP8 else 1  # scale groups per column block
-    GW: tl.constexpr = 128 if FP8 else BLOCK_H
     pdl_wait()  # launched with PDL: the previous kernel has ended
     pdl_launch_dependents()
     parity = (tl.load(heap_ptr(bases, rank, epochs_off, tl.uint32)) & 1).to(tl.int64)
@@ -62,9 +115,6 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, slot_ptr, owner_ptr,
     hist = heap_ptr(bases, rank, hist_off + parity * hist_half, tl.int32)
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
-    cols = (tl.arange(0, G) * GW)[:, None] + tl.arange(0, GW)[None, :]  # [G, GW]
-    groups = tl.arange(0, G)
-    n_groups = hidden // 128
     super_blocks = tl.cdiv(hist_blocks, SUPER)
     earlier = tl.zeros([BLOCK_X], dtype=tl.int32)  # per expert, the entries of the sources before s
     dropped = 0  # this rank's entries past their expert's capacity
@@ -85,35 +135,8 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, slot_ptr, owner_ptr,
             at = row_slots(ids + s * max_tokens * TOP_K, hist, e, kk, t, n_s * TOP_K, earlier, s * hist_blocks,
                            WORLD * hist_blocks + s * super_blocks, capacity, LOCAL, TOP_K, BLOCK_E, BLOCK_X, BLOCK_B,
                            SUPER)
-            fm = km & (item % shares == 0)  # the row's first item writes its routing
-            on_me = (e >= 0) & (e // LOCAL == rank)  # entries of this rank's experts
-            tl.store(slot_ptr + i0 + kk, at, mask=fm & on_me)
-            if own:
-                tl.store(owner_ptr + t * TOP_K + kk, tl.where(at >= 0, e // LOCAL, -1), mask=fm)
-                tl.store(row_ptr + t * TOP_K + kk, at, mask=fm & (at >= 0))
-            at = tl.where(on_me, at, -1)
-            if tl.sum((at >= 0).to(tl.int32), axis=0) > 0:
-                t64 = tl.cast(t, tl.int64)
-                r64 = tl.cast(peer_row + t, tl.int64)
-                lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
-                for c in range(lo, hi, BLOCK_H):
-                    m = c + cols < hidden
-                    gm = c + groups * 128 < hidden
-                    if own:
-                        v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
-                        if FP8:
-                            v, scale = to_fp8(v)
-                    else:
-                        v = tl.load(recv + r64 * hidden + c + cols, mask=m)
-                        if FP8:
-                            scale = tl.load(sc + r64 * n_groups + c // 128 + groups, mask=gm)
-                    for j in tl.static_range(TOP_K):
-                        a = pick(at, kk, j)
-                        # times hidden after the pick: 16-byte stores (a pick's result has no known divisibility)
-                        tl.store(out_ptr + a.to(tl.int64) * hidden + c + cols, v, mask=m & (a >= 0))
-                        if FP8:
-                            tl.store(sc_out_ptr + a.to(tl.int64) * n_groups + c // 128 + groups, scale,
-                                     mask=gm & (a >= 0))
+            place_item(out_ptr, sc_out_ptr, x_ptr, x_stride, slot_ptr, owner_ptr, row_ptr, recv, sc, e, at, i0, t, item,
+                       shares, own, rank, peer_row + t, hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
         earlier += mine
     if pid == 0:  # earlier: now every source's entries per expert
         xs = tl.arange(0, BLOCK_X)

@@ -18,8 +18,8 @@ kernels: the decode path's cost is mostly kernel boundaries and chains of depend
 2. takes the work items ``pid, pid + grid, ...`` (row ``i // shares``, a run of its column blocks):
    a row's first item stores its ids and weights into every rank's ids and weights tables (for
    ``combine``) and its weights (fp32) locally; every item stores its columns into the receive
-   buffer of each peer that holds one of the row's experts (FP8: quantised, with scales), as the
-   send kernel does;
+   buffer of each peer that holds one of the row's experts (FP8: quantised, with scales): the send
+   kernel's ``send_items``;
 3. barrier slot ``pid``;
 4. for every source ``s`` in rank order: counts the source's entries per expert from its copy (the
    earlier sources' counts give the offsets), and for each of ``s``'s items ``pid, pid + grid,
@@ -40,54 +40,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import barrier, epoch_commit, heap_ptr, pdl_launch_dependents, pdl_wait, program_epoch
+from ...kernels import barrier, epoch_commit, heap_ptr
 from ...kernels.launcher import Launcher
-from .dispatch import _expert_ids
-from .shares import column_shares, pick, share_columns
-from .wire import to_fp8
+from .dispatch import expert_ids, launch_epoch, send_items
+from .gather import place_item
+from .shares import column_shares
 
 __all__ = ["launch_dispatch_one_kernel", "moe_dispatch_one_kernel"]
-
-
-@triton.jit
-def _send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, n_tokens, hidden, max_tokens,
-                num_experts, bases, rank, pid, grid, recv_base, ids_base, wtab_base, sc_base, DTYPE: tl.constexpr,
-                WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
-                BLOCK_H: tl.constexpr, FP8: tl.constexpr):
-    """Step 2 of the module docstring."""
-    G: tl.constexpr = BLOCK_H // 128 if FP8 else 1
-    GW: tl.constexpr = 128 if FP8 else BLOCK_H
-    kk = tl.arange(0, BLOCK_K)
-    km = kk < TOP_K
-    cols = (tl.arange(0, G) * GW)[:, None] + tl.arange(0, GW)[None, :]
-    groups = tl.arange(0, G)
-    shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
-    for item in range(pid, n_tokens * shares, grid):
-        t = item // shares
-        t64 = tl.cast(t, tl.int64)
-        ids, _ = _expert_ids(ids_ptr + t64 * ids_s0 + kk * ids_s1, km, num_experts)
-        owner = tl.where(km & (ids >= 0), ids // LOCAL, -1)
-        row = tl.cast(rank * max_tokens + t, tl.int64)
-        fm = km & (item % shares == 0)  # the row's first item sends its routing
-        wt = tl.load(w_ptr + t64 * w_s0 + kk * w_s1, mask=km, other=0.0).to(tl.float32)
-        tl.store(wts_ptr + t * TOP_K + kk, wt, mask=fm)
-        for d in tl.static_range(WORLD):
-            tl.store(heap_ptr(bases, d, ids_base + row * TOP_K * 4, tl.int32, ALIGNED=False) + kk, ids, mask=fm)
-            tl.store(heap_ptr(bases, d, wtab_base + row * TOP_K * 4, tl.float32, ALIGNED=False) + kk, wt, mask=fm)
-        if tl.sum(((owner >= 0) & (owner != rank)).to(tl.int32)) > 0:
-            lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
-            for c in range(lo, hi, BLOCK_H):
-                m = c + cols < hidden
-                v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
-                if FP8:
-                    v, scale = to_fp8(v)
-                for d in tl.static_range(WORLD):
-                    if (d != rank) & (tl.sum((owner == d).to(tl.int32)) > 0):
-                        prow = tl.cast(rank - (rank > d).to(tl.int32), tl.int64) * max_tokens + t64
-                        tl.store(heap_ptr(bases, d, recv_base, DTYPE) + prow * hidden + c + cols, v, mask=m)
-                        if FP8:
-                            sdst = heap_ptr(bases, d, sc_base + prow * (hidden // 128) * 4, tl.float32, ALIGNED=False)
-                            tl.store(sdst + c // 128 + groups, scale, mask=c + groups * 128 < hidden)
 
 
 @triton.jit(do_not_specialize=["rank", "n_tokens", "ids_s0", "ids_s1", "w_s0", "w_s1"])
@@ -103,21 +62,16 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
-    G: tl.constexpr = BLOCK_H // 128 if FP8 else 1
-    GW: tl.constexpr = 128 if FP8 else BLOCK_H
     ROW: tl.constexpr = BLOCK_N + 1  # a copy row: the ids, then the count
     diag = diag_addr.to(tl.pointer_type(tl.int64))
-    pdl_wait()  # launched with PDL: the previous kernel has ended
-    pdl_launch_dependents()
-    epoch_ptr, e = program_epoch(bases, rank, epochs_off)
-    half = (e & 1).to(tl.int64)
+    epoch_ptr, e, half = launch_epoch(bases, rank, epochs_off)
     recv_base = recv_off + half * recv_half
     sc_base = sc_off + half * sc_half
     copy_base = copy_off + half * copy_half
     # 1. this rank's routing, copied into row (pid, rank) of every rank's copy table
     nn = tl.arange(0, BLOCK_N)
     live = nn < n_tokens * TOP_K
-    mine, bad = _expert_ids(ids_ptr + (nn // TOP_K).to(tl.int64) * ids_s0 + (nn % TOP_K) * ids_s1, live, num_experts)
+    mine, bad = expert_ids(ids_ptr + (nn // TOP_K).to(tl.int64) * ids_s0 + (nn % TOP_K) * ids_s1, live, num_experts)
     my_row = tl.cast((pid * WORLD + rank) * ROW, tl.int64) * 4
     for d in tl.static_range(WORLD):
         dst = heap_ptr(bases, d, copy_base + my_row, tl.int32, ALIGNED=False)
@@ -127,9 +81,9 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
         for d in tl.static_range(WORLD):  # the count table, for combine
             tl.store(heap_ptr(bases, d, ntab_off + half * ntab_half, tl.int32, ALIGNED=False) + rank, n_tokens)
     # 2. the tokens, to the peers that hold their experts
-    _send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, n_tokens, hidden, max_tokens,
-                num_experts, bases, rank, pid, grid, recv_base, ids_off + half * ids_half,
-                wtab_off + half * wtab_half, sc_base, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
+    send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, n_tokens, hidden,
+               max_tokens, num_experts, bases, rank, pid, grid, recv_base, ids_off + half * ids_half,
+               wtab_off + half * wtab_half, sc_base, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False)
     # 3. program pid of every rank has stored its copy and its items
     barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     # 4. lay out the items this program was sent, and its own
@@ -137,9 +91,6 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     sc = heap_ptr(bases, rank, sc_base, tl.float32)
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
-    cols = (tl.arange(0, G) * GW)[:, None] + tl.arange(0, GW)[None, :]
-    groups = tl.arange(0, G)
-    n_groups = hidden // 128
     earlier = tl.zeros([BLOCK_X], dtype=tl.int32)  # per expert, the entries of the sources before s
     dropped = 0
     for s in range(WORLD):
@@ -159,35 +110,9 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
             before = tl.sum(((ids_s[None, :] == ex[:, None]) & (nn[None, :] < (p0 + kk)[:, None])).to(tl.int32), axis=1)
             slot = tl.gather(earlier, tl.maximum(ex, 0), 0) + before
             at = tl.where((ex >= 0) & (slot < capacity), (ex % LOCAL) * capacity + slot, -1)
-            i0 = (s * max_tokens + t) * TOP_K
-            fm = km & (item % shares == 0)
-            on_me = (ex >= 0) & (ex // LOCAL == rank)
-            tl.store(slot_ptr + i0 + kk, at, mask=fm & on_me)
-            if own:
-                tl.store(owner_ptr + t * TOP_K + kk, tl.where(at >= 0, ex // LOCAL, -1), mask=fm)
-                tl.store(row_ptr + t * TOP_K + kk, at, mask=fm & (at >= 0))
-            at = tl.where(on_me, at, -1)
-            if tl.sum((at >= 0).to(tl.int32), axis=0) > 0:
-                t64 = tl.cast(t, tl.int64)
-                r64 = tl.cast(peer_row + t, tl.int64)
-                lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
-                for c in range(lo, hi, BLOCK_H):
-                    m = c + cols < hidden
-                    gm = c + groups * 128 < hidden
-                    if own:
-                        v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
-                        if FP8:
-                            v, scale = to_fp8(v)
-                    else:
-                        v = tl.load(recv + r64 * hidden + c + cols, mask=m)
-                        if FP8:
-                            scale = tl.load(sc + r64 * n_groups + c // 128 + groups, mask=gm)
-                    for j in tl.static_range(TOP_K):
-                        a = pick(at, kk, j)
-                        tl.store(out_ptr + a.to(tl.int64) * hidden + c + cols, v, mask=m & (a >= 0))
-                        if FP8:
-                            tl.store(sc_out_ptr + a.to(tl.int64) * n_groups + c // 128 + groups, scale,
-                                     mask=gm & (a >= 0))
+            place_item(out_ptr, sc_out_ptr, x_ptr, x_stride, slot_ptr, owner_ptr, row_ptr, recv, sc, ex, at,
+                       (s * max_tokens + t) * TOP_K, t, item, shares, own, rank, peer_row + t, hidden, LOCAL, TOP_K,
+                       BLOCK_K, BLOCK_H, FP8)
         earlier += per_expert
     # 5. counts and problem counters
     if pid == 0:

@@ -61,8 +61,9 @@ class _A2A:
     nothing else syncs. Each token goes once to each rank that holds one of its experts, its ids
     and weights packed into the same row (one all-to-all of ``hidden + 4 * top_k`` bf16 columns);
     the receiver lays its entries out per local expert, in (source, token, j) order, by a stable
-    sort. ``combine``: each rank sums its experts' weighted outputs per received token (fp32), the
-    reverse all-to-all, the source sums."""
+    sort. ``combine``: each rank puts its experts' outputs back at their (token, j) places and sums
+    them weighted per received token in one batched matrix-vector product (fp32 accumulation, bf16
+    weights), the reverse all-to-all, the source sums."""
 
     def __init__(self, ctx: RankContext, local: int) -> None:
         self.ctx, self.local = ctx, local
@@ -91,15 +92,18 @@ class _A2A:
         e = r_ids - ctx.rank * local
         key = torch.where((e >= 0) & (e < local), e, local).flatten()
         order = torch.argsort(key, stable=True)[:entries]  # entries of local experts, by expert
-        tok = order // k
-        self.state = (t_idx, sc, rc, tok, r_w.flatten()[order], t)
-        return recv[tok, :hidden]  # rows grouped by local expert
+        self.state = (t_idx, sc, rc, order, r_w, t)
+        return recv[order // k, :hidden]  # rows grouped by local expert
 
     def combine(self, y: torch.Tensor) -> torch.Tensor:
-        t_idx, sc, rc, tok, wt, n = self.state
-        partial = torch.zeros(sum(rc), y.shape[1], device=y.device).index_add_(0, tok, wt[:, None] * y.float())
+        t_idx, sc, rc, order, r_w, n = self.state
+        rows, k = r_w.shape
+        # each output back at its (token, j) place (zero elsewhere), then the weighted sum per token as
+        # a batched matrix-vector product (fp32 accumulation, as engines' MoE sum does it)
+        yk = y.new_zeros(rows * k, y.shape[1]).index_copy_(0, order, y)
+        partial = torch.bmm(r_w.to(y.dtype).view(rows, 1, k), yk.view(rows, k, -1)).view(rows, -1)
         back = y.new_empty(sum(sc), y.shape[1])
-        dist.all_to_all_single(back, partial.to(y.dtype), sc, rc, group=self.ctx.group)
+        dist.all_to_all_single(back, partial, sc, rc, group=self.ctx.group)
         return torch.zeros(n, y.shape[1], device=y.device).index_add_(0, t_idx, back.float()).to(y.dtype)
 
 

@@ -34,28 +34,31 @@ def _routing(g: torch.Generator, n: int, experts: int, k: int, local: int, case:
 
 
 def _reference(ctx, xs, idl, max_tokens: int, k: int, local: int, capacity: int):
-    """Per local expert: the kept rows in (source, token, j) order and the entry count; per own
-    entry: its (expert, slot) or None when dropped or unrouted."""
+    """Per local expert: the kept rows in slot order (sources from the expert's owner on, ``o, o +
+    1, ...``, then token, then j) and the entry count; per own entry: its (expert, slot) or None when
+    dropped or unrouted; the entries dropped on this rank's experts."""
     w, r = ctx.world, ctx.rank
-    taken: dict[int, int] = {}
     rows: dict[int, list] = {el: [] for el in range(local)}
-    mine: dict[tuple[int, int], tuple[int, int] | None] = {}
-    for s in range(w):
-        for t in range(max_tokens):
-            for j in range(k):
-                e = int(idl[s][t, j])
-                slot = None
-                if e >= 0:
-                    slot = taken.get(e, 0)
-                    taken[e] = slot + 1
-                    if slot >= capacity:
-                        slot = None
-                    elif e // local == r:
-                        rows[e - r * local].append(xs[s][t])
-                if s == r:
-                    mine[(t, j)] = None if slot is None else (e, slot)
-    counts = {el: taken.get(r * local + el, 0) for el in range(local)}
-    return rows, counts, mine
+    mine: dict[tuple[int, int], tuple[int, int] | None] = {(t, j): None for t in range(max_tokens) for j in range(k)}
+    counts: dict[int, int] = {}
+    for e in range(local * w):
+        o, taken = e // local, 0
+        for i in range(w):
+            s = (o + i) % w
+            for t in range(max_tokens):
+                for j in range(k):
+                    if int(idl[s][t, j]) != e:
+                        continue
+                    if taken < capacity:
+                        if o == r:
+                            rows[e - r * local].append(xs[s][t])
+                        if s == r:
+                            mine[(t, j)] = (e, taken)
+                    taken += 1
+        if o == r:
+            counts[e - r * local] = taken
+    dropped = sum(max(c - capacity, 0) for c in counts.values())
+    return rows, counts, mine, dropped
 
 
 def _quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,7 +135,7 @@ def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, rep
         totals.append(int(sum(gathered(ctx, torch.tensor([n])))))
         xs = gathered(ctx, torch.cat([x, torch.zeros(max_tokens - n, hidden, dtype=x.dtype)]))
         idl = gathered(ctx, torch.cat([ids, torch.full((max_tokens - n, k), -1, dtype=ids.dtype)]))
-        rows, want_counts, where = _reference(ctx, xs, idl, max_tokens, k, local, cap)
+        rows, want_counts, where, dropped_here = _reference(ctx, xs, idl, max_tokens, k, local, cap)
         for el in range(local):
             c = int(counts[el])
             if c != min(want_counts[el], cap):
@@ -144,7 +147,7 @@ def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, rep
                 got_q, got_sc = out[0][el, :c].cpu(), out[1][el, :c].cpu()
                 if not torch.equal(got_sc, sc) or _fp8_mismatch(got_q, q, dev.type == "cpu"):
                     bad.append((rep, "fp8 rows", el))
-        dropped += sum(1 for (t, j), v in where.items() if v is None and t < n and ids[t, j] >= 0)
+        dropped += dropped_here
         # experts: y = x * (e + 1), rounded to the dtype
         scale = (torch.arange(local) + r * local + 1).float().to(dev)
         y = ((_deq(*out) if fp8 else out.float()) * scale[:, None, None]).to(dtype)

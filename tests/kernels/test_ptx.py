@@ -353,21 +353,27 @@ def test_rank_zero_and_one_get_the_same_specialisation():
 
 
 def _moe_ptx(kernel: str) -> str:
-    from tritoncomm.collectives.moe import combine, dispatch, gather, onekernel
+    from tritoncomm.collectives.moe import combine, dispatch, gather, onekernel, route
 
     i64 = dict.fromkeys(("epochs_off", "recv_off", "recv_half", "sc_off", "sc_half"), "i64")
     if kernel == "send":
         sig = {"x_ptr": "*bf16", "x_stride": "i32", "ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32",
                "w_ptr": "*fp32", "w_s0": "i32", "w_s1": "i32", "wts_ptr": "*fp32", "bad_ptr": "*i64",
-               "n_tokens": "i32", "hidden": "i32", "max_tokens": "i32", "num_experts": "i32",
+               "out_ptr": "*bf16", "sc_out_ptr": "*bf16", "slot_ptr": "*i32", "owner_ptr": "*i32", "row_ptr": "*i32",
+               "n_tokens": "i32", "hidden": "i32", "max_tokens": "i32", "num_experts": "i32", "capacity": "i32",
                **COMMON, "flags_off": "i64", **i64, **dict.fromkeys(("ids_off", "ids_half", "wtab_off", "wtab_half",
                                                                     "ntab_off", "ntab_half", "hist_off",
                                                                     "hist_half"), "i64"), "hist_blocks": "i32"}
         fn, cx = dispatch.moe_send_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_H": 1024,
-                                            "BLOCK_E": 256, "BLOCK_X": 256, "SUPER": 16, "FP8": False}
+                                            "BLOCK_E": 64, "BLOCK_X": 256, "BLOCK_B": 16, "SUPER": 16, "FP8": False}
+    elif kernel == "route":
+        sig = {"ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32", "n_tokens": "i32", "max_tokens": "i32",
+               "num_experts": "i32", "bases": "*i64", "rank": "i32",
+               **dict.fromkeys(("epochs_off", "ids_off", "ids_half", "hist_off", "hist_half"), "i64"),
+               "hist_blocks": "i32"}
+        fn, cx = route.moe_route_kernel, {"WORLD": 2, "TOP_K": 8, "BLOCK_E": 64, "BLOCK_X": 256, "SUPER": 16}
     elif kernel == "gather":
-        sig = {"out_ptr": "*bf16", "sc_out_ptr": "*bf16", "x_ptr": "*bf16", "x_stride": "i32", "slot_ptr": "*i32",
-               "owner_ptr": "*i32", "row_ptr": "*i32", "counts_ptr": "*i32", "bad_ptr": "*i64",
+        sig = {"out_ptr": "*bf16", "sc_out_ptr": "*bf16", "slot_ptr": "*i32", "counts_ptr": "*i32", "bad_ptr": "*i64",
                "bad_host_addr": "i64", "hidden": "i32", "max_tokens": "i32", "capacity": "i32", "hist_blocks": "i32",
                "bases": "*i64", "rank": "i32", **i64,
                **dict.fromkeys(("ids_off", "ids_half", "ntab_off", "ntab_half"), "i64"),
@@ -411,7 +417,7 @@ def test_moe_kernels_move_tokens_in_16_byte_vectors():
 def test_moe_kernels_wait_for_the_previous_kernel_before_memory():
     """Launched with PDL, every MoE kernel waits (``griddepcontrol.wait``) before its first load or
     store, and lets the next one start."""
-    for kernel in ("send", "gather", "combine", "one"):
+    for kernel in ("route", "send", "gather", "combine", "one"):
         ptx = _moe_ptx(kernel)
         body = ptx[ptx.index("griddepcontrol.wait"):] if "griddepcontrol.wait" in ptx else ""
         assert body and "griddepcontrol.launch_dependents" in body, kernel

@@ -4,14 +4,15 @@
 over the ranks (expert ``e`` on rank ``e // local_experts``), up to ``max_tokens`` tokens per rank and
 call, ``top_k`` experts per token, at most ``capacity`` entries per expert and call.
 
-* ``dispatch(x, topk_ids, topk_weights)``: two kernels (one for decode-sized instances,
-  ``MoEShape.one_kernel``: ``onekernel.py``, the same results). ``moe_send_kernel`` sends this
-  rank's routing to every rank and each token once to each rank that holds one of its experts; then
-  ``moe_gather_kernel`` computes the slots from the gathered routing, the same on every rank
-  (``route.py``: the entries ``(source rank, token, j)`` of expert ``e`` in that order get slots ``0,
-  1, ...``; entries past ``capacity`` are dropped), and lays out this rank's tokens, peers' received
-  ones and its own, into ``[local_experts, capacity, hidden]`` (each row read once, stored once per
-  kept entry).
+* ``dispatch(x, topk_ids, topk_weights)``: three kernels (one for decode-sized instances,
+  ``MoEShape.one_kernel``: ``onekernel.py``, the same results). ``moe_route_kernel`` counts this
+  rank's routing; ``moe_send_kernel`` sends it to every rank and each token once to each rank that
+  holds one of its experts, and meanwhile lays out this rank's own tokens on its own experts; then
+  ``moe_gather_kernel`` lays out the peers' tokens. The slots are the same on every rank, computed
+  without talking (``route.py``: the entries ``(source rank, token, j)`` of expert ``e`` get slots
+  ``0, 1, ...`` in the order of their sources relative to ``e``'s owner, its own first, then of
+  ``(token, j)``; entries past ``capacity`` are dropped); each row is read once and stored once
+  per kept entry into ``[local_experts, capacity, hidden]``.
   Returns that tensor (rows past ``counts[e]`` are undefined), ``counts`` (int32, on the device)
   and a handle for ``combine``. An expert id of -1 means "no expert". With ``fp8_dispatch`` tokens
   travel as e4m3 with one fp32 scale per 128 values (``scale = max(amax, 1e-12) / 448``, computed
@@ -60,6 +61,7 @@ from .combine import launch_combine, moe_combine_kernel
 from .dispatch import launch_send, moe_send_kernel
 from .gather import launch_gather, moe_gather_kernel
 from .onekernel import launch_dispatch_one_kernel, moe_dispatch_one_kernel
+from .route import launch_route, moe_route_kernel
 
 #: ``combine``'s default switch from the latency to the throughput mode: total tokens over the ranks
 #: per call. A first estimate: no run across NVLink has measured the crossover yet (``bench --op moe``
@@ -250,6 +252,7 @@ class MoEAllToAll:
         #: options of every kernel's launch (set once here: nothing is decided on the launch path)
         self._launch_opts: dict[str, bool | int] = _launch_options(comm, sh)
         self._run_gather = Launcher(moe_gather_kernel, (programs,))
+        self._run_route = Launcher(moe_route_kernel, (programs,))
         self._run_one = Launcher(moe_dispatch_one_kernel, (programs,))
         i32 = dict(dtype=torch.int32, device=dev)
         self._owner = torch.empty(m, k, **i32)  # per own entry: the expert's rank, or -1
@@ -261,7 +264,7 @@ class MoEAllToAll:
         self._scales = torch.empty(self.local_experts, self.capacity, hidden // 128, dtype=torch.float32,
                                    device=dev) if self.fp8 else None
         self._combined = torch.empty(m, hidden, dtype=dtype, device=dev)
-        self._bad = torch.zeros(2, dtype=torch.int64, device=dev)  # ids out of range, own entries dropped
+        self._bad = torch.zeros(2, dtype=torch.int64, device=dev)  # ids out of range, entries dropped on own experts
         self._bad_host = HostMappedWords(2, comm.backend == "cuda")  # _bad as of the last gather kernel
         self._bad_reported = 0
         self._call = 0
@@ -275,7 +278,7 @@ class MoEAllToAll:
         return self._ybuf
 
     def dropped(self) -> int:
-        """Entries dropped so far because an expert's slots were full (read from the last dispatch
+        """Entries dropped so far on this rank's experts because their slots were full (read from the last dispatch
         that finished; host-side, no synchronisation)."""
         return self._bad_host.read()[1]
 
@@ -303,26 +306,24 @@ class MoEAllToAll:
         return (self._out, self._scales) if self.fp8 else self._out, self._counts, MoEHandle(n, self._call)
 
     def _dispatch_two_kernels(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
-        """The send kernel, then the gather kernel (``dispatch.py``, ``gather.py``)."""
+        """The route, send and gather kernels (``route.py``, ``dispatch.py``, ``gather.py``)."""
         sh = self.shape
+        tables = dict(max_tokens=self.max_tokens, ids_off=self._ids_off, ids_half=self._ids_half,
+                      hist_off=self._hist_off, hist_half=self._hist_half, hist_blocks=self._hist_blocks,
+                      block_e=sh.block_e, block_x=self._block_x, super_blocks=sh.super_blocks, num_warps=sh.num_warps,
+                      launch_opts=self._launch_opts)
+        launch_route(self._run_route, self.comm, self._send_ch, topk_ids, num_experts=self.num_experts, **tables)
         launch_send(self._run_send, self.comm, self._send_ch, x, topk_ids, topk_weights, self._weights, self._bad,
-                    max_tokens=self.max_tokens, num_experts=self.num_experts, local=self.local_experts,
-                    recv_off=self._recv_off, recv_half=self._recv_half, ids_off=self._ids_off,
-                    ids_half=self._ids_half, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
+                    self._out, self._scales, self._slot_of, self._owner, self._row, num_experts=self.num_experts,
+                    capacity=self.capacity, local=self.local_experts, recv_off=self._recv_off,
+                    recv_half=self._recv_half, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     ntab_off=self._ntab_off, ntab_half=self._ntab_half, sc_off=self._sc_off, sc_half=self._sc_half,
-                    hist_off=self._hist_off, hist_half=self._hist_half, hist_blocks=self._hist_blocks, fp8=self.fp8,
-                    block_h=sh.send_block_h or sh.block_h, block_e=sh.block_e, block_x=self._block_x,
-                    super_blocks=sh.super_blocks,
-                    num_warps=sh.num_warps, launch_opts=self._launch_opts)
-        launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, x, self._slot_of,
-                      self._owner, self._row, self._counts, self._bad, self._bad_host.device_addr,
-                      max_tokens=self.max_tokens, capacity=self.capacity, local=self.local_experts, top_k=self.top_k,
-                      recv_off=self._recv_off, recv_half=self._recv_half, ids_off=self._ids_off,
-                      ids_half=self._ids_half, ntab_off=self._ntab_off, ntab_half=self._ntab_half,
-                      sc_off=self._sc_off, sc_half=self._sc_half, hist_off=self._hist_off, hist_half=self._hist_half,
-                      hist_blocks=self._hist_blocks, block_e=sh.block_e,
-                      block_x=self._block_x, super_blocks=sh.super_blocks, block_h=sh.block_h,
-                      num_warps=sh.num_warps, launch_opts=self._launch_opts)
+                    block_h=sh.send_block_h or sh.block_h, **tables)
+        launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,
+                      self._counts, self._bad, self._bad_host.device_addr, capacity=self.capacity,
+                      local=self.local_experts, top_k=self.top_k, recv_off=self._recv_off, recv_half=self._recv_half,
+                      ntab_off=self._ntab_off, ntab_half=self._ntab_half, sc_off=self._sc_off, sc_half=self._sc_half,
+                      block_h=sh.block_h, **tables)
 
     def combine(self, y: torch.Tensor, handle: MoEHandle) -> torch.Tensor:
         """See the module docstring. Collective. Returns ``[n_tokens, hidden]`` (reused by the next call)."""

@@ -2,19 +2,21 @@
 
 **Numerics, both modes.** ``out[t] = sum_r part_r`` in fp32 over the ranks ``r = 0 .. WORLD - 1`` in
 order, rounded once to the dtype, where ``part_r`` is the sum in fp32 of ``w[t, j] * y_r[expert_j,
-slot_j]`` over the token's kept entries ``j`` on rank ``r`` in ``j`` order, rounded to the dtype, a
--0.0 taken as +0.0 (the Lamport packets' rule, ``kernels/lamport.py``; each product is rounded before
-its add: the launch turns contraction off, so both worlds and torch's ``acc + w * y`` agree; absent
-terms add exactly nothing). The bits depend only on the inputs, never on arrival order nor on the
-mode, so a token's output does not change with the batch it is in.
+slot_j]`` over the token's kept entries ``j`` on rank ``r`` in ``j`` order (+0.0 when the token
+routes to ``r`` but every such entry was dropped), rounded to the dtype, a -0.0 taken as +0.0 (the
+Lamport packets' rule, ``kernels/lamport.py``; each product is rounded before its add: the launch
+turns contraction off, so both worlds and torch's ``acc + w * y`` agree; absent terms add exactly
+nothing). The bits depend only on the inputs, never on arrival order nor on the mode, so a token's
+output does not change with the batch it is in.
 
 ``moe_combine_kernel`` chooses its mode on the device from the call's total token count (the count
 table every rank received in dispatch, so every rank makes the same choice): below
 ``throughput_from`` tokens, the latency mode; from it on, the throughput mode. In both, an owner
 computes ``part_r`` of the tokens peers sent it and pushes one row per token (not one per entry)
 home: program ``pid`` of owner ``r`` takes, for every other source ``s`` (in the order ``r + 1, r +
-2, ...``), the items ``pid, pid + grid, ...`` of ``s``'s ``n_s`` tokens that have a kept entry on
-``r``, an item being token ``i // shares`` and the ``i % shares``-th run of its column blocks
+2, ...``), the items ``pid, pid + grid, ...`` of ``s``'s ``n_s`` tokens that have an entry on
+``r``, kept or not (the home knows which ranks its tokens route to, not which entries they
+dropped), an item being token ``i // shares`` and the ``i % shares``-th run of its column blocks
 (``shares.py``; ``shares = column_shares(n_s)``: at decode a token's blocks spread over programs).
 The home splits its own tokens the same way, so program ``pid`` reads what program ``pid`` of every
 peer pushed.
@@ -89,7 +91,7 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
     for item in range(pid, n_tokens * shares, grid):
         t = item // shares
         owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
-        row = tl.load(row_ptr + t * TOP_K + kk, mask=km, other=0)  # meaningful where owned
+        row = tl.load(row_ptr + t * TOP_K + kk, mask=km, other=-1)  # -1 unless kept here
         wt = tl.load(w_ptr + t * TOP_K + kk, mask=km, other=0.0)
         lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
         for c in range(lo, hi, BLOCK_H):
@@ -98,7 +100,7 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
                            other=0.0).to(tl.float32)
             summed = tl.zeros([BLOCK_H], dtype=tl.float32)
             for j in tl.static_range(TOP_K):
-                on_me = (pick(owner, kk, j) == rank) & ~from_partials
+                on_me = (pick(row, kk, j) >= 0) & ~from_partials
                 # times hidden after the pick: 16-byte loads (a pick's result has no known divisibility)
                 y = tl.load(ybuf + pick(row, kk, j).to(tl.int64) * hidden + c + cols, mask=m & on_me,
                             other=0.0).to(tl.float32)
@@ -125,7 +127,7 @@ def _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, dst_off, ds
     """Item ``item`` of source ``s``'s tokens (``column_shares(n_s)``, as the home splits them in
     ``_sum_tokens``): this rank's partial, pushed into row ``rank * dst_rows + t`` of the buffer at
     heap offset ``dst_off`` of ``s`` (as Lamport packets with ``LAMPORT``) when one of the token's
-    kept entries is on this rank."""
+    entries is on this rank, kept or not."""
     cols = tl.arange(0, BLOCK_H)
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
@@ -135,9 +137,9 @@ def _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, dst_off, ds
     e = tl.load(ids + i0 + kk, mask=km, other=-1)
     slot = tl.load(slot_ptr + i0 + kk, mask=km, other=-1)  # meaningful where the expert is mine
     wt = tl.load(wtab + i0 + kk, mask=km, other=0.0)
-    kept = (e >= 0) & (e // LOCAL == rank) & (slot >= 0)
-    slot = tl.where(kept, slot, -1)
-    if tl.sum(kept.to(tl.int32), axis=0) > 0:
+    here = (e >= 0) & (e // LOCAL == rank)
+    slot = tl.where(here, slot, -1)
+    if tl.sum(here.to(tl.int32), axis=0) > 0:
         dst = heap_ptr(bases, s, dst_off, DTYPE) + tl.cast(rank * dst_rows + t, tl.int64) * hidden
         lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
         for c in range(lo, hi, BLOCK_H):
@@ -155,7 +157,7 @@ def _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, dst_off, ds
 
 
 @triton.jit
-def _own_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, n_tokens, hidden, rank, item, grid, TOP_K: tl.constexpr,
+def _own_item(out_ptr, w_ptr, row_ptr, ybuf, n_tokens, hidden, item, grid, TOP_K: tl.constexpr,
               BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
     """Throughput mode: item ``item`` of this rank's own tokens (the split of ``_sum_tokens``): the
     partial of this rank's experts, stored into ``out``, where the same program reads it back after
@@ -166,15 +168,14 @@ def _own_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, n_tokens, hidden, rank, 
     km = kk < TOP_K
     shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
     t = item // shares
-    owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
-    row = tl.load(row_ptr + t * TOP_K + kk, mask=km, other=0)
+    row = tl.load(row_ptr + t * TOP_K + kk, mask=km, other=-1)  # -1 unless kept here
     wt = tl.load(w_ptr + t * TOP_K + kk, mask=km, other=0.0)
     lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
     for c in range(lo, hi, BLOCK_H):
         m = c + cols < hidden
         summed = tl.zeros([BLOCK_H], dtype=tl.float32)
         for j in tl.static_range(TOP_K):
-            on_me = pick(owner, kk, j) == rank
+            on_me = pick(row, kk, j) >= 0
             y = tl.load(ybuf + pick(row, kk, j).to(tl.int64) * hidden + c + cols, mask=m & on_me,
                         other=0.0).to(tl.float32)
             summed += tl.where(on_me, pick(wt, kk, j) * y, 0.0)
@@ -201,11 +202,11 @@ def _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidde
                 _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, part_off, max_tokens, rank, s, n_s,
                            item, DTYPE, LOCAL, TOP_K, BLOCK_K, BLOCK_H, False, grid)
             if (i == 1) & (item < own_items):
-                _own_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, n_tokens, hidden, rank, item, grid, TOP_K,
+                _own_item(out_ptr, w_ptr, row_ptr, ybuf, n_tokens, hidden, item, grid, TOP_K,
                           BLOCK_K, BLOCK_H)
     if WORLD == 1:
         for item in range(pid, own_items, grid):
-            _own_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, n_tokens, hidden, rank, item, grid, TOP_K, BLOCK_K,
+            _own_item(out_ptr, w_ptr, row_ptr, ybuf, n_tokens, hidden, item, grid, TOP_K, BLOCK_K,
                       BLOCK_H)
 
 

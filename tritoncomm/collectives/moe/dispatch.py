@@ -1,29 +1,35 @@
 """MoE dispatch, step 1 of 2: every rank sends its routing to every rank and each token once to every
-rank that holds one of its experts.
+rank that holds one of its experts, and lays out its own tokens on its own experts meanwhile.
 
-``moe_send_kernel``: program 0 stores the token count ``n_tokens`` into entry ``rank`` of every rank's
-count table; program ``pid`` takes the work items ``pid, pid + grid, ...``, item ``i`` being token row
-``t = i // shares`` and the ``i % shares``-th run of its column blocks (``shares.py``; ``shares =
-column_shares(n_tokens)``: at decode a row's blocks spread over programs). For each row
+At prefill sizes ``moe_route_kernel`` (``route.py``) runs first: this rank's routing as int32 into
+its rows of the local ids table and its histogram rows (blocks of ``BLOCK_E`` entries and
+superblocks of ``SUPER`` blocks) into the local histogram table.
+
+``moe_send_kernel``: program 0 stores the token count ``n_tokens`` into entry ``rank`` of every
+rank's count table; program ``pid`` takes the work items ``pid, pid + grid, ...``, item ``i`` being
+token row ``t = i // shares`` and the ``i % shares``-th run of its column blocks (``shares.py``;
+``shares = column_shares(n_tokens)``: at decode a row's blocks spread over programs). For each row
 
 * its first item reads the ``TOP_K`` expert ids (-1 means "no expert"; any other id outside ``[0,
   num_experts)`` is counted in ``bad[0]`` and treated as -1) and weights, keeps the weights for
   ``combine``, and stores the ids and the weights (fp32) into row ``rank * max_tokens + t`` of every
-  rank's ids and weights tables;
+  peer's ids and weights tables;
 * every item stores its column blocks of the token into row ``(rank - (rank > d)) * max_tokens + t``
-  of the receive buffer of every peer ``d`` that owns one of its experts (never its own: the gather
-  kernel reads the rank's own tokens from ``x``);
+  of the receive buffer of every peer ``d`` that owns one of its experts, and into each of the
+  row's slots on this rank's own experts (``route.own_slots``: a rank's own entries come first in
+  its experts' slot order, so they need no peer's routing). The row's first item writes what
+  ``combine`` needs of it: each entry's owner rank (``owner``, -1 with no expert), its expert-buffer
+  row here (``row``, -1 unless kept on this rank) and, for this rank's experts, ``slot_of``;
 
-all in the half given by the launch's epoch parity.
+all in the half given by the launch's epoch parity. The rank's own rows are thus read once, for the
+peers and for its own experts, and their HBM stores run while the peers' rows cross the links.
 
 With ``FP8`` the token is sent as e4m3 with one fp32 scale per 128 values (``wire.to_fp8``), the
-scales into the scale table's row.
+scales into the scale table's row (and beside the own slots).
 
-Program ``pid`` also counts the entries per expert (``tl.histogram``) of this rank's blocks of
-``BLOCK_E`` consecutive entries ``(t, j)`` and of its superblocks of ``SUPER`` blocks, tasks ``q, q +
-grid, ...`` (``q = grid - 1 - pid``: at decode the programs with no token row do them), and stores
-them into every rank's histogram table (``route.py`` gives its layout), from which the gather kernel
-places every entry without scanning.
+Program ``pid`` also copies this rank's histogram rows, tasks ``q, q + grid, ...`` (``q = grid - 1
+- pid``: at decode the programs with no token row do them), into every peer's histogram table, from
+which the gather kernel places every entry without scanning.
 
 Rows at or past a source's count are never read, so they are never sent. Then the kernel arrives
 at and waits on barrier slot ``pid``. Once the kernel has ended on a rank, every peer's programs have
@@ -41,29 +47,12 @@ import triton.language as tl
 
 from ...kernels import barrier, epoch_commit, heap_ptr, pdl_launch_dependents, pdl_wait, program_epoch
 from ...kernels.launcher import Launcher
+from .gather import store_slots
+from .route import expert_ids, own_slots, rows_per_load
 from .shares import column_shares, share_columns
 from .wire import to_fp8
 
-__all__ = ["expert_ids", "launch_epoch", "launch_send", "moe_send_kernel", "send_items"]
-
-
-@triton.jit
-def expert_ids(ptr, mask, num_experts):
-    """The expert ids at ``ptr`` (int32 or int64) as int32, -1 where masked off, "no expert" (-1) or
-    out of ``[0, num_experts)``; and where they were out of range (checked before narrowing)."""
-    raw = tl.load(ptr, mask=mask, other=-1)
-    bad = mask & (raw != -1) & ((raw < 0) | (raw >= num_experts))
-    return tl.where(bad, -1, raw).to(tl.int32), bad
-
-
-@triton.jit
-def _histogram(ids_ptr, ids_s0, ids_s1, first, n_entries, num_experts, N: tl.constexpr, TOP_K: tl.constexpr,
-               BLOCK_X: tl.constexpr):
-    """Entries per expert among this rank's entries ``first .. first + N - 1`` (below ``n_entries``)."""
-    i = first + tl.arange(0, N)
-    ids, _ = expert_ids(ids_ptr + (i // TOP_K).to(tl.int64) * ids_s0 + (i % TOP_K) * ids_s1, i < n_entries,
-                         num_experts)
-    return tl.histogram(ids, BLOCK_X, mask=ids >= 0)
+__all__ = ["launch_epoch", "launch_send", "moe_send_kernel", "send_items"]
 
 
 @triton.jit
@@ -78,14 +67,18 @@ def launch_epoch(bases, rank, epochs_off):
 
 
 @triton.jit
-def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, n_tokens, hidden,
-               max_tokens, num_experts, bases, rank, pid, grid, recv_base, ids_base, wtab_base, sc_base,
-               DTYPE: tl.constexpr, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
-               BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr, COUNT_BAD: tl.constexpr):
+def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
+               slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
+               grid, recv_base, ids_base, wtab_base, sc_base, routing, nn, hist, hist_blocks, DTYPE: tl.constexpr,
+               WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+               BLOCK_H: tl.constexpr, FP8: tl.constexpr, COUNT_BAD: tl.constexpr, FROM_ROUTING: tl.constexpr,
+               BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr):
     """Program ``pid``'s work items of this rank's ``n_tokens`` rows (module docstring): the routing
-    with each row's first item, the columns to each peer that holds one of the row's experts. With
-    ``COUNT_BAD`` each row's first item adds its out-of-range ids to ``bad[0]``. Also called by the
-    one-kernel dispatch (``onekernel.py``)."""
+    to the peers with each row's first item, the columns to each peer that holds one of the row's
+    experts and into the row's slots on this rank (``route.own_slots``: from ``routing`` / ``nn``
+    with ``FROM_ROUTING``, else from the route kernel's rows of the local ids table and of ``hist``).
+    With ``COUNT_BAD`` each row's first item adds its out-of-range ids to ``bad[0]``. Also called by
+    the one-kernel dispatch (``onekernel.py``)."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1  # scale groups per column block
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
@@ -93,6 +86,7 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
     cols = (tl.arange(0, G) * GW)[:, None] + tl.arange(0, GW)[None, :]  # [G, GW]
     groups = tl.arange(0, G)
     shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
+    own_ids = heap_ptr(bases, rank, ids_base, tl.int32) + tl.cast(rank * max_tokens, tl.int64) * TOP_K
     for item in range(pid, n_tokens * shares, grid):
         t = item // shares
         first = item % shares == 0  # the item that also sends the token's routing
@@ -109,13 +103,23 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
         fm = km & first
         tl.store(wts_ptr + t * TOP_K + kk, wt, mask=fm)
         for d in tl.static_range(WORLD):
-            tl.store(heap_ptr(bases, d, ids_base + row * TOP_K * 4, tl.int32, ALIGNED=False) + kk, ids, mask=fm)
-            tl.store(heap_ptr(bases, d, wtab_base + row * TOP_K * 4, tl.float32, ALIGNED=False) + kk, wt, mask=fm)
-        if tl.sum(((owner >= 0) & (owner != rank)).to(tl.int32)) > 0:  # a peer holds one of its experts
+            if d != rank:
+                tl.store(heap_ptr(bases, d, ids_base + row * TOP_K * 4, tl.int32, ALIGNED=False) + kk, ids,
+                         mask=fm)
+                tl.store(heap_ptr(bases, d, wtab_base + row * TOP_K * 4, tl.float32, ALIGNED=False) + kk, wt,
+                         mask=fm)
+        at = own_slots(ids, kk, t, rank, capacity, routing, nn, own_ids, hist, n_tokens * TOP_K, hist_blocks,
+                       FROM_ROUTING, WORLD, LOCAL, TOP_K, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
+        tl.store(slot_ptr + row * TOP_K + kk, at, mask=fm & (owner == rank))
+        tl.store(owner_ptr + t * TOP_K + kk, owner, mask=fm)
+        tl.store(row_ptr + t * TOP_K + kk, at, mask=fm)
+        to_peers = tl.sum(((owner >= 0) & (owner != rank)).to(tl.int32)) > 0
+        if to_peers | (tl.sum((at >= 0).to(tl.int32)) > 0):
             lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
             for c in range(lo, hi, BLOCK_H):
                 m = c + cols < hidden
                 v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
+                scale = 0.0
                 if FP8:
                     v, scale = to_fp8(v)
                 for d in tl.static_range(WORLD):
@@ -127,14 +131,16 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
                         if FP8:
                             sdst = heap_ptr(bases, d, sc_base + prow * (hidden // 128) * 4, tl.float32, ALIGNED=False)
                             tl.store(sdst + c // 128 + groups, scale, mask=c + groups * 128 < hidden)
+                store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
 
 
 @triton.jit(do_not_specialize=["rank", "n_tokens", "ids_s0", "ids_s1", "w_s0", "w_s1"])  # one build for every call
-def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr,
-                    n_tokens, hidden, max_tokens, num_experts, bases, rank, timeout, diag_addr, flags_off, epochs_off,
-                    recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half,
-                    hist_off, hist_half, hist_blocks, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
-                    BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr,
+def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr,
+                    sc_out_ptr, slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity,
+                    bases, rank, timeout, diag_addr, flags_off, epochs_off, recv_off, recv_half, ids_off, ids_half,
+                    wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half, hist_off, hist_half, hist_blocks,
+                    WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+                    BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
                     SUPER: tl.constexpr, FP8: tl.constexpr):
     """See the module docstring."""
     pid = tl.program_id(0)
@@ -146,42 +152,46 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     ids_base = ids_off + half * ids_half
     sc_base = sc_off + half * sc_half
     wtab_base = wtab_off + half * wtab_half
+    hist_base = hist_off + half * hist_half
+    hist = heap_ptr(bases, rank, hist_base, tl.int32)
     if pid == 0:
         for d in tl.static_range(WORLD):
             tl.store(heap_ptr(bases, d, ntab_off + half * ntab_half, tl.int32, ALIGNED=False) + rank, n_tokens)
-    send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, n_tokens, hidden,
-               max_tokens, num_experts, bases, rank, pid, grid, recv_base, ids_base, wtab_base, sc_base, DTYPE, WORLD,
-               LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, True)
-    # the histograms of each block of BLOCK_E entries and of each SUPER blocks, to every rank
+    send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
+               slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
+               grid, recv_base, ids_base, wtab_base, sc_base, 0, 0, hist, hist_blocks, DTYPE, WORLD, LOCAL, TOP_K,
+               BLOCK_K, BLOCK_H, FP8, True, False, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
+    # this rank's histogram rows (the route kernel's), to every peer
     xs = tl.arange(0, BLOCK_X)
     n_blocks = tl.cdiv(n_tokens * TOP_K, BLOCK_E)
     for u in range(grid - 1 - pid, n_blocks + tl.cdiv(n_blocks, SUPER), grid):  # the last programs: idle at decode
-        if u < n_blocks:
-            h = _histogram(ids_ptr, ids_s0, ids_s1, u * BLOCK_E, n_tokens * TOP_K, num_experts, BLOCK_E, TOP_K, BLOCK_X)
-            hrow = rank * hist_blocks + u
-        else:
-            h = _histogram(ids_ptr, ids_s0, ids_s1, (u - n_blocks) * SUPER * BLOCK_E, n_tokens * TOP_K, num_experts,
-                           SUPER * BLOCK_E, TOP_K, BLOCK_X)
-            hrow = WORLD * hist_blocks + rank * tl.cdiv(hist_blocks, SUPER) + u - n_blocks
+        hrow = tl.where(u < n_blocks, rank * hist_blocks + u,
+                        WORLD * hist_blocks + rank * tl.cdiv(hist_blocks, SUPER) + u - n_blocks)
+        off = tl.cast(hrow, tl.int64) * BLOCK_X
+        h = tl.load(hist + off + xs)
         for d in tl.static_range(WORLD):
-            tl.store(heap_ptr(bases, d, hist_off + half * hist_half + tl.cast(hrow, tl.int64) * BLOCK_X * 4,
-                              tl.int32) + xs, h)
+            if d != rank:
+                tl.store(heap_ptr(bases, d, hist_base, tl.int32) + off + xs, h)
     barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     epoch_commit(epoch_ptr, e)
 
 
 def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                wts: torch.Tensor, bad: torch.Tensor, *, max_tokens: int, num_experts: int,
-                local: int, recv_off: int, recv_half: int, ids_off: int, ids_half: int, wtab_off: int, wtab_half: int,
-                ntab_off: int, ntab_half: int, sc_off: int, sc_half: int, hist_off: int, hist_half: int,
-                hist_blocks: int, fp8: bool, block_h: int, block_e: int, block_x: int, super_blocks: int,
+                wts: torch.Tensor, bad: torch.Tensor, out: torch.Tensor, scales: torch.Tensor | None,
+                slot_of: torch.Tensor, owner: torch.Tensor, row: torch.Tensor, *, max_tokens: int, num_experts: int,
+                capacity: int, local: int, recv_off: int, recv_half: int, ids_off: int, ids_half: int, wtab_off: int,
+                wtab_half: int, ntab_off: int, ntab_half: int, sc_off: int, sc_half: int, hist_off: int,
+                hist_half: int, hist_blocks: int, block_h: int, block_e: int, block_x: int, super_blocks: int,
                 num_warps: int, launch_opts: dict[str, bool | int]) -> None:
-    """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs)."""
+    """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs), after
+    ``route.launch_route`` on the same grid."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
+    fp8 = scales is not None
     run(x, x.stride(0), ids, ids.stride(0), ids.stride(1), weights, weights.stride(0), weights.stride(1), wts,
-        bad, x.shape[0], x.shape[1], max_tokens, num_experts, bases, rank, timeout, diag, channel.flags_off,
-        channel.epochs_off, recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off,
-        sc_half, hist_off, hist_half, hist_blocks, WORLD=world, LOCAL=local, TOP_K=k,
-        BLOCK_K=triton.next_power_of_2(k), BLOCK_H=block_h, BLOCK_E=block_e, BLOCK_X=block_x, SUPER=super_blocks,
-        FP8=fp8, num_warps=num_warps, **launch_opts)
+        bad, out, scales if fp8 else out, slot_of, owner, row, x.shape[0], x.shape[1], max_tokens, num_experts,
+        capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off, recv_off, recv_half, ids_off,
+        ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half, hist_off, hist_half, hist_blocks,
+        WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=triton.next_power_of_2(k), BLOCK_H=block_h, BLOCK_E=block_e,
+        BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, FP8=fp8, num_warps=num_warps,
+        **launch_opts)

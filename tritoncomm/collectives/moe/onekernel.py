@@ -3,9 +3,9 @@
 The two-kernel dispatch (``dispatch.py``, then ``gather.py``) needs the kernel boundary between them:
 a gather program reads routing and rows that many programs of every peer wrote. Here every
 sending program also stores its **own copy** of the rank's whole routing (its ids, at most
-``max_tokens * top_k`` of them, and the token count) into every rank's copy table, row ``(pid,
+``max_tokens * top_k`` of them, and the token count) into every peer's copy table, row ``(pid,
 rank)``. So after barrier slot ``pid``, program ``pid`` of the receiver holds, from program ``pid``
-of every source, all it needs: that source's count and routing (its copy) and the token rows of the
+of every peer, all it needs: that source's count and routing (its copy) and the token rows of the
 work items program ``pid`` sent (both sides split a source's rows alike, ``shares.py``). It then
 lays out exactly those items, as the gather kernel would. One kernel and one barrier instead of two
 kernels: the decode path's cost is mostly kernel boundaries and chains of dependent loads.
@@ -14,21 +14,22 @@ kernels: the decode path's cost is mostly kernel boundaries and chains of depend
 
 1. loads this rank's routing (``n_tokens * TOP_K <= BLOCK_N`` ids; ids outside ``[0, num_experts)``
    other than -1 become -1, counted in ``bad[0]`` by program 0) and stores it, with ``n_tokens``,
-   into row ``(pid, rank)`` of every rank's copy table;
+   into row ``(pid, rank)`` of every peer's copy table;
 2. takes the work items ``pid, pid + grid, ...`` (row ``i // shares``, a run of its column blocks):
-   a row's first item stores its ids and weights into every rank's ids and weights tables (for
-   ``combine``) and its weights (fp32) locally; every item stores its columns into the receive
-   buffer of each peer that holds one of the row's experts (FP8: quantised, with scales): the send
-   kernel's ``send_items``;
+   a row's first item stores its ids and weights into every peer's ids and weights tables (for
+   ``combine``), its weights (fp32) and what ``combine`` needs of it locally; every item stores its
+   columns into the receive buffer of each peer that holds one of the row's experts (FP8: quantised,
+   with scales) and into the row's slots on this rank's own experts, whose own entries come first
+   (``route.py``), so the slots follow from this rank's routing in registers: the send kernel's
+   ``send_items``. The own rows' layout thus runs before the barrier;
 3. barrier slot ``pid``;
-4. for every source ``s`` in rank order: counts the source's entries per expert from its copy (the
-   earlier sources' counts give the offsets), and for each of ``s``'s items ``pid, pid + grid,
-   ...`` computes the row's slots (its expert's entries before it: earlier sources, then a count in
-   the source's copy), writes what ``combine`` needs (``slot_of``; for own rows ``owner`` and
-   ``row``), and stores the row's columns into each of its kept slots on this rank (peer rows from
-   the receive buffer, own rows from ``x``, quantised here under FP8);
-5. program 0: this rank's experts' counts, the dropped entries into ``bad[1]``, both counters into
-   the host-mapped words.
+4. for every peer ``s`` in the order ``rank + 1, rank + 2, ...`` (this rank's experts' slot order):
+   counts the source's entries per expert from its copy (the sources before it give the offsets,
+   this rank's own first), and for each of ``s``'s items ``pid, pid + grid, ...`` computes the
+   row's slots (``route.copy_slots``), writes ``slot_of`` and stores the row's columns from the
+   receive buffer into each of its kept slots on this rank;
+5. program 0: this rank's experts' counts, the bad ids and the entries dropped on its experts into
+   ``bad``, both counters into the host-mapped words.
 
 The slots, tables and outputs are those of the two-kernel dispatch, bit for bit, so ``combine`` and
 every reader are the same. The halves follow the send channel's epoch parity, as there.
@@ -42,8 +43,9 @@ import triton.language as tl
 
 from ...kernels import barrier, epoch_commit, heap_ptr
 from ...kernels.launcher import Launcher
-from .dispatch import expert_ids, launch_epoch, send_items
-from .gather import place_item
+from .dispatch import launch_epoch, send_items
+from .gather import finish_counts, place_item
+from .route import copy_slots, expert_ids
 from .shares import column_shares
 
 __all__ = ["launch_dispatch_one_kernel", "moe_dispatch_one_kernel"]
@@ -68,61 +70,50 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     recv_base = recv_off + half * recv_half
     sc_base = sc_off + half * sc_half
     copy_base = copy_off + half * copy_half
-    # 1. this rank's routing, copied into row (pid, rank) of every rank's copy table
+    # 1. this rank's routing, copied into row (pid, rank) of every peer's copy table
     nn = tl.arange(0, BLOCK_N)
     live = nn < n_tokens * TOP_K
     mine, bad = expert_ids(ids_ptr + (nn // TOP_K).to(tl.int64) * ids_s0 + (nn % TOP_K) * ids_s1, live, num_experts)
     my_row = tl.cast((pid * WORLD + rank) * ROW, tl.int64) * 4
     for d in tl.static_range(WORLD):
-        dst = heap_ptr(bases, d, copy_base + my_row, tl.int32, ALIGNED=False)
-        tl.store(dst + nn, mine, mask=live)
-        tl.store(dst + BLOCK_N, n_tokens)
+        if d != rank:
+            dst = heap_ptr(bases, d, copy_base + my_row, tl.int32, ALIGNED=False)
+            tl.store(dst + nn, mine, mask=live)
+            tl.store(dst + BLOCK_N, n_tokens)
     if pid == 0:
         for d in tl.static_range(WORLD):  # the count table, for combine
             tl.store(heap_ptr(bases, d, ntab_off + half * ntab_half, tl.int32, ALIGNED=False) + rank, n_tokens)
-    # 2. the tokens, to the peers that hold their experts
-    send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, n_tokens, hidden,
-               max_tokens, num_experts, bases, rank, pid, grid, recv_base, ids_off + half * ids_half,
-               wtab_off + half * wtab_half, sc_base, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False)
+    # 2. the tokens, to the peers that hold their experts and into this rank's own slots
+    send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
+               slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
+               grid, recv_base, ids_off + half * ids_half, wtab_off + half * wtab_half, sc_base, mine, nn, 0, 0, DTYPE,
+               WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, True, 1, BLOCK_X, 1, 1)
     # 3. program pid of every rank has stored its copy and its items
     barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
-    # 4. lay out the items this program was sent, and its own
+    # 4. lay out the items this program was sent
     recv = heap_ptr(bases, rank, recv_base, DTYPE)
     sc = heap_ptr(bases, rank, sc_base, tl.float32)
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
-    earlier = tl.zeros([BLOCK_X], dtype=tl.int32)  # per expert, the entries of the sources before s
-    dropped = 0
-    for s in range(WORLD):
+    earlier = tl.histogram(mine, BLOCK_X, mask=mine >= 0)  # per expert, the entries before source s: own first
+    for i in range(1, WORLD):
+        s = (rank + i) % WORLD
         src = heap_ptr(bases, rank, copy_base + tl.cast((pid * WORLD + s) * ROW, tl.int64) * 4, tl.int32, ALIGNED=False)
         n_s = tl.load(src + BLOCK_N)
         ids_s = tl.load(src + nn, mask=nn < n_s * TOP_K, other=-1)
-        per_expert = tl.histogram(ids_s, BLOCK_X, mask=ids_s >= 0)
-        own = s == rank
-        if own:
-            dropped = tl.sum(tl.maximum(earlier + per_expert - capacity, 0) - tl.maximum(earlier - capacity, 0))
         peer_row = (s - (s > rank).to(tl.int32)) * max_tokens
         shares = column_shares(n_s, hidden, grid, BLOCK_H)
         for item in range(pid, n_s * shares, grid):
             t = item // shares
-            p0 = t * TOP_K
-            ex = tl.load(src + p0 + kk, mask=km, other=-1)
-            before = tl.sum(((ids_s[None, :] == ex[:, None]) & (nn[None, :] < (p0 + kk)[:, None])).to(tl.int32), axis=1)
-            slot = tl.gather(earlier, tl.maximum(ex, 0), 0) + before
-            at = tl.where((ex >= 0) & (slot < capacity), (ex % LOCAL) * capacity + slot, -1)
-            place_item(out_ptr, sc_out_ptr, x_ptr, x_stride, slot_ptr, owner_ptr, row_ptr, recv, sc, ex, at,
-                       (s * max_tokens + t) * TOP_K, t, item, shares, own, rank, peer_row + t, hidden, LOCAL, TOP_K,
-                       BLOCK_K, BLOCK_H, FP8)
-        earlier += per_expert
+            ex = tl.load(src + t * TOP_K + kk, mask=km, other=-1)
+            at = copy_slots(ids_s, nn, ex, kk, t, earlier, capacity, LOCAL, TOP_K)
+            place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ex, at, (s * max_tokens + t) * TOP_K, item, shares,
+                       rank, peer_row + t, hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
+        earlier += tl.histogram(ids_s, BLOCK_X, mask=ids_s >= 0)
     # 5. counts and problem counters
     if pid == 0:
-        xs = tl.arange(0, BLOCK_X)
-        first = rank * LOCAL
-        tl.store(counts_ptr + xs - first, tl.minimum(earlier, capacity), mask=(xs >= first) & (xs < first + LOCAL))
-        two = tl.arange(0, 2)
-        now = tl.load(bad_ptr + two) + tl.where(two == 0, tl.sum(bad.to(tl.int64)), dropped.to(tl.int64))
-        tl.store(bad_ptr + two, now)
-        tl.store(bad_host_addr.to(tl.pointer_type(tl.int64)) + two, now)
+        finish_counts(counts_ptr, bad_ptr, bad_host_addr, earlier, capacity, rank, tl.sum(bad.to(tl.int32)), LOCAL,
+                      BLOCK_X)
     epoch_commit(epoch_ptr, e)
 
 

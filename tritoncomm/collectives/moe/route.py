@@ -1,33 +1,53 @@
-"""MoE routing: where each entry goes, computed by every rank from the routing every rank received.
+"""MoE routing: where each entry goes, computed by every rank from the routing every rank received;
+and ``moe_route_kernel``, which counts this rank's own routing before the send at prefill sizes.
 
-Every rank holds every rank's routing after the send kernel (``dispatch.py``), so every rank
-computes the same slots without talking: the entries ``i = (source rank, token, j)`` (flattened in
-that order) of expert ``e`` get slots ``0, 1, ...`` in order; entries at or past ``capacity`` are
-dropped.
+**Slot order.** The entries ``(source rank s, token t, j)`` of expert ``e``, owned by rank ``o = e //
+local_experts``, get slots ``0, 1, ...`` in the order of their sources **relative to the owner**
+(``o, o + 1, ..., o - 1`` modulo the world), then of ``(t, j)``; entries at or past ``capacity`` are
+dropped. The owner's own entries come first, so their slots depend only on the owner's own routing:
+the send kernel lays out the owner's own rows while the peers' rows cross the links, and only the
+peers' rows wait for the gather.
 
-The send kernel also left the count per expert of every block of ``BLOCK_E`` consecutive entries of
-every source (the histogram table, row ``source * hist_blocks + block``) and of every superblock of
-``SUPER`` blocks (row ``world * hist_blocks + source * super_blocks + superblock``). So nothing
-scans for its place: ``row_slots`` gives entry ``p = t * TOP_K + j`` of source ``s``, of expert
-``e``, in block ``b = t * TOP_K // BLOCK_E``, the slot
+**Histograms.** At prefill sizes (the send and gather kernels) the count per expert of every block of
+``BLOCK_E`` consecutive entries of every source is kept in the histogram table (row ``source *
+hist_blocks + block``), and of every superblock of ``SUPER`` blocks (row ``world * hist_blocks +
+source * super_blocks + superblock``). ``moe_route_kernel`` computes this rank's rows locally, with
+its routing as int32 (ids outside ``[0, num_experts)`` as -1) into its rows of the local ids table;
+the send kernel copies the rows to every peer. So nothing scans for its place: ``row_slots`` gives
+entry ``p = t * TOP_K + j`` of source ``s``, of expert ``e``, in block ``b = t * TOP_K // BLOCK_E``,
+the slot
 
-    (entries of ``e`` in the earlier sources: their superblock rows, summed once per source by the
-    caller, ``rows_sum``)
+    (entries of ``e`` in the sources before ``s`` in ``e``'s owner's order: their superblock rows,
+    summed once per source by the caller, ``rows_sum``)
     + (entries of ``e`` in ``s``'s superblocks before ``b``'s and in ``b``'s superblock's blocks
     before ``b``: at most ``super_blocks + SUPER`` rows, ``BLOCK_B`` per load)
     + (entries of ``e`` among ``s``'s entries ``b * BLOCK_E .. p - 1``, counted in a window of
     ``2 * BLOCK_E`` entries, which holds the row: ``BLOCK_K <= BLOCK_E``).
 
-The gather kernel (``gather.py``) calls it once per row it copies and writes what ``combine`` needs
-from it.
+The send kernel (``dispatch.py``) calls it for this rank's own rows (no earlier source), the gather
+kernel (``gather.py``) for the peers' rows.
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-__all__ = ["row_slots", "rows_per_load", "rows_sum"]
+from ...kernels import epoch_next, heap_ptr, pdl_launch_dependents, pdl_wait
+from ...kernels.launcher import Launcher
+
+__all__ = ["copy_slots", "expert_ids", "launch_route", "moe_route_kernel", "own_slots", "row_slots", "rows_per_load",
+           "rows_sum"]
+
+
+@triton.jit
+def expert_ids(ptr, mask, num_experts):
+    """The expert ids at ``ptr`` (int32 or int64) as int32, -1 where masked off, "no expert" (-1) or
+    out of ``[0, num_experts)``; and where they were out of range (checked before narrowing)."""
+    raw = tl.load(ptr, mask=mask, other=-1)
+    bad = mask & (raw != -1) & ((raw < 0) | (raw >= num_experts))
+    return tl.where(bad, -1, raw).to(tl.int32), bad
 
 
 def rows_per_load(block_x: int) -> int:
@@ -69,8 +89,9 @@ def row_slots(ids, hist, e, kk, t, n_entries, earlier, block_row0, super_row0, c
     """Where row ``t``'s entries go (module docstring): per entry ``j`` (``e[j]`` its expert, ``kk``
     its lane), ``local expert * capacity + slot`` on the owner, or -1 (no expert, or dropped).
     ``ids``: the source's entries (``n_entries`` live); ``earlier``: per expert, the entries of the
-    earlier sources; ``block_row0`` / ``super_row0``: the source's first block / superblock row of
-    the histogram table ``hist``."""
+    sources before this one in the owner's order (the same for every expert of ``e`` the caller
+    keeps: callers use the slots of one owner's experts only); ``block_row0`` / ``super_row0``: the
+    source's first block / superblock row of the histogram table ``hist``."""
     p0 = t * TOP_K
     b = p0 // BLOCK_E
     q = b // SUPER
@@ -82,3 +103,87 @@ def row_slots(ids, hist, e, kk, t, n_entries, earlier, block_row0, super_row0, c
     slot += tl.sum(((win[None, :] == e[:, None]) & (pos[None, :] < (p0 + kk)[:, None])).to(tl.int32), axis=1)
     keep = (e >= 0) & (slot < capacity)
     return tl.where(keep, (e % LOCAL) * capacity + slot, -1)
+
+
+@triton.jit
+def copy_slots(routing, nn, e, kk, t, earlier, capacity, LOCAL: tl.constexpr, TOP_K: tl.constexpr):
+    """``row_slots`` from a source's whole routing in registers (``routing``, positions ``nn``: the
+    one-kernel dispatch): the entries of ``e`` before ``(t, j)`` in the source, counted directly."""
+    p0 = t * TOP_K
+    before = tl.sum(((routing[None, :] == e[:, None]) & (nn[None, :] < (p0 + kk)[:, None])).to(tl.int32), axis=1)
+    slot = tl.gather(earlier, tl.maximum(e, 0), 0) + before
+    return tl.where((e >= 0) & (slot < capacity), (e % LOCAL) * capacity + slot, -1)
+
+
+@triton.jit
+def own_slots(e, kk, t, rank, capacity, routing, nn, ids, hist, n_entries, hist_blocks, FROM_ROUTING: tl.constexpr,
+              WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
+              BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr):
+    """The slots of this rank's own row ``t`` on its own experts (-1 for entries elsewhere, dropped
+    or with no expert): its own entries come first, so no other rank's routing is needed. From the
+    routing in registers (``FROM_ROUTING``: ``copy_slots``) or from this rank's rows of the ids and
+    histogram tables that ``moe_route_kernel`` wrote (``row_slots``)."""
+    none = tl.zeros([BLOCK_X], dtype=tl.int32)
+    if FROM_ROUTING:
+        at = copy_slots(routing, nn, e, kk, t, none, capacity, LOCAL, TOP_K)
+    else:
+        at = row_slots(ids, hist, e, kk, t, n_entries, none, rank * hist_blocks,
+                       WORLD * hist_blocks + rank * tl.cdiv(hist_blocks, SUPER), capacity, LOCAL, TOP_K, BLOCK_E,
+                       BLOCK_X, BLOCK_B, SUPER)
+    return tl.where((e >= 0) & (e // LOCAL == rank), at, -1)
+
+@triton.jit
+def _count(ids_ptr, ids_s0, ids_s1, first, n_entries, num_experts, table, N: tl.constexpr, TOP_K: tl.constexpr,
+           BLOCK_X: tl.constexpr, STORE: tl.constexpr):
+    """Entries per expert among this rank's entries ``first .. first + N - 1`` (below
+    ``n_entries``); with ``STORE`` they also go, as int32 ids (-1 for "no expert" and out of range),
+    into ``table + p``."""
+    i = first + tl.arange(0, N)
+    live = i < n_entries
+    e, _ = expert_ids(ids_ptr + (i // TOP_K).to(tl.int64) * ids_s0 + (i % TOP_K) * ids_s1, live, num_experts)
+    if STORE:
+        tl.store(table + i, e, mask=live)
+    return tl.histogram(e, BLOCK_X, mask=e >= 0)
+
+
+@triton.jit(do_not_specialize=["rank", "n_tokens", "ids_s0", "ids_s1"])
+def moe_route_kernel(ids_ptr, ids_s0, ids_s1, n_tokens, max_tokens, num_experts, bases, rank, epochs_off, ids_off,
+                     ids_half, hist_off, hist_half, hist_blocks, WORLD: tl.constexpr, TOP_K: tl.constexpr,
+                     BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, SUPER: tl.constexpr):
+    """This rank's routing counted before the send (module docstring), into the half of the coming
+    send's epoch (read from the send channel's counter of program ``pid``, not committed): program
+    ``pid`` takes the tasks ``pid, pid + grid, ...`` of the ``n_blocks`` blocks (the block's ids as
+    int32 into row ``rank * max_tokens * TOP_K + p`` of the local ids table, and its histogram) and
+    then of the superblocks (their histograms). Local stores only; the send kernel, launched after
+    it, copies the histogram rows to the peers."""
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    pdl_wait()  # launched with PDL: the previous kernel has ended
+    pdl_launch_dependents()
+    half = (epoch_next(heap_ptr(bases, rank, epochs_off, tl.uint32) + pid) & 1).to(tl.int64)
+    ids = heap_ptr(bases, rank, ids_off + half * ids_half, tl.int32) + tl.cast(rank * max_tokens, tl.int64) * TOP_K
+    hist = heap_ptr(bases, rank, hist_off + half * hist_half, tl.int32)
+    xs = tl.arange(0, BLOCK_X)
+    n_entries = n_tokens * TOP_K
+    n_blocks = tl.cdiv(n_entries, BLOCK_E)
+    for u in range(pid, n_blocks + tl.cdiv(n_blocks, SUPER), grid):
+        if u < n_blocks:
+            h = _count(ids_ptr, ids_s0, ids_s1, u * BLOCK_E, n_entries, num_experts, ids, BLOCK_E, TOP_K, BLOCK_X,
+                       True)
+            hrow = rank * hist_blocks + u
+        else:
+            h = _count(ids_ptr, ids_s0, ids_s1, (u - n_blocks) * SUPER * BLOCK_E, n_entries, num_experts, ids,
+                       SUPER * BLOCK_E, TOP_K, BLOCK_X, False)
+            hrow = WORLD * hist_blocks + rank * tl.cdiv(hist_blocks, SUPER) + u - n_blocks
+        tl.store(hist + tl.cast(hrow, tl.int64) * BLOCK_X + xs, h)
+
+
+def launch_route(run: Launcher, comm, channel, ids: torch.Tensor, *, max_tokens: int, num_experts: int,
+                 ids_off: int, ids_half: int, hist_off: int, hist_half: int, hist_blocks: int, block_e: int,
+                 block_x: int, super_blocks: int, num_warps: int, launch_opts: dict[str, bool | int]) -> None:
+    """Launch ``moe_route_kernel`` through ``run`` (its launcher: the send kernel's grid, whose
+    channel ``channel`` is)."""
+    bases, rank, world, _, _ = comm.kernel_args()
+    run(ids, ids.stride(0), ids.stride(1), ids.shape[0], max_tokens, num_experts, bases, rank, channel.epochs_off,
+        ids_off, ids_half, hist_off, hist_half, hist_blocks, WORLD=world, TOP_K=ids.shape[1], BLOCK_E=block_e,
+        BLOCK_X=block_x, SUPER=super_blocks, num_warps=num_warps, **launch_opts)

@@ -6,7 +6,8 @@
 A variant is ``default`` or ``+``-joined changes to the instance's default launch: ``no-pdl`` and
 ``pdl`` (``MoEShape.pdl``: programmatic dependent launch off or on), ``one-kernel`` and
 ``two-kernel`` (``MoEShape.one_kernel``: the dispatch in one kernel where the instance allows it, or
-the send and gather kernels), ``no-regcap`` (no register cap keeping every program resident);
+the send and gather kernels), ``no-regcap`` (no register cap keeping every program resident),
+``FIELD=VALUE`` (an int field of ``MoEShape``, e.g. ``send_block_h=2048``);
 ``docs/moe.md`` names the
 checkout of its route-kernel variants. Each round times every variant in turn on the same inputs
 (``tools.timing.time_per_call_us``, graph mode), so drift between variants is spread over the
@@ -46,6 +47,11 @@ def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, 
         if "one_kernel" not in known:
             return None
         shape = replace(shape, one_kernel="one-kernel" in changes)
+    for change in sorted(c for c in changes if "=" in c):
+        name, value = change.split("=")
+        if name not in known:
+            return None
+        shape = replace(shape, **{name: int(value)})
     moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
                       capacity=_capacity(world, m, experts, k), shape=shape, fp8_dispatch=fp8)
     if "no-regcap" in changes:

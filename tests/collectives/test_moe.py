@@ -181,10 +181,15 @@ def test_dispatch_combine_match_reference(worlds, world, case, mode):
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
 @pytest.mark.parametrize("case", ["hot", "unrouted"])
-def test_two_kernel_dispatch_matches_reference(worlds, world, case):
+@pytest.mark.parametrize("routing", ["held", "routed"])
+def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
     """The send + gather dispatch (``one_kernel=False``; the one-kernel dispatch is the CPU world's
-    default) lays out, counts and combines exactly as the reference, capacity drops included."""
+    default) lays out, counts and combines exactly as the reference, capacity drops included: with
+    every send program holding the call's routing, and (``routed``: calls of more than 4 entries)
+    after the route kernel, with blocks of 4 entries in superblocks of 2."""
     shape = replace(SHAPES["cpu"], one_kernel=False)
+    if routing == "routed":
+        shape = replace(shape, route_above=4, block_e=4, super_blocks=2)
     for bad in worlds(world).run(_job, 4 * world, 3, 40, 6, case, 3, capacity=4 if case == "hot" else None,
                                  mode="throughput", shape=shape):
         assert bad == []

@@ -356,7 +356,7 @@ def _moe_ptx(kernel: str) -> str:
     from tritoncomm.collectives.moe import combine, dispatch, gather, onekernel, route
 
     i64 = dict.fromkeys(("epochs_off", "recv_off", "recv_half", "sc_off", "sc_half"), "i64")
-    if kernel == "send":
+    if kernel in ("send", "send-held"):
         sig = {"x_ptr": "*bf16", "x_stride": "i32", "ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32",
                "w_ptr": "*fp32", "w_s0": "i32", "w_s1": "i32", "wts_ptr": "*fp32", "bad_ptr": "*i64",
                "out_ptr": "*bf16", "sc_out_ptr": "*bf16", "slot_ptr": "*i32", "owner_ptr": "*i32", "row_ptr": "*i32",
@@ -365,7 +365,8 @@ def _moe_ptx(kernel: str) -> str:
                                                                     "ntab_off", "ntab_half", "hist_off",
                                                                     "hist_half"), "i64"), "hist_blocks": "i32"}
         fn, cx = dispatch.moe_send_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_H": 1024,
-                                            "BLOCK_E": 64, "BLOCK_X": 256, "BLOCK_B": 16, "SUPER": 16, "FP8": False}
+                                            "BLOCK_E": 64, "BLOCK_X": 256, "BLOCK_B": 16, "SUPER": 16, "FP8": False,
+                                            "ROUTED": kernel == "send", "BLOCK_N": 1 if kernel == "send" else 1024}
     elif kernel == "route":
         sig = {"ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32", "n_tokens": "i32", "max_tokens": "i32",
                "num_experts": "i32", "bases": "*i64", "rank": "i32",
@@ -408,7 +409,7 @@ def test_moe_kernels_move_tokens_in_16_byte_vectors():
     """The send kernel's stores into peers' receive buffers, the gather's copies, the one-kernel
     dispatch's both, and the combine's loads of expert rows and stores (its output and pushed
     partials) are 16-byte vector accesses, with no 2-byte ones."""
-    for kernel in ("send", "gather", "combine", "one"):
+    for kernel in ("send", "send-held", "gather", "combine", "one"):
         o = ops(_moe_ptx(kernel))
         assert o["st.global.v4.b32"] >= 1 and o["st.global.b16"] == 0, (kernel, o)
         assert o["ld.global.v4.b32"] >= 1 and o["ld.global.b16"] == 0, (kernel, o)
@@ -417,7 +418,7 @@ def test_moe_kernels_move_tokens_in_16_byte_vectors():
 def test_moe_kernels_wait_for_the_previous_kernel_before_memory():
     """Launched with PDL, every MoE kernel waits (``griddepcontrol.wait``) before its first load or
     store, and lets the next one start."""
-    for kernel in ("route", "send", "gather", "combine", "one"):
+    for kernel in ("route", "send", "send-held", "gather", "combine", "one"):
         ptx = _moe_ptx(kernel)
         body = ptx[ptx.index("griddepcontrol.wait"):] if "griddepcontrol.wait" in ptx else ""
         assert body and "griddepcontrol.launch_dependents" in body, kernel

@@ -89,9 +89,12 @@ class MoEShape:
     #: Dispatch in one kernel (``onekernel.py``) where ``max_tokens * top_k`` is at most
     #: ``ONE_KERNEL_ENTRIES``; otherwise, or with False, the send and gather kernels.
     one_kernel: bool = False
+    #: Send and gather kernels: a call with more routing entries (tokens * top_k) than this runs
+    #: ``moe_route_kernel`` before the send; with fewer every send program holds the call's routing.
+    route_above: int = 1024
 
     def __post_init__(self) -> None:
-        for name in ("block_h", "block_e", "send_block_h", "super_blocks"):
+        for name in ("block_h", "block_e", "send_block_h", "super_blocks", "route_above"):
             v = getattr(self, name)
             lowest = 0 if name == "send_block_h" else 1  # send_block_h 0: the send uses block_h
             if v < lowest or v & (v - 1):
@@ -312,13 +315,15 @@ class MoEAllToAll:
                       hist_off=self._hist_off, hist_half=self._hist_half, hist_blocks=self._hist_blocks,
                       block_e=sh.block_e, block_x=self._block_x, super_blocks=sh.super_blocks, num_warps=sh.num_warps,
                       launch_opts=self._launch_opts)
-        launch_route(self._run_route, self.comm, self._send_ch, topk_ids, num_experts=self.num_experts, **tables)
+        routed = x.shape[0] * self.top_k > sh.route_above
+        if routed:
+            launch_route(self._run_route, self.comm, self._send_ch, topk_ids, num_experts=self.num_experts, **tables)
         launch_send(self._run_send, self.comm, self._send_ch, x, topk_ids, topk_weights, self._weights, self._bad,
                     self._out, self._scales, self._slot_of, self._owner, self._row, num_experts=self.num_experts,
                     capacity=self.capacity, local=self.local_experts, recv_off=self._recv_off,
                     recv_half=self._recv_half, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     ntab_off=self._ntab_off, ntab_half=self._ntab_half, sc_off=self._sc_off, sc_half=self._sc_half,
-                    block_h=sh.send_block_h or sh.block_h, **tables)
+                    block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=sh.route_above, **tables)
         launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,
                       self._counts, self._bad, self._bad_host.device_addr, capacity=self.capacity,
                       local=self.local_experts, top_k=self.top_k, recv_off=self._recv_off, recv_half=self._recv_half,

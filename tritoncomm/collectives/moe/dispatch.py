@@ -1,9 +1,11 @@
 """MoE dispatch, step 1 of 2: every rank sends its routing to every rank and each token once to every
 rank that holds one of its experts, and lays out its own tokens on its own experts meanwhile.
 
-At prefill sizes ``moe_route_kernel`` (``route.py``) runs first: this rank's routing as int32 into
-its rows of the local ids table and its histogram rows (blocks of ``BLOCK_E`` entries and
-superblocks of ``SUPER`` blocks) into the local histogram table.
+With more than ``BLOCK_N`` routing entries in the call (``ROUTED``), ``moe_route_kernel``
+(``route.py``) runs first: this rank's routing as int32 into its rows of the local ids table and its
+histogram rows (blocks of ``BLOCK_E`` entries and superblocks of ``SUPER`` blocks) into the local
+histogram table. With fewer, every program loads the call's whole routing instead, and no kernel
+runs before the send.
 
 ``moe_send_kernel``: program 0 stores the token count ``n_tokens`` into entry ``rank`` of every
 rank's count table; program ``pid`` takes the work items ``pid, pid + grid, ...``, item ``i`` being
@@ -27,9 +29,10 @@ peers and for its own experts, and their HBM stores run while the peers' rows cr
 With ``FP8`` the token is sent as e4m3 with one fp32 scale per 128 values (``wire.to_fp8``), the
 scales into the scale table's row (and beside the own slots).
 
-Program ``pid`` also copies this rank's histogram rows, tasks ``q, q + grid, ...`` (``q = grid - 1
-- pid``: at decode the programs with no token row do them), into every peer's histogram table, from
-which the gather kernel places every entry without scanning.
+Program ``pid`` also copies this rank's histogram rows (``ROUTED``; else it counts them, and keeps
+them too), tasks ``q, q + grid, ...`` (``q = grid - 1 - pid``: at decode the programs with no token
+row do them), into every peer's histogram table, from which the gather kernel places every entry
+without scanning.
 
 Rows at or past a source's count are never read, so they are never sent. Then the kernel arrives
 at and waits on barrier slot ``pid``. Once the kernel has ended on a rank, every peer's programs have
@@ -48,7 +51,7 @@ import triton.language as tl
 from ...kernels import barrier, epoch_commit, heap_ptr, pdl_launch_dependents, pdl_wait, program_epoch
 from ...kernels.launcher import Launcher
 from .gather import store_slots
-from .route import expert_ids, own_slots, rows_per_load
+from .route import count_entries, expert_ids, own_slots, rows_per_load
 from .shares import column_shares, share_columns
 from .wire import to_fp8
 
@@ -141,7 +144,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                     wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half, hist_off, hist_half, hist_blocks,
                     WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                     BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
-                    SUPER: tl.constexpr, FP8: tl.constexpr):
+                    SUPER: tl.constexpr, FP8: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr):
     """See the module docstring."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
@@ -157,20 +160,37 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     if pid == 0:
         for d in tl.static_range(WORLD):
             tl.store(heap_ptr(bases, d, ntab_off + half * ntab_half, tl.int32, ALIGNED=False) + rank, n_tokens)
+    if ROUTED:
+        routing, nn = 0, 0
+    else:  # few entries: every program holds the whole routing and finds its own rows' slots in it
+        nn = tl.arange(0, BLOCK_N)
+        live = nn < n_tokens * TOP_K
+        routing, _ = expert_ids(ids_ptr + (nn // TOP_K).to(tl.int64) * ids_s0 + (nn % TOP_K) * ids_s1, live,
+                                num_experts)
     send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
                slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
-               grid, recv_base, ids_base, wtab_base, sc_base, 0, 0, hist, hist_blocks, DTYPE, WORLD, LOCAL, TOP_K,
-               BLOCK_K, BLOCK_H, FP8, True, False, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
-    # this rank's histogram rows (the route kernel's), to every peer
+               grid, recv_base, ids_base, wtab_base, sc_base, routing, nn, hist, hist_blocks, DTYPE, WORLD, LOCAL,
+               TOP_K, BLOCK_K, BLOCK_H, FP8, True, not ROUTED, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
+    # this rank's histogram rows to every peer: the route kernel's (copied), or counted here (and kept)
     xs = tl.arange(0, BLOCK_X)
     n_blocks = tl.cdiv(n_tokens * TOP_K, BLOCK_E)
     for u in range(grid - 1 - pid, n_blocks + tl.cdiv(n_blocks, SUPER), grid):  # the last programs: idle at decode
         hrow = tl.where(u < n_blocks, rank * hist_blocks + u,
                         WORLD * hist_blocks + rank * tl.cdiv(hist_blocks, SUPER) + u - n_blocks)
         off = tl.cast(hrow, tl.int64) * BLOCK_X
-        h = tl.load(hist + off + xs)
+        if ROUTED:
+            h = tl.load(hist + off + xs)
+        elif u < n_blocks:
+            h = count_entries(ids_ptr, ids_s0, ids_s1, u * BLOCK_E, n_tokens * TOP_K, num_experts, hist, BLOCK_E,
+                              TOP_K, BLOCK_X, False)
+        else:
+            h = count_entries(ids_ptr, ids_s0, ids_s1, (u - n_blocks) * SUPER * BLOCK_E, n_tokens * TOP_K,
+                              num_experts, hist, SUPER * BLOCK_E, TOP_K, BLOCK_X, False)
         for d in tl.static_range(WORLD):
-            if d != rank:
+            if ROUTED:
+                if d != rank:
+                    tl.store(heap_ptr(bases, d, hist_base, tl.int32) + off + xs, h)
+            else:
                 tl.store(heap_ptr(bases, d, hist_base, tl.int32) + off + xs, h)
     barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     epoch_commit(epoch_ptr, e)
@@ -182,9 +202,10 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
                 capacity: int, local: int, recv_off: int, recv_half: int, ids_off: int, ids_half: int, wtab_off: int,
                 wtab_half: int, ntab_off: int, ntab_half: int, sc_off: int, sc_half: int, hist_off: int,
                 hist_half: int, hist_blocks: int, block_h: int, block_e: int, block_x: int, super_blocks: int,
-                num_warps: int, launch_opts: dict[str, bool | int]) -> None:
-    """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs), after
-    ``route.launch_route`` on the same grid."""
+                routed: bool, block_n: int, num_warps: int, launch_opts: dict[str, bool | int]) -> None:
+    """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs): with
+    ``routed`` after ``route.launch_route`` on the same grid, else holding the routing in blocks of
+    ``block_n`` entries (at least the call's)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
@@ -193,5 +214,5 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
         capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off, recv_off, recv_half, ids_off,
         ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half, hist_off, hist_half, hist_blocks,
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=triton.next_power_of_2(k), BLOCK_H=block_h, BLOCK_E=block_e,
-        BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, FP8=fp8, num_warps=num_warps,
-        **launch_opts)
+        BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, FP8=fp8, ROUTED=routed,
+        BLOCK_N=1 if routed else block_n, num_warps=num_warps, **launch_opts)

@@ -37,8 +37,8 @@ import triton.language as tl
 from ...kernels import epoch_next, heap_ptr, pdl_launch_dependents, pdl_wait
 from ...kernels.launcher import Launcher
 
-__all__ = ["copy_slots", "expert_ids", "launch_route", "moe_route_kernel", "own_slots", "row_slots", "rows_per_load",
-           "rows_sum"]
+__all__ = ["copy_slots", "count_entries", "expert_ids", "launch_route", "moe_route_kernel", "own_slots", "row_slots",
+           "rows_per_load", "rows_sum"]
 
 
 @triton.jit
@@ -133,8 +133,8 @@ def own_slots(e, kk, t, rank, capacity, routing, nn, ids, hist, n_entries, hist_
     return tl.where((e >= 0) & (e // LOCAL == rank), at, -1)
 
 @triton.jit
-def _count(ids_ptr, ids_s0, ids_s1, first, n_entries, num_experts, table, N: tl.constexpr, TOP_K: tl.constexpr,
-           BLOCK_X: tl.constexpr, STORE: tl.constexpr):
+def count_entries(ids_ptr, ids_s0, ids_s1, first, n_entries, num_experts, table, N: tl.constexpr,
+                  TOP_K: tl.constexpr, BLOCK_X: tl.constexpr, STORE: tl.constexpr):
     """Entries per expert among this rank's entries ``first .. first + N - 1`` (below
     ``n_entries``); with ``STORE`` they also go, as int32 ids (-1 for "no expert" and out of range),
     into ``table + p``."""
@@ -168,12 +168,12 @@ def moe_route_kernel(ids_ptr, ids_s0, ids_s1, n_tokens, max_tokens, num_experts,
     n_blocks = tl.cdiv(n_entries, BLOCK_E)
     for u in range(pid, n_blocks + tl.cdiv(n_blocks, SUPER), grid):
         if u < n_blocks:
-            h = _count(ids_ptr, ids_s0, ids_s1, u * BLOCK_E, n_entries, num_experts, ids, BLOCK_E, TOP_K, BLOCK_X,
-                       True)
+            h = count_entries(ids_ptr, ids_s0, ids_s1, u * BLOCK_E, n_entries, num_experts, ids, BLOCK_E, TOP_K,
+                              BLOCK_X, True)
             hrow = rank * hist_blocks + u
         else:
-            h = _count(ids_ptr, ids_s0, ids_s1, (u - n_blocks) * SUPER * BLOCK_E, n_entries, num_experts, ids,
-                       SUPER * BLOCK_E, TOP_K, BLOCK_X, False)
+            h = count_entries(ids_ptr, ids_s0, ids_s1, (u - n_blocks) * SUPER * BLOCK_E, n_entries, num_experts,
+                              ids, SUPER * BLOCK_E, TOP_K, BLOCK_X, False)
             hrow = WORLD * hist_blocks + rank * tl.cdiv(hist_blocks, SUPER) + u - n_blocks
         tl.store(hist + tl.cast(hrow, tl.int64) * BLOCK_X + xs, h)
 

@@ -300,14 +300,26 @@ def test_bad_input_raises_before_waiting(worlds):
         assert errs == ["InvalidInputError"] * 5 + ["counts ok", "ids: reported", "reused handle"] + ["ctor"] * 7, errs
 
 
-def _graph_job(ctx, mode: str):
+def _gpu_shape(ctx, max_tokens: int, path: str) -> MoEShape:
+    """The default launch shape (``one-kernel`` at these sizes), or the send and gather kernels with
+    the route kernel before the send for calls of more than 8 entries (``routed``)."""
+    from tritoncomm.collectives.moe import default_shape
+
+    shape = default_shape("cuda", max_tokens, torch.cuda.get_device_properties(ctx.device).multi_processor_count)
+    return shape if path == "one-kernel" else replace(shape, one_kernel=False, route_above=8)
+
+
+def _graph_job(ctx, mode: str, path: str):
     """Dispatch, experts and combine captured once in a CUDA graph, replayed with fresh tokens and
     routing copied into its inputs: every replay equals an eager run of the same inputs."""
     comm = make_comm(ctx, heap_bytes=64 << 20)
     experts, k, hidden, t = max(4, 2 * ctx.world), 2, 256, 8
     local = experts // ctx.world
-    eager = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k, mode=mode, name="moe.eager")
-    cap = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k, mode=mode, name="moe.graph")
+    shape = _gpu_shape(ctx, t, path)
+    eager = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k, mode=mode, name="moe.eager",
+                        shape=shape)
+    cap = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k, mode=mode, name="moe.graph",
+                      shape=shape)
     dev = ctx.device
     x, ids, wts = (torch.empty(t, hidden, dtype=torch.bfloat16, device=dev),
                    torch.empty(t, k, dtype=torch.int64, device=dev), torch.empty(t, k, device=dev))
@@ -346,12 +358,13 @@ def _graph_job(ctx, mode: str):
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", world_sizes(2))
 @pytest.mark.parametrize("mode", ["latency", "throughput"])
-def test_cuda_graph_replays_with_new_routing(worlds, world, mode):
-    for ok in worlds(world).run(_graph_job, mode):
+@pytest.mark.parametrize("path", ["one-kernel", "routed"])
+def test_cuda_graph_replays_with_new_routing(worlds, world, mode, path):
+    for ok in worlds(world).run(_graph_job, mode, path):
         assert ok == [True] * 4, ok
 
 
-def _straggler_job(ctx, calls: int, seed: int) -> list:
+def _straggler_job(ctx, calls: int, seed: int, path: str) -> list:
     """``calls`` dispatch + combine calls queued back to back with no host synchronisation, token counts
     and routing new every call (zero tokens included, unrouted entries, both combine modes), one rank's
     stream delayed before 20% of them; then the same calls again, one at a time with a host barrier
@@ -361,7 +374,8 @@ def _straggler_job(ctx, calls: int, seed: int) -> list:
     comm = make_comm(ctx, timeout_s=60)
     experts, k, hidden, t_max = 4 * ctx.world, 3, 512, 64
     local, dev = experts // ctx.world, ctx.device
-    moe = MoEAllToAll(comm, max_tokens=t_max, hidden=hidden, num_experts=experts, top_k=k, throughput_from=48)
+    moe = MoEAllToAll(comm, max_tokens=t_max, hidden=hidden, num_experts=experts, top_k=k, throughput_from=48,
+                      shape=_gpu_shape(ctx, t_max, path))
     scale = (torch.arange(local, device=dev) + ctx.rank * local + 1).float()[:, None, None]
     schedule = random.Random(seed)  # the same on every rank
     late = [(schedule.randrange(ctx.world) if schedule.random() < 0.2 else -1, schedule.randrange(1, 2_000_000))
@@ -401,8 +415,9 @@ def _straggler_job(ctx, calls: int, seed: int) -> list:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", world_sizes(2))
-def test_stragglers_with_no_host_sync(worlds, world):
-    for bad in worlds(world).run(_straggler_job, 200, 11, timeout=600):
+@pytest.mark.parametrize("path", ["one-kernel", "routed"])
+def test_stragglers_with_no_host_sync(worlds, world, path):
+    for bad in worlds(world).run(_straggler_job, 200, 11, path, timeout=600):
         assert bad == []
 
 

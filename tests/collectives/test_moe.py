@@ -185,7 +185,7 @@ def test_dispatch_combine_match_reference(worlds, world, case, mode):
 def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
     """The send + gather dispatch (``one_kernel=False``; the one-kernel dispatch is the CPU world's
     default) lays out, counts and combines exactly as the reference, capacity drops included: with
-    every send program holding the call's routing, and (``routed``: calls of more than 4 entries)
+    every send program holding the call's routing, and (``routed``: instances of more than 4 entries)
     after the route kernel, with blocks of 4 entries in superblocks of 2."""
     shape = replace(SHAPES["cpu"], one_kernel=False)
     if routing == "routed":
@@ -302,7 +302,7 @@ def test_bad_input_raises_before_waiting(worlds):
 
 def _gpu_shape(ctx, max_tokens: int, path: str) -> MoEShape:
     """The default launch shape (``one-kernel`` at these sizes), or the send and gather kernels with
-    the route kernel before the send for calls of more than 8 entries (``routed``)."""
+    the route kernel before the send (instances of more than 8 entries) (``routed``)."""
     from tritoncomm.collectives.moe import default_shape
 
     shape = default_shape("cuda", max_tokens, torch.cuda.get_device_properties(ctx.device).multi_processor_count)

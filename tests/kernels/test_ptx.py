@@ -360,7 +360,8 @@ def _moe_ptx(kernel: str) -> str:
         sig = {"x_ptr": "*bf16", "x_stride": "i32", "ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32",
                "w_ptr": "*fp32", "w_s0": "i32", "w_s1": "i32", "wts_ptr": "*fp32", "bad_ptr": "*i64",
                "out_ptr": "*bf16", "sc_out_ptr": "*bf16", "slot_ptr": "*i32", "owner_ptr": "*i32", "row_ptr": "*i32",
-               "n_tokens": "i32", "hidden": "i32", "max_tokens": "i32", "num_experts": "i32", "capacity": "i32",
+               "counts_ptr": "*i32", "bad_host_addr": "i64", "n_tokens": "i32", "hidden": "i32", "max_tokens": "i32",
+               "num_experts": "i32", "capacity": "i32",
                **COMMON, "flags_off": "i64", **i64, **dict.fromkeys(("ids_off", "ids_half", "wtab_off", "wtab_half",
                                                                     "ntab_off", "ntab_half", "hist_off",
                                                                     "hist_half"), "i64"), "hist_blocks": "i32"}
@@ -368,9 +369,10 @@ def _moe_ptx(kernel: str) -> str:
                                             "BLOCK_E": 64, "BLOCK_X": 256, "BLOCK_B": 16, "SUPER": 16, "FP8": False,
                                             "ROUTED": kernel == "send", "BLOCK_N": 1 if kernel == "send" else 1024}
     elif kernel == "route":
-        sig = {"ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32", "n_tokens": "i32", "max_tokens": "i32",
-               "num_experts": "i32", "bases": "*i64", "rank": "i32",
-               **dict.fromkeys(("epochs_off", "ids_off", "ids_half", "hist_off", "hist_half"), "i64"),
+        sig = {"ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32", "bad_ptr": "*i64", "n_tokens": "i32",
+               "max_tokens": "i32", "num_experts": "i32", **COMMON,
+               **dict.fromkeys(("flags_off", "epochs_off", "send_epochs_off", "ids_off", "ids_half", "ntab_off",
+                                "ntab_half", "hist_off", "hist_half"), "i64"),
                "hist_blocks": "i32"}
         fn, cx = route.moe_route_kernel, {"WORLD": 2, "TOP_K": 8, "BLOCK_E": 64, "BLOCK_X": 256, "SUPER": 16}
     elif kernel == "gather":

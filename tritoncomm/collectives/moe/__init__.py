@@ -4,15 +4,17 @@
 over the ranks (expert ``e`` on rank ``e // local_experts``), up to ``max_tokens`` tokens per rank and
 call, ``top_k`` experts per token, at most ``capacity`` entries per expert and call.
 
-* ``dispatch(x, topk_ids, topk_weights)``: three kernels (one for decode-sized instances,
-  ``MoEShape.one_kernel``: ``onekernel.py``, the same results). ``moe_route_kernel`` counts this
-  rank's routing; ``moe_send_kernel`` sends it to every rank and each token once to each rank that
-  holds one of its experts, and meanwhile lays out this rank's own tokens on its own experts; then
-  ``moe_gather_kernel`` lays out the peers' tokens. The slots are the same on every rank, computed
-  without talking (``route.py``: the entries ``(source rank, token, j)`` of expert ``e`` get slots
-  ``0, 1, ...`` in the order of their sources relative to ``e``'s owner, its own first, then of
-  ``(token, j)``; entries past ``capacity`` are dropped); each row is read once and stored once
-  per kept entry into ``[local_experts, capacity, hidden]``.
+* ``dispatch(x, topk_ids, topk_weights)``: one kernel for decode-sized instances
+  (``MoEShape.one_kernel``: ``onekernel.py``), two for the others, all with the same results. On
+  prefill-sized instances ``moe_route_kernel`` sends this rank's routing to every rank, then
+  ``moe_send_kernel`` sends each token once to each rank that holds one of its experts, lays out
+  this rank's own tokens on its own experts meanwhile, and after its barrier slot lays out the
+  peers' tokens; on the smaller ones the send kernel carries the routing and ``moe_gather_kernel``
+  lays out the peers' tokens. The slots are the same on every rank, computed without talking
+  (``route.py``: the entries ``(source rank, token, j)`` of expert ``e`` get slots ``0, 1, ...`` in
+  the order of their sources relative to ``e``'s owner, its own first, then of ``(token, j)``;
+  entries past ``capacity`` are dropped); each row is read once and stored once per kept entry into
+  ``[local_experts, capacity, hidden]``.
   Returns that tensor (rows past ``counts[e]`` are undefined), ``counts`` (int32, on the device)
   and a handle for ``combine``. An expert id of -1 means "no expert". With ``fp8_dispatch`` tokens
   travel as e4m3 with one fp32 scale per 128 values (``scale = max(amax, 1e-12) / 448``, computed
@@ -89,8 +91,9 @@ class MoEShape:
     #: Dispatch in one kernel (``onekernel.py``) where ``max_tokens * top_k`` is at most
     #: ``ONE_KERNEL_ENTRIES``; otherwise, or with False, the send and gather kernels.
     one_kernel: bool = False
-    #: Send and gather kernels: a call with more routing entries (tokens * top_k) than this runs
-    #: ``moe_route_kernel`` before the send; with fewer every send program holds the call's routing.
+    #: Instances with more routing entries per rank (``max_tokens * top_k``) than this dispatch with
+    #: ``moe_route_kernel`` and then the send kernel, which also lays out the peers' rows; others (not
+    #: in one kernel) with the send and gather kernels, every send program holding the call's routing.
     route_above: int = 1024
 
     def __post_init__(self) -> None:
@@ -250,6 +253,8 @@ class MoEAllToAll:
         programs = self.shape.programs
         self._send_ch = Channel(comm, f"{name}.send", programs=programs, barrier_slots=programs)
         self._comb_ch = Channel(comm, f"{name}.combine", programs=programs, barrier_slots=programs)
+        routed = not self._one and max_tokens * top_k > sh.route_above
+        self._route_ch = Channel(comm, f"{name}.route", programs=programs, barrier_slots=programs) if routed else None
         self._run_send = Launcher(moe_send_kernel, (programs,))
         self._run_combine = Launcher(moe_combine_kernel, (programs,))
         #: options of every kernel's launch (set once here: nothing is decided on the launch path)
@@ -309,26 +314,30 @@ class MoEAllToAll:
         return (self._out, self._scales) if self.fp8 else self._out, self._counts, MoEHandle(n, self._call)
 
     def _dispatch_two_kernels(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
-        """The route, send and gather kernels (``route.py``, ``dispatch.py``, ``gather.py``)."""
+        """The route and send kernels, or (instances of at most ``route_above`` entries) the send and
+        gather kernels (``route.py``, ``dispatch.py``, ``gather.py``)."""
         sh = self.shape
         tables = dict(max_tokens=self.max_tokens, ids_off=self._ids_off, ids_half=self._ids_half,
-                      hist_off=self._hist_off, hist_half=self._hist_half, hist_blocks=self._hist_blocks,
-                      block_e=sh.block_e, block_x=self._block_x, super_blocks=sh.super_blocks, num_warps=sh.num_warps,
+                      ntab_off=self._ntab_off, ntab_half=self._ntab_half, hist_off=self._hist_off,
+                      hist_half=self._hist_half, hist_blocks=self._hist_blocks, block_e=sh.block_e,
+                      block_x=self._block_x, super_blocks=sh.super_blocks, num_warps=sh.num_warps,
                       launch_opts=self._launch_opts)
-        routed = x.shape[0] * self.top_k > sh.route_above
+        routed = self._route_ch is not None  # the same on every rank: the launches pair across ranks
         if routed:
-            launch_route(self._run_route, self.comm, self._send_ch, topk_ids, num_experts=self.num_experts, **tables)
+            launch_route(self._run_route, self.comm, self._route_ch, self._send_ch, topk_ids, self._bad,
+                         num_experts=self.num_experts, **tables)
         launch_send(self._run_send, self.comm, self._send_ch, x, topk_ids, topk_weights, self._weights, self._bad,
-                    self._out, self._scales, self._slot_of, self._owner, self._row, num_experts=self.num_experts,
-                    capacity=self.capacity, local=self.local_experts, recv_off=self._recv_off,
-                    recv_half=self._recv_half, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
-                    ntab_off=self._ntab_off, ntab_half=self._ntab_half, sc_off=self._sc_off, sc_half=self._sc_half,
+                    self._out, self._scales, self._slot_of, self._owner, self._row, self._counts,
+                    self._bad_host.device_addr, num_experts=self.num_experts, capacity=self.capacity,
+                    local=self.local_experts, recv_off=self._recv_off, recv_half=self._recv_half,
+                    wtab_off=self._wtab_off, wtab_half=self._wtab_half, sc_off=self._sc_off, sc_half=self._sc_half,
                     block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=sh.route_above, **tables)
-        launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,
-                      self._counts, self._bad, self._bad_host.device_addr, capacity=self.capacity,
-                      local=self.local_experts, top_k=self.top_k, recv_off=self._recv_off, recv_half=self._recv_half,
-                      ntab_off=self._ntab_off, ntab_half=self._ntab_half, sc_off=self._sc_off, sc_half=self._sc_half,
-                      block_h=sh.block_h, **tables)
+        if not routed:
+            launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,
+                          self._counts, self._bad, self._bad_host.device_addr, capacity=self.capacity,
+                          local=self.local_experts, top_k=self.top_k, recv_off=self._recv_off,
+                          recv_half=self._recv_half, sc_off=self._sc_off, sc_half=self._sc_half, block_h=sh.block_h,
+                          **tables)
 
     def combine(self, y: torch.Tensor, handle: MoEHandle) -> torch.Tensor:
         """See the module docstring. Collective. Returns ``[n_tokens, hidden]`` (reused by the next call)."""
@@ -355,8 +364,9 @@ class MoEAllToAll:
 
     def close(self) -> None:
         """Collective: release the heap memory and channels."""
-        for ch in (self._send_ch, self._comb_ch):
-            ch.close()
+        for ch in (self._send_ch, self._comb_ch, self._route_ch):
+            if ch is not None:
+                ch.close()
         for t in (self._recv, self._ids, self._wtab, self._ntab, self._hist, self._copy, self._ybuf, self._sc,
                   self._part, self._lpart):
             if t is not None:

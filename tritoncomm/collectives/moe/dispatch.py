@@ -1,21 +1,25 @@
-"""MoE dispatch, step 1 of 2: every rank sends its routing to every rank and each token once to every
-rank that holds one of its experts, and lays out its own tokens on its own experts meanwhile.
+"""MoE dispatch: every rank sends its routing to every rank and each token once to every rank that
+holds one of its experts, and lays out its own tokens on its own experts meanwhile.
 
-With more than ``BLOCK_N`` routing entries in the call (``ROUTED``), ``moe_route_kernel``
-(``route.py``) runs first: this rank's routing as int32 into its rows of the local ids table and its
-histogram rows (blocks of ``BLOCK_E`` entries and superblocks of ``SUPER`` blocks) into the local
-histogram table. With fewer, every program loads the call's whole routing instead, and no kernel
-runs before the send.
+On instances of more than ``MoEShape.route_above`` routing entries (``ROUTED``),
+``moe_route_kernel`` (``route.py``) runs first and leaves every rank's count, routing (int32) and
+histogram rows (blocks of ``BLOCK_E`` entries and superblocks of ``SUPER`` blocks) in every rank's
+tables; after its barrier slot, program ``pid`` of the send kernel then lays out the peers' rows
+that program ``pid`` of each peer sent it (``gather.lay_out_peers``: both sides split a source's
+rows alike), so a program that finishes its sends early lays out while others still send, and no
+kernel follows. On smaller instances every send program loads the call's whole routing, the send
+kernel counts and sends the histogram rows itself, and the gather kernel lays out the peers' rows.
 
 ``moe_send_kernel``: program 0 stores the token count ``n_tokens`` into entry ``rank`` of every
-rank's count table; program ``pid`` takes the work items ``pid, pid + grid, ...``, item ``i`` being
-token row ``t = i // shares`` and the ``i % shares``-th run of its column blocks (``shares.py``;
-``shares = column_shares(n_tokens)``: at decode a row's blocks spread over programs). For each row
+rank's count table (unless the route kernel did); program ``pid`` takes the work items ``pid, pid +
+grid, ...``, item ``i`` being token row ``t = i // shares`` and the ``i % shares``-th run of its
+column blocks (``shares.py``; ``shares = column_shares(n_tokens)``: at decode a row's blocks spread
+over programs). For each row
 
 * its first item reads the ``TOP_K`` expert ids (-1 means "no expert"; any other id outside ``[0,
-  num_experts)`` is counted in ``bad[0]`` and treated as -1) and weights, keeps the weights for
-  ``combine``, and stores the ids and the weights (fp32) into row ``rank * max_tokens + t`` of every
-  peer's ids and weights tables;
+  num_experts)`` is counted in ``bad[0]``, by the route kernel if it ran, and treated as -1) and
+  weights, keeps the weights for ``combine``, and stores the weights (fp32), and the ids unless the
+  route kernel did, into row ``rank * max_tokens + t`` of every peer's weights and ids tables;
 * every item stores its column blocks of the token into row ``(rank - (rank > d)) * max_tokens + t``
   of the receive buffer of every peer ``d`` that owns one of its experts, and into each of the
   row's slots on this rank's own experts (``route.own_slots``: a rank's own entries come first in
@@ -29,15 +33,15 @@ peers and for its own experts, and their HBM stores run while the peers' rows cr
 With ``FP8`` the token is sent as e4m3 with one fp32 scale per 128 values (``wire.to_fp8``), the
 scales into the scale table's row (and beside the own slots).
 
-Program ``pid`` also copies this rank's histogram rows (``ROUTED``; else it counts them, and keeps
-them too), tasks ``q, q + grid, ...`` (``q = grid - 1 - pid``: at decode the programs with no token
-row do them), into every peer's histogram table, from which the gather kernel places every entry
-without scanning.
+Without the route kernel, program ``pid`` also counts this rank's histogram rows, tasks ``q, q +
+grid, ...`` (``q = grid - 1 - pid``: at decode the programs with no token row do them), and stores
+them into every rank's histogram table, from which the gather kernel places every entry without
+scanning. With it, program 0 ends with the counts and problem counters (``gather.finish_counts``).
 
 Rows at or past a source's count are never read, so they are never sent. Then the kernel arrives
-at and waits on barrier slot ``pid``. Once the kernel has ended on a rank, every peer's programs have
-made their stores (each before arriving at the barrier its counterpart waited on), so the later
-steps on the stream may read the tables. A rank cannot start launch ``n + 2`` (same parity) before
+at and waits on barrier slot ``pid`` (and, after the route kernel, lays out). Once the kernel has
+ended on a rank, every peer's programs have made their stores (each before arriving at the barrier
+its counterpart waited on), so the later steps on the stream may read the tables. A rank cannot start launch ``n + 2`` (same parity) before
 every peer has passed launch ``n + 1``'s barriers, i.e. before every peer's stream is
 past its reads of launch ``n``.
 """
@@ -50,7 +54,7 @@ import triton.language as tl
 
 from ...kernels import barrier, epoch_commit, heap_ptr, pdl_launch_dependents, pdl_wait, program_epoch
 from ...kernels.launcher import Launcher
-from .gather import store_slots
+from .gather import finish_counts, lay_out_peers, store_slots
 from .route import count_entries, expert_ids, own_slots, rows_per_load
 from .shares import column_shares, share_columns
 from .wire import to_fp8
@@ -75,13 +79,15 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
                grid, recv_base, ids_base, wtab_base, sc_base, routing, nn, hist, hist_blocks, DTYPE: tl.constexpr,
                WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                BLOCK_H: tl.constexpr, FP8: tl.constexpr, COUNT_BAD: tl.constexpr, FROM_ROUTING: tl.constexpr,
-               BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr):
+               IDS_SENT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
+               SUPER: tl.constexpr):
     """Program ``pid``'s work items of this rank's ``n_tokens`` rows (module docstring): the routing
     to the peers with each row's first item, the columns to each peer that holds one of the row's
     experts and into the row's slots on this rank (``route.own_slots``: from ``routing`` / ``nn``
     with ``FROM_ROUTING``, else from the route kernel's rows of the local ids table and of ``hist``).
-    With ``COUNT_BAD`` each row's first item adds its out-of-range ids to ``bad[0]``. Also called by
-    the one-kernel dispatch (``onekernel.py``)."""
+    With ``COUNT_BAD`` each row's first item adds its out-of-range ids to ``bad[0]``; with
+    ``IDS_SENT`` (the route kernel's work) the ids do not go out again. Also called by the
+    one-kernel dispatch (``onekernel.py``)."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1  # scale groups per column block
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
@@ -107,8 +113,9 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
         tl.store(wts_ptr + t * TOP_K + kk, wt, mask=fm)
         for d in tl.static_range(WORLD):
             if d != rank:
-                tl.store(heap_ptr(bases, d, ids_base + row * TOP_K * 4, tl.int32, ALIGNED=False) + kk, ids,
-                         mask=fm)
+                if not IDS_SENT:
+                    tl.store(heap_ptr(bases, d, ids_base + row * TOP_K * 4, tl.int32, ALIGNED=False) + kk, ids,
+                             mask=fm)
                 tl.store(heap_ptr(bases, d, wtab_base + row * TOP_K * 4, tl.float32, ALIGNED=False) + kk, wt,
                          mask=fm)
         at = own_slots(ids, kk, t, rank, capacity, routing, nn, own_ids, hist, n_tokens * TOP_K, hist_blocks,
@@ -139,9 +146,10 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
 
 @triton.jit(do_not_specialize=["rank", "n_tokens", "ids_s0", "ids_s1", "w_s0", "w_s1"])  # one build for every call
 def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr,
-                    sc_out_ptr, slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity,
-                    bases, rank, timeout, diag_addr, flags_off, epochs_off, recv_off, recv_half, ids_off, ids_half,
-                    wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half, hist_off, hist_half, hist_blocks,
+                    sc_out_ptr, slot_ptr, owner_ptr, row_ptr, counts_ptr, bad_host_addr, n_tokens, hidden,
+                    max_tokens, num_experts, capacity, bases, rank, timeout, diag_addr, flags_off, epochs_off,
+                    recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half,
+                    hist_off, hist_half, hist_blocks,
                     WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                     BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
                     SUPER: tl.constexpr, FP8: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -157,7 +165,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     wtab_base = wtab_off + half * wtab_half
     hist_base = hist_off + half * hist_half
     hist = heap_ptr(bases, rank, hist_base, tl.int32)
-    if pid == 0:
+    if (pid == 0) & (not ROUTED):  # else the route kernel did
         for d in tl.static_range(WORLD):
             tl.store(heap_ptr(bases, d, ntab_off + half * ntab_half, tl.int32, ALIGNED=False) + rank, n_tokens)
     if ROUTED:
@@ -170,35 +178,37 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
                slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
                grid, recv_base, ids_base, wtab_base, sc_base, routing, nn, hist, hist_blocks, DTYPE, WORLD, LOCAL,
-               TOP_K, BLOCK_K, BLOCK_H, FP8, True, not ROUTED, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
-    # this rank's histogram rows to every peer: the route kernel's (copied), or counted here (and kept)
-    xs = tl.arange(0, BLOCK_X)
-    n_blocks = tl.cdiv(n_tokens * TOP_K, BLOCK_E)
-    for u in range(grid - 1 - pid, n_blocks + tl.cdiv(n_blocks, SUPER), grid):  # the last programs: idle at decode
-        hrow = tl.where(u < n_blocks, rank * hist_blocks + u,
-                        WORLD * hist_blocks + rank * tl.cdiv(hist_blocks, SUPER) + u - n_blocks)
-        off = tl.cast(hrow, tl.int64) * BLOCK_X
-        if ROUTED:
-            h = tl.load(hist + off + xs)
-        elif u < n_blocks:
-            h = count_entries(ids_ptr, ids_s0, ids_s1, u * BLOCK_E, n_tokens * TOP_K, num_experts, hist, BLOCK_E,
-                              TOP_K, BLOCK_X, False)
-        else:
-            h = count_entries(ids_ptr, ids_s0, ids_s1, (u - n_blocks) * SUPER * BLOCK_E, n_tokens * TOP_K,
-                              num_experts, hist, SUPER * BLOCK_E, TOP_K, BLOCK_X, False)
-        for d in tl.static_range(WORLD):
-            if ROUTED:
-                if d != rank:
-                    tl.store(heap_ptr(bases, d, hist_base, tl.int32) + off + xs, h)
+               TOP_K, BLOCK_K, BLOCK_H, FP8, not ROUTED, not ROUTED, ROUTED, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
+    if not ROUTED:  # this rank's histogram rows, counted here, to every rank
+        xs = tl.arange(0, BLOCK_X)
+        n_blocks = tl.cdiv(n_tokens * TOP_K, BLOCK_E)
+        for u in range(grid - 1 - pid, n_blocks + tl.cdiv(n_blocks, SUPER), grid):  # the last programs: idle at decode
+            if u < n_blocks:
+                h = count_entries(ids_ptr, ids_s0, ids_s1, u * BLOCK_E, n_tokens * TOP_K, num_experts, hist, BLOCK_E,
+                                  TOP_K, BLOCK_X, False)
+                hrow = rank * hist_blocks + u
             else:
-                tl.store(heap_ptr(bases, d, hist_base, tl.int32) + off + xs, h)
+                h = count_entries(ids_ptr, ids_s0, ids_s1, (u - n_blocks) * SUPER * BLOCK_E, n_tokens * TOP_K,
+                                  num_experts, hist, SUPER * BLOCK_E, TOP_K, BLOCK_X, False)
+                hrow = WORLD * hist_blocks + rank * tl.cdiv(hist_blocks, SUPER) + u - n_blocks
+            for d in tl.static_range(WORLD):
+                tl.store(heap_ptr(bases, d, hist_base, tl.int32) + tl.cast(hrow, tl.int64) * BLOCK_X + xs, h)
     barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
+    if ROUTED:  # every rank's routing came before this kernel: program pid lays out what program pid was sent
+        totals = lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, heap_ptr(bases, rank, recv_base, DTYPE),
+                               heap_ptr(bases, rank, sc_base, tl.float32), heap_ptr(bases, rank, ids_base, tl.int32),
+                               heap_ptr(bases, rank, ntab_off + half * ntab_half, tl.int32), hist, hist_blocks,
+                               max_tokens, capacity, hidden, rank, pid, grid, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H,
+                               FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
+        if pid == 0:
+            finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, 0, LOCAL, BLOCK_X)
     epoch_commit(epoch_ptr, e)
 
 
 def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                 wts: torch.Tensor, bad: torch.Tensor, out: torch.Tensor, scales: torch.Tensor | None,
-                slot_of: torch.Tensor, owner: torch.Tensor, row: torch.Tensor, *, max_tokens: int, num_experts: int,
+                slot_of: torch.Tensor, owner: torch.Tensor, row: torch.Tensor, counts: torch.Tensor,
+                bad_host_addr: int, *, max_tokens: int, num_experts: int,
                 capacity: int, local: int, recv_off: int, recv_half: int, ids_off: int, ids_half: int, wtab_off: int,
                 wtab_half: int, ntab_off: int, ntab_half: int, sc_off: int, sc_half: int, hist_off: int,
                 hist_half: int, hist_blocks: int, block_h: int, block_e: int, block_x: int, super_blocks: int,
@@ -210,9 +220,10 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
     k = ids.shape[1]
     fp8 = scales is not None
     run(x, x.stride(0), ids, ids.stride(0), ids.stride(1), weights, weights.stride(0), weights.stride(1), wts,
-        bad, out, scales if fp8 else out, slot_of, owner, row, x.shape[0], x.shape[1], max_tokens, num_experts,
-        capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off, recv_off, recv_half, ids_off,
-        ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half, hist_off, hist_half, hist_blocks,
+        bad, out, scales if fp8 else out, slot_of, owner, row, counts, bad_host_addr, x.shape[0], x.shape[1],
+        max_tokens, num_experts, capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off,
+        recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half, hist_off,
+        hist_half, hist_blocks,
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=triton.next_power_of_2(k), BLOCK_H=block_h, BLOCK_E=block_e,
         BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, FP8=fp8, ROUTED=routed,
         BLOCK_N=1 if routed else block_n, num_warps=num_warps, **launch_opts)

@@ -1,4 +1,6 @@
-"""MoE dispatch, step 2 of 2 (local: it reads this rank's heap, after the send kernel).
+"""MoE dispatch on instances of at most ``MoEShape.route_above`` routing entries, step 2 of 2 (local:
+it reads this rank's heap, after the send kernel; larger instances lay out in the send kernel,
+``lay_out_peers``).
 
 ``moe_gather_kernel`` lays out the tokens that **peers** sent this rank (the send kernel laid out the
 rank's own rows, ``dispatch.py``): every live row ``(source s, token t)`` of every peer ``s`` (``t``
@@ -32,7 +34,7 @@ from ...kernels.launcher import Launcher
 from .route import row_slots, rows_per_load, rows_sum
 from .shares import column_shares, pick, share_columns
 
-__all__ = ["finish_counts", "launch_gather", "moe_gather_kernel", "place_item", "store_slots"]
+__all__ = ["finish_counts", "launch_gather", "lay_out_peers", "moe_gather_kernel", "place_item", "store_slots"]
 
 
 @triton.jit
@@ -99,25 +101,15 @@ def finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, ba
     tl.store(bad_host_addr.to(tl.pointer_type(tl.int64)) + two, now)
 
 
-@triton.jit(do_not_specialize=["rank"])
-def moe_gather_kernel(out_ptr, sc_out_ptr, slot_ptr, counts_ptr, bad_ptr, bad_host_addr, hidden, max_tokens,
-                      capacity, hist_blocks, bases, rank, epochs_off, recv_off, recv_half, ids_off, ids_half,
-                      ntab_off, ntab_half, sc_off, sc_half, hist_off, hist_half, WORLD: tl.constexpr,
-                      LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
-                      FP8: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
-                      SUPER: tl.constexpr):
-    """See the module docstring."""
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    DTYPE: tl.constexpr = out_ptr.dtype.element_ty  # e4m3 with FP8, else the tokens' dtype
-    pdl_wait()  # launched with PDL: the previous kernel has ended
-    pdl_launch_dependents()
-    parity = (tl.load(heap_ptr(bases, rank, epochs_off, tl.uint32)) & 1).to(tl.int64)
-    recv = heap_ptr(bases, rank, recv_off + parity * recv_half, DTYPE)
-    ids = heap_ptr(bases, rank, ids_off + parity * ids_half, tl.int32)
-    ntab = heap_ptr(bases, rank, ntab_off + parity * ntab_half, tl.int32)
-    sc = heap_ptr(bases, rank, sc_off + parity * sc_half, tl.float32)
-    hist = heap_ptr(bases, rank, hist_off + parity * hist_half, tl.int32)
+@triton.jit
+def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist_blocks, max_tokens, capacity, hidden,
+                  rank, pid, grid, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
+                  BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr, BLOCK_E: tl.constexpr,
+                  BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr):
+    """Program ``pid``'s items of every peer's rows (module docstring), laid out from the receive
+    buffer ``recv`` (scales ``sc``) with the slots from the tables ``ids``, ``ntab`` and ``hist``.
+    Returns every source's entries per expert. Also called by the send kernel after its barrier when
+    the route kernel ran (``dispatch.py``)."""
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     super_blocks = tl.cdiv(hist_blocks, SUPER)
@@ -142,8 +134,32 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, slot_ptr, counts_ptr, bad_ptr, bad_ho
             place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, peer_row + t, hidden,
                        LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
         earlier += mine
-    if pid == 0:  # earlier: now every source's entries per expert
-        finish_counts(counts_ptr, bad_ptr, bad_host_addr, earlier, capacity, rank, 0, LOCAL, BLOCK_X)
+    return earlier
+
+
+@triton.jit(do_not_specialize=["rank"])
+def moe_gather_kernel(out_ptr, sc_out_ptr, slot_ptr, counts_ptr, bad_ptr, bad_host_addr, hidden, max_tokens,
+                      capacity, hist_blocks, bases, rank, epochs_off, recv_off, recv_half, ids_off, ids_half,
+                      ntab_off, ntab_half, sc_off, sc_half, hist_off, hist_half, WORLD: tl.constexpr,
+                      LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
+                      FP8: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
+                      SUPER: tl.constexpr):
+    """See the module docstring."""
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    DTYPE: tl.constexpr = out_ptr.dtype.element_ty  # e4m3 with FP8, else the tokens' dtype
+    pdl_wait()  # launched with PDL: the previous kernel has ended
+    pdl_launch_dependents()
+    parity = (tl.load(heap_ptr(bases, rank, epochs_off, tl.uint32)) & 1).to(tl.int64)
+    totals = lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, heap_ptr(bases, rank, recv_off + parity * recv_half, DTYPE),
+                           heap_ptr(bases, rank, sc_off + parity * sc_half, tl.float32),
+                           heap_ptr(bases, rank, ids_off + parity * ids_half, tl.int32),
+                           heap_ptr(bases, rank, ntab_off + parity * ntab_half, tl.int32),
+                           heap_ptr(bases, rank, hist_off + parity * hist_half, tl.int32), hist_blocks, max_tokens,
+                           capacity, hidden, rank, pid, grid, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, BLOCK_E,
+                           BLOCK_X, BLOCK_B, SUPER)
+    if pid == 0:
+        finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, 0, LOCAL, BLOCK_X)
 
 
 def launch_gather(run: Launcher, comm, channel, out: torch.Tensor, scales: torch.Tensor | None,

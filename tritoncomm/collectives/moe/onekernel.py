@@ -87,7 +87,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
                slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
                grid, recv_base, ids_off + half * ids_half, wtab_off + half * wtab_half, sc_base, mine, nn, 0, 0, DTYPE,
-               WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, True, 1, BLOCK_X, 1, 1)
+               WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, True, False, 1, BLOCK_X, 1, 1)
     # 3. program pid of every rank has stored its copy and its items
     barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     # 4. lay out the items this program was sent

@@ -11,11 +11,12 @@ peers' rows wait for the gather.
 **Histograms.** At prefill sizes (the send and gather kernels) the count per expert of every block of
 ``BLOCK_E`` consecutive entries of every source is kept in the histogram table (row ``source *
 hist_blocks + block``), and of every superblock of ``SUPER`` blocks (row ``world * hist_blocks +
-source * super_blocks + superblock``). ``moe_route_kernel`` computes this rank's rows locally, with
-its routing as int32 (ids outside ``[0, num_experts)`` as -1) into its rows of the local ids table;
-the send kernel copies the rows to every peer. So nothing scans for its place: ``row_slots`` gives
-entry ``p = t * TOP_K + j`` of source ``s``, of expert ``e``, in block ``b = t * TOP_K // BLOCK_E``,
-the slot
+source * super_blocks + superblock``). On instances of more than ``MoEShape.route_above`` entries
+``moe_route_kernel`` runs before the send: it stores this rank's token count, its routing as int32
+and its histogram rows into every rank's tables, then a barrier, so that after it every rank holds
+every rank's routing; on smaller ones the send kernel counts and sends the rows. So nothing scans
+for its place: ``row_slots`` gives entry ``p = t * TOP_K + j`` of source ``s``, of expert ``e``, in
+block ``b = t * TOP_K // BLOCK_E``, the slot
 
     (entries of ``e`` in the sources before ``s`` in ``e``'s owner's order: their superblock rows,
     summed once per source by the caller, ``rows_sum``)
@@ -24,8 +25,9 @@ the slot
     + (entries of ``e`` among ``s``'s entries ``b * BLOCK_E .. p - 1``, counted in a window of
     ``2 * BLOCK_E`` entries, which holds the row: ``BLOCK_K <= BLOCK_E``).
 
-The send kernel (``dispatch.py``) calls it for this rank's own rows (no earlier source), the gather
-kernel (``gather.py``) for the peers' rows.
+The send kernel (``dispatch.py``) calls it for this rank's own rows (no earlier source) and, after
+the route kernel, for the peers' rows it was sent; the gather kernel (``gather.py``) for the peers'
+rows on smaller instances.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import epoch_next, heap_ptr, pdl_launch_dependents, pdl_wait
+from ...kernels import barrier, epoch_commit, epoch_next, heap_ptr, pdl_launch_dependents, pdl_wait, program_epoch
 from ...kernels.launcher import Launcher
 
 __all__ = ["copy_slots", "count_entries", "expert_ids", "launch_route", "moe_route_kernel", "own_slots", "row_slots",
@@ -147,43 +149,64 @@ def count_entries(ids_ptr, ids_s0, ids_s1, first, n_entries, num_experts, table,
 
 
 @triton.jit(do_not_specialize=["rank", "n_tokens", "ids_s0", "ids_s1"])
-def moe_route_kernel(ids_ptr, ids_s0, ids_s1, n_tokens, max_tokens, num_experts, bases, rank, epochs_off, ids_off,
-                     ids_half, hist_off, hist_half, hist_blocks, WORLD: tl.constexpr, TOP_K: tl.constexpr,
+def moe_route_kernel(ids_ptr, ids_s0, ids_s1, bad_ptr, n_tokens, max_tokens, num_experts, bases, rank, timeout,
+                     diag_addr, flags_off, epochs_off, send_epochs_off, ids_off, ids_half, ntab_off, ntab_half,
+                     hist_off, hist_half, hist_blocks, WORLD: tl.constexpr, TOP_K: tl.constexpr,
                      BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, SUPER: tl.constexpr):
-    """This rank's routing counted before the send (module docstring), into the half of the coming
-    send's epoch (read from the send channel's counter of program ``pid``, not committed): program
-    ``pid`` takes the tasks ``pid, pid + grid, ...`` of the ``n_blocks`` blocks (the block's ids as
-    int32 into row ``rank * max_tokens * TOP_K + p`` of the local ids table, and its histogram) and
-    then of the superblocks (their histograms). Local stores only; the send kernel, launched after
-    it, copies the histogram rows to the peers."""
+    """This rank's routing counted and sent before the send kernel (module docstring), into the
+    half of the coming send's epoch (read from the send channel's counter of program ``pid``, not
+    committed): program 0 stores ``n_tokens`` into every rank's count table; program ``pid`` takes the
+    tasks ``pid, pid + grid, ...`` of the ``n_blocks`` blocks (the block's ids as int32 into row
+    ``rank * max_tokens * TOP_K + p`` of every rank's ids table, its ids out of range added to
+    ``bad[0]``, its histogram into every rank's histogram table) and then of the superblocks (their
+    histograms); then barrier slot ``pid`` of its own channel. Once the kernel has ended on a rank,
+    every rank's routing is in its tables."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
+    diag = diag_addr.to(tl.pointer_type(tl.int64))
     pdl_wait()  # launched with PDL: the previous kernel has ended
     pdl_launch_dependents()
-    half = (epoch_next(heap_ptr(bases, rank, epochs_off, tl.uint32) + pid) & 1).to(tl.int64)
-    ids = heap_ptr(bases, rank, ids_off + half * ids_half, tl.int32) + tl.cast(rank * max_tokens, tl.int64) * TOP_K
-    hist = heap_ptr(bases, rank, hist_off + half * hist_half, tl.int32)
+    epoch_ptr, ep = program_epoch(bases, rank, epochs_off)
+    half = (epoch_next(heap_ptr(bases, rank, send_epochs_off, tl.uint32) + pid) & 1).to(tl.int64)
+    row0 = tl.cast(rank * max_tokens, tl.int64) * TOP_K
+    if pid == 0:
+        for d in tl.static_range(WORLD):
+            tl.store(heap_ptr(bases, d, ntab_off + half * ntab_half, tl.int32, ALIGNED=False) + rank, n_tokens)
     xs = tl.arange(0, BLOCK_X)
     n_entries = n_tokens * TOP_K
     n_blocks = tl.cdiv(n_entries, BLOCK_E)
     for u in range(pid, n_blocks + tl.cdiv(n_blocks, SUPER), grid):
         if u < n_blocks:
-            h = count_entries(ids_ptr, ids_s0, ids_s1, u * BLOCK_E, n_entries, num_experts, ids, BLOCK_E, TOP_K,
-                              BLOCK_X, True)
+            i = u * BLOCK_E + tl.arange(0, BLOCK_E)
+            live = i < n_entries
+            e, bad = expert_ids(ids_ptr + (i // TOP_K).to(tl.int64) * ids_s0 + (i % TOP_K) * ids_s1, live,
+                                num_experts)
+            n_bad = tl.sum(bad.to(tl.int32))
+            if n_bad > 0:
+                tl.atomic_add(bad_ptr, n_bad.to(tl.int64))
+            for d in tl.static_range(WORLD):
+                tl.store(heap_ptr(bases, d, ids_off + half * ids_half, tl.int32) + row0 + i, e, mask=live)
+            h = tl.histogram(e, BLOCK_X, mask=e >= 0)
             hrow = rank * hist_blocks + u
         else:
             h = count_entries(ids_ptr, ids_s0, ids_s1, (u - n_blocks) * SUPER * BLOCK_E, n_entries, num_experts,
-                              ids, SUPER * BLOCK_E, TOP_K, BLOCK_X, False)
+                              ids_ptr, SUPER * BLOCK_E, TOP_K, BLOCK_X, False)
             hrow = WORLD * hist_blocks + rank * tl.cdiv(hist_blocks, SUPER) + u - n_blocks
-        tl.store(hist + tl.cast(hrow, tl.int64) * BLOCK_X + xs, h)
+        for d in tl.static_range(WORLD):
+            tl.store(heap_ptr(bases, d, hist_off + half * hist_half, tl.int32) + tl.cast(hrow, tl.int64) * BLOCK_X + xs,
+                     h)
+    barrier(bases, rank, WORLD, flags_off, pid, ep, timeout, diag)
+    epoch_commit(epoch_ptr, ep)
 
 
-def launch_route(run: Launcher, comm, channel, ids: torch.Tensor, *, max_tokens: int, num_experts: int,
-                 ids_off: int, ids_half: int, hist_off: int, hist_half: int, hist_blocks: int, block_e: int,
-                 block_x: int, super_blocks: int, num_warps: int, launch_opts: dict[str, bool | int]) -> None:
-    """Launch ``moe_route_kernel`` through ``run`` (its launcher: the send kernel's grid, whose
-    channel ``channel`` is)."""
-    bases, rank, world, _, _ = comm.kernel_args()
-    run(ids, ids.stride(0), ids.stride(1), ids.shape[0], max_tokens, num_experts, bases, rank, channel.epochs_off,
-        ids_off, ids_half, hist_off, hist_half, hist_blocks, WORLD=world, TOP_K=ids.shape[1], BLOCK_E=block_e,
-        BLOCK_X=block_x, SUPER=super_blocks, num_warps=num_warps, **launch_opts)
+def launch_route(run: Launcher, comm, channel, send_channel, ids: torch.Tensor, bad: torch.Tensor, *,
+                 max_tokens: int, num_experts: int, ids_off: int, ids_half: int, ntab_off: int, ntab_half: int,
+                 hist_off: int, hist_half: int, hist_blocks: int, block_e: int, block_x: int, super_blocks: int,
+                 num_warps: int, launch_opts: dict[str, bool | int]) -> None:
+    """Launch ``moe_route_kernel`` through ``run`` (its launcher: the send kernel's grid; ``channel``
+    its own barrier slots, ``send_channel`` the send kernel's, whose coming epoch picks the half)."""
+    bases, rank, world, timeout, diag = comm.kernel_args()
+    run(ids, ids.stride(0), ids.stride(1), bad, ids.shape[0], max_tokens, num_experts, bases, rank, timeout, diag,
+        channel.flags_off, channel.epochs_off, send_channel.epochs_off, ids_off, ids_half, ntab_off, ntab_half,
+        hist_off, hist_half, hist_blocks, WORLD=world, TOP_K=ids.shape[1], BLOCK_E=block_e, BLOCK_X=block_x,
+        SUPER=super_blocks, num_warps=num_warps, **launch_opts)

@@ -41,9 +41,9 @@ scanning. With it, program 0 ends with the counts and problem counters (``gather
 Rows at or past a source's count are never read, so they are never sent. Then the kernel arrives
 at and waits on barrier slot ``pid`` (and, after the route kernel, lays out). Once the kernel has
 ended on a rank, every peer's programs have made their stores (each before arriving at the barrier
-its counterpart waited on), so the later steps on the stream may read the tables. A rank cannot start launch ``n + 2`` (same parity) before
-every peer has passed launch ``n + 1``'s barriers, i.e. before every peer's stream is
-past its reads of launch ``n``.
+its counterpart waited on), so the later steps on the stream may read the tables. A rank cannot
+start launch ``n + 2`` (same parity) before every peer has passed launch ``n + 1``'s barriers, i.e.
+before every peer's stream is past its reads of launch ``n``.
 """
 
 from __future__ import annotations

@@ -246,9 +246,15 @@ def test_world8(worlds, world, mode):
         assert bad == []
 
 
-def _bad_input(ctx):
+#: The dispatch paths by launch shape (at most 4 tokens of top-2 per rank): the default (one kernel),
+#: the send and gather kernels, the route and send kernels.
+PATHS = {"one-kernel": None, "held": replace(SHAPES["cpu"], one_kernel=False),
+         "routed": replace(SHAPES["cpu"], one_kernel=False, route_above=4)}
+
+
+def _bad_input(ctx, path: str):
     comm = make_comm(ctx, heap_bytes=16 << 20)
-    moe = MoEAllToAll(comm, max_tokens=4, hidden=16, num_experts=2 * ctx.world, top_k=2)
+    moe = MoEAllToAll(comm, max_tokens=4, hidden=16, num_experts=2 * ctx.world, top_k=2, shape=PATHS[path])
     dev, errs = ctx.device, []
     x = torch.zeros(3, 16, dtype=torch.bfloat16, device=dev)
     ids = torch.zeros(3, 2, dtype=torch.int64, device=dev)
@@ -295,8 +301,11 @@ def _bad_input(ctx):
     return errs
 
 
-def test_bad_input_raises_before_waiting(worlds):
-    for errs in worlds(2).run(_bad_input):
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_bad_input_raises_before_waiting(worlds, path):
+    """Bad arguments raise before any rank waits; ids out of range are dropped and reported at the
+    next call, on every dispatch path."""
+    for errs in worlds(2).run(_bad_input, path):
         assert errs == ["InvalidInputError"] * 5 + ["counts ok", "ids: reported", "reused handle"] + ["ctor"] * 7, errs
 
 

@@ -10,6 +10,8 @@ source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 EP=$([ "$NGPU" -ge 2 ] && echo 2 || echo 1)
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200|b200|a100' | head -1 \
+  | tr '[:upper:]' '[:lower:]')
 rc=0
 for phase in ${PHASES:-tests bench variants}; do
   case $phase in
@@ -19,13 +21,13 @@ for phase in ${PHASES:-tests bench variants}; do
         | tee "$OUT/gpu-moe-tests.log" | tail -15 || rc=1 ;;
     bench)
       timeout ${BENCH_TIMEOUT:-400} python3 -m tritoncomm bench --op moe --world "$EP" ${TOKENS:+--tokens $TOKENS} \
-        ${SHAPES:+--shapes $SHAPES} --json "$OUT/moe-h200-ep$EP.json" 2>&1 | tee "$OUT/moe.log" | tail -40 || rc=1 ;;
+        ${SHAPES:+--shapes $SHAPES} --json "$OUT/moe-${GPU:-gpu}-ep$EP.json" 2>&1 | tee "$OUT/moe.log" | tail -40 || rc=1 ;;
     variants)  # the dispatch in one kernel against the send + gather kernels, decode sizes, interleaved
       timeout ${VARIANTS_TIMEOUT:-200} python3 benchmarks/experiments/moe_variants.py --world "$EP" --tokens 1,8,64 \
         --variants default,two-kernel --json "$OUT/moe-variants.json" 2>&1 | tail -12 || rc=1 ;;
     tune)
       timeout ${TUNE_TIMEOUT:-500} python3 -m tritoncomm tune --op moe --world "$EP" ${TOKENS:+--tokens $TOKENS} \
-        ${SHAPES:+--shapes $SHAPES} --out "$OUT/moe-tune-ep$EP.json" 2>&1 | tee "$OUT/moe-tune.log" | tail -30 || rc=1 ;;
+        ${SHAPES:+--shapes $SHAPES} --out "$OUT/moe-tune-${GPU:-gpu}-ep$EP.json" 2>&1 | tee "$OUT/moe-tune.log" | tail -30 || rc=1 ;;
     *) echo "gpu_moe.sh: unknown phase $phase" >&2; rc=1 ;;
   esac
 done

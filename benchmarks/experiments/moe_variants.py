@@ -7,7 +7,8 @@ A variant is ``default`` or ``+``-joined changes to the instance's default launc
 ``pdl`` (``MoEShape.pdl``: programmatic dependent launch off or on), ``one-kernel`` and
 ``two-kernel`` (``MoEShape.one_kernel``: the dispatch in one kernel where the instance allows it, or
 the send and gather kernels), ``no-regcap`` (no register cap keeping every program resident),
-``FIELD=VALUE`` (an int field of ``MoEShape``, e.g. ``send_block_h=2048``);
+``FIELD=VALUE`` (an int field of ``MoEShape``, e.g. ``send_block_h=2048``), ``bound`` (each call
+passes ``tokens_bound``, its token count: one kernel on instances sized for more);
 ``docs/moe.md`` names the
 checkout of its route-kernel variants. Each round times every variant in turn on the same inputs
 (``tools.timing.time_per_call_us``, graph mode), so drift between variants is spread over the
@@ -19,6 +20,7 @@ includes its wait for the previous one): this times whole calls.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import statistics
 from dataclasses import fields, replace
@@ -47,6 +49,8 @@ def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, 
         if "one_kernel" not in known:
             return None
         shape = replace(shape, one_kernel="one-kernel" in changes)
+    if "bound" in changes and "tokens_bound" not in inspect.signature(MoEAllToAll.dispatch).parameters:
+        return None
     for change in sorted(c for c in changes if "=" in c):
         name, value = change.split("=")
         if name not in known:
@@ -81,9 +85,11 @@ def _rank(ctx, shape: str, tokens: list[int], variants: list[str], rounds: int, 
                 if moe is None:
                     continue
 
+                bound = {"tokens_bound": t} if "bound" in v.split("+") else {}
+
                 def both(moe: MoEAllToAll = moe, x: torch.Tensor = x, ids: torch.Tensor = ids,
-                         w: torch.Tensor = w) -> None:
-                    _, _, h = moe.dispatch(x, ids, w)
+                         w: torch.Tensor = w, bound: dict = bound) -> None:
+                    _, _, h = moe.dispatch(x, ids, w, **bound)
                     moe.combine(moe.expert_buffer(), h)
 
                 times[v].append(time_per_call_us(both, ctx.device, ctx.barrier, mode="graph"))

@@ -105,7 +105,7 @@ def _combined(x, wts, where, n: int, k: int, local: int, world: int, dtype, fp8:
 
 def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, reps: int, dtype=torch.bfloat16,
          capacity=None, ids_dtype=torch.int64, w_dtype=torch.float32, fp8=False, mode="auto", throughput_from=256,
-         both_modes=False, shape=None):
+         both_modes=False, shape=None, call_tokens=None, bound_odd=False):
     comm = make_comm(ctx, heap_bytes=64 << 20)
     w, r, dev = ctx.world, ctx.rank, ctx.device
     local = experts // w
@@ -115,11 +115,12 @@ def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, rep
     bad, dropped, totals = [], 0, []
     for rep in range(reps):
         g = torch.Generator().manual_seed(1000 * rep + 17 * r + 3)
-        n = int(torch.randint(0, max_tokens + 1, (1,), generator=g))
+        most = call_tokens or max_tokens  # tokens per rank and call at most
+        n = int(torch.randint(0, most + 1, (1,), generator=g))
         if rep == 0 and r == w - 1:
             n = 0  # a rank with no tokens
         if rep == 1:
-            n = max_tokens
+            n = most
         x = torch.randn(n, hidden, generator=g).to(dtype)
         ids = _routing(g, n, experts, k, local, case)
         wts = torch.rand(n, k, generator=g).to(w_dtype)
@@ -131,7 +132,8 @@ def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, rep
         if fp8:
             moe._scales.fill_(float("nan"))
         moe._combined.fill_(float("nan"))
-        out, counts, handle = moe.dispatch(x.to(dev), ids_dev, wts.to(dev))
+        bound = {"tokens_bound": most} if bound_odd and rep % 2 else {}
+        out, counts, handle = moe.dispatch(x.to(dev), ids_dev, wts.to(dev), **bound)
         totals.append(int(sum(gathered(ctx, torch.tensor([n])))))
         xs = gathered(ctx, torch.cat([x, torch.zeros(max_tokens - n, hidden, dtype=x.dtype)]))
         idl = gathered(ctx, torch.cat([ids, torch.full((max_tokens - n, k), -1, dtype=ids.dtype)]))
@@ -192,6 +194,19 @@ def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
         shape = replace(shape, route_above=4, block_e=4, super_blocks=2)
     for bad in worlds(world).run(_job, 4 * world, 3, 40, 6, case, 3, capacity=4 if case == "hot" else None,
                                  mode="throughput", shape=shape):
+        assert bad == []
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3))
+@pytest.mark.parametrize("routing", ["held", "routed"])
+def test_decode_calls_on_large_instances_take_one_kernel(worlds, world, routing):
+    """An instance sized for more routing entries than one kernel holds (400 tokens of top-3), called
+    with at most 5 tokens: calls given ``tokens_bound`` (every other one) dispatch in one kernel,
+    the others through the send and gather (``held``) or route and send (``routed``) kernels, on the
+    same buffers; every call exact."""
+    shape = replace(SHAPES["cpu"], route_above=1 << 16) if routing == "held" else replace(SHAPES["cpu"], route_above=4)
+    for bad in worlds(world).run(_job, 4 * world, 3, 24, 400, "hot", 4, capacity=6, mode="throughput", shape=shape,
+                                 call_tokens=5, bound_odd=True):
         assert bad == []
 
 
@@ -435,5 +450,5 @@ def test_default_launch_shape_follows_the_instance_size():
 
     decode, prefill = default_shape("cuda", PREFILL_FROM - 1, 132), default_shape("cuda", PREFILL_FROM, 132)
     assert (decode.programs, decode.num_warps, decode.one_kernel) == (132, 4, True)
-    assert (prefill.programs, prefill.num_warps, prefill.one_kernel) == (264, 8, False)
+    assert (prefill.programs, prefill.num_warps, prefill.one_kernel) == (264, 8, True)
     assert default_shape("cpu", 10_000, 1) == SHAPES["cpu"]

@@ -89,17 +89,20 @@ class MoEShape:
     #: kernel boundary (``docs/moe.md``).
     pdl: bool = True
     #: Dispatch in one kernel (``onekernel.py``) where ``max_tokens * top_k`` is at most
-    #: ``ONE_KERNEL_ENTRIES``; otherwise, or with False, the send and gather kernels.
+    #: ``ONE_KERNEL_ENTRIES``, and on larger instances for calls whose ``tokens_bound * top_k`` is;
+    #: with False, never.
     one_kernel: bool = False
+    #: Columns per step of the one-kernel dispatch; 0: as the send's.
+    one_block_h: int = 0
     #: Instances with more routing entries per rank (``max_tokens * top_k``) than this dispatch with
     #: ``moe_route_kernel`` and then the send kernel, which also lays out the peers' rows; others (not
     #: in one kernel) with the send and gather kernels, every send program holding the call's routing.
     route_above: int = 1024
 
     def __post_init__(self) -> None:
-        for name in ("block_h", "block_e", "send_block_h", "super_blocks", "route_above"):
+        for name in ("block_h", "block_e", "send_block_h", "one_block_h", "super_blocks", "route_above"):
             v = getattr(self, name)
-            lowest = 0 if name == "send_block_h" else 1  # send_block_h 0: the send uses block_h
+            lowest = 0 if name in ("send_block_h", "one_block_h") else 1  # 0: as the send / block_h
             if v < lowest or v & (v - 1):
                 raise InvalidInputError(f"MoEShape: {name} must be a power of two, got {v}")
         if self.programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):
@@ -109,7 +112,7 @@ class MoEShape:
 #: Launch shapes by kind of instance; on GPUs ``programs`` is set from the SM count at construction
 #: (``default_shape``).
 SHAPES = {"cuda": MoEShape(132, 1024, 64, 4, one_kernel=True),
-          "cuda-prefill": MoEShape(264, 4096, 64, 8),
+          "cuda-prefill": MoEShape(264, 4096, 64, 8, one_kernel=True, one_block_h=1024),
           "cpu": MoEShape(2, 64, 16, 1, one_kernel=True)}
 
 #: The most routing entries per rank (``max_tokens * top_k``, rounded up to a power of two) that the
@@ -203,7 +206,8 @@ class MoEAllToAll:
                 raise InvalidInputError(f"MoEAllToAll: shape must be a MoEShape, got {shape!r}")
             sh = shape
         if self.fp8:  # whole scale groups per step
-            sh = replace(sh, block_h=max(sh.block_h, 128), send_block_h=sh.send_block_h and max(sh.send_block_h, 128))
+            sh = replace(sh, block_h=max(sh.block_h, 128), send_block_h=sh.send_block_h and max(sh.send_block_h, 128),
+                         one_block_h=sh.one_block_h and max(sh.one_block_h, 128))
         # a row's entries within two routing blocks (route.row_slots)
         sh = replace(sh, block_e=max(sh.block_e, triton.next_power_of_2(top_k)))
         self.shape = sh
@@ -226,12 +230,13 @@ class MoEAllToAll:
         self._block_x = max(triton.next_power_of_2(num_experts), 4)  # the histograms' width (BLOCK_X)
         self._hist_blocks = -(-m * k // sh.block_e)
         supers = -(-self._hist_blocks // sh.super_blocks)
-        #: the one-kernel dispatch (onekernel.py): per half, a copy of every source's routing per program
-        self._block_n = triton.next_power_of_2(m * k)
-        self._one = sh.one_kernel and self._block_n <= ONE_KERNEL_ENTRIES
+        #: the one-kernel dispatch (onekernel.py): per half, a copy of every source's routing per program;
+        #: every call on small instances, calls with a small ``tokens_bound`` on the others
+        self._block_n = min(triton.next_power_of_2(m * k), ONE_KERNEL_ENTRIES)
+        self._one = sh.one_kernel and m * k <= ONE_KERNEL_ENTRIES
         self._hist = None if self._one else \
             comm.empty((2, w * (self._hist_blocks + supers), self._block_x), torch.int32)
-        self._copy = comm.empty((2, sh.programs * w * (self._block_n + 1)), torch.int32) if self._one else None
+        self._copy = comm.empty((2, sh.programs * w * (self._block_n + 1)), torch.int32) if sh.one_kernel else None
         self._sc = comm.empty((2, peers * m, hidden // 128), torch.float32) if self.fp8 else None
         (self._recv_off, self._recv_half), (self._ids_off, self._ids_half) = self._halves(self._recv), \
             self._halves(self._ids)
@@ -290,14 +295,22 @@ class MoEAllToAll:
         that finished; host-side, no synchronisation)."""
         return self._bad_host.read()[1]
 
-    def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor,
-                 topk_weights: torch.Tensor) -> tuple[torch.Tensor | tuple[torch.Tensor, torch.Tensor], torch.Tensor,
-                                                      MoEHandle]:
-        """See the module docstring. Collective."""
+    def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
+                 tokens_bound: int | None = None) -> tuple[torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+                                                           torch.Tensor, MoEHandle]:
+        """See the module docstring. Collective. ``tokens_bound``: a bound on every rank's token
+        count in this call, **the same on every rank** (a decode step's batch, say); with
+        ``tokens_bound * top_k`` at most ``ONE_KERNEL_ENTRIES`` an instance sized for more tokens
+        dispatches in one kernel, as decode-sized ones always do."""
         n = self._check(x, topk_ids, topk_weights)
+        if tokens_bound is not None and (not isinstance(tokens_bound, int) or not n <= tokens_bound <= self.max_tokens):
+            raise InvalidInputError(f"moe dispatch: tokens_bound must be an int in [{n}, {self.max_tokens}] (this "
+                                    f"rank's tokens to max_tokens), got {tokens_bound!r}")
         self.comm.check()
         sh = self.shape
-        if self._one:
+        one = self._one or (self._copy is not None and tokens_bound is not None
+                            and tokens_bound * self.top_k <= ONE_KERNEL_ENTRIES)
+        if one:
             launch_dispatch_one_kernel(
                 self._run_one, self.comm, self._send_ch, self._out, self._scales, x, topk_ids, topk_weights,
                 self._weights, self._slot_of, self._owner, self._row, self._counts, self._bad,
@@ -306,7 +319,8 @@ class MoEAllToAll:
                 ids_off=self._ids_off, ids_half=self._ids_half, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                 ntab_off=self._ntab_off, ntab_half=self._ntab_half, sc_off=self._sc_off, sc_half=self._sc_half,
                 copy_off=self._copy_off, copy_half=self._copy_half, block_n=self._block_n, block_x=self._block_x,
-                block_h=sh.send_block_h or sh.block_h, num_warps=sh.num_warps, launch_opts=self._launch_opts)
+                block_h=sh.one_block_h or sh.send_block_h or sh.block_h, num_warps=sh.num_warps,
+                launch_opts=self._launch_opts)
         else:
             self._dispatch_two_kernels(x, topk_ids, topk_weights)
         self._call += 1

@@ -204,6 +204,8 @@ def test_decode_calls_on_large_instances_take_one_kernel(worlds, world, routing)
     with at most 5 tokens: calls given ``tokens_bound`` (every other one) dispatch in one kernel,
     the others through the send and gather (``held``) or route and send (``routed``) kernels, on the
     same buffers; every call exact."""
+    if routing == "held" and worlds(world).backend == "cuda":
+        pytest.skip("a send program would hold 2048 routing entries: GPUs hold at most ONE_KERNEL_ENTRIES")
     shape = replace(SHAPES["cpu"], route_above=1 << 16) if routing == "held" else replace(SHAPES["cpu"], route_above=4)
     for bad in worlds(world).run(_job, 4 * world, 3, 24, 400, "hot", 4, capacity=6, mode="throughput", shape=shape,
                                  call_tokens=5, bound_odd=True):

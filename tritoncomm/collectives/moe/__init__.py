@@ -345,7 +345,8 @@ class MoEAllToAll:
                     self._bad_host.device_addr, num_experts=self.num_experts, capacity=self.capacity,
                     local=self.local_experts, recv_off=self._recv_off, recv_half=self._recv_half,
                     wtab_off=self._wtab_off, wtab_half=self._wtab_half, sc_off=self._sc_off, sc_half=self._sc_half,
-                    block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=sh.route_above, **tables)
+                    block_h=sh.send_block_h or sh.block_h, routed=routed,
+                    block_n=triton.next_power_of_2(self.max_tokens * self.top_k), **tables)
         if not routed:
             launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,
                           self._counts, self._bad, self._bad_host.device_addr, capacity=self.capacity,

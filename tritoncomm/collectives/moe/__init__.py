@@ -4,8 +4,9 @@
 over the ranks (expert ``e`` on rank ``e // local_experts``), up to ``max_tokens`` tokens per rank and
 call, ``top_k`` experts per token, at most ``capacity`` entries per expert and call.
 
-* ``dispatch(x, topk_ids, topk_weights)``: one kernel for decode-sized instances
-  (``MoEShape.one_kernel``: ``onekernel.py``), two for the others, all with the same results. On
+* ``dispatch(x, topk_ids, topk_weights, tokens_bound=None)``: one kernel for decode-sized instances
+  (``MoEShape.one_kernel``: ``onekernel.py``) and for calls whose ``tokens_bound`` (the same on
+  every rank) is small enough, two for the others, all with the same results. On
   prefill-sized instances ``moe_route_kernel`` sends this rank's routing to every rank, then
   ``moe_send_kernel`` sends each token once to each rank that holds one of its experts, lays out
   this rank's own tokens on its own experts meanwhile, and after its barrier slot lays out the

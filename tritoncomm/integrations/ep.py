@@ -72,9 +72,11 @@ class ExpertParallelMoE(nn.Module):
         self.up_t = nn.Parameter(up[mine].transpose(1, 2).contiguous().to(dev), requires_grad=False)
         self.down_t = nn.Parameter(down[mine].transpose(1, 2).contiguous().to(dev), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, tokens_bound: int | None = None) -> torch.Tensor:
+        """The layer's output for this rank's tokens ``x``. ``tokens_bound``: as ``MoEAllToAll.dispatch``'s
+        (a bound on every rank's token count in this call, the same on every rank)."""
         ids, weights = route(x, self.router, self.top_k, self.renormalize)
-        h, _, handle = self.moe.dispatch(x, ids, weights)
+        h, _, handle = self.moe.dispatch(x, ids, weights, tokens_bound=tokens_bound)
         if isinstance(h, tuple):  # FP8: values and one scale per 128 columns
             q, scales = h
             h = (q.float().view(*q.shape[:-1], -1, 128) * scales[..., None]).view(q.shape).to(self.dtype)

@@ -267,6 +267,13 @@ class MoEAllToAll:
         self._launch_opts: dict[str, bool | int] = _launch_options(comm, sh)
         self._run_gather = Launcher(moe_gather_kernel, (programs,))
         self._run_route = Launcher(moe_route_kernel, (programs,))
+        #: the route, send and gather kernels' common launch arguments, and the send's routing block
+        #: when it holds the routing
+        self._tables = dict(max_tokens=m, ids_off=self._ids_off, ids_half=self._ids_half, ntab_off=self._ntab_off,
+                            ntab_half=self._ntab_half, hist_off=self._hist_off, hist_half=self._hist_half,
+                            hist_blocks=self._hist_blocks, block_e=sh.block_e, block_x=self._block_x,
+                            super_blocks=sh.super_blocks, num_warps=sh.num_warps, launch_opts=self._launch_opts)
+        self._held_block_n = triton.next_power_of_2(m * k)
         self._run_one = Launcher(moe_dispatch_one_kernel, (programs,))
         i32 = dict(dtype=torch.int32, device=dev)
         self._owner = torch.empty(m, k, **i32)  # per own entry: the expert's rank, or -1
@@ -332,11 +339,7 @@ class MoEAllToAll:
         """The route and send kernels, or (instances of at most ``route_above`` entries) the send and
         gather kernels (``route.py``, ``dispatch.py``, ``gather.py``)."""
         sh = self.shape
-        tables = dict(max_tokens=self.max_tokens, ids_off=self._ids_off, ids_half=self._ids_half,
-                      ntab_off=self._ntab_off, ntab_half=self._ntab_half, hist_off=self._hist_off,
-                      hist_half=self._hist_half, hist_blocks=self._hist_blocks, block_e=sh.block_e,
-                      block_x=self._block_x, super_blocks=sh.super_blocks, num_warps=sh.num_warps,
-                      launch_opts=self._launch_opts)
+        tables = self._tables
         routed = self._route_ch is not None  # the same on every rank: the launches pair across ranks
         if routed:
             launch_route(self._run_route, self.comm, self._route_ch, self._send_ch, topk_ids, self._bad,
@@ -347,7 +350,7 @@ class MoEAllToAll:
                     local=self.local_experts, recv_off=self._recv_off, recv_half=self._recv_half,
                     wtab_off=self._wtab_off, wtab_half=self._wtab_half, sc_off=self._sc_off, sc_half=self._sc_half,
                     block_h=sh.send_block_h or sh.block_h, routed=routed,
-                    block_n=triton.next_power_of_2(self.max_tokens * self.top_k), **tables)
+                    block_n=self._held_block_n, **tables)
         if not routed:
             launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,
                           self._counts, self._bad, self._bad_host.device_addr, capacity=self.capacity,

@@ -184,12 +184,12 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
         n_blocks = tl.cdiv(n_tokens * TOP_K, BLOCK_E)
         for u in range(grid - 1 - pid, n_blocks + tl.cdiv(n_blocks, SUPER), grid):  # the last programs: idle at decode
             if u < n_blocks:
-                h = count_entries(ids_ptr, ids_s0, ids_s1, u * BLOCK_E, n_tokens * TOP_K, num_experts, hist, BLOCK_E,
-                                  TOP_K, BLOCK_X, False)
+                h = count_entries(ids_ptr, ids_s0, ids_s1, u * BLOCK_E, n_tokens * TOP_K, num_experts, BLOCK_E,
+                                  TOP_K, BLOCK_X)
                 hrow = rank * hist_blocks + u
             else:
                 h = count_entries(ids_ptr, ids_s0, ids_s1, (u - n_blocks) * SUPER * BLOCK_E, n_tokens * TOP_K,
-                                  num_experts, hist, SUPER * BLOCK_E, TOP_K, BLOCK_X, False)
+                                  num_experts, SUPER * BLOCK_E, TOP_K, BLOCK_X)
                 hrow = WORLD * hist_blocks + rank * tl.cdiv(hist_blocks, SUPER) + u - n_blocks
             for d in tl.static_range(WORLD):
                 tl.store(heap_ptr(bases, d, hist_base, tl.int32) + tl.cast(hrow, tl.int64) * BLOCK_X + xs, h)

@@ -1,12 +1,13 @@
 """MoE routing: where each entry goes, computed by every rank from the routing every rank received;
-and ``moe_route_kernel``, which counts this rank's own routing before the send at prefill sizes.
+and ``moe_route_kernel``, which sends every rank's routing to every rank before the send on
+prefill-sized instances.
 
 **Slot order.** The entries ``(source rank s, token t, j)`` of expert ``e``, owned by rank ``o = e //
 local_experts``, get slots ``0, 1, ...`` in the order of their sources **relative to the owner**
 (``o, o + 1, ..., o - 1`` modulo the world), then of ``(t, j)``; entries at or past ``capacity`` are
 dropped. The owner's own entries come first, so their slots depend only on the owner's own routing:
 the send kernel lays out the owner's own rows while the peers' rows cross the links, and only the
-peers' rows wait for the gather.
+peers' rows wait for a barrier.
 
 **Histograms.** At prefill sizes (the send and gather kernels) the count per expert of every block of
 ``BLOCK_E`` consecutive entries of every source is kept in the histogram table (row ``source *
@@ -135,16 +136,13 @@ def own_slots(e, kk, t, rank, capacity, routing, nn, ids, hist, n_entries, hist_
     return tl.where((e >= 0) & (e // LOCAL == rank), at, -1)
 
 @triton.jit
-def count_entries(ids_ptr, ids_s0, ids_s1, first, n_entries, num_experts, table, N: tl.constexpr,
-                  TOP_K: tl.constexpr, BLOCK_X: tl.constexpr, STORE: tl.constexpr):
+def count_entries(ids_ptr, ids_s0, ids_s1, first, n_entries, num_experts, N: tl.constexpr, TOP_K: tl.constexpr,
+                  BLOCK_X: tl.constexpr):
     """Entries per expert among this rank's entries ``first .. first + N - 1`` (below
-    ``n_entries``); with ``STORE`` they also go, as int32 ids (-1 for "no expert" and out of range),
-    into ``table + p``."""
+    ``n_entries``; "no expert" and out-of-range ids not counted)."""
     i = first + tl.arange(0, N)
-    live = i < n_entries
-    e, _ = expert_ids(ids_ptr + (i // TOP_K).to(tl.int64) * ids_s0 + (i % TOP_K) * ids_s1, live, num_experts)
-    if STORE:
-        tl.store(table + i, e, mask=live)
+    e, _ = expert_ids(ids_ptr + (i // TOP_K).to(tl.int64) * ids_s0 + (i % TOP_K) * ids_s1, i < n_entries,
+                      num_experts)
     return tl.histogram(e, BLOCK_X, mask=e >= 0)
 
 
@@ -160,7 +158,10 @@ def moe_route_kernel(ids_ptr, ids_s0, ids_s1, bad_ptr, n_tokens, max_tokens, num
     ``rank * max_tokens * TOP_K + p`` of every rank's ids table, its ids out of range added to
     ``bad[0]``, its histogram into every rank's histogram table) and then of the superblocks (their
     histograms); then barrier slot ``pid`` of its own channel. Once the kernel has ended on a rank,
-    every rank's routing is in its tables."""
+    every rank's routing is in its tables (each peer program stored its part before arriving at the
+    slot its counterpart waited on). The half it writes in a peer was last read by that peer's
+    dispatch and combine two launches back; this rank starts only after passing the previous
+    dispatch's barrier, which the peer reaches only after those kernels have ended."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     diag = diag_addr.to(tl.pointer_type(tl.int64))
@@ -190,7 +191,7 @@ def moe_route_kernel(ids_ptr, ids_s0, ids_s1, bad_ptr, n_tokens, max_tokens, num
             hrow = rank * hist_blocks + u
         else:
             h = count_entries(ids_ptr, ids_s0, ids_s1, (u - n_blocks) * SUPER * BLOCK_E, n_entries, num_experts,
-                              ids_ptr, SUPER * BLOCK_E, TOP_K, BLOCK_X, False)
+                              SUPER * BLOCK_E, TOP_K, BLOCK_X)
             hrow = WORLD * hist_blocks + rank * tl.cdiv(hist_blocks, SUPER) + u - n_blocks
         for d in tl.static_range(WORLD):
             tl.store(heap_ptr(bases, d, hist_off + half * hist_half, tl.int32) + tl.cast(hrow, tl.int64) * BLOCK_X + xs,

@@ -61,11 +61,26 @@ def _reference(ctx, xs, idl, max_tokens: int, k: int, local: int, capacity: int)
     return rows, counts, mine, dropped
 
 
+#: The fp32 Lamport sentinel's bits as int32 (kernels/lamport.py): a weight with them travels as -0.0.
+_FP32_SENTINEL = 0x80008000 - (1 << 32)
+
+
+def _canonical(t: torch.Tensor) -> torch.Tensor:
+    """What dispatch delivers of ``t`` (any float dtype): -0.0 as +0.0, and an fp32 at the sentinel
+    word as -0.0 (the Lamport packets' rule, applied on every path)."""
+    t = torch.where(t == 0, torch.zeros_like(t), t)
+    if t.dtype == torch.float32:
+        t = torch.where(t.view(torch.int32) == _FP32_SENTINEL, torch.full_like(t, -0.0), t)
+    return t
+
+
 def _quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference FP8 dispatch of rows ``x``: e4m3 values and one fp32 scale per 128 columns."""
+    """Reference FP8 dispatch of rows ``x``: e4m3 values (-0.0 as +0.0) and one fp32 scale per 128
+    columns."""
     g = x.float().view(*x.shape[:-1], -1, 128)
     scale = g.abs().amax(-1).clamp_min(1e-12) / 448.0
     q = (g / scale[..., None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    q.view(torch.uint8)[q.view(torch.uint8) == 0x80] = 0
     return q.view(x.shape), scale
 
 
@@ -94,13 +109,29 @@ def _combined(x, wts, where, n: int, k: int, local: int, world: int, dtype, fp8:
         for j in range(k):
             if where[(t, j)] is not None:
                 e = where[(t, j)][0]
-                xt = _deq(*_quant(x[t])) if fp8 else x[t].float()
-                parts[e // local] = parts[e // local] + wts[t, j].float() * (xt * float(e + 1)).to(dtype).float()
+                xt = _deq(*_quant(x[t])) if fp8 else _canonical(x[t]).float()
+                parts[e // local] = parts[e // local] + _canonical(wts[t, j].float()) * \
+                    (xt * float(e + 1)).to(dtype).float()
         acc = torch.zeros(x.shape[1])
         for p in parts:
             acc = acc + (p.to(dtype).float() + 0.0)  # a partial of -0.0 counts as +0.0
         want[t] = acc
     return want.to(dtype)
+
+
+def _lamport_buffers(moe: MoEAllToAll) -> list[tuple[str, torch.Tensor]]:
+    """The instance's Lamport buffers: the combine's and, with packets, the one-kernel dispatch's."""
+    bufs = [("combine", moe._lpart), ("rows", moe._precv), ("scales", moe._psc), ("weights", moe._pw),
+            ("copies", moe._copy if moe._packets else None)]
+    return [(name, b) for name, b in bufs if b is not None]
+
+
+def _not_at_rest(buf: torch.Tensor) -> int:
+    """Elements of a Lamport buffer not at rest (``kernels/lamport.py``: 0x80 per byte of 8-bit
+    buffers, 0x8000 per 16-bit half of others)."""
+    if buf.element_size() == 1:
+        return int((buf.view(torch.uint8) != 0x80).sum())
+    return int((buf.view(torch.int16) != -(1 << 15)).sum())
 
 
 def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, reps: int, dtype=torch.bfloat16,
@@ -124,6 +155,12 @@ def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, rep
         x = torch.randn(n, hidden, generator=g).to(dtype)
         ids = _routing(g, n, experts, k, local, case)
         wts = torch.rand(n, k, generator=g).to(w_dtype)
+        if case == "sentinels" and n:  # the Lamport sentinels' values in the data (kernels/lamport.py)
+            x[:, ::3] = -0.0
+            x[:, 1::3] *= 2.0 ** -130  # subnormals
+            wts.view(-1)[::5] = -0.0
+            if w_dtype == torch.float32:  # the 32-bit sentinel word as a weight
+                wts.view(torch.int32).view(-1)[1::5] = _FP32_SENTINEL
         # ids as a strided view when there is room for one
         ids_dev = ids.to(ids_dtype).to(dev)
         if rep == 2:
@@ -142,7 +179,8 @@ def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, rep
             c = int(counts[el])
             if c != min(want_counts[el], cap):
                 bad.append((rep, "count", el, c, want_counts[el]))
-            elif rows[el] and not fp8 and not torch.equal(out[el, :c].cpu(), torch.stack(rows[el])):
+            elif rows[el] and not fp8 and not torch.equal(out[el, :c].cpu().view(torch.int16),
+                                                          _canonical(torch.stack(rows[el])).view(torch.int16)):
                 bad.append((rep, "rows", el))
             elif rows[el] and fp8:
                 q, sc = _quant(torch.stack(rows[el]))
@@ -155,14 +193,17 @@ def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, rep
         y = ((_deq(*out) if fp8 else out.float()) * scale[:, None, None]).to(dtype)
         comb = moe.combine(y, handle).cpu()
         want = _combined(x, wts, where, n, k, local, w, dtype, fp8)
+        if case == "sentinels":  # the subnormal columns' sums not compared: the interpreter's fp32
+            keep = torch.arange(hidden) % 3 != 1  # products of subnormals are not IEEE's
+            comb, want = comb[:, keep], want[:, keep]
         if not torch.equal(comb, want):
             bad.append((rep, "combine", (comb.float() - want.float()).abs().max().item() if n else None))
     torch.cuda.synchronize() if dev.type == "cuda" else None
-    if moe._lpart is not None:  # every packet read and reset: the Lamport buffer is at rest again
-        ctx.barrier()
-        busy = int((moe._lpart.view(torch.int16) != -(1 << 15)).sum())
+    ctx.barrier()
+    for name, buf in _lamport_buffers(moe):  # every packet read and reset: the Lamport buffers are at rest again
+        busy = _not_at_rest(buf)
         if busy:
-            bad.append(("lamport buffer not at rest", busy))
+            bad.append((f"lamport buffer {name} not at rest", busy))
     if both_modes and len({t >= throughput_from for t in totals}) != 2:
         bad.append(("calls of one mode only", totals))
     if moe.dropped() != dropped:
@@ -263,10 +304,24 @@ def test_world8(worlds, world, mode):
         assert bad == []
 
 
-#: The dispatch paths by launch shape (at most 4 tokens of top-2 per rank): the default (one kernel),
-#: the send and gather kernels, the route and send kernels.
-PATHS = {"one-kernel": None, "held": replace(SHAPES["cpu"], one_kernel=False),
+#: The dispatch paths by launch shape (at most 4 tokens of top-2 per rank): the default (one kernel,
+#: packets), one kernel with a barrier, the send and gather kernels, the route and send kernels.
+PATHS = {"one-kernel": None, "barrier": replace(SHAPES["cpu"], packets=False),
+         "held": replace(SHAPES["cpu"], one_kernel=False),
          "routed": replace(SHAPES["cpu"], one_kernel=False, route_above=4)}
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3))
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("fp8", [False, True])
+def test_sentinel_values_in_the_data(worlds, world, path, fp8):
+    """The Lamport sentinels' values in the tokens and weights (-0.0 in a third of the columns,
+    subnormals, -0.0 weights, weights at the fp32 sentinel word): every dispatch path delivers -0.0
+    as +0.0 (FP8 too) and the sentinel weight as -0.0, the rows bit for bit; combine exact; every
+    Lamport buffer at rest after the calls."""
+    for bad in worlds(world).run(_job, 2 * world, 2, 256 if fp8 else 40, 4, "sentinels", 3, torch.bfloat16, None,
+                                 torch.int64, torch.float32, fp8, "latency", shape=PATHS[path]):
+        assert bad == []
 
 
 def _bad_input(ctx, path: str):
@@ -332,6 +387,8 @@ def _gpu_shape(ctx, max_tokens: int, path: str) -> MoEShape:
     from tritoncomm.collectives.moe import default_shape
 
     shape = default_shape("cuda", max_tokens, torch.cuda.get_device_properties(ctx.device).multi_processor_count)
+    if path == "barrier":
+        return replace(shape, packets=False)
     return shape if path == "one-kernel" else replace(shape, one_kernel=False, route_above=8)
 
 
@@ -384,7 +441,7 @@ def _graph_job(ctx, mode: str, path: str):
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", world_sizes(2))
 @pytest.mark.parametrize("mode", ["latency", "throughput"])
-@pytest.mark.parametrize("path", ["one-kernel", "routed"])
+@pytest.mark.parametrize("path", ["one-kernel", "barrier", "routed"])
 def test_cuda_graph_replays_with_new_routing(worlds, world, mode, path):
     for ok in worlds(world).run(_graph_job, mode, path):
         assert ok == [True] * 4, ok
@@ -441,7 +498,7 @@ def _straggler_job(ctx, calls: int, seed: int, path: str) -> list:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", world_sizes(2))
-@pytest.mark.parametrize("path", ["one-kernel", "routed"])
+@pytest.mark.parametrize("path", ["one-kernel", "barrier", "routed"])
 def test_stragglers_with_no_host_sync(worlds, world, path):
     for bad in worlds(world).run(_straggler_job, 200, 11, path, timeout=600):
         assert bad == []

@@ -29,6 +29,7 @@ from .consistency import check_signatures, signature_table_bytes
 from .copy import copy_block, get, put
 from .diag import DIAG_WORDS, KIND_NAMES, already_failed, record_timeout
 from .lamport import (
+    LAMPORT_SENTINEL8,
     LAMPORT_SENTINEL16,
     lamport_canonical,
     lamport_fill,
@@ -64,8 +65,8 @@ from .signals import (
 )
 
 __all__ = [
-    "DIAG_WORDS", "INTERPRET", "KIND_NAMES", "LAMPORT_SENTINEL16", "MAX_WORLD", "Launcher", "already_failed",
-    "assume_multiple",
+    "DIAG_WORDS", "INTERPRET", "KIND_NAMES", "LAMPORT_SENTINEL8", "LAMPORT_SENTINEL16", "MAX_WORLD", "Launcher",
+    "already_failed", "assume_multiple",
     "barrier", "barrier_arrive", "barrier_flag_bytes", "barrier_wait", "check_signatures", "clock_ns", "copy_block",
     "epoch_commit", "epoch_next", "fence_sys", "get", "heap_base", "heap_ptr", "interpreting", "lamport_canonical",
     "lamport_fill", "lamport_missing", "lamport_poll", "lamport_reset", "lamport_store", "lamport_try", "ld_acquire",

@@ -6,15 +6,19 @@ the values themselves until none is the sentinel, then resets what it read back 
 No flag words, no fence, no barrier: one NVLink trip in full 16-byte stores, the whole payload useful
 (an LL8 packet is half flag).
 
-The sentinel is one byte pattern for every dtype, so a buffer left at rest by a bf16 call is at rest
-for an fp32 call too. Per element of ``DTYPE``:
+The sentinel is one byte pattern for every dtype of 16 bits or more, so a buffer left at rest by a
+bf16 call is at rest for an fp32 call too. Per element of ``DTYPE``:
 
 * 16-bit dtypes (bf16, fp16): the sentinel is ``0x8000`` (-0.0). ``lamport_store`` sends -0.0 as
   +0.0, which compares equal.
-* fp32: the sentinel is the word ``0x80008000`` (-4.59e-41, a negative subnormal). ``lamport_store``
-  sends that one value as -0.0 (``0x80000000``), which is not the sentinel.
+* 32-bit dtypes (fp32, int32): the sentinel is the word ``0x80008000`` (as fp32 -4.59e-41, a
+  negative subnormal; as int32 -2147450880). ``lamport_store`` sends that one value as
+  ``0x80000000`` (fp32 -0.0), which is not the sentinel.
+* 8-bit dtypes (e4m3, e5m2, int8): the sentinel is the byte ``0x80`` (-0.0 for both FP8 formats),
+  sent as ``0x00`` (+0.0). A buffer of 8-bit elements has its own at-rest pattern: ``lamport_fill``
+  and ``lamport_reset`` write ``0x80`` in every byte there.
 
-So a value that travels through a Lamport buffer can come out changed only in those two ways; the
+So a value that travels through a Lamport buffer can come out changed only in those ways; the
 collectives built on it apply ``lamport_canonical`` to every rank's input (their own share too), so
 every rank sums the same values and gets the same bits.
 
@@ -48,23 +52,31 @@ from .diag import record_timeout
 from .ordering import clock_ns
 from .signals import stop_waiting
 
-__all__ = ["KIND_LAMPORT", "LAMPORT_SENTINEL16", "lamport_canonical", "lamport_fill", "lamport_missing",
-           "lamport_poll", "lamport_reset", "lamport_store", "lamport_try"]
+__all__ = ["KIND_LAMPORT", "LAMPORT_SENTINEL8", "LAMPORT_SENTINEL16", "lamport_canonical", "lamport_fill",
+           "lamport_missing", "lamport_poll", "lamport_reset", "lamport_store", "lamport_try"]
 
-#: The at-rest pattern of every 16-bit half of a Lamport buffer.
+#: The at-rest pattern of every 16-bit half of a Lamport buffer (of elements of 16 bits or more).
 LAMPORT_SENTINEL16 = 0x8000
+#: The at-rest pattern of every byte of a Lamport buffer of 8-bit elements.
+LAMPORT_SENTINEL8 = 0x80
 #: The diagnostic kind a Lamport poll records when it times out.
 KIND_LAMPORT = tl.constexpr(4)
 
 
 def lamport_fill(t: torch.Tensor) -> None:
-    """Host side: put the bytes of ``t`` (any dtype, an even number of bytes) at rest."""
-    t.view(torch.int16).fill_(LAMPORT_SENTINEL16 - (1 << 16))
+    """Host side: put ``t`` at rest (8-bit elements: every byte ``0x80``; wider ones: every 16-bit
+    half ``0x8000``, so ``t`` must hold an even number of bytes)."""
+    if t.element_size() == 1:
+        t.view(torch.uint8).fill_(LAMPORT_SENTINEL8)
+    else:
+        t.view(torch.int16).fill_(LAMPORT_SENTINEL16 - (1 << 16))
 
 
 @triton.jit
 def _bits(vals):
-    if vals.dtype.primitive_bitwidth == 16:
+    if vals.dtype.primitive_bitwidth == 8:
+        return vals.to(tl.uint8, bitcast=True)
+    elif vals.dtype.primitive_bitwidth == 16:
         return vals.to(tl.uint16, bitcast=True)
     else:
         return vals.to(tl.uint32, bitcast=True)
@@ -72,7 +84,9 @@ def _bits(vals):
 
 @triton.jit
 def _sentinel(DTYPE: tl.constexpr):
-    if DTYPE.primitive_bitwidth == 16:
+    if DTYPE.primitive_bitwidth == 8:
+        return tl.full([], 0x80, tl.uint8)
+    elif DTYPE.primitive_bitwidth == 16:
         return tl.full([], 0x8000, tl.uint16)
     else:
         return tl.full([], 0x80008000, tl.uint32)
@@ -87,11 +101,14 @@ def lamport_missing(vals):
 @triton.jit
 def lamport_canonical(vals):
     """``vals`` with the one value of its dtype that the sentinel would hide replaced by a value that
-    compares equal (16-bit: -0.0 -> +0.0) or is the nearest non-sentinel (fp32: the sentinel
-    subnormal -> -0.0)."""
+    compares equal (8- and 16-bit: -0.0 -> +0.0) or is the nearest non-sentinel (32-bit: the
+    sentinel word -> ``0x80000000``)."""
     DTYPE: tl.constexpr = vals.dtype
     bits = _bits(vals)
-    if DTYPE.primitive_bitwidth == 16:
+    if DTYPE.primitive_bitwidth == 8:
+        fixed = tl.where(bits == 0x80, 0, bits).to(tl.uint8)
+        return fixed.to(DTYPE, bitcast=True)
+    elif DTYPE.primitive_bitwidth == 16:
         fixed = tl.where(bits == 0x8000, 0, bits).to(tl.uint16)
         return fixed.to(DTYPE, bitcast=True)
     else:
@@ -116,7 +133,9 @@ def lamport_try(ptrs, mask):
 def lamport_reset(ptrs, mask=None):
     """Put the elements at ``ptrs`` back at rest (the reader, after reading them)."""
     DTYPE: tl.constexpr = ptrs.dtype.element_ty
-    if DTYPE.primitive_bitwidth == 16:
+    if DTYPE.primitive_bitwidth == 8:
+        rest = tl.full(ptrs.shape, 0x80, tl.uint8).to(DTYPE, bitcast=True)
+    elif DTYPE.primitive_bitwidth == 16:
         rest = tl.full(ptrs.shape, 0x8000, tl.uint16).to(DTYPE, bitcast=True)
     else:
         rest = tl.full(ptrs.shape, 0x80008000, tl.uint32).to(DTYPE, bitcast=True)

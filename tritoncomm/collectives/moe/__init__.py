@@ -95,6 +95,10 @@ class MoEShape:
     one_kernel: bool = False
     #: Columns per step of the one-kernel dispatch; 0: as the send's.
     one_block_h: int = 0
+    #: The one-kernel dispatch without a barrier: its routing copies, rows and weights travel as
+    #: Lamport packets into buffers of their own (``onekernel.py``); with False, plain stores and a
+    #: barrier.
+    packets: bool = True
     #: Instances with more routing entries per rank (``max_tokens * top_k``) than this dispatch with
     #: ``moe_route_kernel`` and then the send kernel, which also lays out the peers' rows; others (not
     #: in one kernel) with the send and gather kernels, every send program holding the call's routing.
@@ -222,7 +226,17 @@ class MoEAllToAll:
         # heap: two halves each (the send's epoch parity) of the receive buffer (peers' rows), its scales,
         # the tables of ids, weights and token counts; the expert buffer; the partials buffer
         peers = max(w - 1, 1)
-        self._recv = comm.empty((2, peers * m, hidden), wire)
+        self._one = sh.one_kernel and m * k <= ONE_KERNEL_ENTRIES  # every call in one kernel
+        #: the one-kernel dispatch's packet buffers (Lamport, at rest between calls): per half, the peers'
+        #: rows (``_packet_rows`` per peer), their scales and weights; the copy table below too
+        self._packets = sh.one_kernel and sh.packets
+        self._packet_rows = min(m, ONE_KERNEL_ENTRIES // k) if self._packets else 0
+        pr = peers * self._packet_rows
+        self._precv = comm.empty((2, pr, hidden), wire) if self._packets else None
+        self._psc = comm.empty((2, pr, hidden // 128), torch.float32) if self._packets and self.fp8 else None
+        self._pw = comm.empty((2, pr * k), torch.float32) if self._packets else None
+        plain = not (self._one and self._packets)  # some calls take the plain receive buffer
+        self._recv = comm.empty((2, peers * m, hidden), wire) if plain else None
         self._ids = comm.empty((2, w * m * k), torch.int32)
         self._wtab = comm.empty((2, w * m * k), torch.float32)
         self._ntab = comm.empty((2, w), torch.int32)
@@ -234,18 +248,24 @@ class MoEAllToAll:
         #: the one-kernel dispatch (onekernel.py): per half, a copy of every source's routing per program;
         #: every call on small instances, calls with a small ``tokens_bound`` on the others
         self._block_n = min(triton.next_power_of_2(m * k), ONE_KERNEL_ENTRIES)
-        self._one = sh.one_kernel and m * k <= ONE_KERNEL_ENTRIES
         self._hist = None if self._one else \
             comm.empty((2, w * (self._hist_blocks + supers), self._block_x), torch.int32)
         self._copy = comm.empty((2, sh.programs * w * (self._block_n + 1)), torch.int32) if sh.one_kernel else None
-        self._sc = comm.empty((2, peers * m, hidden // 128), torch.float32) if self.fp8 else None
+        self._sc = comm.empty((2, peers * m, hidden // 128), torch.float32) if self.fp8 and plain else None
         (self._recv_off, self._recv_half), (self._ids_off, self._ids_half) = self._halves(self._recv), \
             self._halves(self._ids)
+        (p_off, p_half), (ps_off, ps_half), (pw_off, pw_half) = (self._halves(t) for t in (self._precv, self._psc,
+                                                                                           self._pw))
+        self._packet_args = dict(recv_off=p_off, recv_half=p_half, sc_off=ps_off, sc_half=ps_half, pw_off=pw_off,
+                                 pw_half=pw_half)
+        for t in (self._precv, self._psc, self._pw, self._copy if self._packets else None):
+            if t is not None:  # at rest before the channels below are created: see there
+                lamport_fill(t)
         (self._wtab_off, self._wtab_half), (self._ntab_off, self._ntab_half) = self._halves(self._wtab), \
             self._halves(self._ntab)
-        self._sc_off, self._sc_half = self._halves(self._sc) if self.fp8 else (0, 0)
-        self._hist_off, self._hist_half = self._halves(self._hist) if self._hist is not None else (0, 0)
-        self._copy_off, self._copy_half = self._halves(self._copy) if self._copy is not None else (0, 0)
+        self._sc_off, self._sc_half = self._halves(self._sc)
+        self._hist_off, self._hist_half = self._halves(self._hist)
+        self._copy_off, self._copy_half = self._halves(self._copy)
         self._ybuf = comm.empty((self.local_experts, self.capacity, hidden), dtype)
         self._ybuf_off = comm.heap_offset(self._ybuf)
         self._part = comm.empty((w, m, hidden), dtype) if self._throughput_from <= w * m else None
@@ -255,7 +275,9 @@ class MoEAllToAll:
         self._lpart = comm.empty((w, self._lamport_rows, hidden), dtype) if self._lamport_rows > 0 else None
         self._lpart_off = comm.heap_offset(self._lpart) if self._lpart is not None else 0
         if self._lpart is not None:
-            lamport_fill(self._lpart)  # before this rank's first dispatch, hence before any peer writes it
+            lamport_fill(self._lpart)
+        # The Lamport buffers are at rest before any peer writes them: creating a channel synchronises
+        # the device and ends with a check that every rank passes (channels/channel.py).
         programs = self.shape.programs
         self._send_ch = Channel(comm, f"{name}.send", programs=programs, barrier_slots=programs)
         self._comb_ch = Channel(comm, f"{name}.combine", programs=programs, barrier_slots=programs)
@@ -274,6 +296,10 @@ class MoEAllToAll:
                             hist_blocks=self._hist_blocks, block_e=sh.block_e, block_x=self._block_x,
                             super_blocks=sh.super_blocks, num_warps=sh.num_warps, launch_opts=self._launch_opts)
         self._held_block_n = triton.next_power_of_2(m * k)
+        #: the one-kernel dispatch's buffers: the packet ones, or the plain receive buffer and a barrier
+        self._one_args = dict(self._packet_args, peer_rows=self._packet_rows, packets=True) if self._packets else \
+            dict(recv_off=self._recv_off, recv_half=self._recv_half, sc_off=self._sc_off, sc_half=self._sc_half,
+                 pw_off=0, pw_half=0, peer_rows=m, packets=False)
         self._run_one = Launcher(moe_dispatch_one_kernel, (programs,))
         i32 = dict(dtype=torch.int32, device=dev)
         self._owner = torch.empty(m, k, **i32)  # per own entry: the expert's rank, or -1
@@ -323,12 +349,11 @@ class MoEAllToAll:
                 self._run_one, self.comm, self._send_ch, self._out, self._scales, x, topk_ids, topk_weights,
                 self._weights, self._slot_of, self._owner, self._row, self._counts, self._bad,
                 self._bad_host.device_addr, max_tokens=self.max_tokens, num_experts=self.num_experts,
-                capacity=self.capacity, local=self.local_experts, recv_off=self._recv_off, recv_half=self._recv_half,
-                ids_off=self._ids_off, ids_half=self._ids_half, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
-                ntab_off=self._ntab_off, ntab_half=self._ntab_half, sc_off=self._sc_off, sc_half=self._sc_half,
-                copy_off=self._copy_off, copy_half=self._copy_half, block_n=self._block_n, block_x=self._block_x,
-                block_h=sh.one_block_h or sh.send_block_h or sh.block_h, num_warps=sh.num_warps,
-                launch_opts=self._launch_opts)
+                capacity=self.capacity, local=self.local_experts, ids_off=self._ids_off, ids_half=self._ids_half,
+                wtab_off=self._wtab_off, wtab_half=self._wtab_half, ntab_off=self._ntab_off,
+                ntab_half=self._ntab_half, copy_off=self._copy_off, copy_half=self._copy_half, block_n=self._block_n,
+                block_x=self._block_x, block_h=sh.one_block_h or sh.send_block_h or sh.block_h, num_warps=sh.num_warps,
+                launch_opts=self._launch_opts, **self._one_args)
         else:
             self._dispatch_two_kernels(x, topk_ids, topk_weights)
         self._call += 1
@@ -387,13 +412,15 @@ class MoEAllToAll:
             if ch is not None:
                 ch.close()
         for t in (self._recv, self._ids, self._wtab, self._ntab, self._hist, self._copy, self._ybuf, self._sc,
-                  self._part, self._lpart):
+                  self._part, self._lpart, self._precv, self._psc, self._pw):
             if t is not None:
                 self.comm.free(t)
         self._bad_host.close()
 
-    def _halves(self, t: torch.Tensor) -> tuple[int, int]:
-        """Heap offset of a two-half buffer and the bytes of one half."""
+    def _halves(self, t: torch.Tensor | None) -> tuple[int, int]:
+        """Heap offset of a two-half buffer and the bytes of one half; ``(0, 0)`` for none."""
+        if t is None:
+            return 0, 0
         return self.comm.heap_offset(t), t[0].numel() * t.element_size()
 
     # -- checks before any rank waits --------------------------------------------------------------

@@ -52,7 +52,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import barrier, epoch_commit, heap_ptr, pdl_launch_dependents, pdl_wait, program_epoch
+from ...kernels import (
+    barrier,
+    epoch_commit,
+    heap_ptr,
+    lamport_canonical,
+    lamport_store,
+    pdl_launch_dependents,
+    pdl_wait,
+    program_epoch,
+)
 from ...kernels.launcher import Launcher
 from .gather import finish_counts, lay_out_peers, store_slots
 from .route import count_entries, expert_ids, own_slots, rows_per_load
@@ -76,18 +85,23 @@ def launch_epoch(bases, rank, epochs_off):
 @triton.jit
 def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
                slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
-               grid, recv_base, ids_base, wtab_base, sc_base, routing, nn, hist, hist_blocks, DTYPE: tl.constexpr,
-               WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
-               BLOCK_H: tl.constexpr, FP8: tl.constexpr, COUNT_BAD: tl.constexpr, FROM_ROUTING: tl.constexpr,
-               IDS_SENT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
-               SUPER: tl.constexpr):
+               grid, recv_base, peer_rows, ids_base, wtab_base, sc_base, routing, nn, hist, hist_blocks,
+               DTYPE: tl.constexpr, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
+               BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr, COUNT_BAD: tl.constexpr,
+               FROM_ROUTING: tl.constexpr, IDS_SENT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr,
+               BLOCK_B: tl.constexpr, SUPER: tl.constexpr, PACKETS: tl.constexpr):
     """Program ``pid``'s work items of this rank's ``n_tokens`` rows (module docstring): the routing
     to the peers with each row's first item, the columns to each peer that holds one of the row's
-    experts and into the row's slots on this rank (``route.own_slots``: from ``routing`` / ``nn``
-    with ``FROM_ROUTING``, else from the route kernel's rows of the local ids table and of ``hist``).
-    With ``COUNT_BAD`` each row's first item adds its out-of-range ids to ``bad[0]``; with
-    ``IDS_SENT`` (the route kernel's work) the ids do not go out again. Also called by the
-    one-kernel dispatch (``onekernel.py``)."""
+    experts (row ``(rank - (rank > d)) * peer_rows + t`` of its receive buffer) and into the row's
+    slots on this rank (``route.own_slots``: from ``routing`` / ``nn`` with ``FROM_ROUTING``, else
+    from the route kernel's rows of the local ids table and of ``hist``). With ``COUNT_BAD`` each
+    row's first item adds its out-of-range ids to ``bad[0]``; with ``IDS_SENT`` (the route kernel's
+    work, or the one-kernel dispatch's copies) the ids do not go out again. With ``PACKETS`` (the
+    one-kernel dispatch without a barrier) the receive buffer and ``wtab_base`` are Lamport buffers
+    (``kernels/lamport.py``), and the weights go, with the row's first item, only to the peers that
+    get the row. Every value sent or laid out is ``lamport_canonical`` on every path (-0.0 as +0.0;
+    a weight at the fp32 sentinel as -0.0), so the bits never depend on the path. Also called by
+    the one-kernel dispatch (``onekernel.py``)."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1  # scale groups per column block
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
@@ -108,7 +122,7 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
         owner = tl.where(km & (ids >= 0), ids // LOCAL, -1)
         row = tl.cast(rank * max_tokens + t, tl.int64)
         # the routing goes out with the row's first item only (masked stores)
-        wt = tl.load(w_ptr + t64 * w_s0 + kk * w_s1, mask=km, other=0.0).to(tl.float32)
+        wt = lamport_canonical(tl.load(w_ptr + t64 * w_s0 + kk * w_s1, mask=km, other=0.0).to(tl.float32))
         fm = km & first
         tl.store(wts_ptr + t * TOP_K + kk, wt, mask=fm)
         for d in tl.static_range(WORLD):
@@ -116,8 +130,13 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
                 if not IDS_SENT:
                     tl.store(heap_ptr(bases, d, ids_base + row * TOP_K * 4, tl.int32, ALIGNED=False) + kk, ids,
                              mask=fm)
-                tl.store(heap_ptr(bases, d, wtab_base + row * TOP_K * 4, tl.float32, ALIGNED=False) + kk, wt,
-                         mask=fm)
+                if PACKETS:  # row (rank - (rank > d)) * peer_rows + t, to the peers that get the row
+                    prow = tl.cast(rank - (rank > d).to(tl.int32), tl.int64) * peer_rows + t64
+                    lamport_store(heap_ptr(bases, d, wtab_base + prow * TOP_K * 4, tl.float32, ALIGNED=False) + kk,
+                                  wt, mask=fm & (tl.sum((owner == d).to(tl.int32)) > 0))
+                else:
+                    tl.store(heap_ptr(bases, d, wtab_base + row * TOP_K * 4, tl.float32, ALIGNED=False) + kk, wt,
+                             mask=fm)
         at = own_slots(ids, kk, t, rank, capacity, routing, nn, own_ids, hist, n_tokens * TOP_K, hist_blocks,
                        FROM_ROUTING, WORLD, LOCAL, TOP_K, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
         tl.store(slot_ptr + row * TOP_K + kk, at, mask=fm & (owner == rank))
@@ -132,10 +151,12 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
                 scale = 0.0
                 if FP8:
                     v, scale = to_fp8(v)
+                else:
+                    v = lamport_canonical(v)
                 for d in tl.static_range(WORLD):
                     if (d != rank) & (tl.sum((owner == d).to(tl.int32)) > 0):
-                        # row (rank - (rank > d)) * max_tokens + t of d's buffer: peers only
-                        prow = tl.cast(rank - (rank > d).to(tl.int32), tl.int64) * max_tokens + t64
+                        # row (rank - (rank > d)) * peer_rows + t of d's buffer: peers only
+                        prow = tl.cast(rank - (rank > d).to(tl.int32), tl.int64) * peer_rows + t64
                         dst = heap_ptr(bases, d, recv_base, DTYPE) + prow * hidden  # 16-byte vectors when hidden allows
                         tl.store(dst + c + cols, v, mask=m)
                         if FP8:
@@ -177,8 +198,9 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                                 num_experts)
     send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
                slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
-               grid, recv_base, ids_base, wtab_base, sc_base, routing, nn, hist, hist_blocks, DTYPE, WORLD, LOCAL,
-               TOP_K, BLOCK_K, BLOCK_H, FP8, not ROUTED, not ROUTED, ROUTED, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
+               grid, recv_base, max_tokens, ids_base, wtab_base, sc_base, routing, nn, hist, hist_blocks, DTYPE,
+               WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, not ROUTED, not ROUTED, ROUTED, BLOCK_E, BLOCK_X, BLOCK_B,
+               SUPER, False)
     if not ROUTED:  # this rank's histogram rows, counted here, to every rank
         xs = tl.arange(0, BLOCK_X)
         n_blocks = tl.cdiv(n_tokens * TOP_K, BLOCK_E)

@@ -33,6 +33,24 @@ kernels: the decode path's cost is mostly kernel boundaries and chains of depend
 
 The slots, tables and outputs are those of the two-kernel dispatch, bit for bit, so ``combine`` and
 every reader are the same. The halves follow the send channel's epoch parity, as there.
+
+**Without a barrier** (``PACKETS``, ``MoEShape.packets``): the copies, the rows (and FP8 scales) and
+the weights travel as Lamport packets (``kernels/lamport.py``: the data is its own flag), into
+buffers of their own that are at rest between calls. Step 1 stores the copy as packets (its ids,
+then the count); step 2 sends each row, and its weights with the row's first item, only to the
+peers that own one of its experts; step 3 is gone; in step 4 program ``pid`` polls (bounded) the
+count of source ``s``'s copy, then its ids, and per item the weights (the row's first item) and the
+columns of every row sent to this rank, lays them out, writes the tables ``combine`` reads (the
+source's ids, weights and count) into its own heap, and resets every packet it read; program 0
+also writes this rank's count. One trip over the links and no fence: a program waits only for the
+data it needs.
+
+Why two halves are enough without the barrier: program ``pid`` of every rank polls a copy from
+program ``pid`` of every peer in every call, and a rank sends its copies only after its previous
+kernels on the stream have ended (``pdl_wait``). So when a peer's program sends into a half again,
+two calls later, it has seen this rank's copy of the call in between, which this rank sent after
+its dispatch of two calls back had ended, every reset included. The same holds for ``combine``'s
+Lamport buffer: a rank passes a dispatch's polls only after every peer's previous combine ended.
 """
 
 from __future__ import annotations
@@ -41,26 +59,69 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import barrier, epoch_commit, heap_ptr
+from ...kernels import barrier, epoch_commit, heap_ptr, lamport_poll, lamport_reset, lamport_store
 from ...kernels.launcher import Launcher
 from .dispatch import launch_epoch, send_items
-from .gather import finish_counts, place_item
+from .gather import finish_counts, place_item, store_slots
 from .route import copy_slots, expert_ids
-from .shares import column_shares
+from .shares import column_shares, share_columns
 
-__all__ = ["launch_dispatch_one_kernel", "moe_dispatch_one_kernel"]
+__all__ = ["launch_dispatch_one_kernel", "moe_dispatch_one_kernel", "place_packets"]
+
+
+@triton.jit
+def place_packets(out_ptr, sc_out_ptr, slot_ptr, ids_tab, wtab, recv, sc, pw, e, at, i0, item, shares, rank, s, t,
+                  recv_row, hidden, timeout, diag, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+                  BLOCK_H: tl.constexpr, FP8: tl.constexpr):
+    """``place_item`` for packets: one work item of source ``s``'s row ``t`` (entries ``e``, slots
+    ``at``, ``i0`` its first entry in the tables; row ``recv_row`` of the packet buffers). The row's
+    first item writes the source's ids and, for this rank's experts, ``slot_of``; if the row has an
+    entry on this rank (kept or not: the sender does not know which are dropped) the first item
+    polls its weights into ``wtab``, and the item polls its columns, stores them into the kept
+    slots and resets every packet it read."""
+    G: tl.constexpr = BLOCK_H // 128 if FP8 else 1
+    GW: tl.constexpr = 128 if FP8 else BLOCK_H
+    kk = tl.arange(0, BLOCK_K)
+    km = kk < TOP_K
+    cols = (tl.arange(0, G) * GW)[:, None] + tl.arange(0, GW)[None, :]  # [G, GW]
+    groups = tl.arange(0, G)
+    first = item % shares == 0
+    on_me = (e >= 0) & (e // LOCAL == rank)  # entries of this rank's experts
+    tl.store(ids_tab + i0 + kk, e, mask=km & first)
+    tl.store(slot_ptr + i0 + kk, at, mask=km & first & on_me)
+    if tl.sum(on_me.to(tl.int32), axis=0) > 0:  # the source sent the row here
+        r64 = tl.cast(recv_row, tl.int64)
+        if first:
+            wv = lamport_poll(pw + r64 * TOP_K + kk, km, s, t, rank, timeout, diag)
+            tl.store(wtab + i0 + kk, wv, mask=km)
+            lamport_reset(pw + r64 * TOP_K + kk, km)
+        at = tl.where(on_me, at, -1)
+        lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
+        for c in range(lo, hi, BLOCK_H):
+            m = c + cols < hidden
+            v = lamport_poll(recv + r64 * hidden + c + cols, m, s, t, rank, timeout, diag)
+            scale = 0.0
+            if FP8:
+                gm = c + groups * 128 < hidden
+                scale = lamport_poll(sc + r64 * (hidden // 128) + c // 128 + groups, gm, s, t, rank, timeout, diag)
+                lamport_reset(sc + r64 * (hidden // 128) + c // 128 + groups, gm)
+            store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
+            lamport_reset(recv + r64 * hidden + c + cols, m)
 
 
 @triton.jit(do_not_specialize=["rank", "n_tokens", "ids_s0", "ids_s1", "w_s0", "w_s1"])
 def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                             wts_ptr, slot_ptr, owner_ptr, row_ptr, counts_ptr, bad_ptr, bad_host_addr, n_tokens,
                             hidden, max_tokens, num_experts, capacity, bases, rank, timeout, diag_addr, flags_off,
-                            epochs_off, recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off,
-                            ntab_half, sc_off, sc_half, copy_off, copy_half, WORLD: tl.constexpr,
-                            LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
-                            BLOCK_N: tl.constexpr, BLOCK_X: tl.constexpr, FP8: tl.constexpr):
+                            epochs_off, recv_off, recv_half, peer_rows, ids_off, ids_half, wtab_off, wtab_half,
+                            pw_off, pw_half, ntab_off, ntab_half, sc_off, sc_half, copy_off, copy_half,
+                            WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+                            BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_X: tl.constexpr, FP8: tl.constexpr,
+                            PACKETS: tl.constexpr):
     """See the module docstring. The copy table holds, per half, ``grid * WORLD`` rows of ``BLOCK_N
-    + 1`` int32: the source's ids, then its token count."""
+    + 1`` int32: the source's ids, then its token count. The receive buffer (and its scales) holds
+    ``peer_rows`` rows per peer; with ``PACKETS`` it, the copy table and the packet weights table
+    (``pw_off``: ``TOP_K`` fp32 per row of the receive buffer) are Lamport buffers."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
@@ -75,40 +136,73 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     live = nn < n_tokens * TOP_K
     mine, bad = expert_ids(ids_ptr + (nn // TOP_K).to(tl.int64) * ids_s0 + (nn % TOP_K) * ids_s1, live, num_experts)
     my_row = tl.cast((pid * WORLD + rank) * ROW, tl.int64) * 4
+    two = tl.arange(0, 2)  # the count as a block of one (two lanes, one masked)
     for d in tl.static_range(WORLD):
         if d != rank:
             dst = heap_ptr(bases, d, copy_base + my_row, tl.int32, ALIGNED=False)
-            tl.store(dst + nn, mine, mask=live)
-            tl.store(dst + BLOCK_N, n_tokens)
-    if pid == 0:
-        for d in tl.static_range(WORLD):  # the count table, for combine
-            tl.store(heap_ptr(bases, d, ntab_off + half * ntab_half, tl.int32, ALIGNED=False) + rank, n_tokens)
+            if PACKETS:
+                lamport_store(dst + nn, mine, mask=live)
+                lamport_store(dst + BLOCK_N + two, n_tokens + tl.zeros([2], tl.int32), mask=two == 0)
+            else:
+                tl.store(dst + nn, mine, mask=live)
+                tl.store(dst + BLOCK_N, n_tokens)
+    ntab = heap_ptr(bases, rank, ntab_off + half * ntab_half, tl.int32, ALIGNED=False)
+    if pid == 0:  # the count table, for combine: written by each rank itself with packets
+        if PACKETS:
+            tl.store(ntab + rank, n_tokens)
+        else:
+            for d in tl.static_range(WORLD):
+                tl.store(heap_ptr(bases, d, ntab_off + half * ntab_half, tl.int32, ALIGNED=False) + rank, n_tokens)
     # 2. the tokens, to the peers that hold their experts and into this rank's own slots
+    if PACKETS:  # the weights go to the peers' packet tables
+        wsend = pw_off + half * pw_half
+    else:
+        wsend = wtab_off + half * wtab_half
     send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
                slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
-               grid, recv_base, ids_off + half * ids_half, wtab_off + half * wtab_half, sc_base, mine, nn, 0, 0, DTYPE,
-               WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, True, False, 1, BLOCK_X, 1, 1)
-    # 3. program pid of every rank has stored its copy and its items
-    barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
+               grid, recv_base, peer_rows, ids_off + half * ids_half, wsend, sc_base, mine, nn, 0, 0, DTYPE, WORLD,
+               LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, True, PACKETS, 1, BLOCK_X, 1, 1, PACKETS)
+    # 3. program pid of every rank has stored its copy and its items (with packets: nothing to wait for)
+    if not PACKETS:
+        barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     # 4. lay out the items this program was sent
     recv = heap_ptr(bases, rank, recv_base, DTYPE)
     sc = heap_ptr(bases, rank, sc_base, tl.float32)
+    ids_tab = heap_ptr(bases, rank, ids_off + half * ids_half, tl.int32)
+    wtab = heap_ptr(bases, rank, wtab_off + half * wtab_half, tl.float32)
+    pw = heap_ptr(bases, rank, pw_off + half * pw_half, tl.float32)
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     earlier = tl.histogram(mine, BLOCK_X, mask=mine >= 0)  # per expert, the entries before source s: own first
     for i in range(1, WORLD):
         s = (rank + i) % WORLD
         src = heap_ptr(bases, rank, copy_base + tl.cast((pid * WORLD + s) * ROW, tl.int64) * 4, tl.int32, ALIGNED=False)
-        n_s = tl.load(src + BLOCK_N)
-        ids_s = tl.load(src + nn, mask=nn < n_s * TOP_K, other=-1)
-        peer_row = (s - (s > rank).to(tl.int32)) * max_tokens
+        if PACKETS:
+            n_s = tl.maximum(tl.sum(lamport_poll(src + BLOCK_N + two, two == 0, s, pid, rank, timeout, diag)), 0)
+            ids_s = lamport_poll(src + nn, nn < n_s * TOP_K, s, pid, rank, timeout, diag)
+            ids_s = tl.where(nn < n_s * TOP_K, ids_s, -1)
+            if pid == 0:
+                tl.store(ntab + s, n_s)
+        else:
+            n_s = tl.load(src + BLOCK_N)
+            ids_s = tl.load(src + nn, mask=nn < n_s * TOP_K, other=-1)
+        peer_row = (s - (s > rank).to(tl.int32)) * peer_rows
         shares = column_shares(n_s, hidden, grid, BLOCK_H)
         for item in range(pid, n_s * shares, grid):
             t = item // shares
-            ex = tl.load(src + t * TOP_K + kk, mask=km, other=-1)
+            ex = tl.load(src + t * TOP_K + kk, mask=km, other=-1, volatile=PACKETS)
             at = copy_slots(ids_s, nn, ex, kk, t, earlier, capacity, LOCAL, TOP_K)
-            place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ex, at, (s * max_tokens + t) * TOP_K, item, shares,
-                       rank, peer_row + t, hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
+            if PACKETS:
+                place_packets(out_ptr, sc_out_ptr, slot_ptr, ids_tab, wtab, recv, sc, pw, ex, at,
+                              (s * max_tokens + t) * TOP_K, item, shares, rank, s, t, peer_row + t, hidden, timeout,
+                              diag, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
+            else:
+                place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ex, at, (s * max_tokens + t) * TOP_K, item,
+                           shares, rank, peer_row + t, hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
+        if PACKETS:  # the copy read by every thread of the program: then back at rest
+            tl.debug_barrier()
+            lamport_reset(src + nn, nn < n_s * TOP_K)
+            lamport_reset(src + BLOCK_N + two, two == 0)
         earlier += tl.histogram(ids_s, BLOCK_X, mask=ids_s >= 0)
     # 5. counts and problem counters
     if pid == 0:
@@ -121,17 +215,20 @@ def launch_dispatch_one_kernel(run: Launcher, comm, channel, out: torch.Tensor, 
                                x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, wts: torch.Tensor,
                                slot_of: torch.Tensor, owner: torch.Tensor, row: torch.Tensor, counts: torch.Tensor,
                                bad: torch.Tensor, bad_host_addr: int, *, max_tokens: int, num_experts: int,
-                               capacity: int, local: int, recv_off: int, recv_half: int, ids_off: int, ids_half: int,
-                               wtab_off: int, wtab_half: int, ntab_off: int, ntab_half: int, sc_off: int,
-                               sc_half: int, copy_off: int, copy_half: int, block_n: int, block_x: int, block_h: int,
-                               num_warps: int, launch_opts: dict[str, bool | int]) -> None:
-    """Launch ``moe_dispatch_one_kernel`` through ``run`` (its launcher: a 1-D grid)."""
+                               capacity: int, local: int, recv_off: int, recv_half: int, peer_rows: int, ids_off: int,
+                               ids_half: int, wtab_off: int, wtab_half: int, pw_off: int, pw_half: int, ntab_off: int,
+                               ntab_half: int, sc_off: int, sc_half: int, copy_off: int, copy_half: int, block_n: int,
+                               block_x: int, block_h: int, packets: bool, num_warps: int,
+                               launch_opts: dict[str, bool | int]) -> None:
+    """Launch ``moe_dispatch_one_kernel`` through ``run`` (its launcher: a 1-D grid); with
+    ``packets`` the receive buffer, its scales, ``pw_off`` and the copy table are Lamport buffers at
+    rest."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
     run(out, scales if fp8 else out, x, x.stride(0), ids, ids.stride(0), ids.stride(1), weights, weights.stride(0),
         weights.stride(1), wts, slot_of, owner, row, counts, bad, bad_host_addr, x.shape[0], x.shape[1], max_tokens,
         num_experts, capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off, recv_off, recv_half,
-        ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half, copy_off, copy_half,
-        WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=triton.next_power_of_2(k), BLOCK_H=block_h, BLOCK_N=block_n,
-        BLOCK_X=block_x, FP8=fp8, num_warps=num_warps, **launch_opts)
+        peer_rows, ids_off, ids_half, wtab_off, wtab_half, pw_off, pw_half, ntab_off, ntab_half, sc_off, sc_half,
+        copy_off, copy_half, WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=triton.next_power_of_2(k), BLOCK_H=block_h,
+        BLOCK_N=block_n, BLOCK_X=block_x, FP8=fp8, PACKETS=packets, num_warps=num_warps, **launch_opts)

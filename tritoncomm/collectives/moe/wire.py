@@ -2,9 +2,10 @@
 
 ``to_fp8(v)`` takes a ``[G, 128]`` block of a row (any float dtype) and returns ``(q, scale)``:
 ``scale = max(amax, 1e-12) / 448`` per group and ``q = round(clamp(v / scale, -448, 448))`` in e4m3,
-with IEEE divisions (``div_rn``), as torch computes them (Triton's ``/`` is approximate on GPUs). The
-send kernel (peers' rows) and the gather kernel (the rank's own rows) both call it, so a token's
-bits do not depend on which rank holds its expert.
+with IEEE divisions (``div_rn``), as torch computes them (Triton's ``/`` is approximate on GPUs), a
+-0.0 taken as +0.0 (``lamport_canonical``: the one-kernel dispatch sends the values as Lamport
+packets, which cannot carry -0.0; every path applies the rule, so the bits do not depend on the
+path). The send kernels call it once per row, for the peers and for the rank's own experts alike.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ...kernels import round_to
+from ...kernels import lamport_canonical, round_to
 
 __all__ = ["to_fp8"]
 
@@ -23,4 +24,4 @@ def to_fp8(v):
     f = v.to(tl.float32)
     scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(f), axis=1), 1e-12), 448.0)
     q = tl.minimum(tl.maximum(tl.math.div_rn(f, scale[:, None]), -448.0), 448.0)
-    return round_to(q, tl.float8e4nv), scale
+    return lamport_canonical(round_to(q, tl.float8e4nv)), scale

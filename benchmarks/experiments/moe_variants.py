@@ -7,7 +7,8 @@ A variant is ``default`` or ``+``-joined changes to the instance's default launc
 ``pdl`` (``MoEShape.pdl``: programmatic dependent launch off or on), ``one-kernel`` and
 ``two-kernel`` (``MoEShape.one_kernel``: the dispatch in one kernel where the instance allows it, or
 the send and gather kernels), ``no-regcap`` (no register cap keeping every program resident),
-``FIELD=VALUE`` (an int field of ``MoEShape``, e.g. ``send_block_h=2048``), ``bound`` (each call
+``FIELD=VALUE`` (an int or bool field of ``MoEShape`` as an int, e.g. ``send_block_h=2048``,
+``packets=0``), ``bound`` (each call
 passes ``tokens_bound``, its token count: one kernel on instances sized for more);
 ``docs/moe.md`` names the
 checkout of its route-kernel variants. Each round times every variant in turn on the same inputs

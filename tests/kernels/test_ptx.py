@@ -383,16 +383,17 @@ def _moe_ptx(kernel: str) -> str:
                **dict.fromkeys(("hist_off", "hist_half"), "i64")}
         fn, cx = gather.moe_gather_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_H": 1024,
                                             "FP8": False, "BLOCK_E": 64, "BLOCK_X": 256, "BLOCK_B": 16, "SUPER": 16}
-    elif kernel == "one":
+    elif kernel in ("one", "one-packets"):
         sig = {"out_ptr": "*bf16", "sc_out_ptr": "*bf16", "x_ptr": "*bf16", "x_stride": "i32", "ids_ptr": "*i64",
                "ids_s0": "i32", "ids_s1": "i32", "w_ptr": "*fp32", "w_s0": "i32", "w_s1": "i32", "wts_ptr": "*fp32",
                "slot_ptr": "*i32", "owner_ptr": "*i32", "row_ptr": "*i32", "counts_ptr": "*i32", "bad_ptr": "*i64",
                "bad_host_addr": "i64", "n_tokens": "i32", "hidden": "i32", "max_tokens": "i32",
-               "num_experts": "i32", "capacity": "i32", **COMMON, "flags_off": "i64", **i64,
-               **dict.fromkeys(("ids_off", "ids_half", "wtab_off", "wtab_half", "ntab_off", "ntab_half",
-                                "copy_off", "copy_half"), "i64")}
+               "num_experts": "i32", "capacity": "i32", **COMMON, "flags_off": "i64", **i64, "peer_rows": "i32",
+               **dict.fromkeys(("ids_off", "ids_half", "wtab_off", "wtab_half", "pw_off", "pw_half", "ntab_off",
+                                "ntab_half", "copy_off", "copy_half"), "i64")}
         fn, cx = onekernel.moe_dispatch_one_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8,
-                                                     "BLOCK_H": 1024, "BLOCK_N": 1024, "BLOCK_X": 256, "FP8": False}
+                                                     "BLOCK_H": 1024, "BLOCK_N": 1024, "BLOCK_X": 256, "FP8": False,
+                                                     "PACKETS": kernel == "one-packets"}
     else:
         sig = {"out_ptr": "*bf16", "w_ptr": "*fp32", "owner_ptr": "*i32", "row_ptr": "*i32", "slot_ptr": "*i32",
                "n_tokens": "i32", "hidden": "i32", "max_tokens": "i32", "throughput_from": "i32",
@@ -411,7 +412,7 @@ def test_moe_kernels_move_tokens_in_16_byte_vectors():
     """The send kernel's stores into peers' receive buffers, the gather's copies, the one-kernel
     dispatch's both, and the combine's loads of expert rows and stores (its output and pushed
     partials) are 16-byte vector accesses, with no 2-byte ones."""
-    for kernel in ("send", "send-held", "gather", "combine", "one"):
+    for kernel in ("send", "send-held", "gather", "combine", "one", "one-packets"):
         o = ops(_moe_ptx(kernel))
         assert o["st.global.v4.b32"] >= 1 and o["st.global.b16"] == 0, (kernel, o)
         assert o["ld.global.v4.b32"] >= 1 and o["ld.global.b16"] == 0, (kernel, o)
@@ -420,9 +421,20 @@ def test_moe_kernels_move_tokens_in_16_byte_vectors():
 def test_moe_kernels_wait_for_the_previous_kernel_before_memory():
     """Launched with PDL, every MoE kernel waits (``griddepcontrol.wait``) before its first load or
     store, and lets the next one start."""
-    for kernel in ("route", "send", "send-held", "gather", "combine", "one"):
+    for kernel in ("route", "send", "send-held", "gather", "combine", "one", "one-packets"):
         ptx = _moe_ptx(kernel)
         body = ptx[ptx.index("griddepcontrol.wait"):] if "griddepcontrol.wait" in ptx else ""
         assert body and "griddepcontrol.launch_dependents" in body, kernel
         head = ptx[:len(ptx) - len(body)]
         assert not re.search(r"\b(ld|st|atom|red)\.global", head), (kernel, "memory access before the wait")
+
+
+def test_moe_dispatch_with_packets_has_no_fence_and_polls_in_16_byte_vectors():
+    """The one-kernel dispatch with packets has no fence and no release store or acquire load (the
+    data is its own flag: no barrier flag), only the timeout record's exchanges; it polls the rows
+    in 16-byte volatile loads. The barrier variant has the barrier's system-scope release."""
+    packets, barrier = _moe_ptx("one-packets"), _moe_ptx("one")
+    assert not re.search(r"\b(fence|membar)\.|\b(ld|st)\.[\w.]*(release|acquire)", packets)
+    assert {m for m in re.findall(r"\b\w+\.[\w.]*release[\w.]*", packets)} <= {"atom.global.sys.release.exch.b64"}
+    assert re.search(r"ld\.volatile\.global\.v4\.b32", packets)
+    assert re.search(r"\.release\.sys|fence\.(acq_rel|sc)\.sys|membar\.sys", barrier)

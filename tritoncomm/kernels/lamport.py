@@ -14,9 +14,9 @@ bf16 call is at rest for an fp32 call too. Per element of ``DTYPE``:
 * 32-bit dtypes (fp32, int32): the sentinel is the word ``0x80008000`` (as fp32 -4.59e-41, a
   negative subnormal; as int32 -2147450880). ``lamport_store`` sends that one value as
   ``0x80000000`` (fp32 -0.0), which is not the sentinel.
-* 8-bit dtypes (e4m3, e5m2, int8): the sentinel is the byte ``0x80`` (-0.0 for both FP8 formats),
-  sent as ``0x00`` (+0.0). A buffer of 8-bit elements has its own at-rest pattern: ``lamport_fill``
-  and ``lamport_reset`` write ``0x80`` in every byte there.
+* FP8 (e4m3, e5m2): the sentinel is the byte ``0x80`` (-0.0 in both formats), sent as ``0x00``
+  (+0.0). A buffer of FP8 elements has its own at-rest pattern: ``lamport_fill`` (given the FP8
+  tensor) and ``lamport_reset`` write ``0x80`` in every byte there.
 
 So a value that travels through a Lamport buffer can come out changed only in those ways; the
 collectives built on it apply ``lamport_canonical`` to every rank's input (their own share too), so
@@ -64,9 +64,9 @@ KIND_LAMPORT = tl.constexpr(4)
 
 
 def lamport_fill(t: torch.Tensor) -> None:
-    """Host side: put ``t`` at rest (8-bit elements: every byte ``0x80``; wider ones: every 16-bit
-    half ``0x8000``, so ``t`` must hold an even number of bytes)."""
-    if t.element_size() == 1:
+    """Host side: put ``t`` at rest: an FP8 tensor every byte ``0x80``; any other (raw bytes of the
+    heap included) every 16-bit half ``0x8000``, so it must hold an even number of bytes."""
+    if t.is_floating_point() and t.element_size() == 1:
         t.view(torch.uint8).fill_(LAMPORT_SENTINEL8)
     else:
         t.view(torch.int16).fill_(LAMPORT_SENTINEL16 - (1 << 16))

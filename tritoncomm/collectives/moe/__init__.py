@@ -5,8 +5,11 @@ over the ranks (expert ``e`` on rank ``e // local_experts``), up to ``max_tokens
 call, ``top_k`` experts per token, at most ``capacity`` entries per expert and call.
 
 * ``dispatch(x, topk_ids, topk_weights, tokens_bound=None)``: one kernel for decode-sized instances
-  (``MoEShape.one_kernel``: ``onekernel.py``) and for calls whose ``tokens_bound`` (the same on
-  every rank) is small enough, two for the others, all with the same results. On
+  (``MoEShape.one_kernel``: ``onekernel.py``; with ``MoEShape.packets`` its routing, rows and
+  weights travel as Lamport packets and it has no barrier) and for calls whose ``tokens_bound``
+  (the same on every rank) is small enough, two for the others, all with the same results: a
+  token's -0.0 arrives as +0.0 on every path (FP8 too), a weight at the fp32 Lamport sentinel as
+  -0.0 (``kernels/lamport.py``). On
   prefill-sized instances ``moe_route_kernel`` sends this rank's routing to every rank, then
   ``moe_send_kernel`` sends each token once to each rank that holds one of its experts, lays out
   this rank's own tokens on its own experts meanwhile, and after its barrier slot lays out the

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tritoncomm.collectives.moe import SHAPES, MoEAllToAll, MoEShape
-from tritoncomm.errors import InvalidInputError
+from tritoncomm.errors import CommTimeoutError, InvalidInputError
 
 from ..helpers import make_comm, warm_up_for_capture, world_sizes
 from ..integrations.enginetest import gathered
@@ -379,6 +379,36 @@ def test_bad_input_raises_before_waiting(worlds, path):
     next call, on every dispatch path."""
     for errs in worlds(2).run(_bad_input, path):
         assert errs == ["InvalidInputError"] * 5 + ["counts ok", "ids: reported", "reused handle"] + ["ctor"] * 7, errs
+
+
+def _missing_peer(ctx, path: str):
+    """Rank 1 builds the instance but never dispatches: rank 0's dispatch must end in a timeout
+    that names both ranks (and, with packets, the elements still at the sentinel)."""
+    comm = make_comm(ctx, heap_bytes=16 << 20, timeout_s=1.0)
+    moe = MoEAllToAll(comm, max_tokens=4, hidden=16, num_experts=2 * ctx.world, top_k=2, shape=PATHS[path])
+    err = None
+    if ctx.rank == 0:
+        dev = ctx.device
+        ids = torch.tensor([[0, 2], [3, 1], [2, 0]], device=dev)  # experts on both ranks
+        try:
+            moe.dispatch(torch.ones(3, 16, dtype=torch.bfloat16, device=dev), ids, torch.ones(3, 2, device=dev))
+            comm.synchronize()
+        except CommTimeoutError as e:
+            err = (e.rank, e.peer, str(e))
+    comm.bootstrap.barrier()
+    moe.close()
+    comm.close()
+    return err
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_missing_peer_turns_into_timeout_error(worlds, path):
+    err, _ = worlds(2).run(_missing_peer, path, timeout=300)
+    assert err is not None, "no CommTimeoutError on rank 0"
+    rank, peer, msg = err
+    assert (rank, peer) == (0, 1) and "rank 0" in msg and "peer 1" in msg, msg
+    if path == "one-kernel":  # the data is the flag
+        assert "still at the sentinel" in msg, msg
 
 
 def _gpu_shape(ctx, max_tokens: int, path: str) -> MoEShape:

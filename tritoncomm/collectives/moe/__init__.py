@@ -324,7 +324,7 @@ class MoEAllToAll:
     def expert_buffer(self) -> torch.Tensor:
         """``[local_experts, capacity, hidden]`` in the heap: experts that write their outputs here
         spare ``combine`` a copy. Write it on the calling stream between ``dispatch`` and ``combine``
-        (peers read it during ``combine``; the next dispatch's barrier keeps later writes behind them)."""
+        (only this rank's ``combine`` reads it)."""
         return self._ybuf
 
     def dropped(self) -> int:

@@ -34,8 +34,9 @@ peer pushed.
 
 An owner's expert buffer is next written after its next dispatch (by the experts, or by
 ``combine``'s copy), and a peer writes a rank's partials or Lamport buffer again only in the next
-combine, after that dispatch: no rank passes that dispatch's barrier slots before every peer's
-combine kernel has ended, its resets included.
+combine, after that dispatch: no rank passes that dispatch's barrier slots (or, with packets, its
+polls of every peer's routing copy, sent only after the peer's previous kernels ended) before every
+peer's combine kernel has ended, its resets included.
 """
 
 from __future__ import annotations

@@ -21,10 +21,28 @@ def _reference(ctx, x, residual, weight, eps, gemma):
     return new_res, y
 
 
+#: The variants whose waits look at blocks of values (Lamport: elements) or LL words (two per column).
+_POLLED = {"lamport": lambda block_c: block_c, "ll": lambda block_c: block_c // 2,
+           "ll_twoshot": lambda block_c: block_c // 2}
+
+
+def _watch_polled_blocks(fused, bad: list) -> None:
+    """Record in ``bad`` every launch whose polled block has fewer elements (words) than threads: a
+    block copied across threads makes a look's count cover one copy (``kernels.lamport``)."""
+    for name, algo in fused._algos.items():
+        if name in _POLLED:
+            def launch(*args, _run=algo.launcher, _name=name, **meta):
+                if _POLLED[_name](meta["BLOCK_C"]) < 32 * meta["num_warps"]:
+                    bad.append((_name, meta["BLOCK_C"], meta["num_warps"], "polled block smaller than threads"))
+                return _run(*args, **meta)
+            algo.launcher = launch
+
+
 def _job_fused(ctx, shapes, dtype, gemma, fp8, algos=(None,)):
     comm = make_comm(ctx)
     fused = FusedAllReduceAddRMSNorm(comm, max_tokens=64, max_hidden=4200, algos=FUSED_ALGOS)
     bad = []
+    _watch_polled_blocks(fused, bad)
     for (t, h), algo in [(sh, a) for sh in shapes for a in algos]:
         g = torch.Generator().manual_seed(1000 * t + h + ctx.rank)
         x = torch.randn(t, h, generator=g).to(dtype).to(ctx.device)
@@ -54,9 +72,10 @@ def _job_fused(ctx, shapes, dtype, gemma, fp8, algos=(None,)):
 
 @pytest.mark.parametrize("world", world_sizes(2, 3, 4))
 def test_fused_every_variant_matches_unfused(worlds, world):
-    """LL, one-shot and two-shot (rows not a multiple of the world, odd hidden) give the reference."""
-    for bad in worlds(world).run(_job_fused, [(1, 1000), (7, 4097), (33, 64)], torch.bfloat16, False, False,
-                                 FUSED_ALGOS):
+    """Every variant (rows not a multiple of the world, odd and tiny hidden) gives the reference, and
+    every launch gives the blocks its waits poll at least one element (LL: word) per thread."""
+    for bad in worlds(world).run(_job_fused, [(1, 1000), (7, 4097), (33, 64), (3, 8), (2, 40)], torch.bfloat16,
+                                 False, False, FUSED_ALGOS):
         assert bad == []
 
 

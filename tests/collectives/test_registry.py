@@ -70,3 +70,14 @@ def test_choice_rounds_survive_json_and_old_tables_read_without_them():
     assert "rounds" not in Choice("twoshot", 8, 2048, 8).to_json()  # old digests stay the same
     with pytest.raises(ValueError):
         Choice("twoshot", 8, 2048, 8, rounds=0)
+
+
+def test_a_launch_shape_gives_every_thread_an_element():
+    """A block smaller than the program's threads is copied across them, and a Lamport or LL look
+    counts one copy: such shapes are refused, from code and from tables alike."""
+    assert Choice("lamport", 4, 256, 8).num_warps == 8
+    for block, warps in ((128, 8), (16, 1), (96, 1)):
+        with pytest.raises(ValueError, match="32 x num_warps"):
+            Choice("lamport", 4, block, warps)
+    with pytest.raises(ValueError, match="32 x num_warps"):
+        Choice.from_json({"algo": "ll", "programs": 2, "block": 64, "num_warps": 4})

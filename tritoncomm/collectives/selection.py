@@ -29,8 +29,8 @@ TABLE_DIR = Path(__file__).with_name("tables")
 
 @dataclass(frozen=True)
 class Choice:
-    """An algorithm and its launch shape: active programs, block size (elements; words for LL),
-    warps, and for the two-shot all-reduce its rounds (``None``: by size, see
+    """An algorithm and its launch shape: active programs, block size (elements; words for LL; at
+    least one per thread), warps, and for the two-shot all-reduce its rounds (``None``: by size, see
     ``allreduce.twoshot.TwoShot.rounds_for``)."""
 
     algo: str
@@ -42,8 +42,11 @@ class Choice:
     def __post_init__(self) -> None:
         if self.programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):
             raise ValueError(f"bad launch shape {self}")
-        if self.block < 16 or self.block & (self.block - 1):
-            raise ValueError(f"block must be a power of two >= 16, got {self.block}")
+        if self.block & (self.block - 1) or self.block < 32 * self.num_warps:
+            # a block smaller than the program's threads is copied across them, and the Lamport and
+            # LL waits count one copy of a look (kernels.lamport): at least one element per thread
+            raise ValueError(f"block must be a power of two of at least 32 x num_warps elements (LL: words), "
+                             f"got {self.block} on {self.num_warps} warps")
         if self.rounds is not None and self.rounds < 1:
             raise ValueError(f"rounds must be positive, got {self.rounds}")
 

@@ -28,10 +28,14 @@ Contract (per element, like ``ll``):
   between elements or with other writes. Each element is single-copy atomic (naturally aligned).
 * ``lamport_try(ptrs, mask)``: one volatile look: ``(values, 1 per masked element still at the
   sentinel)``. The values are meaningful where the indicator is 0. Issue several tries back to back
-  and sum their indicators once: their loads are then in flight together.
+  and sum their indicators once: their loads are then in flight together. A sum of 0 vouches for
+  every thread's values only if the block has at least one element per thread of the program:
+  Triton copies a smaller block across threads, each copy is a look of its own, and a reduction
+  counts one copy (another thread's copy can still hold the sentinel).
 * ``lamport_poll(ptrs, mask, peer, slot, rank, timeout, diag)``: volatile looks until no masked
-  element holds the sentinel; returns the values. Bounded like ``signals.wait`` (kind 4 in ``diag``:
-  the peer, the slot, and how many elements were still missing).
+  element holds the sentinel; returns the values of one more look, so any block shape is safe.
+  Bounded like ``signals.wait`` (kind 4 in ``diag``: the peer, the slot, and how many elements were
+  still missing).
 * ``lamport_reset(ptrs, mask)``: store the sentinel. Only the buffer's reader resets, after it has
   read: a writer may store into an element again only once it knows the reader has reset it (the
   collectives alternate two buffers by launch parity: a peer can be at most one launch ahead, and a

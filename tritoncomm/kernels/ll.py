@@ -10,15 +10,18 @@ Contract:
   single-copy atomic; there is no ordering between packets or with other writes.
 * ``ll8_try(ptrs, mask, flag)``: one volatile load of the packets, no wait: returns their data words
   and, per packet, 1 where a masked packet does not carry ``flag`` yet (else 0). The words are
-  meaningful only where the flag matched, so all of them once the indicators sum to 0. Nothing is
-  reduced across threads, so tries of several peers' packets issued back to back are all in
-  flight together (sum their indicators once, after the last), where each ``ll8_poll`` waits for
-  its own answer.
+  meaningful only where the flag matched, so all of them once the indicators sum to 0, if the block
+  has at least one packet per thread (``kernels.lamport``, ``lamport_try``, says why). Nothing is
+  reduced across threads, so tries of several peers' packets issued back to back are all in flight
+  together (sum their indicators once, after the last), where each ``ll8_poll`` waits for its own
+  answer.
 * ``ll8_poll(ptrs, mask, flag, ...)``: volatile loads until every masked packet carries ``flag``;
-  returns their data words. Only the polled packets' data is guaranteed, nothing else the writer
-  did. Use a fresh flag value per use of a buffer (an epoch), so a stale packet never matches; a
-  buffer may be rewritten only once every reader is known to be done with it (for example by
-  alternating two buffers by epoch parity). Bounded like ``signals.wait`` (kind 2 in ``diag``).
+  returns their data words: from the first look if it found them all (so, as for ``ll8_try``, the
+  block needs at least one packet per thread), else from one more look. Only the polled packets'
+  data is guaranteed, nothing else the writer did. Use a fresh flag value per use of a buffer (an
+  epoch), so a stale packet never matches; a buffer may be rewritten only once every reader is
+  known to be done with it (for example by alternating two buffers by epoch parity). Bounded like
+  ``signals.wait`` (kind 2 in ``diag``).
 * ``ll8_poll_sum_f32(ptrs, mask, flag, ...)``: the same wait for packets whose data words are fp32
   values; returns their sum (``tl.sum`` over the block: the same order in every program and rank
   that polls a block of the same shape), taken from the very look that found every packet, so

@@ -12,7 +12,10 @@ from ...units import round_up
 from ..base import Algorithm
 from .rows import RowPlan
 
-__all__ = ["FusedAlgorithm"]
+__all__ = ["MIN_BLOCK_C", "FusedAlgorithm"]
+
+#: The fewest columns per block: 32 LL words of 16-bit values, one per thread of a warp.
+MIN_BLOCK_C = 64
 
 
 class FusedAlgorithm(Algorithm):
@@ -47,11 +50,20 @@ class FusedAlgorithm(Algorithm):
         t, h = x.shape
         return (x, residual, residual_out, weight, out, scale, t, h, cw, eps, bases, rank, timeout, diag)
 
-    def _meta(self, chunks: int, block: int, tile: int, gemma: bool, fp8: bool, engine: bool) -> dict:
-        """The constexprs every variant's kernel takes; ``tile``: its largest access, in elements."""
+    def _meta(self, chunks: int, block: int, tile: int, gemma: bool, fp8: bool, engine: bool,
+              polled: int | None = None) -> dict:
+        """The constexprs every variant's kernel takes; ``tile``: its largest access, in elements;
+        ``polled``: the elements (LL: words) of the smallest block its waits look at, if any. Such
+        a block gets at least one per thread (``kernels.lamport``: a look at a block copied across
+        threads counts one copy)."""
+        warps = 8 if tile >= 4096 else 4
+        if polled is not None:
+            warps = max(1, min(warps, polled // 32))
         return {"WORLD": self.world, "CH": chunks, "BLOCK_C": block, "GEMMA": gemma, "FP8": fp8, "ENGINE": engine,
-                "num_warps": 8 if tile >= 4096 else 4}
+                "num_warps": warps}
 
     @staticmethod
     def _block(cw: int) -> int:
-        return triton.next_power_of_2(cw)
+        """Columns per block for chunks of ``cw``: a power of two, at least ``MIN_BLOCK_C`` (so that a
+        block of 16-bit values is at least one LL word per thread of a warp)."""
+        return max(MIN_BLOCK_C, triton.next_power_of_2(cw))

@@ -109,7 +109,7 @@ class FusedLamport(FusedAlgorithm):
                engine: bool = False) -> None:
         t, h = x.shape
         ch, cw = self.plan.chunks(t, h, self.grid) if t < LAMPORT_WHOLE_ROWS_FROM else (1, round_up(h, 16))
-        block = triton.next_power_of_2(cw)
+        block = self._block(cw)
         c = self.channel
         meta = self._meta(ch, block, block, gemma, fp8, engine)
         meta["num_warps"] = min(16, max(1, block // 512))  # two 16-byte vectors per thread: cheap polls

@@ -95,4 +95,4 @@ class FusedLL(FusedAlgorithm):
         self.launcher(
             *self._args(x, residual, residual_out, weight, out, scale, cw, eps), c.epochs_off, c.buffer_off,
             self.slot_words, c.buffer_off + self.xch_rel, (h + 1) // 2, cw // 2,
-            **self._meta(ch, block, block, gemma, fp8, engine))
+            **self._meta(ch, block, block, gemma, fp8, engine, polled=block // 2))

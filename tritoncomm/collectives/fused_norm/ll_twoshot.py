@@ -153,7 +153,8 @@ class FusedLLTwoShot(FusedAlgorithm):
         t, h = x.shape
         nq, cw = self.plan.ll2_groups(t, h)  # NQ groups of W chunks per row
         block = self._block(cw)
-        meta = self._meta(nq, block, block * triton.next_power_of_2(self.world), gemma, fp8, engine)
+        meta = self._meta(nq, block, block * triton.next_power_of_2(self.world), gemma, fp8, engine,
+                          polled=block // 2)
         meta["NQ"] = meta.pop("CH")
         c = self.channel
         rs = c.buffer_off

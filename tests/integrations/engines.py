@@ -31,10 +31,14 @@ def _pins(path: Path) -> list[str]:
     return [ln.split("#")[0].strip() for ln in path.read_text().splitlines() if ln.split("#")[0].strip()]
 
 
+def cache_key(python: str = sys.version[:4]) -> str:
+    """The cache folder's name: a hash of both pin files and the Python version (``"3.11"``)."""
+    return hashlib.sha256((REQUIREMENTS.read_text() + DEPS.read_text() + python).encode()).hexdigest()[:16]
+
+
 def cache_dir() -> Path:
     root = Path(os.environ.get("TRITONCOMM_ENGINES_CACHE", Path.home() / ".cache" / "tritoncomm" / "engines"))
-    key = hashlib.sha256((REQUIREMENTS.read_text() + DEPS.read_text() + sys.version[:4]).encode()).hexdigest()[:16]
-    return root / key
+    return root / cache_key()
 
 
 def paths() -> list[str] | None:

@@ -54,7 +54,10 @@ def plugin() -> None:
     if fusion_enabled():
         from .vllm_fusion import install
 
-        fusion = install()
+        try:
+            fusion = install()
+        except ImportError as e:  # vLLM's pass manager imports its attention kernels; the slot needs none
+            fusion = f"fused all-reduce + RMSNorm off: vLLM's pass manager does not import ({e})"
     log.info("tritoncomm: serving vLLM's custom all-reduce slot (TP all-reduce, sequence-parallel all-gather and "
              "reduce-scatter, graph capture); %s", fusion)
 

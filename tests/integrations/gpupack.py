@@ -3,8 +3,9 @@
 The pack is the cache folder ``engines.fetch()`` makes, rebuilt for another Python (the GPU image's
 3.12) and cut to fit a device call's carry limit:
 
-* the engines' source: every ``.py`` file of vLLM and SGLang, their metadata, and their other
-  files that the CPU world's engine tests loaded;
+* the engines' source: every ``.py`` file of vLLM and SGLang, their metadata, the kernel sources
+  SGLang's GPU path looks for (``JIT_SOURCES``), and their other files that the CPU world's engine
+  tests loaded;
 * their dependencies: every distribution of which those tests loaded a file, whole. One built for
   a single Python version comes as the same version's wheel for the target Python instead, unless
   the GPU image has the package (``ON_GPU_IMAGE``), whose own build is then used.
@@ -33,6 +34,8 @@ from . import engines
 #: builds are used there instead of carrying wheels.
 ON_GPU_IMAGE = frozenset({"aiohttp", "frozenlist", "multidict", "propcache", "yarl", "pillow", "pyyaml", "regex",
                           "uvloop", "safetensors", "tokenizers", "psutil"})
+#: Source trees the engines compile from at run time on GPUs, which the CPU world never loads.
+JIT_SOURCES = ("sglang/kernels/jit/",)
 _PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64", "manylinux_2_26_x86_64",
               "manylinux_2_27_x86_64", "manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux_2_5_x86_64",
               "manylinux1_x86_64")
@@ -75,7 +78,7 @@ def pack(trace: Path, out: Path, python: str = "3.12") -> None:
         used_src = _loaded(trace, src)
         for f in src.rglob("*"):
             rel = str(f.relative_to(src))
-            keep = f.suffix == ".py" or rel in used_src or ".dist-info/" in rel
+            keep = f.suffix == ".py" or rel in used_src or ".dist-info/" in rel or rel.startswith(JIT_SOURCES)
             if f.is_file() and keep and not engines._SHARED_LIBRARY.search(rel):
                 (top / "src" / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(f, top / "src" / rel)

@@ -242,8 +242,8 @@ def _sglang_up(ctx) -> None:
     _stack_if_stuck()
     logging.basicConfig(level=logging.INFO)
     load_plugins()
-    tp = ps.init_model_parallel_group([list(range(ctx.world))], ctx.rank, "gloo" if SHARED_GPUS else "nccl",
-                                      use_pynccl=False, group_name="tp")
+    tp = ps.init_model_parallel_group([list(range(ctx.world))], ctx.device.index,  # local rank: the GPU
+                                      "gloo" if SHARED_GPUS else "nccl", use_pynccl=False, group_name="tp")
     get_parallel().override_permanently(tp_group=tp, attn_tp_group=tp, tp_size=ctx.world, attn_tp_size=ctx.world,
                                         tp_rank=ctx.rank, attn_tp_rank=ctx.rank)
     _RANK_STATE["sglang_tp"] = tp
@@ -269,7 +269,7 @@ def _sglang_all_reduce(ctx, dtype):
             y = tp.all_reduce(xd)
             ok.append(torch.equal(_host(ctx, y), rank_order_sum(gathered(ctx, x), dtype)))
             nccl.append(_nccl_equal(ctx, xd, y))
-        return type(tp.ca_comm).__name__, spy.calls, ok, nccl
+        return f"{type(tp.ca_comm).__module__}.{type(tp.ca_comm).__name__}", spy.calls, ok, nccl
     finally:
         spy.close()
 
@@ -277,7 +277,7 @@ def _sglang_all_reduce(ctx, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sglang_tp_all_reduce_on_gpus(sg, dtype):
     for name, served, ok, nccl in sg.run(_sglang_all_reduce, dtype):
-        assert name == "TritonCommCustomAllreduce"
+        assert name == "tritoncomm.integrations.sglang.SGLangCustomAllreduce"
         assert served == len(ok), "SGLang did not ask tritoncomm"
         assert all(ok), ok
         assert all(n is None for n in nccl) if SHARED_GPUS else all(nccl), nccl

@@ -300,6 +300,5 @@ def test_pack_is_the_pinned_engines():
     if paths is None:
         pytest.skip("the engines' code is not here")
     pins = {ln.split("==")[0]: ln.split("==")[1] for ln in engines._pins(engines.REQUIREMENTS)}
-    found = {d.split("-")[0]: d.split("-")[1].removesuffix(".dist-info")
-             for d in os.listdir(paths[0]) if d.endswith(".dist-info")}
+    found = dict(d.removesuffix(".dist-info").split("-", 1) for d in os.listdir(paths[0]) if d.endswith(".dist-info"))
     assert found == pins

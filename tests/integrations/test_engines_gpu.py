@@ -67,6 +67,18 @@ def _world(up) -> LocalWorld:
     return w
 
 
+def _gpu_world(up, name: str):
+    """A module-scoped fixture ``name``: a two-rank GPU world on which ``up`` has run."""
+
+    @pytest.fixture(scope="module", name=name)
+    def fixture():
+        w = _world(up)
+        yield w
+        w.close()
+
+    return fixture
+
+
 def _on_gpu(ctx, t: torch.Tensor) -> torch.Tensor:
     return t.to(ctx.device)
 
@@ -124,11 +136,7 @@ def _vllm_up(ctx) -> None:
     faulthandler_cancel()
 
 
-@pytest.fixture(scope="module")
-def vg():
-    w = _world(_vllm_up)
-    yield w
-    w.close()
+vg = _gpu_world(_vllm_up, "vg")
 
 
 def _vllm_ca():
@@ -251,11 +259,7 @@ def _sglang_up(ctx) -> None:
     faulthandler_cancel()
 
 
-@pytest.fixture(scope="module")
-def sg():
-    w = _world(_sglang_up)
-    yield w
-    w.close()
+sg = _gpu_world(_sglang_up, "sg")
 
 
 def _sglang_all_reduce(ctx, dtype):

@@ -79,10 +79,6 @@ def _gpu_world(up, name: str):
     return fixture
 
 
-def _on_gpu(ctx, t: torch.Tensor) -> torch.Tensor:
-    return t.to(ctx.device)
-
-
 def _host(ctx, t: torch.Tensor) -> torch.Tensor:
     torch.cuda.synchronize(ctx.device)
     return t.cpu()
@@ -109,7 +105,7 @@ def _stack_if_stuck() -> None:
     faulthandler.dump_traceback_later(SETUP_S, exit=True)
 
 
-def faulthandler_cancel() -> None:
+def _stack_timer_off() -> None:
     import faulthandler
 
     faulthandler.cancel_dump_traceback_later()
@@ -133,7 +129,7 @@ def _vllm_up(ctx) -> None:
     ps.initialize_model_parallel(tensor_model_parallel_size=ctx.world)
     _RANK_STATE["platform"] = type(current_platform).__name__, current_platform.is_cuda()
     _nccl_group()
-    faulthandler_cancel()
+    _stack_timer_off()
 
 
 vg = _gpu_world(_vllm_up, "vg")
@@ -155,7 +151,7 @@ def _vllm_all_reduce(ctx, dtype, numels):
         for i, n in enumerate(numels):
             for rep in range(2):  # repeated calls, fresh data
                 x = torch.randn(n, generator=torch.Generator().manual_seed(1000 * i + 10 * rep + ctx.rank)).to(dtype)
-                xd = _on_gpu(ctx, x)
+                xd = x.to(ctx.device)
                 y = tp.all_reduce(xd)
                 want = rank_order_sum(gathered(ctx, x), dtype)
                 yh = _host(ctx, y)
@@ -185,9 +181,9 @@ def _vllm_sequence_parallel(ctx, dtype):
     try:
         g = torch.Generator().manual_seed(7 + ctx.rank)
         shard = torch.randn(5, 24, generator=g).to(dtype)
-        full = _host(ctx, sp_all_gather(_on_gpu(ctx, shard)))
+        full = _host(ctx, sp_all_gather(shard.to(ctx.device)))
         x = torch.randn(6, 24, generator=g).to(dtype)
-        part = _host(ctx, sp_reduce_scatter(_on_gpu(ctx, x)))
+        part = _host(ctx, sp_reduce_scatter(x.to(ctx.device)))
         want = rank_order_sum(gathered(ctx, x), dtype).chunk(ctx.world)[ctx.rank]
         return torch.equal(full, torch.cat(gathered(ctx, shard))), torch.equal(part, want), [s.calls for s in spies]
     finally:
@@ -219,7 +215,7 @@ def _graph(ctx, tp, ca, capture_into):
     ok = []
     for rep in range(3):
         fresh = torch.randn(3000, generator=torch.Generator().manual_seed(50 * rep + ctx.rank)).to(torch.bfloat16)
-        x.copy_(_on_gpu(ctx, fresh))
+        x.copy_(fresh.to(ctx.device))
         graph.replay()
         ok.append(torch.equal(_host(ctx, y), rank_order_sum(gathered(ctx, fresh), torch.bfloat16)))
     return before, inside, after, ok
@@ -256,7 +252,7 @@ def _sglang_up(ctx) -> None:
                                         tp_rank=ctx.rank, attn_tp_rank=ctx.rank)
     _RANK_STATE["sglang_tp"] = tp
     _nccl_group()
-    faulthandler_cancel()
+    _stack_timer_off()
 
 
 sg = _gpu_world(_sglang_up, "sg")
@@ -269,7 +265,7 @@ def _sglang_all_reduce(ctx, dtype):
     try:
         for i, n in enumerate([1, 7, 1000, 4099, 1 << 18]):
             x = torch.randn(n, generator=torch.Generator().manual_seed(100 * i + ctx.rank)).to(dtype)
-            xd = _on_gpu(ctx, x)
+            xd = x.to(ctx.device)
             y = tp.all_reduce(xd)
             ok.append(torch.equal(_host(ctx, y), rank_order_sum(gathered(ctx, x), dtype)))
             nccl.append(_nccl_equal(ctx, xd, y))

@@ -85,6 +85,18 @@ def rank_order_sum(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tenso
     return acc.to(dtype)
 
 
+def host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the host, after the work that makes it (a CUDA tensor's device synchronised)."""
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)
+    return t.cpu()
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest error of ``a`` relative to ``b`` (magnitudes under 2^-6 count as 2^-6)."""
+    return ((a.float() - b.float()).abs() / b.float().abs().clamp_min(2 ** -6)).max().item()
+
+
 class Spy:
     """Counts the calls of one method of an object (and still calls it)."""
 

@@ -16,9 +16,12 @@ outside the communication path:
 Checked: the plugin (vLLM's loader) takes the ``ca_comm`` slot of vLLM's ``CudaCommunicator``; the TP
 all-reduce through vLLM's ``GroupCoordinator`` is served by tritoncomm and equals the fixed-order sum
 on every rank; sequence-parallel all-gather and reduce-scatter are served; vLLM's ``graph_capture``
-enters ours, and a CUDA graph captured inside it replays with fresh data to the right sums. SGLang:
-the plugin's hook makes our adapter SGLang's ``ca_comm``, its TP all-reduce is served and exact, its
-``graph_capture`` enters ours and a graph captured there replays correctly.
+enters ours, and a CUDA graph captured inside it replays with fresh data to the right sums; the
+fusion pass rewrites graphs of vLLM's ops (``fusioncheck.py``: traced, and compiled by inductor with
+the pass where vLLM's pass manager puts it, which does not import here). SGLang: the plugin's hook
+makes our adapter SGLang's ``ca_comm``, its TP all-reduce is served and exact, its ``graph_capture``
+enters ours and a graph captured there replays correctly; its fused add-RMSNorm entry is served,
+eagerly and captured in a graph.
 """
 
 from __future__ import annotations
@@ -35,7 +38,16 @@ from tritoncomm.launch import LocalWorld
 
 from ..conftest import BACKEND, SHARED_GPUS
 from . import engines
-from .enginetest import Spy, gathered, rank_order_sum
+from .enginetest import Spy, gathered, host, rank_order_sum, rel_err
+from .fusioncheck import (
+    EPS,
+    check_sglang_fused,
+    check_vllm_fusion,
+    sglang_fused,
+    sglang_inputs,
+    sglang_unfused,
+    vllm_fusion,
+)
 
 pytestmark = pytest.mark.skipif(BACKEND != "cuda", reason="GPU only (the CPU world runs test_vllm.py, test_sglang.py)")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -79,18 +91,13 @@ def _gpu_world(up, name: str):
     return fixture
 
 
-def _host(ctx, t: torch.Tensor) -> torch.Tensor:
-    torch.cuda.synchronize(ctx.device)
-    return t.cpu()
-
-
 def _nccl_equal(ctx, x: torch.Tensor, y: torch.Tensor) -> bool | None:
     """Whether ``y`` equals NCCL's sum of ``x`` (None on shared GPUs, where NCCL cannot run)."""
     if SHARED_GPUS:
         return None
     ref = x.clone()
     dist.all_reduce(ref, group=_RANK_STATE["nccl"])
-    return torch.equal(_host(ctx, ref), _host(ctx, y))
+    return torch.equal(host(ref), host(y))
 
 
 def _nccl_group() -> None:
@@ -154,7 +161,7 @@ def _vllm_all_reduce(ctx, dtype, numels):
                 xd = x.to(ctx.device)
                 y = tp.all_reduce(xd)
                 want = rank_order_sum(gathered(ctx, x), dtype)
-                yh = _host(ctx, y)
+                yh = host(y)
                 ok.append(torch.equal(yh, want) and all(torch.equal(yh, o) for o in gathered(ctx, yh)))
                 nccl.append(_nccl_equal(ctx, xd, y))
         return _RANK_STATE["platform"], type(ca).__name__, spy.calls, ok, nccl
@@ -181,9 +188,9 @@ def _vllm_sequence_parallel(ctx, dtype):
     try:
         g = torch.Generator().manual_seed(7 + ctx.rank)
         shard = torch.randn(5, 24, generator=g).to(dtype)
-        full = _host(ctx, sp_all_gather(shard.to(ctx.device)))
+        full = host(sp_all_gather(shard.to(ctx.device)))
         x = torch.randn(6, 24, generator=g).to(dtype)
-        part = _host(ctx, sp_reduce_scatter(x.to(ctx.device)))
+        part = host(sp_reduce_scatter(x.to(ctx.device)))
         want = rank_order_sum(gathered(ctx, x), dtype).chunk(ctx.world)[ctx.rank]
         return torch.equal(full, torch.cat(gathered(ctx, shard))), torch.equal(part, want), [s.calls for s in spies]
     finally:
@@ -217,7 +224,7 @@ def _graph(ctx, tp, ca, capture_into):
         fresh = torch.randn(3000, generator=torch.Generator().manual_seed(50 * rep + ctx.rank)).to(torch.bfloat16)
         x.copy_(fresh.to(ctx.device))
         graph.replay()
-        ok.append(torch.equal(_host(ctx, y), rank_order_sum(gathered(ctx, fresh), torch.bfloat16)))
+        ok.append(torch.equal(host(y), rank_order_sum(gathered(ctx, fresh), torch.bfloat16)))
     return before, inside, after, ok
 
 
@@ -232,6 +239,13 @@ def test_vllm_graph_capture_on_gpus(vg):
     for before, inside, after, ok in vg.run(_vllm_graph):
         assert (before, inside, after) == (False, True, False)
         assert all(ok), ok
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["fx", "inductor"])
+@pytest.mark.parametrize("quant", [False, True], ids=["bf16", "fp8"])
+def test_vllm_fusion_pass_on_gpus(vg, quant, compiled):
+    for out in vg.run(vllm_fusion, quant, compiled):
+        check_vllm_fusion(out, quant, compiled)
 
 
 # -- SGLang ---------------------------------------------------------------------------------------------
@@ -267,7 +281,7 @@ def _sglang_all_reduce(ctx, dtype):
             x = torch.randn(n, generator=torch.Generator().manual_seed(100 * i + ctx.rank)).to(dtype)
             xd = x.to(ctx.device)
             y = tp.all_reduce(xd)
-            ok.append(torch.equal(_host(ctx, y), rank_order_sum(gathered(ctx, x), dtype)))
+            ok.append(torch.equal(host(y), rank_order_sum(gathered(ctx, x), dtype)))
             nccl.append(_nccl_equal(ctx, xd, y))
         return f"{type(tp.ca_comm).__module__}.{type(tp.ca_comm).__name__}", spy.calls, ok, nccl
     finally:
@@ -292,6 +306,47 @@ def test_sglang_graph_capture_on_gpus(sg):
     for before, inside, after, ok in sg.run(_sglang_graph):
         assert (before, inside, after) == (False, True, False)
         assert all(ok), ok
+
+
+@pytest.mark.parametrize("tokens, hidden, dtype", [(5, 96, torch.bfloat16), (5, 96, torch.float16),
+                                                  (7, 8192, torch.bfloat16)])
+def test_sglang_fused_norm_on_gpus(sg, tokens, hidden, dtype):
+    for results in sg.run(sglang_fused, tokens, hidden, dtype):
+        check_sglang_fused(results, dtype)
+
+
+def _sglang_fused_graph(ctx):
+    """SGLang's fused entry captured in a CUDA graph inside its ``graph_capture`` (after an eager
+    call, as SGLang's warm-up runs before capture), replayed with fresh data: per replay
+    ``(residual exact, norm's relative error)``."""
+    import sglang.srt.layers.flashinfer_comm_fusion as fc
+
+    tp = _RANK_STATE["sglang_tp"]
+    tokens, hidden, dtype = 4, 1024, torch.bfloat16
+    x, residual, weight = (t.to(ctx.device) for t in sglang_inputs(ctx, tokens, hidden, dtype, 0))
+
+    def fused():
+        return fc.flashinfer_allreduce_residual_rmsnorm(input_tensor=x, residual=residual, weight=weight, eps=EPS,
+                                                        max_token_num=64)
+
+    fused()
+    torch.cuda.synchronize(ctx.device)
+    graph = torch.cuda.CUDAGraph()
+    with tp.graph_capture() as gc, torch.cuda.graph(graph, stream=gc.stream):
+        norm, res = fused()
+    out = []
+    for rep in range(1, 4):
+        fresh, res_in, w = sglang_inputs(ctx, tokens, hidden, dtype, rep)
+        x.copy_(fresh.to(ctx.device))
+        graph.replay()
+        want, want_res = sglang_unfused(ctx, fresh, res_in, w, dtype)
+        out.append((torch.equal(host(res), want_res), rel_err(host(norm), want)))
+    return out
+
+
+def test_sglang_fused_norm_graph_on_gpus(sg):
+    for replays in sg.run(_sglang_fused_graph):
+        assert all(exact and err <= 2 ** -7 for exact, err in replays), replays
 
 
 def test_pack_is_the_pinned_engines():

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from .enginetest import Spy, gathered, module_world, rank_order_sum, run_python
+from .fusioncheck import check_sglang_fused, sglang_fused
 
 _RANK_STATE: list = []  # inside a rank: what lives as long as the rank process
 
@@ -138,40 +139,13 @@ def test_sglang_graph_capture_enters_ours(sw):
 
 
 # -- fused all-reduce + add + RMSNorm -----------------------------------------------------------------
-def _fused(ctx, tokens: int, hidden: int, dtype):
-    import sglang.srt.layers.flashinfer_comm_fusion as fc
-
-    g = torch.Generator().manual_seed(5)  # residual and weight equal on every rank, as in a TP model
-    residual = torch.randn(tokens, hidden, generator=g).to(dtype)
-    weight = torch.randn(hidden, generator=g).to(dtype)
-    out = []
-    for rep in range(2):
-        x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(100 * rep + ctx.rank)).to(dtype)
-        res_before = residual.clone()
-        norm, res = fc.flashinfer_allreduce_residual_rmsnorm(input_tensor=x, residual=residual, weight=weight,
-                                                             eps=1e-6, max_token_num=max(tokens, 2048))
-        if norm is None:
-            out.append(None)
-            continue
-        s = rank_order_sum(gathered(ctx, x), dtype)  # SGLang's unfused path: all-reduce, then add + RMSNorm
-        want_res = (s.float() + res_before.float()).to(dtype)
-        v = want_res.float()
-        want = (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(dtype)
-        out.append((torch.equal(res, want_res), torch.equal(residual, res_before),
-                    ((norm.float() - want.float()).abs() / want.float().abs().clamp_min(2 ** -6)).max().item(),
-                    torch.equal(norm, gathered(ctx, norm)[0])))
-    return out
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fused_norm_served(sw, dtype):
-    for results in sw.run(_fused, 5, 96, dtype):
-        for residual_exact, untouched, err, same in results:
-            assert residual_exact and untouched and same
-            assert err <= 2 ** -7 if dtype == torch.bfloat16 else err <= 2 ** -10, err
+    for results in sw.run(sglang_fused, 5, 96, dtype):
+        check_sglang_fused(results, dtype)
 
 
 def test_fused_norm_declines_what_it_does_not_serve(sw):
     # fp32 is not served by the fused kernel: SGLang's "not handled", on every rank
-    for results in sw.run(_fused, 3, 32, torch.float32):
+    for results in sw.run(sglang_fused, 3, 32, torch.float32):
         assert results == [None, None]

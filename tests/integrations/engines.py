@@ -24,10 +24,12 @@ from pathlib import Path
 HERE = Path(__file__).parent
 REQUIREMENTS = HERE / "engines-requirements.txt"
 DEPS = HERE / "engines-deps.txt"
-_SHARED_LIBRARY = re.compile(r"\.so(\.[0-9.]+)?$")
+#: A compiled extension's file name: left out of what is unpacked and packed.
+SHARED_LIBRARY = re.compile(r"\.so(\.[0-9.]+)?$")
 
 
-def _pins(path: Path) -> list[str]:
+def pins(path: Path) -> list[str]:
+    """The ``name==version`` lines of a requirements file, comments dropped."""
     return [ln.split("#")[0].strip() for ln in path.read_text().splitlines() if ln.split("#")[0].strip()]
 
 
@@ -60,13 +62,13 @@ def fetch() -> list[str]:
     work = Path(tempfile.mkdtemp(prefix="fetch-", dir=d.parent))
     try:
         wheels = work / "wheels"
-        _pip("download", "--no-deps", "--only-binary=:all:", "-d", str(wheels), *_pins(REQUIREMENTS))
+        _pip("download", "--no-deps", "--only-binary=:all:", "-d", str(wheels), *pins(REQUIREMENTS))
         for whl in sorted(wheels.glob("*.whl")):
             with zipfile.ZipFile(whl) as z:
-                z.extractall(work / "src", [m for m in z.namelist() if not _SHARED_LIBRARY.search(m)])
+                z.extractall(work / "src", [m for m in z.namelist() if not SHARED_LIBRARY.search(m)])
         shutil.rmtree(wheels)
         _pip("install", "--no-deps", "--no-compile", "--target", str(work / "deps"), "-r", str(DEPS))
-        (work / "COMPLETE").write_text("\n".join(_pins(REQUIREMENTS) + _pins(DEPS)) + "\n")
+        (work / "COMPLETE").write_text("\n".join(pins(REQUIREMENTS) + pins(DEPS)) + "\n")
         if d.exists():
             shutil.rmtree(d)
         work.rename(d)

@@ -79,7 +79,7 @@ def pack(trace: Path, out: Path, python: str = "3.12") -> None:
         for f in src.rglob("*"):
             rel = str(f.relative_to(src))
             keep = f.suffix == ".py" or rel in used_src or ".dist-info/" in rel or rel.startswith(JIT_SOURCES)
-            if f.is_file() and keep and not engines._SHARED_LIBRARY.search(rel):
+            if f.is_file() and keep and not engines.SHARED_LIBRARY.search(rel):
                 (top / "src" / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(f, top / "src" / rel)
         used = _loaded(trace, deps)

@@ -17,7 +17,7 @@ Checked: the plugin (vLLM's loader) takes the ``ca_comm`` slot of vLLM's ``CudaC
 all-reduce through vLLM's ``GroupCoordinator`` is served by tritoncomm and equals the fixed-order sum
 on every rank; sequence-parallel all-gather and reduce-scatter are served; vLLM's ``graph_capture``
 enters ours, and a CUDA graph captured inside it replays with fresh data to the right sums; the
-fusion pass rewrites graphs of vLLM's ops (``fusioncheck.py``: traced, and compiled by inductor with
+fusion pass rewrites graphs of vLLM's ops (``rankchecks.py``: traced, and compiled by inductor with
 the pass where vLLM's pass manager puts it, which does not import here). SGLang: the plugin's hook
 makes our adapter SGLang's ``ca_comm``, its TP all-reduce is served and exact, its ``graph_capture``
 enters ours and a graph captured there replays correctly; its fused add-RMSNorm entry is served,
@@ -39,14 +39,16 @@ from tritoncomm.launch import LocalWorld
 from ..conftest import BACKEND, SHARED_GPUS
 from . import engines
 from .enginetest import Spy, gathered, host, rank_order_sum, rel_err
-from .fusioncheck import (
+from .rankchecks import (
     EPS,
     check_sglang_fused,
     check_vllm_fusion,
+    check_vllm_sequence_parallel,
     sglang_fused,
     sglang_inputs,
     sglang_unfused,
     vllm_fusion,
+    vllm_sequence_parallel,
 )
 
 pytestmark = pytest.mark.skipif(BACKEND != "cuda", reason="GPU only (the CPU world runs test_vllm.py, test_sglang.py)")
@@ -180,35 +182,17 @@ def test_vllm_tp_all_reduce_on_gpus(vg, dtype):
         assert all(n is None for n in nccl) if SHARED_GPUS else all(nccl), nccl
 
 
-def _vllm_sequence_parallel(ctx, dtype):
-    from vllm.models.common.ops.sequence_parallel import sp_all_gather, sp_reduce_scatter
-
-    ca = _vllm_ca()
-    spies = Spy(ca, "custom_all_gather"), Spy(ca, "custom_reduce_scatter")
-    try:
-        g = torch.Generator().manual_seed(7 + ctx.rank)
-        shard = torch.randn(5, 24, generator=g).to(dtype)
-        full = host(sp_all_gather(shard.to(ctx.device)))
-        x = torch.randn(6, 24, generator=g).to(dtype)
-        part = host(sp_reduce_scatter(x.to(ctx.device)))
-        want = rank_order_sum(gathered(ctx, x), dtype).chunk(ctx.world)[ctx.rank]
-        return torch.equal(full, torch.cat(gathered(ctx, shard))), torch.equal(part, want), [s.calls for s in spies]
-    finally:
-        for s in spies:
-            s.close()
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_vllm_sequence_parallel_on_gpus(vg, dtype):
-    for ag_ok, rs_ok, calls in vg.run(_vllm_sequence_parallel, dtype):
-        assert ag_ok and rs_ok
-        assert calls == [1, 1]
+    for result in vg.run(vllm_sequence_parallel, dtype):
+        check_vllm_sequence_parallel(result)
 
 
 def _graph(ctx, tp, ca, capture_into):
     """Capture ``tp.all_reduce`` of a static input in a CUDA graph inside the engine's
     ``graph_capture`` (``capture_into(stream)`` gives its graph_capture context), then replay it
-    with fresh data three times: ``(capturing before, inside, after, replays exact)``."""
+    with fresh data three times: ``(capturing before, inside, after, output registered, replays exact)``,
+    the output registered when it is mapped into the peers on capture's exit."""
     x = torch.empty(3000, dtype=torch.bfloat16, device=ctx.device)
     graph = torch.cuda.CUDAGraph()
     before = ca._IS_CAPTURING
@@ -219,13 +203,14 @@ def _graph(ctx, tp, ca, capture_into):
         with torch.cuda.graph(graph, stream=gc.stream):
             y = tp.all_reduce(x)
     after = ca._IS_CAPTURING
+    registered = ca.comm.registered.slot_of(y.data_ptr()) is not None
     ok = []
     for rep in range(3):
         fresh = torch.randn(3000, generator=torch.Generator().manual_seed(50 * rep + ctx.rank)).to(torch.bfloat16)
         x.copy_(fresh.to(ctx.device))
         graph.replay()
         ok.append(torch.equal(host(y), rank_order_sum(gathered(ctx, fresh), torch.bfloat16)))
-    return before, inside, after, ok
+    return before, inside, after, registered, ok
 
 
 def _vllm_graph(ctx):
@@ -236,8 +221,8 @@ def _vllm_graph(ctx):
 
 
 def test_vllm_graph_capture_on_gpus(vg):
-    for before, inside, after, ok in vg.run(_vllm_graph):
-        assert (before, inside, after) == (False, True, False)
+    for before, inside, after, registered, ok in vg.run(_vllm_graph):
+        assert (before, inside, after, registered) == (False, True, False, True)
         assert all(ok), ok
 
 
@@ -303,8 +288,8 @@ def _sglang_graph(ctx):
 
 
 def test_sglang_graph_capture_on_gpus(sg):
-    for before, inside, after, ok in sg.run(_sglang_graph):
-        assert (before, inside, after) == (False, True, False)
+    for before, inside, after, registered, ok in sg.run(_sglang_graph):
+        assert (before, inside, after, registered) == (False, True, False, True)
         assert all(ok), ok
 
 
@@ -354,6 +339,6 @@ def test_pack_is_the_pinned_engines():
     paths = engines.paths()
     if paths is None:
         pytest.skip("the engines' code is not here")
-    pins = {ln.split("==")[0]: ln.split("==")[1] for ln in engines._pins(engines.REQUIREMENTS)}
+    pins = {ln.split("==")[0]: ln.split("==")[1] for ln in engines.pins(engines.REQUIREMENTS)}
     found = dict(d.removesuffix(".dist-info").split("-", 1) for d in os.listdir(paths[0]) if d.endswith(".dist-info"))
     assert found == pins

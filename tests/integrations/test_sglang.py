@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from .enginetest import Spy, gathered, module_world, rank_order_sum, run_python
-from .fusioncheck import check_sglang_fused, sglang_fused
+from .rankchecks import check_sglang_fused, sglang_fused
 
 _RANK_STATE: list = []  # inside a rank: what lives as long as the rank process
 

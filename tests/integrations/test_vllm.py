@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from .enginetest import Spy, gathered, module_world, rank_order_sum, run_python
-from .fusioncheck import check_vllm_fusion, vllm_fusion
+from .rankchecks import check_vllm_fusion, check_vllm_sequence_parallel, vllm_fusion, vllm_sequence_parallel
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _RANK_STATE: list = []  # inside a rank: what lives as long as the rank process
@@ -160,32 +160,10 @@ def test_tp_all_reduce_served_and_exact(vw, dtype):
 
 
 # -- sequence parallelism: vLLM's sp_all_gather / sp_reduce_scatter --------------------------------------
-def _sequence_parallel(ctx, dtype):
-    from vllm.models.common.ops.sequence_parallel import sp_all_gather, sp_reduce_scatter
-
-    ca = _ca()
-    spies = Spy(ca, "custom_all_gather"), Spy(ca, "custom_reduce_scatter")
-    try:
-        g = torch.Generator().manual_seed(7 + ctx.rank)
-        shard = torch.randn(5, 24, generator=g).to(dtype)
-        full = sp_all_gather(shard)
-        ag_ok = torch.equal(full, torch.cat(gathered(ctx, shard)))
-        x = torch.randn(6, 24, generator=g).to(dtype)
-        part = sp_reduce_scatter(x)
-        want = rank_order_sum(gathered(ctx, x), dtype).chunk(ctx.world)[ctx.rank]
-        padded = sp_reduce_scatter(torch.randn(5, 24, generator=g).to(dtype))  # vLLM pads 5 rows to 6
-        return ag_ok, torch.equal(part, want), tuple(padded.shape), [s.calls for s in spies]
-    finally:
-        for s in spies:
-            s.close()
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sequence_parallel_served(vw, dtype):
-    for ag_ok, rs_ok, padded, calls in vw.run(_sequence_parallel, dtype):
-        assert ag_ok and rs_ok
-        assert padded == (3, 24)
-        assert calls == [1, 2]
+    for result in vw.run(vllm_sequence_parallel, dtype):
+        check_vllm_sequence_parallel(result)
 
 
 # -- graph capture: vLLM's graph_capture enters ours ---------------------------------------------------

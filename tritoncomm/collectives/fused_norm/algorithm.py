@@ -51,12 +51,14 @@ class FusedAlgorithm(Algorithm):
         return (x, residual, residual_out, weight, out, scale, t, h, cw, eps, bases, rank, timeout, diag)
 
     def _meta(self, chunks: int, block: int, tile: int, gemma: bool, fp8: bool, engine: bool,
-              polled: int | None = None) -> dict:
+              polled: int | None = None, warps: int | None = None) -> dict:
         """The constexprs every variant's kernel takes; ``tile``: its largest access, in elements;
+        ``warps``: the variant's own choice (default 8 for tiles of 4096 elements or more, else 4);
         ``polled``: the elements (LL: words) of the smallest block its waits look at, if any. Such
         a block gets at least one per thread (``kernels.lamport``: a look at a block copied across
-        threads counts one copy)."""
-        warps = 8 if tile >= 4096 else 4
+        threads counts one copy), whatever the warps asked for."""
+        if warps is None:
+            warps = 8 if tile >= 4096 else 4
         if polled is not None:
             warps = max(1, min(warps, polled // 32))
         return {"WORLD": self.world, "CH": chunks, "BLOCK_C": block, "GEMMA": gemma, "FP8": fp8, "ENGINE": engine,

@@ -111,8 +111,8 @@ class FusedLamport(FusedAlgorithm):
         ch, cw = self.plan.chunks(t, h, self.grid) if t < LAMPORT_WHOLE_ROWS_FROM else (1, round_up(h, 16))
         block = self._block(cw)
         c = self.channel
-        meta = self._meta(ch, block, block, gemma, fp8, engine)
-        meta["num_warps"] = min(16, max(1, block // 512))  # two 16-byte vectors per thread: cheap polls
+        # two 16-byte vectors per thread: cheap polls
+        meta = self._meta(ch, block, block, gemma, fp8, engine, polled=block, warps=min(16, max(1, block // 512)))
         self.launcher(
             *self._args(x, residual, residual_out, weight, out, scale, cw, eps), c.epochs_off, c.buffer_off,
             self.slot_bytes, c.buffer_off + self.xch_rel, **meta, **self.launch_opts)

@@ -1,6 +1,7 @@
-"""In-rank checks of the engines' fused all-reduce + add + RMSNorm paths, for the CPU world's engine
-tests and the GPU's alike: inputs are made on the host from seeded generators, moved to the rank's
-device, and results come back to the host to be compared with the unfused path."""
+"""In-rank checks that the CPU world's engine tests and the GPU's both run: vLLM's sequence-parallel
+collectives and fusion pass, SGLang's fused add-RMSNorm. Inputs are made on the host from seeded
+generators and moved to the rank's device; results come back to the host to be compared with the
+engine's unfused path."""
 
 from __future__ import annotations
 
@@ -17,6 +18,38 @@ def _same_on_every_rank(ctx, t: torch.Tensor) -> bool:
     t = host(t)
     raw = t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
     return torch.equal(raw, gathered(ctx, raw)[0])
+
+
+# -- vLLM: sequence parallelism (sp_all_gather / sp_reduce_scatter) -------------------------------------
+def vllm_sequence_parallel(ctx, dtype) -> tuple:
+    """vLLM's sequence-parallel all-gather and reduce-scatter of random rows, and a reduce-scatter of
+    rows that vLLM pads to a multiple of the world: ``(all-gather exact, reduce-scatter exact, padded
+    output's shape, [ca_comm's all-gather calls, its reduce-scatter calls])``."""
+    from vllm.distributed import get_tp_group
+    from vllm.models.common.ops.sequence_parallel import sp_all_gather, sp_reduce_scatter
+
+    ca = get_tp_group().device_communicator.ca_comm
+    spies = Spy(ca, "custom_all_gather"), Spy(ca, "custom_reduce_scatter")
+    try:
+        g = torch.Generator().manual_seed(7 + ctx.rank)
+        shard = torch.randn(5, 24, generator=g).to(dtype)
+        full = host(sp_all_gather(shard.to(ctx.device)))
+        x = torch.randn(6, 24, generator=g).to(dtype)
+        part = host(sp_reduce_scatter(x.to(ctx.device)))
+        want = rank_order_sum(gathered(ctx, x), dtype).chunk(ctx.world)[ctx.rank]
+        padded = sp_reduce_scatter(torch.randn(5, 24, generator=g).to(dtype).to(ctx.device))  # 5 rows padded to 6
+        return (torch.equal(full, torch.cat(gathered(ctx, shard))), torch.equal(part, want), tuple(padded.shape),
+                [s.calls for s in spies])
+    finally:
+        for s in spies:
+            s.close()
+
+
+def check_vllm_sequence_parallel(result: tuple) -> None:
+    ag_ok, rs_ok, padded, calls = result
+    assert ag_ok and rs_ok
+    assert padded == (3, 24)
+    assert calls == [1, 2]
 
 
 # -- vLLM: the fusion pass on graphs of vLLM's own ops ---------------------------------------------------

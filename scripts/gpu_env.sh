@@ -9,7 +9,7 @@ WORLDS=${WORLDS:-$(printf '%s\n' 2 "$NGPU" | sort -nu | tr '\n' ' ')}
 # FlashInfer, the peers' baseline (../shared/peers/README.md): where a copy of that folder is carried
 # as .peers, its one wheel goes under /tmp and the benchmarks' peer columns import it.
 if [ -d .peers/flashinfer ] && [ -z "${TRITONCOMM_PEERS_READY:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/peers-site .peers/whl/*.whl \
+  python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/peers-site .peers/whl/*.whl \
     || echo "gpu_env.sh: the peers' wheel did not install; their columns will say why"
   export PYTHONPATH=$PYTHONPATH:/tmp/peers-site:$PWD/.peers TRITONCOMM_PEERS_READY=1
   export FLASHINFER_CONFIDENTIAL_COMPUTE=1 FLASHINFER_CUDA_ARCH_LIST=9.0a TVM_FFI_DISABLE_TORCH_C_DLPACK=1 \

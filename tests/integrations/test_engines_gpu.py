@@ -190,7 +190,7 @@ def test_vllm_sequence_parallel_on_gpus(vg, dtype):
 
 def _graph(ctx, tp, ca, capture_into):
     """Capture ``tp.all_reduce`` of a static input in a CUDA graph inside the engine's
-    ``graph_capture`` (``capture_into(stream)`` gives its graph_capture context), then replay it
+    ``graph_capture`` (``capture_into()`` enters it; its ``stream`` captures), then replay it
     with fresh data three times: ``(capturing before, inside, after, registrations committed, replays
     exact)``, the commit being where the outputs that captured collectives write on peers are mapped
     into them (on the engine's capture exit, once)."""

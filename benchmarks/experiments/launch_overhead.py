@@ -4,8 +4,10 @@ much does ``kernels.Launcher`` save? Not part of the library:
     PYTHONPATH=. python3 benchmarks/experiments/launch_overhead.py --world 2 --json out.json
 
 Host microseconds per call (the best of 5 loops of ``--calls`` calls, timed before the GPU is waited
-for; 8 KB bf16) on each rank, with every launcher on its short path and then forced through Triton
-(``Launcher.fast = False``, what every launch did before ``Launcher``):
+for; 8 KB bf16) on each rank, in three modes interleaved: every launcher on its short path calling
+Triton's C entry point (``direct``), the short path through Triton's Python wrapper of it
+(``Launcher.direct = False``: ``short``), and forced through ``kernel[grid]`` (``Launcher.fast =
+False``, what every launch did before ``Launcher``: ``triton``):
 
 * ``torch.add`` into a preallocated output: one kernel launched from Python, for scale;
 * ``AllReduce`` called directly, and with its launch replaced by a no-op (our Python alone);
@@ -42,10 +44,11 @@ def _anatomy(ctx, ar: tc.AllReduce, x: torch.Tensor, out: torch.Tensor, n: int) 
     args, kw = seen[0]
     ln(*args, **kw)
     ln(*args, **kw)
-    kernel, tail = next(iter(ln._cache.values()))
+    kernel, tail, entry = next(iter(ln._cache.values()))
     be, dev = ln._backend, driver.active.get_current_device()
     stream = driver.active.get_current_stream(dev)
     g = ln._dims
+    ints = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
     return {
         f"anatomy ({algo.name}): Launcher call, short path": host_us(lambda: ln(*args, **kw), n, ctx.device),
         "anatomy: signature key": host_us(
@@ -55,6 +58,13 @@ def _anatomy(ctx, ar: tc.AllReduce, x: torch.Tensor, out: torch.Tensor, n: int) 
         "anatomy: compiled kernel's run": host_us(
             lambda: kernel.run(*g, stream, kernel.function, kernel.packed_metadata, None, None, None, *args, *tail),
             n, ctx.device),
+        **({} if entry is None else {
+            "anatomy: C entry point": host_us(
+                lambda: entry[0](*g, stream, kernel.function, entry[1], entry[2], None, None, kernel.packed_metadata,
+                                 None, None, None, *args, *tail), n, ctx.device),
+            "anatomy: C entry point, pointers as ints": host_us(
+                lambda: entry[0](*g, stream, kernel.function, entry[1], entry[2], None, None, kernel.packed_metadata,
+                                 None, None, None, *ints, *tail), n, ctx.device)}),
         "anatomy: Triton kernel[grid]": host_us(lambda: algo.kernel[ln.grid](*args, **kw), n, ctx.device),
         "anatomy: comm.kernel_args + pow2_divisor": host_us(lambda: (ar.comm.kernel_args(), x.numel() & -x.numel()),
                                                              n, ctx.device),
@@ -117,15 +127,15 @@ def overhead_rank(ctx, n: int) -> dict:
              "dist.all_reduce (tritoncomm group)": lambda: dist.all_reduce(x, group=g),
              "MoE dispatch+combine (8 tokens)": moe_step}
     for _ in range(3):  # the modes interleaved, the best of three rounds each: the host's speed drifts
-        for mode in ("short", "triton"):
+        for mode in ("direct", "short", "triton"):
             for ln, f in zip(launchers, fast, strict=True):
-                ln.fast = f and mode == "short"
+                ln.fast, ln.direct = f and mode != "triton", mode == "direct"
             for name, fn in cases.items():
                 ctx.barrier()
                 t = host_us(fn, n, ctx.device)
                 rows[f"{mode}: {name}"] = min(t, rows.get(f"{mode}: {name}", t))
     for ln, f in zip(launchers, fast, strict=True):
-        ln.fast = f
+        ln.fast, ln.direct = f, True
     for a in ar._algos.values():  # our Python alone: the launch replaced by a no-op
         a.launcher, a._saved = (lambda *args, **kw: None), a.launcher
     ctx.barrier()

@@ -11,11 +11,13 @@ Layout in every rank's heap (same offsets everywhere):
 * ``epochs``: one uint32 per program, read and written only by this rank's program of that id;
 * ``buffer``: ``buffer_bytes`` of scratch, written by peers (LL packets, staged data, ...).
 
-Flags, epochs and the buffer are zeroed at creation, and creation ends with a check that every
-rank built the same layout (which is also the barrier that keeps peers from signalling into memory
-that is still being zeroed). The buffer is zeroed because the heap is reused: a channel created
-where a closed one lived starts its epochs at 1 again, and an LL packet the old one left there
-with flag 1 would otherwise pass for this channel's (flag 0 never matches an epoch).
+Flags, epochs and the buffer are zeroed at creation, except the buffer's first ``lamport_bytes``,
+which start at rest as Lamport buffers (``kernels.lamport``: every 16-bit half the sentinel).
+Creation ends with a check that every rank built the same layout (which is also the barrier that
+keeps peers from signalling into memory that is still being zeroed). The buffer is zeroed because
+the heap is reused: a channel created where a closed one lived starts its epochs at 1 again, and an
+LL packet the old one left there with flag 1 would otherwise pass for this channel's (flag 0 never
+matches an epoch).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..kernels.barrier import barrier_flag_bytes
+from ..kernels.lamport import lamport_fill
 from .heap import Region
 
 if TYPE_CHECKING:  # the communicator creates channels (its debug channel); channels only use it
@@ -37,9 +40,12 @@ class Channel:
     """Collective to create and to close; ``name`` tags the allocations in error messages."""
 
     def __init__(self, comm: Communicator, name: str, *, programs: int, barrier_slots: int = 0,
-                 buffer_bytes: int = 0) -> None:
+                 buffer_bytes: int = 0, lamport_bytes: int = 0) -> None:
         if programs <= 0:
             raise ValueError("a channel needs at least one program")
+        if not 0 <= lamport_bytes <= buffer_bytes or lamport_bytes % 16:
+            raise ValueError(f"lamport_bytes must be a multiple of 16 within buffer_bytes ({buffer_bytes}), "
+                             f"got {lamport_bytes}")
         self.comm = comm
         self.name = name
         self.programs = programs
@@ -53,6 +59,8 @@ class Channel:
             for region in (self.epochs, self.flags, self.buffer):
                 if region is not None:
                     heap.view(region).zero_()
+            if lamport_bytes:
+                lamport_fill(heap.view(self.buffer)[:lamport_bytes])
             if comm.backend == "cuda":
                 torch.cuda.synchronize(comm.device)
             heap.verify()

@@ -251,6 +251,8 @@ class Communicator:
             raise TritonCommError("communicator is closed")
         if self._broken is not None:
             raise self._broken
+        if self.diag.word(F.STATUS) == 0:
+            return
         words = self.diag.read()
         status = words[F.STATUS]
         if status == 0 or (status == -1 and not any(words[1:])):

@@ -170,6 +170,10 @@ class HostMappedWords:
     def read(self) -> list[int]:
         return list(self._array)
 
+    def word(self, i: int) -> int:
+        """Word ``i`` alone (the launch path's check reads one)."""
+        return self._array[i]
+
     def clear(self) -> None:
         ctypes.memset(self._host, 0, 8 * self.words)
 

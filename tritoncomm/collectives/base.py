@@ -34,10 +34,12 @@ log = logging.getLogger("tritoncomm")
 
 @dataclass(frozen=True)
 class Workspace:
-    """What an algorithm needs in every rank's heap: barrier slots and buffer bytes."""
+    """What an algorithm needs in every rank's heap: barrier slots and buffer bytes, of which the
+    first ``lamport_bytes`` start at rest as Lamport buffers (``Channel``)."""
 
     barrier_slots: int = 0
     buffer_bytes: int = 0
+    lamport_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ class Algorithm:
         self.launcher = Launcher(self.kernel, (grid,)) if self.kernel is not None else None
         ws = self.layout()
         self.channel = Channel(comm, tag, programs=grid, barrier_slots=ws.barrier_slots,
-                               buffer_bytes=ws.buffer_bytes)
+                               buffer_bytes=ws.buffer_bytes, lamport_bytes=ws.lamport_bytes)
 
     def layout(self) -> Workspace:
         """Size this instance's buffers for ``capacity`` bytes (set the fields ``launch`` reads)."""

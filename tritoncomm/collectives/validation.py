@@ -46,14 +46,19 @@ def _input_error(x: object, device: torch.device, what: str) -> None:
 def check_out(out: object, x: torch.Tensor, numel: int, what: str, *, may_alias: bool) -> None:
     """``out`` holds ``numel`` elements of ``x``'s dtype on its device; it may be ``x`` itself only
     when ``may_alias`` (and never overlap it partially)."""
-    if isinstance(out, torch.Tensor) and out.numel() == numel and out.dtype == x.dtype and out.device == x.device \
-            and out.is_contiguous() and not out.data_ptr() % out.element_size():
-        op, xp, size = out.data_ptr(), x.data_ptr(), out.element_size()
-        same = op == xp
-        if (same and not may_alias) or (not same and xp < op + numel * size and op < xp + x.numel() * size):
+    if isinstance(out, torch.Tensor) and out.dtype == x.dtype and out.numel() == numel and out.is_contiguous() \
+            and out.device == x.device:
+        op, xp = out.data_ptr(), x.data_ptr()
+        if op == xp:
+            if may_alias:
+                return
+            raise InvalidInputError(f"{what}: out overlaps the input")
+        size = x.element_size()
+        if xp < op + numel * size and op < xp + x.numel() * size:
             raise InvalidInputError(f"{what}: out overlaps the input" +
                                     (" (use out=x for in-place)" if may_alias else ""))
-        return
+        if not op % size:
+            return
     if not isinstance(out, torch.Tensor):
         raise InvalidInputError(f"{what}: out must be a torch.Tensor, got {type(out).__name__}")
     if out.numel() != numel or out.dtype != x.dtype or out.device != x.device:

@@ -7,7 +7,9 @@ most of an eager collective's host time.
 
 A ``Launcher`` serves one kernel on one grid. The first call with a given *signature* goes through
 Triton (compiling if needed) and keeps the compiled kernel Triton returned; later calls with the
-same signature hand the arguments to that compiled kernel's own launcher. The signature is the
+same signature hand the arguments to that compiled kernel's launcher: its C entry point directly where
+Triton built one for CUDA and the kernel needs no scratch memory (``direct``), else Triton's Python
+wrapper around it. The signature is the
 current device, the keyword arguments with their values (constexprs and options such as
 ``num_warps``), and, per positional argument, the specialisation Triton computes for it with
 specialisation and alignment on (``native_specialize_impl``: dtype, 16-byte alignment, integer width,
@@ -28,6 +30,7 @@ Rules:
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 try:  # Triton internals this relies on (3.6); without them every launch goes through Triton.
@@ -49,6 +52,19 @@ def _hook_idle(hook: object) -> bool:
     return hook is None or not getattr(hook, "calls", True)
 
 
+def _c_entry(kernel: Any) -> tuple[Any, bool, bool] | None:
+    """``(launch, cooperative, pdl)`` when ``kernel``'s launcher is Triton's CUDA launcher around a C
+    entry point taking ``(gx, gy, gz, stream, function, cooperative, pdl, global_scratch,
+    profile_scratch, packed_metadata, launch_metadata, enter_hook, exit_hook, *args)`` and the kernel
+    needs no scratch memory (which that wrapper would allocate per launch); else None."""
+    run = kernel.run
+    launch = getattr(run, "launch", None)
+    if not isinstance(launch, types.BuiltinFunctionType) or getattr(run, "global_scratch_size", 1) \
+            or getattr(run, "profile_scratch_size", 1):
+        return None
+    return launch, bool(run.launch_cooperative_grid), bool(run.launch_pdl)
+
+
 class Launcher:
     """Launch ``fn`` (a ``@triton.jit`` kernel) on ``grid``: ``launcher(*args, **kwargs)`` does what
     ``fn[grid](*args, **kwargs)`` does, with less host time once a signature has been launched
@@ -60,7 +76,7 @@ class Launcher:
             raise TypeError(f"Launcher: grid must be a tuple of 1-3 ints, got {grid!r}")
         self.fn, self.grid = fn, grid
         self._dims = (*grid, 1, 1)[:3]
-        self._cache: dict[tuple, tuple[Any, tuple]] = {}
+        self._cache: dict[tuple, tuple[Any, tuple, tuple[Any, bool, bool] | None]] = {}
         self.fast = FAST and isinstance(fn, JITFunction) and hasattr(fn, "device_caches")
         if self.fast:
             params = fn.params
@@ -74,6 +90,8 @@ class Launcher:
             self._device = driver.active.get_current_device
             self._stream = driver.active.get_current_stream
             self._backend: Any = None  # Triton's backend object for the device, after the first launch
+        #: Whether the short path calls the C entry point itself where it can (``_c_entry``).
+        self.direct = True
         #: Launches that took the short path (tests and benchmarks read it).
         self.short_launches = 0
 
@@ -92,17 +110,22 @@ class Launcher:
                 self.fn[self.grid](*args, **kwargs)
                 return
             if hit is not None:
-                kernel, tail = hit
+                kernel, tail, entry = hit
                 g0, g1, g2 = self._dims
-                kernel.run(g0, g1, g2, self._stream(dev), kernel.function, kernel.packed_metadata, None, None, None,
-                           *args, *tail)
+                if entry is not None and self.direct:
+                    launch, coop, pdl = entry
+                    launch(g0, g1, g2, self._stream(dev), kernel.function, coop, pdl, None, None,
+                           kernel.packed_metadata, None, None, None, *args, *tail)
+                else:
+                    kernel.run(g0, g1, g2, self._stream(dev), kernel.function, kernel.packed_metadata, None, None,
+                               None, *args, *tail)
                 self.short_launches += 1
                 return
             kernel = self.fn[self.grid](*args, **kwargs)
             if hasattr(kernel, "result"):  # compiled asynchronously
                 kernel = kernel.result()
             if len(self._cache) < MAX_SIGNATURES:
-                self._cache[key] = (kernel, self._tail(len(args), kwargs))
+                self._cache[key] = (kernel, self._tail(len(args), kwargs), _c_entry(kernel))
             return
         self.fn[self.grid](*args, **kwargs)
 

@@ -50,7 +50,6 @@ from ...kernels import (
     epoch_next,
     heap_ptr,
     lamport_canonical,
-    lamport_fill,
     lamport_poll,
     lamport_reset,
     lamport_store,
@@ -264,29 +263,15 @@ def _one_block_shapes(algo: str, elems: int) -> list[Choice]:
 
 
 class _Lamport(AllReduceAlgorithm):
-    """What the Lamport launchers share: buffers put at rest once, at set-up; programmatic dependent
-    launch; the kernels' ``TRIES`` and ``EARLY`` (``tries``, ``early``)."""
+    """What the Lamport launchers share: buffers put at rest once, at set-up
+    (``Workspace.lamport_bytes``); programmatic dependent launch; the kernels' ``TRIES`` and ``EARLY``
+    (``tries``, ``early``)."""
 
     barriers = False
 
     pdl = True
     tries = LAMPORT_TRIES
     early = False
-
-    def __init__(self, comm, capacity: int, grid: int, tag: str) -> None:
-        super().__init__(comm, capacity, grid, tag)
-        self.put_at_rest(comm, self.channel, self._rest_bytes())
-
-    def _rest_bytes(self) -> int:
-        raise NotImplementedError
-
-    @staticmethod
-    def put_at_rest(comm, channel, nbytes: int) -> None:
-        """Put the first ``nbytes`` of ``channel``'s buffer at rest. Set-up only: the collective's
-        set-up barrier follows, so no peer stores into them before every rank has."""
-        lamport_fill(comm.heap.view(channel.buffer)[:nbytes])
-        if comm.backend == "cuda":
-            torch.cuda.synchronize(comm.device)
 
 
 class LamportOneShot(_Lamport):
@@ -300,10 +285,7 @@ class LamportOneShot(_Lamport):
 
     def layout(self) -> Workspace:
         self.slot_bytes = round_up(self.capacity, 256)
-        return Workspace(buffer_bytes=2 * self.world * self.slot_bytes)
-
-    def _rest_bytes(self) -> int:
-        return 2 * self.world * self.slot_bytes
+        return Workspace(buffer_bytes=2 * self.world * self.slot_bytes, lamport_bytes=2 * self.world * self.slot_bytes)
 
     @classmethod
     def candidates(cls, nbytes: int, backend: str) -> list[Choice]:
@@ -335,10 +317,7 @@ class LamportTwoShot(_Lamport):
     def layout(self) -> Workspace:
         self.slot_bytes = round_up(cdiv(self.capacity, self.world) + 64, 256)  # a shard, padded to 16 elements
         self.half = 2 * self.world * self.slot_bytes
-        return Workspace(buffer_bytes=2 * self.half + 2 * self.world * 8)
-
-    def _rest_bytes(self) -> int:
-        return 2 * self.half  # the tokens are LL8 packets, zero at rest
+        return Workspace(buffer_bytes=2 * self.half + 2 * self.world * 8, lamport_bytes=2 * self.half)  # tokens: LL8
 
     @classmethod
     def candidates(cls, nbytes: int, backend: str) -> list[Choice]:

@@ -30,7 +30,7 @@ from ...kernels import (
     program_epoch,
 )
 from ...units import round_up
-from ..allreduce.lamport import LAMPORT_TRIES, LamportOneShot, lamport_sum_ranks
+from ..allreduce.lamport import LAMPORT_TRIES, lamport_sum_ranks
 from ..base import Workspace
 from .algorithm import FusedAlgorithm
 from .rows import add_residual, chunk_cols, load_chunk, row_rstd, store_norm, work_item
@@ -95,14 +95,10 @@ class FusedLamport(FusedAlgorithm):
     barriers = False
     pdl = True
 
-    def __init__(self, comm, capacity: int, grid: int, tag: str, plan) -> None:
-        super().__init__(comm, capacity, grid, tag, plan)
-        LamportOneShot.put_at_rest(comm, self.channel, 2 * self.world * self.slot_bytes)
-
     def layout(self) -> Workspace:
         self.slot_bytes = round_up(self.rows * self.plan.max_hidden * 2, 256)
         self.xch_rel = 2 * self.world * self.slot_bytes
-        return Workspace(buffer_bytes=self.xch_rel + self.exchange_bytes)
+        return Workspace(buffer_bytes=self.xch_rel + self.exchange_bytes, lamport_bytes=self.xch_rel)
 
     def launch(self, x: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor,
                out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float,

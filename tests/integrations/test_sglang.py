@@ -51,9 +51,10 @@ import logging
 logging.basicConfig(level=logging.INFO)  # as SGLang's processes configure logging before loading plugins
 from sglang.srt.plugins import load_plugins
 from sglang.srt.plugins.hook_registry import HookRegistry
-from tritoncomm.integrations.sglang import DISPATCH_TARGET, FUSED_NORM_TARGET
+from tritoncomm.integrations.sglang import DISPATCH_TARGET, FI_FIRST_TARGET, FUSED_NORM_TARGET
 load_plugins()
-print("HOOKED", DISPATCH_TARGET in HookRegistry._patched, FUSED_NORM_TARGET in HookRegistry._patched)
+print("HOOKED", DISPATCH_TARGET in HookRegistry._patched, FUSED_NORM_TARGET in HookRegistry._patched,
+      FI_FIRST_TARGET in HookRegistry._patched)
 """
 
 
@@ -64,7 +65,7 @@ print("HOOKED", DISPATCH_TARGET in HookRegistry._patched, FUSED_NORM_TARGET in H
 ], ids=["off", "on", "no-fusion"])
 def test_plugin_through_sglang_loader(env, dispatch, fused, line):
     out = run_python(_LOAD, **env)
-    assert f"HOOKED {dispatch} {fused}" in out, out[-3000:]
+    assert f"HOOKED {dispatch} {fused} {dispatch}" in out, out[-3000:]
     assert line in out, out[-3000:]
     assert sum("tritoncomm:" in ln for ln in out.splitlines()) == 1, out[-3000:]
 
@@ -121,6 +122,34 @@ def test_tp_all_reduce_served_and_exact(sw, dtype):
         assert all(m == "ca" for m, _ in ok), ok
         assert all(e for _, e in ok), ok
         assert calls == len(ok)
+
+
+# -- FlashInfer's standalone all-reduce, which SGLang asks first where its fusion is on ------------------
+def _flashinfer_first(ctx):
+    import sglang.srt.layers.flashinfer_comm_fusion as fcf
+
+    tp = _tp()
+    x = torch.randn(4, 96).to(torch.bfloat16)
+    saved = fcf.can_use_flashinfer_allreduce, tp._fi_workspace_hint, tp.ca_comm
+    # as on CUDA with the fusion on: FlashInfer imported, its workspace rendezvoused on this group, the
+    # group tagged by SGLang's _tag_groups_for_flashinfer_allreduce_only
+    fcf.can_use_flashinfer_allreduce = lambda *args, **kwargs: True
+    tp._fi_workspace_hint = "attn_tp"
+    try:
+        ours = tp._can_use_flashinfer_allreduce(x)
+        tp.ca_comm = None  # a group whose slot is not tritoncomm's
+        theirs = tp._can_use_flashinfer_allreduce(x)
+    finally:
+        fcf.can_use_flashinfer_allreduce, tp._fi_workspace_hint, tp.ca_comm = saved
+    return ours, theirs
+
+
+def test_flashinfer_all_reduce_steps_aside(sw):
+    """SGLang's all_reduce asks FlashInfer's standalone all-reduce before its custom all-reduce slot
+    where FlashInfer's fusion is on (auto-enabled for several model families): tritoncomm's slot would
+    never be asked. With the plugin FlashInfer declines where the slot is tritoncomm's."""
+    for ours, theirs in sw.run(_flashinfer_first):
+        assert (ours, theirs) == (False, True)
 
 
 # -- graph capture: SGLang's graph_capture enters ours --------------------------------------------------

@@ -65,11 +65,14 @@ import vllm.plugins
 from vllm.config.logging import LoggingConfig
 from vllm.logger import configure_logging
 import vllm.distributed.device_communicators.custom_all_reduce as car
+import vllm.distributed.device_communicators.flashinfer_all_reduce as fi
 configure_logging(LoggingConfig())  # as vLLM's processes do before they load plugins
-original = car.CustomAllreduce
+original, fi_original = car.CustomAllreduce, fi.FlashInferAllReduce
 vllm.plugins.load_general_plugins()
 replaced = car.CustomAllreduce is not original
 print("REPLACED", replaced, replaced and issubclass(car.CustomAllreduce, original))
+fi_replaced = fi.FlashInferAllReduce is not fi_original
+print("FI", fi_replaced, fi_replaced and issubclass(fi.FlashInferAllReduce, fi_original))
 try:
     from vllm.compilation.passes.pass_manager import PostGradPassManager
     print("PASS", getattr(PostGradPassManager.configure, "tritoncomm", False))
@@ -88,6 +91,7 @@ except ImportError:
 def test_plugin_through_vllm_loader(env, replaced, fusion, line):
     out = run_python(_LOAD, **env)
     assert f"REPLACED {replaced} {replaced}" in out, out[-3000:]
+    assert f"FI {replaced} {replaced}" in out, out[-3000:]
     assert f"PASS {fusion}" in out, out[-3000:]
     assert line in out, out[-3000:]
     assert sum("tritoncomm:" in ln for ln in out.splitlines()) == 1, out[-3000:]
@@ -236,6 +240,62 @@ def test_vllm_gates_leave_us_off(vw):
         assert out["etp"] == (None, True)
         assert out["disabled"] == (None, True)
         assert out["cumem"] == ("TritonCommCustomAllreduce", False, True)
+
+
+# -- FlashInfer's standalone all-reduce, which vLLM's communicator asks before ca_comm ----------------------
+def _flashinfer_first(ctx):
+    import vllm.distributed.device_communicators.flashinfer_all_reduce as fi
+    import vllm.distributed.parallel_state as ps
+
+    from tritoncomm.integrations.vllm import yielding_flashinfer_class
+
+    plugins = fi.FlashInferAllReduce
+    vllms = plugins.__bases__[0]
+
+    class Available(vllms):
+        """vLLM's class as it comes up where FlashInfer imports on CUDA (the CPU world's platform and
+        missing FlashInfer keep it disabled here): enabled, taking every input, visibly wrong."""
+
+        def __init__(self, group, device) -> None:
+            self.disabled, self.calls = False, 0
+
+        def should_use_fi_ar(self, input_tensor):
+            return True
+
+        def all_reduce(self, input_tensor):
+            self.calls += 1
+            return torch.zeros_like(input_tensor)
+
+        def destroy(self) -> None:
+            pass
+
+    x = torch.randn(4, 96, generator=torch.Generator().manual_seed(ctx.rank)).to(torch.bfloat16)
+    want = rank_order_sum(gathered(ctx, x), x.dtype)
+    out = {}
+    for name, cls, custom in (("vllm", Available, True), ("plugin", yielding_flashinfer_class(Available), True),
+                              ("plugin, custom all-reduce off", yielding_flashinfer_class(Available), False)):
+        fi.FlashInferAllReduce = cls
+        ps.set_custom_all_reduce(custom)
+        try:
+            g = ps.init_model_parallel_group([list(range(ctx.world))], ctx.rank, "gloo", group_name="tp")
+            comm = g.device_communicator
+            y = g.all_reduce(x)
+            out[name] = (comm.fi_ar_comm.disabled, comm.fi_ar_comm.calls, torch.equal(y, want))
+            g.destroy()
+        finally:
+            fi.FlashInferAllReduce = plugins
+            ps.set_custom_all_reduce(True)
+    return out
+
+
+def test_flashinfer_all_reduce_steps_aside(vw):
+    """vLLM asks FlashInfer's standalone all-reduce before its custom all-reduce slot: with FlashInfer
+    available, vLLM's own order would never reach tritoncomm. The plugin's class is built disabled
+    where the slot is built; with custom all-reduce off it stays vLLM's."""
+    for out in vw.run(_flashinfer_first):
+        assert out["vllm"] == (False, 1, False)  # vLLM's order: FlashInfer first
+        assert out["plugin"] == (True, 0, True)  # tritoncomm's slot serves, exactly
+        assert out["plugin, custom all-reduce off"] == (False, 1, False)
 
 
 # -- the fused all-reduce + RMSNorm (+ FP8) pass -------------------------------------------------------

@@ -3,20 +3,26 @@
 SGLang's ``GroupCoordinator`` builds its custom all-reduce as
 ``dispatch_custom_allreduce(group=cpu_group, device=device)(group=cpu_group, device=device)`` and asks
 it first for the out-of-place all-reduce (method ``"ca"``) and around CUDA-graph capture
-(``ca_comm.capture()``). Its RMSNorm with a residual, under tensor parallelism on CUDA, first calls
-``flashinfer_allreduce_residual_rmsnorm`` (``layers/flashinfer_comm_fusion.py``), which returns
-``(norm, new residual)`` or ``(None, None)`` to decline.
+(``ca_comm.capture()``), except that where FlashInfer's all-reduce fusion is on (SGLang turns it on
+by itself for several model families on sm90/sm100) its ``all_reduce`` asks FlashInfer's standalone
+all-reduce first (``GroupCoordinator._can_use_flashinfer_allreduce``). Its RMSNorm with a residual,
+under tensor parallelism on CUDA, first calls ``flashinfer_allreduce_residual_rmsnorm``
+(``layers/flashinfer_comm_fusion.py``), which returns ``(norm, new residual)`` or ``(None, None)`` to
+decline.
 
 The plugin (entry point ``sglang.srt.plugins``, run by SGLang's ``load_plugins`` in every process)
-registers, when ``TRITONCOMM_ENABLE=1``, two hooks with SGLang's ``HookRegistry``:
+registers, when ``TRITONCOMM_ENABLE=1``, three hooks with SGLang's ``HookRegistry``:
 
 * on ``dispatch_custom_allreduce``: the class it returns builds ``SGLangCustomAllreduce``, and the
   class SGLang would have used where tritoncomm cannot serve the group;
+* on ``GroupCoordinator._can_use_flashinfer_allreduce``: False for a group whose ``ca_comm`` is
+  tritoncomm's (and enabled), so that SGLang's all-reduce reaches its custom all-reduce slot; sizes
+  the slot declines take SGLang's remaining path, not FlashInfer's;
 * on ``flashinfer_allreduce_residual_rmsnorm`` (unless ``TRITONCOMM_FUSION=0``): where the fusion
   group's ``ca_comm`` is tritoncomm's, tritoncomm's fused all-reduce + add + RMSNorm serves it, or
   declines with ``(None, None)`` for shapes it does not serve; elsewhere FlashInfer's runs.
 
-Both are AROUND hooks (a REPLACE that keeps the original at hand), so SGLang's own code serves
+All are AROUND hooks (a REPLACE that keeps the original at hand), so SGLang's own code serves
 whatever tritoncomm does not. Written against SGLang 0.5.23, whose own code the tests run.
 """
 
@@ -33,13 +39,14 @@ from ..config import CommConfig
 from .custom_allreduce import FUSED_RESERVE_BYTES, CustomAllReduceSlot
 from .switch import ENABLE_ENV, enabled, fusion_enabled
 
-__all__ = ["DISPATCH_TARGET", "FUSED_NORM_TARGET", "SGLangCustomAllreduce", "plugin"]
+__all__ = ["DISPATCH_TARGET", "FI_FIRST_TARGET", "FUSED_NORM_TARGET", "SGLangCustomAllreduce", "plugin"]
 
 log = logging.getLogger("sglang.srt.plugins.tritoncomm")
 
 #: What the plugin hooks, as SGLang's ``HookRegistry`` names targets.
 DISPATCH_TARGET = "sglang.srt.distributed.device_communicators.custom_all_reduce.dispatch_custom_allreduce"
 FUSED_NORM_TARGET = "sglang.srt.layers.flashinfer_comm_fusion.flashinfer_allreduce_residual_rmsnorm"
+FI_FIRST_TARGET = "sglang.srt.distributed.parallel_state.GroupCoordinator._can_use_flashinfer_allreduce"
 
 
 def plugin() -> None:
@@ -51,6 +58,7 @@ def plugin() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(DISPATCH_TARGET, _dispatch, HookType.AROUND)
+    HookRegistry.register(FI_FIRST_TARGET, _flashinfer_steps_aside, HookType.AROUND)
     fused = "fused add-RMSNorm off (TRITONCOMM_FUSION=0)"
     if fusion_enabled():
         HookRegistry.register(FUSED_NORM_TARGET, _fused_norm, HookType.AROUND)
@@ -82,6 +90,15 @@ def _dispatch(original: Callable[..., Any], group: ProcessGroup, device: torch.d
         return fallback(group=group, device=device, **kwargs)
 
     return build
+
+
+def _flashinfer_steps_aside(original: Callable[..., Any], coordinator: Any, input_: torch.Tensor) -> bool:
+    """SGLang's question "does FlashInfer's standalone all-reduce take this?": no where the group's
+    custom all-reduce slot is tritoncomm's and enabled (the same answer on every rank)."""
+    ca = coordinator.ca_comm
+    if isinstance(ca, SGLangCustomAllreduce) and not ca.disabled:
+        return False
+    return original(coordinator, input_)
 
 
 def _fused_norm(original: Callable[..., Any], input_tensor: torch.Tensor, residual: torch.Tensor,

@@ -3,10 +3,14 @@
 vLLM's CUDA communicator builds its custom all-reduce (``ca_comm``) as
 ``CustomAllreduce(group=cpu_group, device=device, symm_mem_enabled=..., register_graph_buffers=...)``
 for the ``tp`` group only and only while custom all-reduce is enabled (no
-``--disable-custom-all-reduce``). It asks it first for the TP all-reduce and for the
+``--disable-custom-all-reduce``). It asks it for the TP all-reduce and first for the
 sequence-parallel all-gather and reduce-scatter, and enters ``ca_comm.capture()`` around CUDA-graph
-capture. The plugin (entry point ``vllm.general_plugins``, which ``vllm.plugins.load_general_plugins``
-runs in every vLLM process) puts ``TritonCommCustomAllreduce`` in the place of vLLM's class when
+capture. For the all-reduce it asks FlashInfer's standalone all-reduce (``fi_ar_comm``, on by
+default wherever FlashInfer imports) before ``ca_comm``; so where the slot is tritoncomm's, the
+plugin builds that one disabled (``yielding_flashinfer_class``).
+
+The plugin (entry point ``vllm.general_plugins``, which ``vllm.plugins.load_general_plugins`` runs
+in every vLLM process) puts ``TritonCommCustomAllreduce`` in the place of vLLM's class when
 ``TRITONCOMM_ENABLE=1`` (not in batch-invariant mode, whose fixed-order all-reduce stays vLLM's), so
 vLLM's own gates decide where it serves; whatever it declines takes vLLM's own path. With
 compilation it also installs ``vllm_fusion.TritonCommFusionPass``, which rewrites all-reduce +
@@ -26,7 +30,8 @@ from ..config import CommConfig
 from .custom_allreduce import CustomAllReduceSlot
 from .switch import ENABLE_ENV, FUSION_ENV, enabled, fusion_enabled
 
-__all__ = ["ENABLE_ENV", "FUSION_ENV", "TritonCommCustomAllreduce", "plugin", "served_class"]
+__all__ = ["ENABLE_ENV", "FUSION_ENV", "TritonCommCustomAllreduce", "plugin", "served_class",
+           "yielding_flashinfer_class"]
 
 _LOGGER = "vllm.tritoncomm"  # under vLLM's logger, so the line shows in vLLM's log
 
@@ -50,6 +55,13 @@ def plugin() -> None:
         return
     if not getattr(vllm_car.CustomAllreduce, "served_by_tritoncomm", False):
         vllm_car.CustomAllreduce = served_class(vllm_car.CustomAllreduce)
+    try:
+        import vllm.distributed.device_communicators.flashinfer_all_reduce as vllm_fi
+    except ImportError as e:  # nothing to step aside
+        log.debug("tritoncomm: vLLM's FlashInfer all-reduce does not import (%s)", e)
+    else:
+        if not getattr(vllm_fi.FlashInferAllReduce, "yields_to_tritoncomm", False):
+            vllm_fi.FlashInferAllReduce = yielding_flashinfer_class(vllm_fi.FlashInferAllReduce)
     fusion = "fused all-reduce + RMSNorm off (TRITONCOMM_FUSION=0)"
     if fusion_enabled():
         from .vllm_fusion import install
@@ -70,11 +82,33 @@ def served_class(base: type) -> type:
                 {"__module__": __name__, "__doc__": TritonCommCustomAllreduce.__doc__, "served_by_tritoncomm": True})
 
 
+def yielding_flashinfer_class(base: type) -> type:
+    """vLLM's ``FlashInferAllReduce`` (``base``), built disabled wherever vLLM builds its custom
+    all-reduce slot too (custom all-reduce enabled: the slot is then tritoncomm's), so that vLLM's
+    CUDA communicator, which asks FlashInfer's standalone all-reduce before the slot, asks the slot;
+    vLLM's own class elsewhere (``--disable-custom-all-reduce``). vLLM's fused all-reduce + RMSNorm
+    pass has its own FlashInfer workspace and is not affected (``TritonCommFusionPass`` runs first)."""
+
+    def __init__(self, group: ProcessGroup, device: int | str | torch.device) -> None:
+        base.__init__(self, group, device)
+        from vllm.distributed import parallel_state
+
+        if not self.disabled and parallel_state._ENABLE_CUSTOM_ALL_REDUCE:
+            self.disabled = True
+            logging.getLogger(_LOGGER).info(
+                "tritoncomm: vLLM's FlashInfer all-reduce steps aside for this group: its custom all-reduce "
+                "slot (tritoncomm) serves the TP all-reduce")
+
+    return type("TritonCommYieldingFlashInferAllReduce", (base,),
+                {"__init__": __init__, "__module__": __name__, "__doc__": yielding_flashinfer_class.__doc__,
+                 "yields_to_tritoncomm": True})
+
+
 class TritonCommCustomAllreduce(CustomAllReduceSlot):
     """vLLM 0.33's ``CustomAllreduce``, served by tritoncomm: the same constructor, methods and
     return conventions (``CustomAllReduceSlot`` holds them). The multicast (MNNVL) sizes are accepted
     and unused: tritoncomm never uses NVLink multicast. ``symm_mem_enabled`` (vLLM's symmetric-memory
-    all-reduce takes the larger sizes) changes nothing: vLLM asks ``ca_comm`` first either way."""
+    all-reduce takes the larger sizes) changes nothing: vLLM asks ``ca_comm`` before it either way."""
 
     def __init__(self, group: ProcessGroup, device: int | str | torch.device, max_size: int = 8192 * 1024,
                  max_all_gather_size: int = 2 * 1024 * 1024, max_mnnvl_all_gather_size: int | None = None,

@@ -93,7 +93,7 @@ def yielding_flashinfer_class(base: type) -> type:
         base.__init__(self, group, device)
         from vllm.distributed import parallel_state
 
-        if not self.disabled and parallel_state._ENABLE_CUSTOM_ALL_REDUCE:
+        if not self.disabled and getattr(parallel_state, "_ENABLE_CUSTOM_ALL_REDUCE", False):
             self.disabled = True
             logging.getLogger(_LOGGER).info(
                 "tritoncomm: vLLM's FlashInfer all-reduce steps aside for this group: its custom all-reduce "

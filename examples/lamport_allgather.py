@@ -32,6 +32,7 @@ from tritoncomm.kernels import (
     lamport_store,
     program_epoch,
 )
+from tritoncomm.units import round_up
 
 
 @triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
@@ -63,7 +64,7 @@ class LamportAllGather:
 
     def __init__(self, comm: tc.Communicator, max_elems: int, programs: int = 4, block: int = 1024) -> None:
         self.comm, self.max_elems, self.block = comm, max_elems, block
-        self.slot_bytes = -(-4 * max_elems // 256) * 256  # room for fp32; 256-byte aligned slots
+        self.slot_bytes = round_up(4 * max_elems, 256)  # room for fp32; 256-byte aligned slots
         both = 2 * comm.world * self.slot_bytes  # two parities of W slots, all starting at rest
         self.channel = tc.Channel(comm, "lamport_allgather", programs=programs, buffer_bytes=both,
                                   lamport_bytes=both)

@@ -14,10 +14,10 @@ Layout in every rank's heap (same offsets everywhere):
 Flags, epochs and the buffer are zeroed at creation, except the buffer's first ``lamport_bytes``,
 which start at rest as Lamport buffers (``kernels.lamport``: every 16-bit half the sentinel).
 Creation ends with a check that every rank built the same layout (which is also the barrier that
-keeps peers from signalling into memory that is still being zeroed). The buffer is zeroed because
-the heap is reused: a channel created where a closed one lived starts its epochs at 1 again, and an
-LL packet the old one left there with flag 1 would otherwise pass for this channel's (flag 0 never
-matches an epoch).
+keeps peers from signalling or storing into memory that is still being zeroed or put at rest). The
+buffer is zeroed because the heap is reused: a channel created where a closed one lived starts its
+epochs at 1 again, and an LL packet the old one left there with flag 1 would otherwise pass for this
+channel's (flag 0 never matches an epoch).
 """
 
 from __future__ import annotations

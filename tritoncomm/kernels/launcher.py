@@ -8,13 +8,13 @@ most of an eager collective's host time.
 A ``Launcher`` serves one kernel on one grid. The first call with a given *signature* goes through
 Triton (compiling if needed) and keeps the compiled kernel Triton returned; later calls with the
 same signature hand the arguments to that compiled kernel's launcher: its C entry point directly where
-Triton built one for CUDA and the kernel needs no scratch memory (``direct``), else Triton's Python
-wrapper around it. The signature is the
-current device, the keyword arguments with their values (constexprs and options such as
-``num_warps``), and, per positional argument, the specialisation Triton computes for it with
-specialisation and alignment on (``native_specialize_impl``: dtype, 16-byte alignment, integer width,
-the value 1). That is at least as fine as what Triton keys its own cache on, so a call takes the
-short path only when Triton would have chosen the same compiled kernel.
+Triton built one for CUDA and the kernel needs no scratch memory and takes no tensor descriptors
+(``direct``), else Triton's Python wrapper around it. The signature is the current device, the
+keyword arguments with their values (constexprs and options such as ``num_warps``), and, per
+positional argument, the specialisation Triton computes for it with specialisation and alignment on
+(``native_specialize_impl``: dtype, 16-byte alignment, integer width, the value 1). That is at
+least as fine as what Triton keys its own cache on, so a call takes the short path only when Triton
+would have chosen the same compiled kernel.
 
 Rules:
 

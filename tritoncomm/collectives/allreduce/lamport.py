@@ -285,7 +285,8 @@ class LamportOneShot(_Lamport):
 
     def layout(self) -> Workspace:
         self.slot_bytes = round_up(self.capacity, 256)
-        return Workspace(buffer_bytes=2 * self.world * self.slot_bytes, lamport_bytes=2 * self.world * self.slot_bytes)
+        both = 2 * self.world * self.slot_bytes  # every byte of the buffer is a Lamport buffer
+        return Workspace(buffer_bytes=both, lamport_bytes=both)
 
     @classmethod
     def candidates(cls, nbytes: int, backend: str) -> list[Choice]:

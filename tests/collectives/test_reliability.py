@@ -69,7 +69,7 @@ def _job_stress(ctx, calls, seed, stragglers):
     ar = tc.AllReduce(comm, max_bytes=1 << 17, table=small_table(ctx.world))
     ar2 = tc.AllReduce(comm, max_bytes=1 << 17, table=small_table(ctx.world), name="second")
     schedule = random.Random(seed)  # the same sequence on every rank
-    mismatches, algos = 0, set()
+    mismatches, algos, details = 0, set(), []
     cuda = ctx.backend == "cuda"
     streams = [torch.cuda.Stream(), torch.cuda.Stream()] if cuda else None
     for i in range(calls):
@@ -92,14 +92,23 @@ def _job_stress(ctx, calls, seed, stragglers):
             streams[which].synchronize()
         else:
             coll(x, out=out)
-        algos.add(coll.select(x.numel() * x.element_size(), dtype))
-        if not torch.equal(out.cpu().view(torch.uint8), _expected(data, dtype).view(torch.uint8)):
+        algo = coll.select(x.numel() * x.element_size(), dtype)
+        algos.add(algo)
+        want = _expected(data, dtype)
+        if not torch.equal(out.cpu().view(torch.uint8), want.view(torch.uint8)):
             mismatches += 1
+            if len(details) < 3:  # what a failure needs to be chased: the call, its algorithm, the first bad values
+                got = out.cpu()
+                bad = (got.view(torch.uint8).view(-1, x.element_size()) != want.view(torch.uint8).view(
+                    -1, x.element_size())).any(dim=1).nonzero().flatten()
+                details.append({"rank": ctx.rank, "call": i, "n": n, "dtype": str(dtype), "instance": which,
+                                "algo": algo, "late": late, "elements": len(bad), "first": bad[:4].tolist(),
+                                "got": got[bad[:4]].tolist(), "want": want[bad[:4]].tolist()})
     comm.synchronize()
     ar.close()
     ar2.close()
     comm.close()
-    return mismatches, sorted(algos)
+    return mismatches, sorted(algos), details
 
 
 @pytest.mark.parametrize("world,gpu_calls,cpu_calls", [(2, 10_000, 400), (3, 600, 120), (4, 400, 100)])
@@ -107,8 +116,8 @@ def test_stress_random_sizes_with_stragglers(worlds, world, gpu_calls, cpu_calls
     """Full length on GPUs; in the CPU world (CI) 400 calls at world 2, every
     algorithm still met many times."""
     calls = gpu_calls if BACKEND == "cuda" else cpu_calls
-    for mismatches, algos in worlds(world).run(_job_stress, calls, 2026 + world, True, timeout=3000):
-        assert mismatches == 0
+    for mismatches, algos, details in worlds(world).run(_job_stress, calls, 2026 + world, True, timeout=3000):
+        assert mismatches == 0, "\n".join(map(str, details))
         assert algos == sorted(tc.collectives.ALGORITHMS)
 
 

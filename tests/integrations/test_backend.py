@@ -7,7 +7,9 @@ kernels) and, with ``TRITONCOMM_TEST_BACKEND=cuda``, on GPUs (CUDA tensors)."""
 from __future__ import annotations
 
 import os
+import queue
 import socket
+import time
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ import torch.distributed._functional_collectives as fc
 
 import tritoncomm
 
-from ..conftest import BACKEND
+from ..conftest import BACKEND, SHARED_GPUS
 from ..helpers import world_sizes
 from .enginetest import gathered, rank_order_sum
 
@@ -268,12 +270,14 @@ INIT_BACKEND = "cpu:gloo,cuda:tritoncomm" if BACKEND == "cuda" else "cpu:tritonc
 
 
 def _init_job(rank: int, world: int, port: int, q) -> None:
+    if SHARED_GPUS:
+        os.environ["TRITONCOMM_SHARED_GPUS"] = "1"
     if BACKEND == "cuda":
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(INIT_BACKEND, rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
     try:
         pg = dist.group.WORLD
-        dev = torch.device("cuda", rank) if BACKEND == "cuda" else torch.device("cpu")
+        dev = torch.device("cuda", torch.cuda.current_device()) if BACKEND == "cuda" else torch.device("cpu")
         x = torch.full((8,), float(rank + 1), dtype=torch.bfloat16, device=dev)
         dist.all_reduce(x)
         objs = [None] * world
@@ -290,10 +294,13 @@ def test_init_process_group():
 
 
 # -- model code nobody here wrote: transformers' own tensor parallelism ---------------------------------------
-def _hf_job(rank: int, world: int, port: int, backend: str, path: str, q) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+def _hf_job(rank: int, world: int, port: int, backend: str, path: str, static: bool, q) -> None:
+    gpu = rank % max(1, torch.cuda.device_count()) if BACKEND == "cuda" else 0
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(gpu), WORLD_SIZE=str(world))  # transformers: cuda:LOCAL_RANK
+    if SHARED_GPUS:
+        os.environ["TRITONCOMM_SHARED_GPUS"] = "1"
     if BACKEND == "cuda":
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(gpu)
     dist.init_process_group(backend, rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
     try:
         from transformers import AutoModelForCausalLM, DistributedConfig, LlamaConfig, LlamaForCausalLM
@@ -303,7 +310,7 @@ def _hf_job(rank: int, world: int, port: int, backend: str, path: str, q) -> Non
                               num_hidden_layers=2, vocab_size=128, max_position_embeddings=64)
             torch.manual_seed(0)  # random weights, no download
             LlamaForCausalLM(cfg).save_pretrained(path)
-        dist.barrier()
+        dist.barrier(group=dist.new_group(backend="gloo"))  # on the CPU: NCCL refuses ranks that share a GPU
         pg = dist.group.WORLD
         counts = {}
         if isinstance(pg, tritoncomm.distributed.TritonCommProcessGroup):
@@ -314,12 +321,17 @@ def _hf_job(rank: int, world: int, port: int, backend: str, path: str, q) -> Non
             path, distributed_config=DistributedConfig(tp_plan="auto", tp_size=world), dtype=torch.float32)
         sharded = type(model.model.layers[0].mlp.down_proj.weight).__name__
         prompt = torch.tensor([[1, 5, 9, 13]], device=model.device)
-        tokens = model.generate(prompt, max_new_tokens=16, do_sample=False)
-        q.put((rank, tokens.tolist(), sharded, {k: c.calls for k, c in counts.items()}))
+        # static: transformers compiles the decode step (inductor, mode "reduce-overhead": CUDA graph trees)
+        kw = {"cache_implementation": "static"} if static else {}
+        tokens = model.generate(prompt, max_new_tokens=16, do_sample=False, **kw)
+        from torch._dynamo.utils import counters
+
+        compiled = counters["stats"]["unique_graphs"]
+        q.put((rank, tokens.tolist(), sharded, {k: c.calls for k, c in counts.items()}, compiled))
     except Exception:
         import traceback
 
-        q.put((rank, traceback.format_exc(), None, None))
+        q.put((rank, traceback.format_exc(), None, None, None))
     finally:
         dist.destroy_process_group()
 
@@ -329,7 +341,7 @@ def _spawn(target, world: int, *args) -> list:
 
     import torch.multiprocessing as mp
 
-    if BACKEND == "cuda" and torch.cuda.device_count() < world:
+    if BACKEND == "cuda" and torch.cuda.device_count() < world and not SHARED_GPUS:
         pytest.skip(f"needs {world} GPUs")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -349,16 +361,30 @@ def _spawn(target, world: int, *args) -> list:
         else:
             os.environ["TRITON_INTERPRET"] = saved[0]
         sys.path[:] = saved[1]
-    results = sorted(q.get(timeout=600) for _ in procs)
+    results, deadline = [], time.monotonic() + 600
+    while len(results) < world:  # a rank that dies without reporting fails the test at once
+        try:
+            results.append(q.get(timeout=2))
+        except queue.Empty:
+            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                pytest.fail(f"ranks {dead} exited with codes {[procs[r].exitcode for r in dead]}" if dead
+                            else "no result within 600 s")
     for p in procs:
         p.join(60)
-    return results
+    return sorted(results)
 
 
-def test_transformers_tp_plan_same_tokens(tmp_path):
+@pytest.mark.parametrize("static", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["eager", "static"])
+def test_transformers_tp_plan_same_tokens(tmp_path, static):
     """A Llama-architecture model from a config (random weights), sharded by transformers' own
     ``tp_plan="auto"`` at TP2, greedy generation with the tritoncomm backend and with gloo (CPU world)
-    or NCCL (GPUs)."""
+    or NCCL (GPUs): the same tokens on every rank and with both backends. ``static``: transformers'
+    static cache, which compiles the decode step into CUDA graphs (the backend's calls are captured
+    in them). On ranks that share a GPU only the tritoncomm run happens (NCCL refuses them): its
+    ranks must agree."""
     import sys
 
     from .engines import fetch
@@ -367,12 +393,14 @@ def test_transformers_tp_plan_same_tokens(tmp_path):
     paths = fetch() if BACKEND != "cuda" else []
     base = "cpu:gloo,cuda:nccl" if BACKEND == "cuda" else "cpu:gloo"
     runs = {}
-    for backend in (base, INIT_BACKEND):
+    for backend in ((INIT_BACKEND,) if SHARED_GPUS else (base, INIT_BACKEND)):
         sys.path[:0] = paths  # the spawned ranks' path; _spawn restores ours
-        runs[backend] = _spawn(_hf_job, 2, backend, str(tmp_path / "tiny-llama"))
+        runs[backend] = _spawn(_hf_job, 2, backend, str(tmp_path / "tiny-llama"), static)
+    want = runs[INIT_BACKEND if SHARED_GPUS else base][0][1]
     for backend, results in runs.items():
-        for rank, tokens, sharded, _ in results:
+        for rank, tokens, sharded, _, compiled in results:
             assert sharded == "DTensor", (backend, rank, tokens)
-            assert tokens == runs[base][0][1], (backend, rank)
-    for _, _, _, calls in runs[INIT_BACKEND]:
+            assert tokens == want, (backend, rank)
+            assert (compiled > 0) == static, (backend, rank, compiled)  # static generation compiled, eager did not
+    for _, _, _, calls, _ in runs[INIT_BACKEND]:
         assert calls["ar"] > 0 and calls["ag"] > 0, calls  # transformers' all-reduces and gathers were ours

@@ -1,5 +1,6 @@
 """``Launcher``: the same results as ``kernel[grid](...)`` whatever the arguments' specialisation, and
-on GPUs the short path launches exactly the compiled kernel Triton itself picks."""
+on GPUs the short path launches exactly the compiled kernel Triton itself picks, through its C entry
+point (``direct``) and through Triton's wrapper around it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import triton
 import triton.language as tl
 
 from tritoncomm.kernels import Launcher
+from tritoncomm.kernels.launcher import _c_entry
 
 
 @triton.jit(do_not_specialize=["k"])
@@ -38,8 +40,9 @@ CASES = [
 def _launcher_job(ctx, rounds: int) -> dict:
     gen = torch.Generator().manual_seed(7)
     run = Launcher(_axpb_kernel, (8,))
-    bad, same = [], []
+    bad, same, direct = [], [], []
     for r in range(rounds):
+        run.direct = r != 1  # the second round through Triton's wrapper around the C entry point
         for i, (dtype, off, n, a, k, kw) in enumerate(CASES):
             x = torch.randn(2048, generator=gen).to(dtype).to(ctx.device)[off:]
             out = torch.full((2048,), float("nan"), dtype=dtype, device=ctx.device)[off:]
@@ -50,12 +53,13 @@ def _launcher_job(ctx, rounds: int) -> dict:
             if r == rounds - 1 and run.fast:  # the kernel Triton picks for these arguments
                 picked = _axpb_kernel[(8,)](x, out, n, a, k, **kw)
                 same.append(run.compiled(x, out, n, a, k, **kw) is picked)
+                direct.append(_c_entry(picked) is not None)  # the short path calls its C entry point
     x = torch.randn(1000, generator=gen).to(ctx.device)
     out = torch.empty_like(x)
     short = run.short_launches
     run(x, out, 1000, 2.0, k=5, BLOCK=256)  # a runtime parameter by keyword: Triton's path, still right
     kw_ok = torch.equal(out, x * 2.0 + 5) and run.short_launches == short
-    return {"fast": run.fast, "short": short, "bad": bad, "same": same, "kw_ok": kw_ok}
+    return {"fast": run.fast, "short": short, "bad": bad, "same": same, "direct": direct, "kw_ok": kw_ok}
 
 
 def test_launcher_matches_triton(worlds) -> None:
@@ -65,7 +69,7 @@ def test_launcher_matches_triton(worlds) -> None:
     if w.backend == "cpu":  # the interpreter: Triton's path every time
         assert (r["fast"], r["short"]) == (False, 0)
     else:
-        assert r["fast"] and r["same"] == [True] * len(CASES)
+        assert r["fast"] and r["same"] == [True] * len(CASES) and r["direct"] == [True] * len(CASES)
         assert r["short"] == 3 * len(CASES) - 9  # 1 + 8 distinct signatures went through Triton
 
 

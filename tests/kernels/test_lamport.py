@@ -1,9 +1,13 @@
 """Lamport buffers across ranks: the sentinel is never confused with data (-0.0, NaN, subnormals,
 the fp32 sentinel's own subnormal), buffers come back to rest after every use, and two buffers in
-rotation survive many launches, dtype changes and (on GPUs) graph replays."""
+rotation survive many launches, dtype changes and (on GPUs) graph replays. In the CPU world, a look
+that races a store and reads half of it never passes for data."""
 
 from __future__ import annotations
 
+import ctypes
+
+import numpy as np
 import pytest
 import torch
 import triton
@@ -175,3 +179,85 @@ def test_rotation_survives_graph_replay_with_fresh_data(worlds, world):
     for bad, at_rest, replayed in worlds(world).run(_job_ring, 6, [4096, 333], True):
         assert bad == [] and at_rest
         assert all(bad_elems == 0 for _, bad_elems, *_ in replayed), replayed
+
+
+# -- the CPU world: a look that races a store ------------------------------------------------------------------
+@triton.jit
+def _look_kernel(buf, vals, missing, n, rank, timeout, diag_addr, POLL: tl.constexpr, BLOCK: tl.constexpr):
+    """One ``lamport_try`` (or a ``lamport_poll``) of ``buf[:n]``: the values and what was missing."""
+    offs = tl.arange(0, BLOCK)
+    m = offs < n
+    if POLL:
+        v = lamport_poll(buf + offs, m, 0, 0, rank, timeout, diag_addr.to(tl.pointer_type(tl.int64)))
+        miss = tl.zeros([BLOCK], tl.int32)
+    else:
+        v, miss = lamport_try(buf + offs, m)
+    tl.store(vals + offs, v, mask=m)
+    tl.store(missing + offs, miss, mask=m)
+
+
+class _TornLoad:
+    """Stands in for the interpreter's C module. The first 16-bit load that covers ``addr`` sees a
+    store of ``bits`` land while it reads that element, the way glibc's two-byte ``memcpy`` (a byte,
+    then a word) can: the old low byte and the new high byte."""
+
+    def __init__(self, real, addr: int, bits: int) -> None:
+        self.real, self.addr, self.bits, self.torn = real, addr, bits, None
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+    def load(self, ptrs, mask, other, dtype):
+        hit = np.nonzero(ptrs == self.addr)[0] if self.torn is None and dtype.itemsize == 2 else []
+        if len(hit) == 0:
+            return self.real.load(ptrs, mask, other, dtype)
+        before = self.real.load(ptrs, mask, other, dtype).view(np.uint16)
+        ctypes.c_uint16.from_address(self.addr).value = self.bits  # the store lands mid-load
+        out = self.real.load(ptrs, mask, other, dtype)
+        i = hit[0]
+        self.torn = (self.bits & 0xFF00) | (int(before[i]) & 0x00FF)
+        out.view(np.uint16)[i] = self.torn
+        return out
+
+
+def _job_torn(ctx):
+    from triton.runtime import interpreter
+
+    comm = make_comm(ctx)
+    _, rank, _, timeout, diag = comm.kernel_args()
+    out = {}
+    for dtype in (torch.bfloat16, torch.float16):
+        for poll in (False, True):
+            n, at = 64, 37
+            buf = torch.empty(n, dtype=dtype)
+            lamport_fill(buf)
+            value = torch.tensor([1.5 if dtype == torch.bfloat16 else 2.75], dtype=dtype)  # low byte not 0x00
+            bits = int(value.view(torch.int16).item()) & 0xFFFF
+            if poll:  # every other element already written: the poll's first look is the racing one
+                keep = buf[at].clone()
+                buf.copy_(torch.arange(n, dtype=dtype) + 1)
+                buf[at] = keep
+            vals = torch.full((n,), 7.0, dtype=dtype)
+            missing = torch.full((n,), -1, dtype=torch.int32)
+            real = interpreter._interpreter
+            interpreter._interpreter = proxy = _TornLoad(real, buf.data_ptr() + at * 2, bits)
+            try:
+                _look_kernel[(1,)](buf, vals, missing, n, rank, timeout, diag, POLL=poll, BLOCK=64)
+            finally:
+                interpreter._interpreter = real
+            got = int(vals[at:at + 1].view(torch.int16).item()) & 0xFFFF
+            out[(str(dtype), poll)] = (proxy.torn is not None and proxy.torn != bits, int(missing[at]), got == bits,
+                                       int(missing.sum()) - int(missing[at]))
+    comm.close()
+    return out
+
+
+@pytest.mark.skipif(BACKEND == "cuda", reason="the interpreter's loads: a GPU loads an aligned element whole")
+def test_a_half_stored_element_never_passes_for_data(worlds):
+    for (dtype, poll), (torn, missing, right, others_missing) in worlds(1).run(_job_torn)[0].items():
+        assert torn, (dtype, poll)  # the race was staged: the racing look read a value that was never stored
+        if poll:  # the poll returns a load made after every element was seen: the whole value
+            assert right and missing == 0 and others_missing == 0, (dtype, missing, right)
+        else:  # the try that raced reports the element missing (or, never here, the whole value)
+            assert missing == 1 or right, (dtype, missing, right)
+            assert others_missing == 63, dtype  # the elements still at rest are missing

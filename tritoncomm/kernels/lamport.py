@@ -44,6 +44,14 @@ Contract (per element, like ``ll``):
 
 Reads of a buffer are only of data that this launch's writers stored; nothing else the writer did is
 published by it.
+
+**The CPU world.** The interpreter loads an element with ``memcpy``, and glibc copies two bytes as a
+byte load followed by a word load (the byte's value kept): a look that races the element's one store
+can return the old low byte with the new high byte, which is not the sentinel, so it would pass for
+data. Wider elements are copied with whole loads, and bytes are single. So there, for 16-bit
+elements, ``lamport_try`` looks twice and counts an element as missing unless both loads agree (each
+element changes once while it is read: sentinel to value); ``lamport_poll`` needs no such care, since
+it returns a load made after every element was seen written.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .backend import INTERPRET
 from .diag import record_timeout
 from .ordering import clock_ns
 from .signals import stop_waiting
@@ -128,9 +137,16 @@ def lamport_store(ptrs, vals, mask=None):
 
 @triton.jit
 def lamport_try(ptrs, mask):
-    """One look at ``ptrs`` (where ``mask``): ``(values, 1 per masked element still missing)``."""
+    """One look at ``ptrs`` (where ``mask``): ``(values, 1 per masked element still missing)``.
+    In the interpreter a look at 16-bit elements is two loads, and an element whose loads differ
+    counts as missing (module docstring, "The CPU world")."""
     v = tl.load(ptrs, mask=mask, other=0.0, volatile=True)
-    return v, lamport_missing(v) * mask.to(tl.int32)
+    missing = lamport_missing(v)
+    if INTERPRET and v.dtype.primitive_bitwidth == 16:
+        first = _bits(v)
+        v = tl.load(ptrs, mask=mask, other=0.0, volatile=True)
+        missing = (missing + lamport_missing(v) + (_bits(v) != first).to(tl.int32)) > 0
+    return v, missing.to(tl.int32) * mask.to(tl.int32)
 
 
 @triton.jit

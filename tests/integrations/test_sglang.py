@@ -130,26 +130,31 @@ def _flashinfer_first(ctx):
 
     tp = _tp()
     x = torch.randn(4, 96).to(torch.bfloat16)
+    big = torch.empty(1024, 4096, dtype=torch.bfloat16)  # 8 MB: at the slot's max_size, which it declines
     saved = fcf.can_use_flashinfer_allreduce, tp._fi_workspace_hint, tp.ca_comm
     # as on CUDA with the fusion on: FlashInfer imported, its workspace rendezvoused on this group, the
     # group tagged by SGLang's _tag_groups_for_flashinfer_allreduce_only
     fcf.can_use_flashinfer_allreduce = lambda *args, **kwargs: True
     tp._fi_workspace_hint = "attn_tp"
     try:
-        ours = tp._can_use_flashinfer_allreduce(x)
+        ours = tp._can_use_flashinfer_allreduce(x), tp._can_use_flashinfer_allreduce(big)
+        tp._fi_workspace_hint = None  # FlashInfer off: SGLang's answer, whatever the slot serves
+        off = tp._can_use_flashinfer_allreduce(x)
+        tp._fi_workspace_hint = "attn_tp"
         tp.ca_comm = None  # a group whose slot is not tritoncomm's
         theirs = tp._can_use_flashinfer_allreduce(x)
     finally:
         fcf.can_use_flashinfer_allreduce, tp._fi_workspace_hint, tp.ca_comm = saved
-    return ours, theirs
+    return ours, off, theirs
 
 
 def test_flashinfer_all_reduce_steps_aside(sw):
     """SGLang's all_reduce asks FlashInfer's standalone all-reduce before its custom all-reduce slot
     where FlashInfer's fusion is on (auto-enabled for several model families): tritoncomm's slot would
-    never be asked. With the plugin FlashInfer declines where the slot is tritoncomm's."""
-    for ours, theirs in sw.run(_flashinfer_first):
-        assert (ours, theirs) == (False, True)
+    never be asked. With the plugin FlashInfer declines what the slot serves and keeps the rest (8 MB,
+    past the slot's max_size)."""
+    for ours, off, theirs in sw.run(_flashinfer_first):
+        assert (ours, off, theirs) == ((False, True), False, True)
 
 
 # -- graph capture: SGLang's graph_capture enters ours --------------------------------------------------

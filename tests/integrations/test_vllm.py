@@ -271,6 +271,7 @@ def _flashinfer_first(ctx):
 
     x = torch.randn(4, 96, generator=torch.Generator().manual_seed(ctx.rank)).to(torch.bfloat16)
     want = rank_order_sum(gathered(ctx, x), x.dtype)
+    big = torch.ones(1024, 4096, dtype=torch.bfloat16)  # 8 MB: at the slot's max_size, which it declines
     out = {}
     for name, cls, custom in (("vllm", Available, True), ("plugin", yielding_flashinfer_class(Available), True),
                               ("plugin, custom all-reduce off", yielding_flashinfer_class(Available), False)):
@@ -280,7 +281,9 @@ def _flashinfer_first(ctx):
             g = ps.init_model_parallel_group([list(range(ctx.world))], ctx.rank, "gloo", group_name="tp")
             comm = g.device_communicator
             y = g.all_reduce(x)
-            out[name] = (comm.fi_ar_comm.disabled, comm.fi_ar_comm.calls, torch.equal(y, want))
+            small = (comm.fi_ar_comm.calls, torch.equal(y, want))
+            large = (g.all_reduce(big).abs().sum().item() == 0, comm.fi_ar_comm.calls)  # FlashInfer's zeros
+            out[name] = (comm.fi_ar_comm.disabled, *small, *large)
             g.destroy()
         finally:
             fi.FlashInferAllReduce = plugins
@@ -290,12 +293,14 @@ def _flashinfer_first(ctx):
 
 def test_flashinfer_all_reduce_steps_aside(vw):
     """vLLM asks FlashInfer's standalone all-reduce before its custom all-reduce slot: with FlashInfer
-    available, vLLM's own order would never reach tritoncomm. The plugin's class is built disabled
-    where the slot is built; with custom all-reduce off it stays vLLM's."""
+    available, vLLM's own order would never reach tritoncomm. The plugin's class declines what the
+    slot serves and keeps what it declines (8 MB, past the slot's max_size); with custom all-reduce
+    off it takes everything, as vLLM's does. (calls counts FlashInfer's all-reduces; its stand-in
+    returns zeros.)"""
     for out in vw.run(_flashinfer_first):
-        assert out["vllm"] == (False, 1, False)  # vLLM's order: FlashInfer first
-        assert out["plugin"] == (True, 0, True)  # tritoncomm's slot serves, exactly
-        assert out["plugin, custom all-reduce off"] == (False, 1, False)
+        assert out["vllm"] == (False, 1, False, True, 2)  # vLLM's order: FlashInfer first, every size
+        assert out["plugin"] == (False, 0, True, True, 1)  # tritoncomm's slot serves, exactly; 8 MB FlashInfer's
+        assert out["plugin, custom all-reduce off"] == (False, 1, False, True, 2)
 
 
 # -- the fused all-reduce + RMSNorm (+ FP8) pass -------------------------------------------------------

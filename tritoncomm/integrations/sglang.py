@@ -93,12 +93,14 @@ def _dispatch(original: Callable[..., Any], group: ProcessGroup, device: torch.d
 
 
 def _flashinfer_steps_aside(original: Callable[..., Any], coordinator: Any, input_: torch.Tensor) -> bool:
-    """SGLang's question "does FlashInfer's standalone all-reduce take this?": no where the group's
-    custom all-reduce slot is tritoncomm's and enabled (the same answer on every rank)."""
-    ca = coordinator.ca_comm
-    if isinstance(ca, SGLangCustomAllreduce) and not ca.disabled:
+    """SGLang's question "does FlashInfer's standalone all-reduce take this?": SGLang's answer, except
+    no where the group's custom all-reduce slot is tritoncomm's and serves ``input_`` (the same answer
+    on every rank). SGLang's answer comes first, so configurations where FlashInfer is off never reach
+    the slot's size check (a guard on the token count under torch.compile)."""
+    if not original(coordinator, input_):
         return False
-    return original(coordinator, input_)
+    ca = coordinator.ca_comm
+    return not (isinstance(ca, SGLangCustomAllreduce) and ca.should_custom_ar(input_))
 
 
 def _fused_norm(original: Callable[..., Any], input_tensor: torch.Tensor, residual: torch.Tensor,

@@ -7,7 +7,7 @@ for the ``tp`` group only and only while custom all-reduce is enabled (no
 sequence-parallel all-gather and reduce-scatter, and enters ``ca_comm.capture()`` around CUDA-graph
 capture. For the all-reduce it asks FlashInfer's standalone all-reduce (``fi_ar_comm``, on by
 default wherever FlashInfer imports) before ``ca_comm``; so where the slot is tritoncomm's, the
-plugin builds that one disabled (``yielding_flashinfer_class``).
+plugin's FlashInfer class declines what the slot serves (``yielding_flashinfer_class``).
 
 The plugin (entry point ``vllm.general_plugins``, which ``vllm.plugins.load_general_plugins`` runs
 in every vLLM process) puts ``TritonCommCustomAllreduce`` in the place of vLLM's class when
@@ -83,25 +83,46 @@ def served_class(base: type) -> type:
 
 
 def yielding_flashinfer_class(base: type) -> type:
-    """vLLM's ``FlashInferAllReduce`` (``base``), built disabled wherever vLLM builds its custom
-    all-reduce slot too (custom all-reduce enabled: the slot is then tritoncomm's), so that vLLM's
-    CUDA communicator, which asks FlashInfer's standalone all-reduce before the slot, asks the slot;
-    vLLM's own class elsewhere (``--disable-custom-all-reduce``). vLLM's fused all-reduce + RMSNorm
-    pass has its own FlashInfer workspace and is not affected (``TritonCommFusionPass`` runs first)."""
+    """vLLM's ``FlashInferAllReduce`` (``base``) that declines every all-reduce its group's custom
+    all-reduce slot serves where that slot is tritoncomm's (and enabled): vLLM's CUDA communicator
+    asks FlashInfer's standalone all-reduce before the slot, so without this it would never reach
+    tritoncomm. What the slot declines (past its ``max_size``, 8 MB by default) FlashInfer still takes,
+    as in vLLM's own order, and its workspace is only set up once it does. The slot is found, on the
+    first call, as the ``ca_comm`` of the vLLM group whose communicator holds this object. vLLM's fused
+    all-reduce + RMSNorm pass has its own FlashInfer workspace and is not affected
+    (``TritonCommFusionPass`` runs first)."""
 
-    def __init__(self, group: ProcessGroup, device: int | str | torch.device) -> None:
-        base.__init__(self, group, device)
-        from vllm.distributed import parallel_state
-
-        if not self.disabled and getattr(parallel_state, "_ENABLE_CUSTOM_ALL_REDUCE", False):
-            self.disabled = True
-            logging.getLogger(_LOGGER).info(
-                "tritoncomm: vLLM's FlashInfer all-reduce steps aside for this group: its custom all-reduce "
-                "slot (tritoncomm) serves the TP all-reduce")
+    def should_use_fi_ar(self, input_tensor: torch.Tensor) -> bool:
+        slot = self.__dict__.get("_tritoncomm_slot")
+        if slot is None:
+            slot = _slot_beside(self)
+            if slot is not None:
+                self._tritoncomm_slot = slot
+        if slot and slot.should_custom_ar(input_tensor):
+            return False
+        return base.should_use_fi_ar(self, input_tensor)
 
     return type("TritonCommYieldingFlashInferAllReduce", (base,),
-                {"__init__": __init__, "__module__": __name__, "__doc__": yielding_flashinfer_class.__doc__,
-                 "yields_to_tritoncomm": True})
+                {"should_use_fi_ar": should_use_fi_ar, "__module__": __name__,
+                 "__doc__": yielding_flashinfer_class.__doc__, "yields_to_tritoncomm": True})
+
+
+def _slot_beside(fi: object) -> CustomAllReduceSlot | bool | None:
+    """The tritoncomm slot of the vLLM group whose communicator holds ``fi`` (False where that group's
+    slot is not tritoncomm's or is disabled; None while no registered group holds ``fi``)."""
+    from vllm.distributed import parallel_state
+
+    for ref in list(parallel_state._groups.values()):
+        comm = getattr(ref(), "device_communicator", None)
+        if comm is not None and getattr(comm, "fi_ar_comm", None) is fi:
+            ca = getattr(comm, "ca_comm", None)
+            ours = getattr(ca, "served_by_tritoncomm", False) and not ca.disabled
+            if ours:
+                logging.getLogger(_LOGGER).info(
+                    "tritoncomm: vLLM's FlashInfer all-reduce steps aside for the all-reduces of fewer than %d "
+                    "bytes: the custom all-reduce slot (tritoncomm) serves them", ca.max_size)
+            return ca if ours else False
+    return None
 
 
 class TritonCommCustomAllreduce(CustomAllReduceSlot):

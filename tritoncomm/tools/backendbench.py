@@ -12,12 +12,14 @@ dispatch (c10d's Python dispatch, the served checks, the work object).
 config with random weights (no download), ``tp_plan="auto"``; greedy generation of 64 tokens, checked
 equal across backends; the time per decode step is ``(t(64 tokens) - t(1 token)) / 63``, median of
 three, max over ranks; eager, then with transformers' static cache (which compiles the forward;
-``TRITONCOMM_BENCH_STATIC=0`` skips it; ``TRITONCOMM_BENCH_PROFILE=1`` adds rank 0's profile of 8 tokens).
+``TRITONCOMM_BENCH_STATIC=0`` skips it; ``TRITONCOMM_BENCH_PROFILE=1`` adds rank 0's profile of 8 tokens;
+every ``TRITONCOMM_BENCH_DUMP_S`` seconds, 240 by default, each rank prints its Python stacks).
 """
 
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 import socket
 import statistics
@@ -126,6 +128,8 @@ def _decode_step_ms(model: Any, prompt: torch.Tensor, **kw: Any) -> tuple[float,
 
 def _model_job(rank: int, world: int, port: int, backend: str, path: str, q: Any) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    # a run that stalls shows where: every rank prints its stacks this often (to its stderr)
+    faulthandler.dump_traceback_later(float(os.environ.get("TRITONCOMM_BENCH_DUMP_S", "240")), repeat=True)
     torch.cuda.set_device(rank)
     register()
     dist.init_process_group(backend, rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
@@ -161,6 +165,7 @@ def _model_job(rank: int, world: int, port: int, backend: str, path: str, q: Any
     except Exception:
         result["error"] = traceback.format_exc()[-3000:]
     finally:
+        faulthandler.cancel_dump_traceback_later()
         q.put(result)
         dist.destroy_process_group()
 

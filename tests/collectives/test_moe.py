@@ -136,7 +136,7 @@ def _not_at_rest(buf: torch.Tensor) -> int:
 
 def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, reps: int, dtype=torch.bfloat16,
          capacity=None, ids_dtype=torch.int64, w_dtype=torch.float32, fp8=False, mode="auto", throughput_from=256,
-         both_modes=False, shape=None, call_tokens=None, bound_odd=False):
+         both_modes=False, shape=None, call_tokens=None, bound_odd=False, full=False):
     comm = make_comm(ctx, heap_bytes=64 << 20)
     w, r, dev = ctx.world, ctx.rank, ctx.device
     local = experts // w
@@ -150,7 +150,7 @@ def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, rep
         n = int(torch.randint(0, most + 1, (1,), generator=g))
         if rep == 0 and r == w - 1:
             n = 0  # a rank with no tokens
-        if rep == 1:
+        if rep == 1 or full:
             n = most
         x = torch.randn(n, hidden, generator=g).to(dtype)
         ids = _routing(g, n, experts, k, local, case)
@@ -219,6 +219,15 @@ def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, rep
 def test_dispatch_combine_match_reference(worlds, world, case, mode):
     experts = max(2 * world, 4) if case != "hot" else 4 * world
     for bad in worlds(world).run(_job, experts, 3, 40, 6, case, 3, mode=mode):
+        assert bad == []
+
+
+@pytest.mark.parametrize("world", world_sizes(2))
+@pytest.mark.parametrize("max_tokens", [1, 2, 4])
+def test_instances_of_a_few_tokens_called_full(worlds, world, max_tokens):
+    """The instances ``tune --op moe`` measures (``max_tokens`` = the tokens of every call, hidden 256,
+    16 experts, top-4), in the latency mode, called again and again with every token on every rank."""
+    for bad in worlds(world).run(_job, 16, 4, 256, max_tokens, "random", 12, mode="latency", full=True):
         assert bad == []
 
 

@@ -56,7 +56,9 @@ def _c_entry(kernel: Any) -> tuple[Any, bool, bool] | None:
     """``(launch, cooperative, pdl)`` when ``kernel``'s launcher is Triton's CUDA launcher around a C
     entry point taking ``(gx, gy, gz, stream, function, cooperative, pdl, global_scratch,
     profile_scratch, packed_metadata, launch_metadata, enter_hook, exit_hook, *args)`` and the kernel
-    needs no scratch memory (which that wrapper would allocate per launch); else None."""
+    needs no scratch memory (which that wrapper would allocate per launch); else None. A kernel that
+    takes tensor descriptors fails the first test: Triton wraps its C entry point in a Python function
+    that builds them (``wrap_handle_tensordesc``)."""
     run = kernel.run
     launch = getattr(run, "launch", None)
     if not isinstance(launch, types.BuiltinFunctionType) or getattr(run, "global_scratch_size", 1) \

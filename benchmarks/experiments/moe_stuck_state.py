@@ -1,0 +1,150 @@
+"""Where does MoE dispatch + combine stop on instances of a few tokens called full? Two ranks
+sharing a GPU (``LocalWorld(2, "cuda", shared_gpus=True)``), the ``tiny`` shape, the decode launch
+shape, latency combine, ``combine`` given ``expert_buffer()``. Each argument is
+``max_tokens,pdl,calls,synced``: ``calls`` calls of ``max_tokens`` tokens; with ``synced`` the host
+waits for each kernel and checks that every Lamport buffer is back at rest (a value left behind, or
+a sentinel where data should be, names the buffer, half and row); without, the calls run back to
+back on a side stream while the host snapshots, through another stream, the channels' per-program
+epochs and every Lamport buffer once a second: two equal snapshots mean the ranks are stuck, and
+the snapshot says in which kernel and what is missing.
+
+    PYTHONPATH=. python3 benchmarks/experiments/moe_stuck_state.py 1,1,64,0 1,1,64,1
+"""
+
+import contextlib
+import os
+import sys
+import time
+from dataclasses import replace
+
+import torch
+
+from tritoncomm.channels import Communicator
+from tritoncomm.collectives import MoEAllToAll
+from tritoncomm.collectives.moe import default_shape
+from tritoncomm.config import CommConfig
+from tritoncomm.launch import LocalWorld
+from tritoncomm.tools.moebench import MOE_SHAPES, _capacity
+
+REST = -32768  # 0x8000 as int16
+
+
+def _buffers(moe: MoEAllToAll) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in (("precv", moe._precv), ("pw", moe._pw), ("copy", moe._copy),
+                              ("lpart", moe._lpart)) if v is not None}
+
+
+def _describe(moe: MoEAllToAll, snap: dict[str, torch.Tensor]) -> list[str]:
+    """Per buffer: the rows (per half) holding anything but the sentinel."""
+    out = []
+    rowlen = {"precv": moe.hidden, "pw": moe.top_k, "copy": moe._block_n + 1, "lpart": moe.hidden}
+    for name, t in snap.items():
+        if name.startswith("ep_"):
+            vals, counts = torch.unique(t, return_counts=True)
+            out.append(f"{name}: " + ", ".join(f"{int(v)}x{int(c)}" for v, c in zip(vals, counts, strict=True)))
+            continue
+        halves = t.reshape(1, -1) if name == "lpart" else t.reshape(t.shape[0], -1)
+        for h in range(halves.shape[0]):
+            flat = halves[h].contiguous()
+            words = flat.view(torch.int16)
+            el = words.numel() // flat.numel()  # int16 halves per element
+            busy = (words != REST).nonzero().flatten()
+            if busy.numel():
+                rows = sorted({int(i) // el // rowlen[name] for i in busy})
+                desc = f"{name}[{h}]: {busy.numel()} halves not at rest in rows {rows[:12]}"
+                if name in ("copy", "pw"):
+                    desc += " values " + str([flat[r * rowlen[name]:(r + 1) * rowlen[name]].tolist()
+                                               for r in rows[:4]])
+                out.append(desc)
+    return out
+
+
+def job(ctx, m, pdl, calls, synced):
+    hidden, experts, k = MOE_SHAPES["tiny"]
+    cuda = ctx.device.type == "cuda"
+    sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count if cuda else 1
+    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=1 << 30, timeout_s=20))
+    gen = torch.Generator(device=ctx.device).manual_seed(7919 * m + ctx.rank)
+    x = torch.randn(m, hidden, device=ctx.device, generator=gen).to(torch.bfloat16)
+    ids = torch.rand(m, experts, device=ctx.device, generator=gen).topk(k).indices
+    w = torch.rand(m, k, device=ctx.device, generator=gen)
+    sh = replace(default_shape(comm.backend, 1, sms), pdl=pdl)
+    moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
+                      capacity=_capacity(ctx.world, m, experts, k), mode="latency", shape=sh)
+    lines = [f"rank {ctx.rank} ids {ids.tolist()} owners {(ids // moe.local_experts).tolist()}"]
+    views = dict(_buffers(moe))
+    views["ep_send"] = comm.heap.view(moe._send_ch.epochs, torch.int32)
+    views["ep_comb"] = comm.heap.view(moe._comb_ch.epochs, torch.int32)
+
+    done = [0]
+
+    def step():
+        i = done[0] - 1
+        done[0] += 1
+        _, _, h = moe.dispatch(x, ids, w)
+        if synced:
+            comm.synchronize()
+            ctx.barrier()
+            bad = _describe(moe, {n: v.cpu() for n, v in _buffers(moe).items()})
+            if bad:
+                lines.append(f"after dispatch {i}: " + " | ".join(bad))
+        moe.combine(moe.expert_buffer(), h)
+        if synced:
+            comm.synchronize()
+            ctx.barrier()
+            bad = _describe(moe, {n: v.cpu() for n, v in _buffers(moe).items()})
+            if bad:
+                lines.append(f"after combine {i}: " + " | ".join(bad))
+
+    if cuda:
+        work, side = torch.cuda.Stream(ctx.device), torch.cuda.Stream(ctx.device)
+        on_work = lambda: torch.cuda.stream(work)  # noqa: E731
+    else:
+        synced, on_work = True, contextlib.nullcontext
+    status = "ok"
+    try:
+        with on_work():
+            step()  # builds the kernels
+        comm.synchronize()
+        ctx.barrier()
+        with on_work():
+            for _ in range(calls):
+                step()
+        last, t0 = None, time.time()
+        while not synced and not work.query() and time.time() - t0 < 30:
+            with torch.cuda.stream(side):
+                snap = {n: v.to("cpu") for n, v in views.items()}
+            side.synchronize()
+            if last is not None and all(torch.equal(snap[n], last[n]) for n in snap):
+                lines.append(f"stuck after {time.time() - t0:.1f}s: " + " | ".join(_describe(moe, snap)))
+                break
+            last = snap
+            time.sleep(1.0)
+        comm.synchronize()
+    except Exception as e:
+        status = "FAIL " + str(e)[:260]
+    lines.append(status)
+    try:
+        moe.close()
+        comm.close()
+    except Exception as e:
+        lines.append("close: " + str(e)[:80])
+    return "\n    ".join(lines)
+
+
+def main():
+    for a in sys.argv[1:]:
+        f = a.split(",")
+        m, pdl, calls, synced = int(f[0]), f[1] == "1", int(f[2]), f[3] == "1"
+        w = LocalWorld(2, os.environ.get("BACKEND", "cuda"), shared_gpus=True, setup_timeout=120)
+        try:
+            out = w.run(job, m, pdl, calls, synced, timeout=150)
+            print(f"== {a}\n  " + "\n  ".join(out), flush=True)
+        except Exception as e:
+            print(f"== {a} RANKERROR", str(e)[-400:], flush=True)
+        finally:
+            w.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,12 +1,14 @@
 """Where does MoE dispatch + combine stop on instances of a few tokens called full? Two ranks
 sharing a GPU (``LocalWorld(2, "cuda", shared_gpus=True)``), the ``tiny`` shape, the decode launch
 shape, latency combine, ``combine`` given ``expert_buffer()``. Each argument is
-``max_tokens,pdl,calls,synced``: ``calls`` calls of ``max_tokens`` tokens; with ``synced`` the host
+``max_tokens,pdl,calls,synced[,stream,build]``: ``calls`` calls of ``max_tokens`` tokens; with ``synced`` the host
 waits for each kernel and checks that every Lamport buffer is back at rest (a value left behind, or
 a sentinel where data should be, names the buffer, half and row); without, the calls run back to
 back on a side stream while the host snapshots, through another stream, the channels' per-program
 epochs and every Lamport buffer once a second: two equal snapshots mean the ranks are stuck, and
-the snapshot says in which kernel and what is missing.
+the snapshot says in which kernel and what is missing. ``stream`` ``d`` runs the calls on the
+default stream (``s``, a side stream, by default); ``build`` ``i`` builds the kernels inside the
+first calls (``s``: one synchronised call first).
 
     PYTHONPATH=. python3 benchmarks/experiments/moe_stuck_state.py 1,1,64,0 1,1,64,1
 """
@@ -59,7 +61,7 @@ def _describe(moe: MoEAllToAll, snap: dict[str, torch.Tensor]) -> list[str]:
     return out
 
 
-def job(ctx, m, pdl, calls, synced):
+def job(ctx, m, pdl, calls, synced, default_stream, inline):
     hidden, experts, k = MOE_SHAPES["tiny"]
     cuda = ctx.device.type == "cuda"
     sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count if cuda else 1
@@ -86,6 +88,7 @@ def job(ctx, m, pdl, calls, synced):
             comm.synchronize()
             ctx.barrier()
             bad = _describe(moe, {n: v.cpu() for n, v in _buffers(moe).items()})
+            ctx.barrier()  # no peer's next kernel before every rank has looked
             if bad:
                 lines.append(f"after dispatch {i}: " + " | ".join(bad))
         moe.combine(moe.expert_buffer(), h)
@@ -93,20 +96,23 @@ def job(ctx, m, pdl, calls, synced):
             comm.synchronize()
             ctx.barrier()
             bad = _describe(moe, {n: v.cpu() for n, v in _buffers(moe).items()})
+            ctx.barrier()
             if bad:
                 lines.append(f"after combine {i}: " + " | ".join(bad))
 
     if cuda:
-        work, side = torch.cuda.Stream(ctx.device), torch.cuda.Stream(ctx.device)
+        side = torch.cuda.Stream(ctx.device)
+        work = torch.cuda.current_stream(ctx.device) if default_stream else torch.cuda.Stream(ctx.device)
         on_work = lambda: torch.cuda.stream(work)  # noqa: E731
     else:
         synced, on_work = True, contextlib.nullcontext
     status = "ok"
     try:
-        with on_work():
-            step()  # builds the kernels
-        comm.synchronize()
-        ctx.barrier()
+        if not inline:  # build the kernels first
+            with on_work():
+                step()
+            comm.synchronize()
+            ctx.barrier()
         with on_work():
             for _ in range(calls):
                 step()
@@ -136,9 +142,10 @@ def main():
     for a in sys.argv[1:]:
         f = a.split(",")
         m, pdl, calls, synced = int(f[0]), f[1] == "1", int(f[2]), f[3] == "1"
+        default_stream, inline = (f[4] == "d", f[5] == "i") if len(f) > 4 else (False, False)
         w = LocalWorld(2, os.environ.get("BACKEND", "cuda"), shared_gpus=True, setup_timeout=120)
         try:
-            out = w.run(job, m, pdl, calls, synced, timeout=150)
+            out = w.run(job, m, pdl, calls, synced, default_stream, inline, timeout=150)
             print(f"== {a}\n  " + "\n  ".join(out), flush=True)
         except Exception as e:
             print(f"== {a} RANKERROR", str(e)[-400:], flush=True)

@@ -1,14 +1,16 @@
 """Where does MoE dispatch + combine stop on instances of a few tokens called full? Two ranks
 sharing a GPU (``LocalWorld(2, "cuda", shared_gpus=True)``), the ``tiny`` shape, the decode launch
 shape, latency combine, ``combine`` given ``expert_buffer()``. Each argument is
-``max_tokens,pdl,calls,synced[,stream,build]``: ``calls`` calls of ``max_tokens`` tokens; with ``synced`` the host
+``max_tokens,pdl,calls,synced[,stream,build,graph]``: ``calls`` calls of ``max_tokens`` tokens; with ``synced`` the host
 waits for each kernel and checks that every Lamport buffer is back at rest (a value left behind, or
 a sentinel where data should be, names the buffer, half and row); without, the calls run back to
 back on a side stream while the host snapshots, through another stream, the channels' per-program
 epochs and every Lamport buffer once a second: two equal snapshots mean the ranks are stuck, and
 the snapshot says in which kernel and what is missing. ``stream`` ``d`` runs the calls on the
 default stream (``s``, a side stream, by default); ``build`` ``i`` builds the kernels inside the
-first calls (``s``: one synchronised call first).
+first calls (``s``: one synchronised call first); ``graph`` ``g`` runs them as
+``time_per_call_us`` does in graph mode: 3 calls, then ``calls`` calls captured in a CUDA graph and
+replayed twice (``e``: eagerly).
 
     PYTHONPATH=. python3 benchmarks/experiments/moe_stuck_state.py 1,1,64,0 1,1,64,1
 """
@@ -61,7 +63,7 @@ def _describe(moe: MoEAllToAll, snap: dict[str, torch.Tensor]) -> list[str]:
     return out
 
 
-def job(ctx, m, pdl, calls, synced, default_stream, inline):
+def job(ctx, m, pdl, calls, synced, default_stream, inline, graph):
     hidden, experts, k = MOE_SHAPES["tiny"]
     cuda = ctx.device.type == "cuda"
     sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count if cuda else 1
@@ -113,9 +115,23 @@ def job(ctx, m, pdl, calls, synced, default_stream, inline):
                 step()
             comm.synchronize()
             ctx.barrier()
-        with on_work():
-            for _ in range(calls):
-                step()
+        if graph:  # as time_per_call_us: 3 calls, then ``calls`` captured and replayed
+            with on_work():
+                for _ in range(3):
+                    step()
+            comm.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=work):
+                for _ in range(calls):
+                    step()
+            ctx.barrier()
+            with on_work():
+                g.replay()
+                g.replay()
+        else:
+            with on_work():
+                for _ in range(calls):
+                    step()
         last, t0 = None, time.time()
         while not synced and not work.query() and time.time() - t0 < 30:
             with torch.cuda.stream(side):
@@ -143,9 +159,10 @@ def main():
         f = a.split(",")
         m, pdl, calls, synced = int(f[0]), f[1] == "1", int(f[2]), f[3] == "1"
         default_stream, inline = (f[4] == "d", f[5] == "i") if len(f) > 4 else (False, False)
+        graph = len(f) > 6 and f[6] == "g"
         w = LocalWorld(2, os.environ.get("BACKEND", "cuda"), shared_gpus=True, setup_timeout=120)
         try:
-            out = w.run(job, m, pdl, calls, synced, default_stream, inline, timeout=150)
+            out = w.run(job, m, pdl, calls, synced, default_stream, inline, graph, timeout=150)
             print(f"== {a}\n  " + "\n  ".join(out), flush=True)
         except Exception as e:
             print(f"== {a} RANKERROR", str(e)[-400:], flush=True)

@@ -1,7 +1,8 @@
 """Where does MoE dispatch + combine stop on instances of a few tokens called full? Two ranks
 sharing a GPU (``LocalWorld(2, "cuda", shared_gpus=True)``), the ``tiny`` shape, the decode launch
 shape, latency combine, ``combine`` given ``expert_buffer()``. Each argument is
-``max_tokens,pdl,calls,synced[,stream,build,graph]``: ``calls`` calls of ``max_tokens`` tokens; with ``synced`` the host
+``max_tokens,pdl,calls,synced[,stream,build,graph,replays]``: ``calls`` calls of ``max_tokens``
+tokens; with ``synced`` the host
 waits for each kernel and checks that every Lamport buffer is back at rest (a value left behind, or
 a sentinel where data should be, names the buffer, half and row); without, the calls run back to
 back on a side stream while the host snapshots, through another stream, the channels' per-program
@@ -10,7 +11,7 @@ the snapshot says in which kernel and what is missing. ``stream`` ``d`` runs the
 default stream (``s``, a side stream, by default); ``build`` ``i`` builds the kernels inside the
 first calls (``s``: one synchronised call first); ``graph`` ``g`` runs them as
 ``time_per_call_us`` does in graph mode: 3 calls, then ``calls`` calls captured in a CUDA graph and
-replayed twice (``e``: eagerly).
+replayed ``replays`` times (default 2; ``e``: eagerly).
 
     PYTHONPATH=. python3 benchmarks/experiments/moe_stuck_state.py 1,1,64,0 1,1,64,1
 """
@@ -63,7 +64,7 @@ def _describe(moe: MoEAllToAll, snap: dict[str, torch.Tensor]) -> list[str]:
     return out
 
 
-def job(ctx, m, pdl, calls, synced, default_stream, inline, graph):
+def job(ctx, m, pdl, calls, synced, default_stream, inline, graph, replays):
     hidden, experts, k = MOE_SHAPES["tiny"]
     cuda = ctx.device.type == "cuda"
     sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count if cuda else 1
@@ -126,14 +127,14 @@ def job(ctx, m, pdl, calls, synced, default_stream, inline, graph):
                     step()
             ctx.barrier()
             with on_work():
-                g.replay()
-                g.replay()
+                for _ in range(replays):
+                    g.replay()
         else:
             with on_work():
                 for _ in range(calls):
                     step()
         last, t0 = None, time.time()
-        while not synced and not work.query() and time.time() - t0 < 30:
+        while not synced and not work.query() and time.time() - t0 < 100:
             with torch.cuda.stream(side):
                 snap = {n: v.to("cpu") for n, v in views.items()}
             side.synchronize()
@@ -160,9 +161,10 @@ def main():
         m, pdl, calls, synced = int(f[0]), f[1] == "1", int(f[2]), f[3] == "1"
         default_stream, inline = (f[4] == "d", f[5] == "i") if len(f) > 4 else (False, False)
         graph = len(f) > 6 and f[6] == "g"
+        replays = int(f[7]) if len(f) > 7 else 2
         w = LocalWorld(2, os.environ.get("BACKEND", "cuda"), shared_gpus=True, setup_timeout=120)
         try:
-            out = w.run(job, m, pdl, calls, synced, default_stream, inline, graph, timeout=150)
+            out = w.run(job, m, pdl, calls, synced, default_stream, inline, graph, replays, timeout=150)
             print(f"== {a}\n  " + "\n  ".join(out), flush=True)
         except Exception as e:
             print(f"== {a} RANKERROR", str(e)[-400:], flush=True)

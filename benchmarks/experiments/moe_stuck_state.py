@@ -64,6 +64,41 @@ def _describe(moe: MoEAllToAll, snap: dict[str, torch.Tensor]) -> list[str]:
     return out
 
 
+def _progress(views: dict[str, torch.Tensor], side: torch.cuda.Stream, wait_s: float) -> bool:
+    """Whether the epochs move within ``wait_s``."""
+    with torch.cuda.stream(side):
+        before = {n: views[n].to("cpu") for n in ("ep_send", "ep_comb")}
+    time.sleep(wait_s)
+    with torch.cuda.stream(side):
+        after = {n: views[n].to("cpu") for n in ("ep_send", "ep_comb")}
+    return any(not torch.equal(before[n], after[n]) for n in before)
+
+
+def _nudge(moe: MoEAllToAll, views: dict[str, torch.Tensor], side: torch.cuda.Stream) -> list[str]:
+    """Stuck: write the rows already there again (a fresh store of the same bits, through the copy
+    engine); if that does not move the epochs, copy the receive buffer's busy half into the other
+    half. Says which, if either, let the kernels go on."""
+    with torch.cuda.stream(side):
+        for name in ("precv", "pw", "copy"):
+            t = views.get(name)
+            if t is not None:
+                t.copy_(t.clone())
+    side.synchronize()
+    if _progress(views, side, 1.5):
+        return ["unstuck by writing the packet buffers again in place"]
+    t = views.get("precv")
+    if t is not None:
+        with torch.cuda.stream(side):
+            busy = [(t[h].view(torch.int16) != REST).any().item() for h in range(2)]
+            if busy[0] != busy[1]:
+                src = 0 if busy[0] else 1
+                t[1 - src].copy_(t[src])
+        side.synchronize()
+        if busy[0] != busy[1] and _progress(views, side, 1.5):
+            return [f"unstuck by copying precv half {src} into half {1 - src}"]
+    return ["still stuck after both nudges"]
+
+
 def job(ctx, m, pdl, calls, synced, default_stream, inline, graph, replays):
     hidden, experts, k = MOE_SHAPES["tiny"]
     cuda = ctx.device.type == "cuda"
@@ -140,6 +175,9 @@ def job(ctx, m, pdl, calls, synced, default_stream, inline, graph, replays):
             side.synchronize()
             if last is not None and all(torch.equal(snap[n], last[n]) for n in snap):
                 lines.append(f"stuck after {time.time() - t0:.1f}s: " + " | ".join(_describe(moe, snap)))
+                lines.append(f"x[:, :4] {x[:, :4].tolist()}; precv rows [:4] "
+                             f"{snap['precv'][:, :, :4].tolist() if 'precv' in snap else None}")
+                lines += _nudge(moe, views, side)
                 break
             last = snap
             time.sleep(1.0)

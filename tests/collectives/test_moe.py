@@ -392,7 +392,7 @@ def test_bad_input_raises_before_waiting(worlds, path):
 
 def _missing_peer(ctx, path: str):
     """Rank 1 builds the instance but never dispatches: rank 0's dispatch must end in a timeout
-    that names both ranks (and, with packets, the elements still at the sentinel)."""
+    that names both ranks (and, with packets, the elements still at the sentinel and their buffer)."""
     comm = make_comm(ctx, heap_bytes=16 << 20, timeout_s=1.0)
     moe = MoEAllToAll(comm, max_tokens=4, hidden=16, num_experts=2 * ctx.world, top_k=2, shape=PATHS[path])
     err = None
@@ -416,8 +416,8 @@ def test_missing_peer_turns_into_timeout_error(worlds, path):
     assert err is not None, "no CommTimeoutError on rank 0"
     rank, peer, msg = err
     assert (rank, peer) == (0, 1) and "rank 0" in msg and "peer 1" in msg, msg
-    if path == "one-kernel":  # the data is the flag
-        assert "still at the sentinel" in msg, msg
+    if path == "one-kernel":  # the data is the flag; the error names the buffer that waited
+        assert "still at the sentinel" in msg and "user.empty(" in msg and "in rank 0's heap" in msg, msg
 
 
 def _gpu_shape(ctx, max_tokens: int, path: str) -> MoEShape:

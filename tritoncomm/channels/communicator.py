@@ -267,8 +267,8 @@ class Communicator:
                 f"tritoncomm debug: rank {words[F.RANK]} and rank {words[F.PEER]} called different collectives: "
                 f"{field} {mine} here, {theirs} there",
                 rank=words[F.RANK], peer=words[F.PEER], field=field, mine=words[F.EXPECTED], theirs=words[F.SEEN])
-        what = (f"{words[F.SEEN]} elements still at the sentinel" if status == KIND_LAMPORT.value else
-                f"expected epoch {words[F.EXPECTED]}, saw {words[F.SEEN]}")
+        what = (f"{words[F.SEEN]} elements still at the sentinel{self._heap_place(words[F.EXPECTED])}"
+                if status == KIND_LAMPORT.value else f"expected epoch {words[F.EXPECTED]}, saw {words[F.SEEN]}")
         err = CommTimeoutError(
             f"tritoncomm: {kind} timed out on rank {words[F.RANK]} waiting for peer {words[F.PEER]} "
             f"(slot {words[F.SLOT]}, program {words[F.PROGRAM]}): {what} "
@@ -279,6 +279,17 @@ class Communicator:
             seen=words[F.SEEN], kind=kind, program=words[F.PROGRAM])
         self._broken = err
         raise err
+
+    def _heap_place(self, addr: int) -> str:
+        """Where a kernel's address lies: " (from byte B of <buffer tag> in rank R's heap)", or ""."""
+        for peer, base in enumerate(self.heap.memory.peer_addrs):
+            if base <= addr < base + self.heap.nbytes:
+                off = addr - base
+                for r in self.heap.allocator.live:
+                    if r.offset <= off < r.offset + r.nbytes:
+                        return f" (from byte {off - r.offset} of {r.tag} in rank {peer}'s heap)"
+                return f" (heap offset {off} of rank {peer}, in no live buffer)"
+        return ""
 
     def synchronize(self) -> None:
         """Wait for this rank's device work, then ``check``."""

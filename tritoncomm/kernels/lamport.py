@@ -34,8 +34,8 @@ Contract (per element, like ``ll``):
   counts one copy (another thread's copy can still hold the sentinel).
 * ``lamport_poll(ptrs, mask, peer, slot, rank, timeout, diag)``: volatile looks until no masked
   element holds the sentinel; returns the values of one more look, so any block shape is safe.
-  Bounded like ``signals.wait`` (kind 4 in ``diag``: the peer, the slot, and how many elements were
-  still missing).
+  Bounded like ``signals.wait`` (kind 4 in ``diag``: the peer, the slot, the address of the first
+  element still missing, and how many were).
 * ``lamport_reset(ptrs, mask)``: store the sentinel. Only the buffer's reader resets, after it has
   read: a writer may store into an element again only once it knows the reader has reset it (the
   collectives alternate two buffers by launch parity: a peer can be at most one launch ahead, and a
@@ -182,7 +182,8 @@ def lamport_poll(ptrs, mask, peer, slot, rank, timeout, diag):
     """Wait until no element at ``ptrs`` (a 1-D or 2-D block, where ``mask``) holds the sentinel;
     return the values. ``peer`` names the writer in a diagnostic: an int, or a block like ``ptrs``
     (the lowest peer with an element still missing is named). Bounded: on timeout it records (rank,
-    peer, slot, elements still missing) and returns what it has."""
+    peer, slot, the address of the lowest element still missing, how many are) and returns what it
+    has; the communicator's error names the heap buffer at that address."""
     missing = _total(_missing_at(ptrs, mask))
     if missing > 0:
         t0 = clock_ns()
@@ -195,11 +196,14 @@ def lamport_poll(ptrs, mask, peer, slot, rank, timeout, diag):
                 if expired:
                     late = _missing_at(ptrs, mask) > 0
                     who = tl.where(late, peer + tl.zeros(ptrs.shape, tl.int32), 1 << 30)
+                    at = tl.where(late, ptrs.to(tl.int64), 1 << 62)
                     if len(ptrs.shape) == 2:
                         first = tl.min(tl.min(who, axis=1), axis=0)
+                        addr = tl.min(tl.min(at, axis=1), axis=0)
                     else:
                         first = tl.min(who, axis=0)
-                    record_timeout(diag, KIND_LAMPORT, rank, first, slot, 0, missing.to(tl.int64), spins)
+                        addr = tl.min(at, axis=0)
+                    record_timeout(diag, KIND_LAMPORT, rank, first, slot, addr, missing.to(tl.int64), spins)
                 if failed or expired:
                     missing = 0
     return tl.load(ptrs, mask=mask, other=0.0, volatile=True)

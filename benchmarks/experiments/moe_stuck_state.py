@@ -111,7 +111,8 @@ def job(ctx, m, pdl, calls, synced, default_stream, inline, graph, replays):
     sh = replace(default_shape(comm.backend, 1, sms), pdl=pdl)
     moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
                       capacity=_capacity(ctx.world, m, experts, k), mode="latency", shape=sh)
-    lines = [f"rank {ctx.rank} ids {ids.tolist()} owners {(ids // moe.local_experts).tolist()}"]
+    lines = [f"rank {ctx.rank} ids {ids.tolist()} owners {(ids // moe.local_experts).tolist()}; heap offsets "
+             + ", ".join(f"{n} {comm.heap_offset(t)}" for n, t in _buffers(moe).items())]
     views = dict(_buffers(moe))
     views["ep_send"] = comm.heap.view(moe._send_ch.epochs, torch.int32)
     views["ep_comb"] = comm.heap.view(moe._comb_ch.epochs, torch.int32)

@@ -281,13 +281,13 @@ class Communicator:
         raise err
 
     def _heap_place(self, addr: int) -> str:
-        """Where a kernel's address lies: " (from byte B of <buffer tag> in rank R's heap)", or ""."""
+        """Where a kernel's address lies: " (from byte B of <buffer tag> at heap offset O of rank R)", or ""."""
         for peer, base in enumerate(self.heap.memory.peer_addrs):
             if base <= addr < base + self.heap.nbytes:
                 off = addr - base
                 for r in self.heap.allocator.live:
                     if r.offset <= off < r.offset + r.nbytes:
-                        return f" (from byte {off - r.offset} of {r.tag} in rank {peer}'s heap)"
+                        return f" (from byte {off - r.offset} of {r.tag} at heap offset {r.offset} of rank {peer})"
                 return f" (heap offset {off} of rank {peer}, in no live buffer)"
         return ""
 

@@ -14,8 +14,10 @@ import triton
 import triton.language as tl
 
 from tritoncomm.channels import Channel
+from tritoncomm.errors import CommTimeoutError
 from tritoncomm.kernels import (
     LAMPORT_SENTINEL16,
+    clock_ns,
     epoch_commit,
     heap_ptr,
     lamport_fill,
@@ -261,3 +263,83 @@ def test_a_half_stored_element_never_passes_for_data(worlds):
         else:  # the try that raced reports the element missing (or, never here, the whole value)
             assert missing == 1 or right, (dtype, missing, right)
             assert others_missing == 63, dtype  # the elements still at rest are missing
+
+
+# -- GPUs: a reset waits for every thread's look ----------------------------------------------------------------
+@triton.jit
+def _lag(like, lag_ns):
+    """On GPUs, every thread outside the program's first warp spins ``lag_ns`` before it goes on:
+    the warps of one program, out of step. 0 per element of ``like``."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .u32 %w;
+        .reg .u64 %t0, %t1, %lim;
+        .reg .pred %p;
+        mov.u32 %w, %tid.x;
+        shr.u32 %w, %w, 5;
+        setp.eq.u32 %p, %w, 0;
+        cvt.u64.u32 %lim, $2;
+        selp.u64 %lim, 0, %lim, %p;
+        mov.u64 %t0, %globaltimer;
+        LAG${:uid}:
+        mov.u64 %t1, %globaltimer;
+        sub.u64 %t1, %t1, %t0;
+        setp.lt.u64 %p, %t1, %lim;
+        @%p bra LAG${:uid};
+        mov.u32 $0, 0;
+        }""", "=r,r,r", [like, lag_ns], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _lagging_reader_kernel(buf, out, rank, timeout, diag_addr, lag_ns, write_at_ns, SYNC: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """Program 1 stores ``BLOCK`` values into ``buf`` after ``write_at_ns``; program 0 polls them
+    with every warp but the first ``lag_ns`` late, resets them (``SYNC`` as given) and keeps what
+    it read in ``out``. ``BLOCK`` is below the threads of the program: each element has a copy per
+    warp, as a row's top-k weights do in MoE dispatch."""
+    offs = tl.arange(0, BLOCK)
+    if tl.program_id(0) == 1:
+        t0 = clock_ns()
+        while clock_ns() - t0 < write_at_ns:
+            pass
+        lamport_store(buf + offs, (offs + 1).to(tl.float32))
+    else:
+        lag = _lag(offs, lag_ns)
+        v = lamport_poll(buf + offs + lag, offs < BLOCK, 1, 0, rank, timeout, diag_addr.to(tl.pointer_type(tl.int64)))
+        lamport_reset(buf + offs, SYNC=SYNC)
+        tl.store(out + offs, v)
+
+
+def _job_lagging_reader(ctx):
+    out = {}
+    for sync in (True, False):  # the unsafe reset last: its communicator ends broken
+        comm = make_comm(ctx, timeout_s=1.0)
+        _, rank, _, timeout, diag = comm.kernel_args()
+        buf = comm.empty(4, torch.float32)
+        lamport_fill(buf)
+        got = torch.full((4,), -7.0, device=ctx.device)
+        _lagging_reader_kernel[(2,)](buf, got, rank, timeout, diag, 50_000_000, 1_000_000, SYNC=sync, BLOCK=4,
+                                     num_warps=4)
+        try:
+            comm.synchronize()
+            err = None
+        except CommTimeoutError as e:
+            err = str(e)
+        rest = bool((buf.view(torch.int16) == LAMPORT_SENTINEL16 - (1 << 16)).all())
+        out[sync] = (got.tolist(), rest, err)
+        comm.bootstrap.barrier()
+        comm.close()
+    return out
+
+
+@pytest.mark.skipif(BACKEND != "cuda", reason="out-of-step warps: GPUs only (the interpreter runs a program whole)")
+def test_a_reset_waits_for_every_warps_look(worlds):
+    """Program 0's first warp sees the data 1 ms in; the others look 50 ms in. With the barrier in
+    ``lamport_reset`` they all read it before it goes back to rest; without it (``SYNC=False``) the
+    first warp's reset leaves the others polling the sentinel until the time limit: the race that
+    stopped MoE dispatch on its top-k weights."""
+    res = worlds(1).run(_job_lagging_reader)[0]
+    got, rest, err = res[True]
+    assert err is None and got == [1.0, 2.0, 3.0, 4.0] and rest, res[True]
+    got, rest, err = res[False]
+    assert err is not None and "still at the sentinel" in err, res[False]  # the race was staged

@@ -33,13 +33,21 @@ Contract (per element, like ``ll``):
   Triton copies a smaller block across threads, each copy is a look of its own, and a reduction
   counts one copy (another thread's copy can still hold the sentinel).
 * ``lamport_poll(ptrs, mask, peer, slot, rank, timeout, diag)``: volatile looks until no masked
-  element holds the sentinel; returns the values of one more look, so any block shape is safe.
-  Bounded like ``signals.wait`` (kind 4 in ``diag``: the peer, the slot, the address of the first
-  element still missing, and how many were).
-* ``lamport_reset(ptrs, mask)``: store the sentinel. Only the buffer's reader resets, after it has
-  read: a writer may store into an element again only once it knows the reader has reset it (the
-  collectives alternate two buffers by launch parity: a peer can be at most one launch ahead, and a
-  launch ends only after every reset it made).
+  element holds the sentinel; returns the values of one more look, so any block shape is safe for
+  the values. Bounded like ``signals.wait`` (kind 4 in ``diag``: the peer, the slot, the address of
+  the first element still missing, and how many were). The threads of a program do not finish a
+  poll together: where a block has fewer elements than the program has threads, each copy of an
+  element is polled by its own thread, and one warp can be done while another still looks.
+* ``lamport_reset(ptrs, mask, SYNC=True)``: store the sentinel. Only the buffer's reader resets,
+  after it has read: a writer may store into an element again only once it knows the reader has
+  reset it (the collectives alternate two buffers by launch parity: a peer can be at most one launch
+  ahead, and a launch ends only after every reset it made). With ``SYNC`` (the default) every
+  thread of the program first arrives at a CTA barrier, so no element is reset before every
+  thread's copy of it has been read: without it, a warp that has seen the data and resets it can
+  leave another warp polling the sentinel until its time limit. ``SYNC=False`` only where the
+  program has made a CTA barrier since its last look, or where every element of the block lies in
+  one thread (at least one element per thread: ``selection.Choice`` enforces it for the
+  all-reduce shapes). Every thread of the program must reach a synchronising reset.
 * ``lamport_fill(t)`` (host): put a whole buffer at rest.
 
 Reads of a buffer are only of data that this launch's writers stored; nothing else the writer did is
@@ -150,8 +158,12 @@ def lamport_try(ptrs, mask):
 
 
 @triton.jit
-def lamport_reset(ptrs, mask=None):
-    """Put the elements at ``ptrs`` back at rest (the reader, after reading them)."""
+def lamport_reset(ptrs, mask=None, SYNC: tl.constexpr = True):
+    """Put the elements at ``ptrs`` back at rest (the reader, after reading them); with ``SYNC``
+    after a CTA barrier, so that every thread of the program has made its looks first (module
+    docstring)."""
+    if SYNC:
+        tl.debug_barrier()
     DTYPE: tl.constexpr = ptrs.dtype.element_ty
     if DTYPE.primitive_bitwidth == 8:
         rest = tl.full(ptrs.shape, 0x80, tl.uint8).to(DTYPE, bitcast=True)

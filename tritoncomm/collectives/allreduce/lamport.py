@@ -101,8 +101,8 @@ def lamport_sum_ranks(own, slots, slot_elems, offs, mask, rank, slot, timeout, d
                 acc += own.to(tl.float32)
             else:
                 acc += lamport_poll(slots + s * slot_elems + offs, mask, s, slot, rank, timeout, diag).to(tl.float32)
-    for s in tl.static_range(WORLD):
-        lamport_reset(slots + s * slot_elems + offs, mask & (s != rank))
+    for s in tl.static_range(WORLD):  # each element in one thread (the launch shapes' rule): no barrier
+        lamport_reset(slots + s * slot_elems + offs, mask & (s != rank), SYNC=False)
     return acc
 
 
@@ -240,7 +240,7 @@ def lamport_twoshot_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_
             m = rows & (j[None, :] < shard) & (idx < n)
             src = ag_mine + s[:, None] * slot_elems + j[None, :]
             tl.store(out_ptr + idx, lamport_wait_rows(src, m, rank, b, timeout, diag, WORLD, TRIES), mask=m)
-            lamport_reset(src, m)
+            lamport_reset(src, m, SYNC=False)  # each element in one thread (the launch shapes' rule)
     if pid == 0:  # every peer has started this launch
         token_check(bases, rank, tok_off, parity, e, timeout, diag, WORLD)
     epoch_commit(epoch_ptr, e)

@@ -199,10 +199,9 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
             else:
                 place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ex, at, (s * max_tokens + t) * TOP_K, item,
                            shares, rank, peer_row + t, hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
-        if PACKETS:  # the copy read by every thread of the program: then back at rest
-            tl.debug_barrier()
+        if PACKETS:  # back at rest once every thread of the program has read its copies (the barrier)
             lamport_reset(src + nn, nn < n_s * TOP_K)
-            lamport_reset(src + BLOCK_N + two, two == 0)
+            lamport_reset(src + BLOCK_N + two, two == 0, SYNC=False)
         earlier += tl.histogram(ids_s, BLOCK_X, mask=ids_s >= 0)
     # 5. counts and problem counters
     if pid == 0:

@@ -265,11 +265,11 @@ def test_a_half_stored_element_never_passes_for_data(worlds):
             assert others_missing == 63, dtype  # the elements still at rest are missing
 
 
-# -- GPUs: a reset waits for every thread's look ----------------------------------------------------------------
+# -- GPUs: a reset waits for every thread's look --------------------------------------------------------------
 @triton.jit
-def _lag(like, lag_ns):
-    """On GPUs, every thread outside the program's first warp spins ``lag_ns`` before it goes on:
-    the warps of one program, out of step. 0 per element of ``like``."""
+def _lag(like, prompt, lag_ns):
+    """On GPUs, every thread outside warp ``prompt`` of the program spins ``lag_ns`` before it goes
+    on: the warps of one program, out of step. 0 per element of ``like``."""
     return tl.inline_asm_elementwise(
         """{
         .reg .u32 %w;
@@ -277,8 +277,8 @@ def _lag(like, lag_ns):
         .reg .pred %p;
         mov.u32 %w, %tid.x;
         shr.u32 %w, %w, 5;
-        setp.eq.u32 %p, %w, 0;
-        cvt.u64.u32 %lim, $2;
+        setp.eq.u32 %p, %w, $2;
+        cvt.u64.u32 %lim, $3;
         selp.u64 %lim, 0, %lim, %p;
         mov.u64 %t0, %globaltimer;
         LAG${:uid}:
@@ -287,15 +287,15 @@ def _lag(like, lag_ns):
         setp.lt.u64 %p, %t1, %lim;
         @%p bra LAG${:uid};
         mov.u32 $0, 0;
-        }""", "=r,r,r", [like, lag_ns], dtype=tl.int32, is_pure=False, pack=1)
+        }""", "=r,r,r,r", [like, prompt, lag_ns], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
-def _lagging_reader_kernel(buf, out, rank, timeout, diag_addr, lag_ns, write_at_ns, SYNC: tl.constexpr,
+def _lagging_reader_kernel(buf, out, rank, timeout, diag_addr, prompt, lag_ns, write_at_ns, SYNC: tl.constexpr,
                            BLOCK: tl.constexpr):
-    """Program 1 stores ``BLOCK`` values into ``buf`` after ``write_at_ns``; program 0 polls them
-    with every warp but the first ``lag_ns`` late, resets them (``SYNC`` as given) and keeps what
-    it read in ``out``. ``BLOCK`` is below the threads of the program: each element has a copy per
+    """Program 1 stores ``BLOCK`` values into ``buf`` after ``write_at_ns``; program 0 polls them,
+    every warp but ``prompt`` ``lag_ns`` late, resets them (``SYNC`` as given) and keeps what it
+    read in ``out``. ``BLOCK`` is below the threads of the program: each element has a copy per
     warp, as a row's top-k weights do in MoE dispatch."""
     offs = tl.arange(0, BLOCK)
     if tl.program_id(0) == 1:
@@ -304,42 +304,54 @@ def _lagging_reader_kernel(buf, out, rank, timeout, diag_addr, lag_ns, write_at_
             pass
         lamport_store(buf + offs, (offs + 1).to(tl.float32))
     else:
-        lag = _lag(offs, lag_ns)
+        lag = _lag(offs, prompt, lag_ns)
         v = lamport_poll(buf + offs + lag, offs < BLOCK, 1, 0, rank, timeout, diag_addr.to(tl.pointer_type(tl.int64)))
         lamport_reset(buf + offs, SYNC=SYNC)
         tl.store(out + offs, v)
 
 
-def _job_lagging_reader(ctx):
+def _job_lagging_reader(ctx, warps: int):
+    """Per prompt warp: (values read, buffer back at rest, timeout error) with the barrier; then
+    without it, the first prompt warp whose run timed out (the warp that stores a replicated
+    element's reset is one of the program's, which one is Triton's choice), or None."""
     out = {}
-    for sync in (True, False):  # the unsafe reset last: its communicator ends broken
-        comm = make_comm(ctx, timeout_s=1.0)
-        _, rank, _, timeout, diag = comm.kernel_args()
-        buf = comm.empty(4, torch.float32)
-        lamport_fill(buf)
-        got = torch.full((4,), -7.0, device=ctx.device)
-        _lagging_reader_kernel[(2,)](buf, got, rank, timeout, diag, 50_000_000, 1_000_000, SYNC=sync, BLOCK=4,
-                                     num_warps=4)
-        try:
-            comm.synchronize()
-            err = None
-        except CommTimeoutError as e:
-            err = str(e)
-        rest = bool((buf.view(torch.int16) == LAMPORT_SENTINEL16 - (1 << 16)).all())
-        out[sync] = (got.tolist(), rest, err)
-        comm.bootstrap.barrier()
-        comm.close()
+    comm = make_comm(ctx, timeout_s=1.0)
+    for sync in (True, False):
+        for prompt in range(warps):
+            _, rank, _, timeout, diag = comm.kernel_args()
+            buf = comm.empty(4, torch.float32)
+            lamport_fill(buf)
+            got = torch.full((4,), -7.0, device=ctx.device)
+            _lagging_reader_kernel[(2,)](buf, got, rank, timeout, diag, prompt, 30_000_000, 1_000_000, SYNC=sync,
+                                         BLOCK=4, num_warps=warps)
+            try:
+                comm.synchronize()
+                err = None
+            except CommTimeoutError as e:
+                err = str(e)
+            rest = bool((buf.view(torch.int16) == LAMPORT_SENTINEL16 - (1 << 16)).all())
+            if sync:
+                out[prompt] = (got.tolist(), rest, err)
+                comm.free(buf)
+            elif err is not None:
+                out["staged"] = (prompt, err)
+                break
+            else:
+                comm.free(buf)
+    comm.bootstrap.barrier()
+    comm.close()
     return out
 
 
 @pytest.mark.skipif(BACKEND != "cuda", reason="out-of-step warps: GPUs only (the interpreter runs a program whole)")
 def test_a_reset_waits_for_every_warps_look(worlds):
-    """Program 0's first warp sees the data 1 ms in; the others look 50 ms in. With the barrier in
-    ``lamport_reset`` they all read it before it goes back to rest; without it (``SYNC=False``) the
-    first warp's reset leaves the others polling the sentinel until the time limit: the race that
-    stopped MoE dispatch on its top-k weights."""
-    res = worlds(1).run(_job_lagging_reader)[0]
-    got, rest, err = res[True]
-    assert err is None and got == [1.0, 2.0, 3.0, 4.0] and rest, res[True]
-    got, rest, err = res[False]
-    assert err is not None and "still at the sentinel" in err, res[False]  # the race was staged
+    """One warp of program 0 sees the data 1 ms in; the others look 30 ms in. With the barrier in
+    ``lamport_reset`` every warp reads it before it goes back to rest, whichever warp is prompt;
+    without it (``SYNC=False``), where the prompt warp is the one that stores the reset, the others
+    poll the sentinel until the time limit: the race that stopped MoE dispatch on its top-k weights."""
+    res = worlds(1).run(_job_lagging_reader, 4)[0]
+    for prompt in range(4):
+        got, rest, err = res[prompt]
+        assert err is None and got == [1.0, 2.0, 3.0, 4.0] and rest, (prompt, res[prompt])
+    assert "staged" in res, res  # without the barrier some prompt warp left the others polling
+    assert "still at the sentinel" in res["staged"][1], res["staged"]

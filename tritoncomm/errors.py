@@ -32,7 +32,9 @@ class CommTimeoutError(TritonCommError):
     """A bounded wait inside a kernel expired: a peer is dead, hung or running other work.
 
     ``rank``, ``peer``, ``slot``, ``expected`` and ``seen`` come from the kernel's diagnostic
-    record. The communicator is unusable afterwards (ranks' epochs may disagree): destroy it.
+    record (for a Lamport poll, ``expected`` is the address of the first element still missing and
+    ``seen`` how many were). The communicator is unusable afterwards (ranks' epochs may disagree):
+    destroy it.
     """
 
     def __init__(self, message: str, *, rank: int, peer: int, slot: int, expected: int, seen: int,

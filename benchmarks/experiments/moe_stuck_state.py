@@ -28,10 +28,11 @@ from tritoncomm.channels import Communicator
 from tritoncomm.collectives import MoEAllToAll
 from tritoncomm.collectives.moe import default_shape
 from tritoncomm.config import CommConfig
+from tritoncomm.kernels import LAMPORT_SENTINEL16
 from tritoncomm.launch import LocalWorld
 from tritoncomm.tools.moebench import MOE_SHAPES, _capacity
 
-REST = -32768  # 0x8000 as int16
+REST = LAMPORT_SENTINEL16 - (1 << 16)  # the at-rest half as int16
 
 
 def _buffers(moe: MoEAllToAll) -> dict[str, torch.Tensor]:

@@ -451,3 +451,68 @@ def test_a_timeout_record_needs_no_barrier_and_a_reset_one():
     counts = {sync: compile_ptx(_lagging_reader_kernel, sig, {"SYNC": sync, "BLOCK": 4}, {"buf", "out"}).count(
         "bar.sync") for sync in (True, False)}
     assert counts == {True: 1, False: 0}, counts
+
+
+def _every_jit_function():
+    """Every ``@triton.jit`` function of the package, helpers included, by qualified name."""
+    import importlib
+    import pkgutil
+
+    from triton.runtime.jit import JITFunction
+
+    import tritoncomm
+
+    found = {}
+    for m in pkgutil.walk_packages(tritoncomm.__path__, "tritoncomm."):
+        if m.name.endswith("__main__") or m.name in ENGINE_MODULES:
+            continue
+        for name, obj in vars(importlib.import_module(m.name)).items():
+            if isinstance(obj, JITFunction):
+                found[f"{obj.fn.__module__}.{name}"] = obj
+    return found
+
+
+def _sglang_patches(monkeypatch) -> None:
+    """What SGLang 0.5.23's ``sglang.srt.utils.common`` does at import: ``triton.next_power_of_2``
+    becomes a plain Python function (and engines' code does the like with ``triton.cdiv``)."""
+    import triton
+
+    def next_power_of_2(n: int):
+        return 1 << (n - 1).bit_length() if n > 0 else 1
+
+    def cdiv(a: int, b: int) -> int:
+        return -(a // -b)
+
+    monkeypatch.setattr(triton, "next_power_of_2", next_power_of_2)
+    monkeypatch.setattr(triton, "cdiv", cdiv)
+
+
+def test_no_kernel_refers_to_what_engines_patch_on_triton(monkeypatch):
+    """Triton refuses a plain Python function referenced from a kernel ("Unsupported function
+    referenced"), and engines replace attributes of the ``triton`` module with such functions (seen:
+    every all-reduce under SGLang on two H200s). So no JIT function may reach them: every one of the
+    package's hashes (which walks its body) must go through with the engines' patches in place."""
+    from triton.runtime.jit import JITFunction
+
+    _sglang_patches(monkeypatch)
+    fns = _every_jit_function()
+    assert len(fns) >= 60, len(fns)
+    for name, f in fns.items():
+        fresh = JITFunction(f.fn)  # a fresh hash: the module's own object may have cached one already
+        try:
+            fresh.cache_key
+        except RuntimeError as e:
+            pytest.fail(f"{name}: {e}")
+
+
+def test_the_lamport_allreduce_compiles_under_an_engines_patches(monkeypatch):
+    from triton.runtime.jit import JITFunction
+
+    from tritoncomm.collectives.allreduce.lamport import lamport_oneshot_kernel
+
+    _sglang_patches(monkeypatch)
+    sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", **COMMON, "epochs_off": "i64", "buf_off": "i64",
+           "slot_bytes": "i64", "active": "i32"}
+    ptx = compile_ptx(JITFunction(lamport_oneshot_kernel.fn), sig, {"WORLD": 2, "BLOCK": 2048},
+                      {"x_ptr", "out_ptr", "n", "bases", "epochs_off", "buf_off", "slot_bytes"})
+    assert "ld.volatile.global.v4" in ptx or "ld.volatile.global.v2" in ptx, "the poll should stay vectorised"

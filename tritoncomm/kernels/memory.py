@@ -11,6 +11,11 @@ kernel: Triton specialises integer arguments only on divisibility by 16, so a bo
 (a multiple of 8, not 16) would make every mask ``offs < n`` vary per element and turn 16-byte
 vector accesses into 2-byte ones, local *and* remote.
 
+``next_pow2`` is the kernels' ``triton.next_power_of_2``: a constexpr function of this package's own,
+because engines replace the attribute on the ``triton`` module (SGLang sets it to a plain Python
+function, which Triton's compiler then refuses inside a kernel: "Unsupported function referenced").
+Kernels use it, never an attribute of ``triton`` looked up at compile time.
+
 Nothing here orders memory: these functions only compute addresses.
 """
 
@@ -19,7 +24,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["assume_multiple", "heap_base", "heap_ptr", "pow2_divisor", "translate"]
+__all__ = ["assume_multiple", "heap_base", "heap_ptr", "next_pow2", "pow2_divisor", "translate"]
+
+
+@triton.constexpr_function
+def next_pow2(n: int) -> int:
+    """The smallest power of two ``>= n`` (1 for ``n <= 1``); callable in kernels on constexprs and on the host."""
+    n = int(n)
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 def pow2_divisor(n: int, cap: int = 16) -> int:

@@ -54,6 +54,7 @@ from ...kernels import (
     lamport_reset,
     lamport_store,
     lamport_try,
+    next_pow2,
     pdl_launch_dependents,
     pdl_wait,
     pow2_divisor,
@@ -137,7 +138,7 @@ def lamport_oneshot_kernel(x_ptr, out_ptr, n, bases, rank, timeout, diag_addr, e
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
     diag = diag_addr.to(tl.pointer_type(tl.int64))
-    W2: tl.constexpr = triton.next_power_of_2(WORLD)
+    W2: tl.constexpr = next_pow2(WORLD)
     k = tl.arange(0, W2)
     peer_bases = tl.load(bases + tl.where(k < WORLD, k, rank))  # set once at start-up: safe before the wait
     my_base = tl.sum(tl.where(k == rank, peer_bases, 0), axis=0)
@@ -197,7 +198,7 @@ def lamport_twoshot_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_
     shard = assume_multiple(shard, 16)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
-    W2: tl.constexpr = triton.next_power_of_2(WORLD)
+    W2: tl.constexpr = next_pow2(WORLD)
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     pdl_wait()  # launched with PDL: the previous kernel has ended
     if EARLY:

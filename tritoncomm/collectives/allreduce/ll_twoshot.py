@@ -47,6 +47,7 @@ from ...kernels import (
     ll8_poll,
     ll8_store,
     ll8_try,
+    next_pow2,
     pow2_divisor,
     program_epoch,
     round_to,
@@ -90,9 +91,9 @@ def token_send(bases, rank, tok_off, parity, e, WORLD: tl.constexpr):
     peer's token area (``tokens[2][W]`` at heap offset ``tok_off``): this rank has started the launch.
     Like every ``ll8_store``, a plain store: it orders nothing else this rank wrote; a peer that sees it
     learns only that this rank's previous launch (kernels of one stream do not overlap) is over."""
-    k = tl.arange(0, triton.next_power_of_2(WORLD))
+    k = tl.arange(0, next_pow2(WORLD))
     tok = heap_ptr(bases, tl.where(k < WORLD, k, rank), tok_off, tl.uint64) + parity * WORLD + rank
-    ll8_store(tok, tl.zeros([triton.next_power_of_2(WORLD)], dtype=tl.uint32), e, mask=(k < WORLD) & (k != rank))
+    ll8_store(tok, tl.zeros([next_pow2(WORLD)], dtype=tl.uint32), e, mask=(k < WORLD) & (k != rank))
 
 
 @triton.jit
@@ -101,7 +102,7 @@ def token_check(bases, rank, tok_off, parity, e, timeout, diag, WORLD: tl.conste
     one look; else a bounded ``ll8_poll`` per peer, whose timeout names the peer and slot -1). After
     it, every peer has finished its previous launch, so none still reads the buffers of this launch's
     parity that the next-but-one launch will write; no data is made visible by it."""
-    k = tl.arange(0, triton.next_power_of_2(WORLD))
+    k = tl.arange(0, next_pow2(WORLD))
     peers = (k < WORLD) & (k != rank)
     mytok = heap_ptr(bases, rank, tok_off, tl.uint64) + parity * WORLD + k
     _, bad = ll8_try(mytok, peers, e)
@@ -141,7 +142,7 @@ def _push_shards(x_ptr, n, nwords, shard, b, bases, rank, rs_slot_off, e, WORLD:
     """Step 1 for block ``b``: one 2-D load of block ``b`` of every shard, packets to their owners."""
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     EPW: tl.constexpr = 32 // DTYPE.primitive_bitwidth  # elements per word
-    W2: tl.constexpr = triton.next_power_of_2(WORLD)
+    W2: tl.constexpr = next_pow2(WORLD)
     s = tl.arange(0, W2)
     r = tl.arange(0, BLOCK * EPW)
     el = (s[:, None] * shard + b * BLOCK) * EPW + r[None, :]  # element index
@@ -165,7 +166,7 @@ def _gather_shards(out_ptr, n, nwords, shard, b, bases, rank, ag_off, parity, sl
     (``ll_wait_rows``)."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     EPW: tl.constexpr = 32 // DTYPE.primitive_bitwidth
-    W2: tl.constexpr = triton.next_power_of_2(WORLD)
+    W2: tl.constexpr = next_pow2(WORLD)
     s = tl.arange(0, W2)
     j = b * BLOCK + tl.arange(0, BLOCK)
     rows = (s[:, None] < WORLD) & (s[:, None] != rank)

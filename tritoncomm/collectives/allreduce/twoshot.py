@@ -45,6 +45,7 @@ from ...kernels import (
     barrier_wait,
     epoch_commit,
     heap_ptr,
+    next_pow2,
     pow2_divisor,
     program_epoch,
     round_to,
@@ -65,7 +66,7 @@ def twoshot_scatter_block(x_ptr, n, shard, b, bases, rank, rs_off, WORLD: tl.con
     One 2-D access per side (a row per rank): every load is issued before the first store, where
     a loop of W-1 load->store pairs would wait for each load in turn."""
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
-    W2: tl.constexpr = triton.next_power_of_2(WORLD)
+    W2: tl.constexpr = next_pow2(WORLD)
     s = tl.arange(0, W2)
     j = b * BLOCK + tl.arange(0, BLOCK)
     idx = s[:, None] * shard + j[None, :]
@@ -111,7 +112,7 @@ def twoshot_gather_block(out_ptr, n, shard, b, bases, rank, ag_off, WORLD: tl.co
     """Copy block ``b`` of every other rank's reduced shard from ``ag`` into ``out`` (one 2-D
     load, then one 2-D store, as in ``twoshot_scatter_block``)."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
-    W2: tl.constexpr = triton.next_power_of_2(WORLD)
+    W2: tl.constexpr = next_pow2(WORLD)
     s = tl.arange(0, W2)
     j = b * BLOCK + tl.arange(0, BLOCK)
     idx = s[:, None] * shard + j[None, :]

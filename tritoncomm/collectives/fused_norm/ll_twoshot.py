@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import epoch_commit, heap_ptr, ll8_poll_sum_f32, ll8_store, program_epoch, round_to
+from ...kernels import epoch_commit, heap_ptr, ll8_poll_sum_f32, ll8_store, next_pow2, program_epoch, round_to
 from ...units import round_up
 from ..allreduce.ll import LL_TRIES, ll_sum_ranks, load_words
 from ..allreduce.ll_twoshot import LLTwoShot, ll_wait_rows, to_words, token_check, token_send, words_to
@@ -44,7 +44,7 @@ __all__ = ["FusedLLTwoShot", "ll_twoshot_allreduce_add_rmsnorm_kernel"]
 def _group_tile(g, H, CW, cww, row_words, rank, WORLD: tl.constexpr, NQ: tl.constexpr, BLOCK_C: tl.constexpr):
     """Group ``g``'s row, its ``[W2, BLOCK_C]`` columns and their mask, the mask of its
     ``[W2, BLOCK_C / 2]`` words, and which tile rows (chunks) other ranks own."""
-    W2: tl.constexpr = triton.next_power_of_2(WORLD)
+    W2: tl.constexpr = next_pow2(WORLD)
     row = (g // NQ).to(tl.int64)
     c = (g % NQ) * WORLD + tl.arange(0, W2)  # the group's chunks; row s is owned by rank s
     jc = tl.arange(0, BLOCK_C)
@@ -69,7 +69,7 @@ def ll_twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, 
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     BW: tl.constexpr = BLOCK_C // 2
-    W2: tl.constexpr = triton.next_power_of_2(WORLD)
+    W2: tl.constexpr = next_pow2(WORLD)
     CH: tl.constexpr = NQ * WORLD
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
@@ -120,7 +120,7 @@ def ll_twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, 
         else:
             slots = heap_ptr(bases, rank, xch_off, tl.uint64) + row * CH
             ll8_store(slots + (g % NQ) * WORLD + k, part.to(tl.uint32, bitcast=True), e, mask=k < WORLD)
-            CH2: tl.constexpr = triton.next_power_of_2(CH)
+            CH2: tl.constexpr = next_pow2(CH)
             kk = tl.arange(0, CH2)
             total = ll8_poll_sum_f32(slots + kk, kk < CH, e, rank, row, rank, timeout, diag)
         rstd = 1.0 / tl.sqrt(total / H + eps)
@@ -153,7 +153,7 @@ class FusedLLTwoShot(FusedAlgorithm):
         t, h = x.shape
         nq, cw = self.plan.ll2_groups(t, h)  # NQ groups of W chunks per row
         block = self._block(cw)
-        meta = self._meta(nq, block, block * triton.next_power_of_2(self.world), gemma, fp8, engine,
+        meta = self._meta(nq, block, block * next_pow2(self.world), gemma, fp8, engine,
                           polled=block // 2)
         meta["NQ"] = meta.pop("CH")
         c = self.channel

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import barrier, epoch_commit, heap_ptr, program_epoch
+from ...kernels import barrier, epoch_commit, heap_ptr, next_pow2, program_epoch
 from ...units import cdiv, round_up
 from ..base import Workspace
 from .algorithm import FusedAlgorithm
@@ -59,7 +59,7 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
-    W2: tl.constexpr = triton.next_power_of_2(WORLD)
+    W2: tl.constexpr = next_pow2(WORLD)
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     R = tl.cdiv(T, WORLD)
@@ -156,4 +156,4 @@ class FusedTwoShot(FusedAlgorithm):
         self.launcher(
             *self._args(x, residual, residual_out, weight, out, scale, cw, eps), c.flags_off, c.epochs_off, rs, ag,
             ag + self.world * self.shard_bytes, self.shard_bytes, self.rstd_slot, c.buffer_off + self.xch_rel,
-            **self._meta(ch, block, block * triton.next_power_of_2(self.world), gemma, fp8, engine))
+            **self._meta(ch, block, block * next_pow2(self.world), gemma, fp8, engine))

@@ -49,7 +49,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ...kernels import INTERPRET, epoch_commit, heap_base, heap_ptr, program_epoch, round_to, signal, wait
+from ...kernels import INTERPRET, epoch_commit, heap_base, heap_ptr, next_pow2, program_epoch, round_to, signal, wait
 
 __all__ = ["chunk_start", "gemm_twoshot_kernel", "grouped_tile", "tile_owner"]
 
@@ -113,7 +113,7 @@ def _publish(t, T, bases, rank, pflags_off, fflags_off, e, WORLD: tl.constexpr):
         li = t - chunk_start(owner, T, WORLD)
         signal(heap_ptr(bases, owner, pflags_off, tl.uint32) + li * WORLD + rank, e)
     else:
-        lanes = tl.arange(0, triton.next_power_of_2(WORLD))
+        lanes = tl.arange(0, next_pow2(WORLD))
         everyone = tl.where(lanes < WORLD, lanes, rank)
         signal((heap_base(bases, everyone) + fflags_off + t * 4).to(tl.pointer_type(tl.uint32)), e)
 
@@ -136,7 +136,7 @@ def gemm_twoshot_kernel(a_desc, w_desc, out_ptr, out_tab, M, N, K, bases, rank, 
     progs = tl.num_programs(0)
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     TILE: tl.constexpr = BM * BN
-    W2: tl.constexpr = triton.next_power_of_2(WORLD)
+    W2: tl.constexpr = next_pow2(WORLD)
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     T = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     lanes = tl.arange(0, W2)

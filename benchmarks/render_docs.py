@@ -40,6 +40,10 @@ def us(v: float | None) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}"
 
 
+def ms(v: float | None) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
+
+
 def ratio(a: float | None, b: float | None) -> str:
     return "-" if not a or not b else f"{a / b:.2f}x"
 
@@ -223,10 +227,14 @@ def misc_section() -> str:
         parts += ["### transformers' tensor parallelism with the backend, TP2",
                   caption(f"Llama-shaped, hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, random "
                           f"weights, `tp_plan=\"auto\"`, {d['new_tokens']} greedy tokens", d,
-                          f". Static cache + compile: {d.get('tritoncomm_static_error') or 'see the file'}."),
-                  table(["backend", "ms per decode step (eager)", "same tokens as NCCL"],
-                        [["tritoncomm", f"{d['tritoncomm_eager_ms']:.2f}", str(d["same_tokens"])],
-                         ["NCCL", f"{d['nccl_eager_ms']:.2f}", "-"]])]
+                          "".join(f". {who} static cache + compile: {d[k]}" for who, k in
+                                  (("tritoncomm", "tritoncomm_static_error"), ("NCCL", "nccl_static_error"))
+                                  if d.get(k)) + "."),
+                  table(["backend", "ms per decode step (eager)", "same tokens as NCCL (eager)",
+                         "ms per decode step (static cache + compile)", "same tokens as NCCL (static)"],
+                        [["tritoncomm", f"{d['tritoncomm_eager_ms']:.2f}", str(d["same_tokens"]),
+                          ms(d.get("tritoncomm_static_ms")), str(d.get("same_static_tokens", "-"))],
+                         ["NCCL", f"{d['nccl_eager_ms']:.2f}", "-", ms(d.get("nccl_static_ms")), "-"]])]
     return "\n\n".join(parts)
 
 

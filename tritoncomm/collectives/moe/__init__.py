@@ -69,9 +69,10 @@ from .onekernel import launch_dispatch_one_kernel, moe_dispatch_one_kernel
 from .route import launch_route, moe_route_kernel
 
 #: ``combine``'s default switch from the latency to the throughput mode: total tokens over the ranks
-#: per call. A first estimate: no run across NVLink has measured the crossover yet (``bench --op moe``
-#: times both modes).
-THROUGHPUT_FROM = 256
+#: per call. Measured at EP2 on two H200s (``benchmarks/results/moe-h200-ep2.json``, both shapes): the
+#: latency mode is faster at 256 and 1024 tokens in all, the throughput mode at 8192; the switch sits
+#: between (``tune --op moe`` finds it for a deployment).
+THROUGHPUT_FROM = 2048
 MODES = ("auto", "latency", "throughput")
 
 __all__ = ["MODES", "ONE_KERNEL_ENTRIES", "PREFILL_FROM", "SHAPES", "THROUGHPUT_FROM", "MoEAllToAll", "MoEHandle",

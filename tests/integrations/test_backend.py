@@ -6,6 +6,7 @@ kernels) and, with ``TRITONCOMM_TEST_BACKEND=cuda``, on GPUs (CUDA tensors)."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import queue
 import socket
@@ -284,7 +285,7 @@ def _init_job(rank: int, world: int, port: int, q) -> None:
         dist.all_gather_object(objs, rank)
         q.put((rank, type(pg).__name__, dist.get_backend(), pg.comm is not None, x.tolist(), objs))
     finally:
-        dist.destroy_process_group()
+        _end_rank()
 
 
 def test_init_process_group():
@@ -333,7 +334,19 @@ def _hf_job(rank: int, world: int, port: int, backend: str, path: str, static: b
 
         q.put((rank, traceback.format_exc(), None, None, None))
     finally:
-        dist.destroy_process_group()
+        _end_rank()
+
+
+#: How long a spawned rank may take to tear down and exit after it has reported (seconds).
+EXIT_S = 90.0
+
+
+def _end_rank() -> None:
+    """A rank's teardown: a rank that stalls in it or in its exit prints its stacks and exits with
+    code 1 after ``EXIT_S`` (``_spawn`` fails the test), rather than holding the test process, which
+    joins its children when it exits."""
+    faulthandler.dump_traceback_later(EXIT_S, exit=True)
+    dist.destroy_process_group()
 
 
 def _spawn(target, world: int, *args) -> list:
@@ -372,8 +385,14 @@ def _spawn(target, world: int, *args) -> list:
                     p.kill()
                 pytest.fail(f"ranks {dead} exited with codes {[procs[r].exitcode for r in dead]}" if dead
                             else "no result within 600 s")
+    t0 = time.monotonic()
     for p in procs:
-        p.join(60)
+        p.join(max(1.0, EXIT_S + 30 - (time.monotonic() - t0)))
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+    stalled = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode != 0}
+    assert not stalled, f"ranks reported, then did not exit cleanly (exit codes {stalled}; stacks on stderr)"
     return sorted(results)
 
 

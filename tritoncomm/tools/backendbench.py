@@ -126,6 +126,10 @@ def _decode_step_ms(model: Any, prompt: torch.Tensor, **kw: Any) -> tuple[float,
     return statistics.median(samples), tokens
 
 
+#: How long a model rank may take to tear down and exit after it has reported (seconds).
+EXIT_S = 90.0
+
+
 def _model_job(rank: int, world: int, port: int, backend: str, path: str, q: Any) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     # a run that stalls shows where: every rank prints its stacks this often (to its stderr)
@@ -167,6 +171,9 @@ def _model_job(rank: int, world: int, port: int, backend: str, path: str, q: Any
     finally:
         faulthandler.cancel_dump_traceback_later()
         q.put(result)
+        # a rank that has reported must also end: a teardown or exit that stalls prints the rank's
+        # stacks and exits with code 1 after EXIT_S, and the parent reports it
+        faulthandler.dump_traceback_later(EXIT_S, exit=True)
         dist.destroy_process_group()
 
 
@@ -182,8 +189,15 @@ def _spawn(world: int, backend: str, path: str) -> list[dict[str, Any]]:
     for p in procs:
         p.start()
     results = sorted((q.get(timeout=1200) for _ in procs), key=lambda r: r["rank"])
-    for p in procs:
-        p.join(120)
+    t0 = time.monotonic()
+    for r, p in enumerate(procs):
+        p.join(max(1.0, EXIT_S + 30 - (time.monotonic() - t0)))
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+        if p.exitcode != 0:  # stalled at exit (its stacks are on stderr) or killed
+            results[r]["exit_stall"] = (f"{backend}: rank {r} reported, then did not exit cleanly "
+                                        f"(exit code {p.exitcode}); its stacks are on stderr")
     return results
 
 
@@ -213,6 +227,7 @@ def model_report(world: int = 2) -> dict[str, Any]:
             rep["served"] = all(r["served"] for r in rs)
         rep[f"{name}_static_tokens"] = rs[0].get("static_tokens")
         rep[f"{name}_profile"] = rs[0].get("profile")
+    rep["exit_stalls"] = [r["exit_stall"] for rs in runs.values() for r in rs if "exit_stall" in r]
     rep["same_tokens"] = rep["tritoncomm_tokens"] == rep["nccl_tokens"]
     rep["same_static_tokens"] = rep["tritoncomm_static_tokens"] == rep["nccl_static_tokens"]
     return rep
@@ -232,4 +247,5 @@ def format_model(rep: dict[str, Any]) -> str:
         f"step, eager: tritoncomm {rep[t + '_eager_ms']:.3f} vs NCCL {rep[n + '_eager_ms']:.3f}; static cache + "
         f"compile: tritoncomm {_ms(rep[t + '_static_ms'])} vs NCCL {_ms(rep[n + '_static_ms'])} "
         f"({rep[t + '_static_error'] or 'ok'}); same tokens: eager {rep['same_tokens']}, static "
-        f"{rep['same_static_tokens']}; served by tritoncomm: {rep.get('served')}")
+        f"{rep['same_static_tokens']}; served by tritoncomm: {rep.get('served')}") + "".join(
+        f"\n{m}" for m in rep.get("exit_stalls", []))

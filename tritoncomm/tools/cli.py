@@ -134,7 +134,7 @@ def _bench(args: argparse.Namespace) -> int:
         else:
             rep = model_report(_world(args, backend))
             print(format_model(rep), flush=True)
-            ok &= not rep["errors"] and rep["same_tokens"]
+            ok &= not rep["errors"] and rep["same_tokens"] and not rep.get("exit_stalls")
             if args.json and "{op}" in args.json:
                 write_json(rep, args.json.replace("{op}", "model"))
             all_reports.append(rep)

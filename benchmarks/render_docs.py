@@ -36,12 +36,8 @@ def size(n: int) -> str:
     return f"{n} B"
 
 
-def us(v: float | None) -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}"
-
-
-def ms(v: float | None) -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
+def us(v: float | None, digits: int = 1) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
 
 
 def ratio(a: float | None, b: float | None) -> str:
@@ -233,8 +229,8 @@ def misc_section() -> str:
                   table(["backend", "ms per decode step (eager)", "same tokens as NCCL (eager)",
                          "ms per decode step (static cache + compile)", "same tokens as NCCL (static)"],
                         [["tritoncomm", f"{d['tritoncomm_eager_ms']:.2f}", str(d["same_tokens"]),
-                          ms(d.get("tritoncomm_static_ms")), str(d.get("same_static_tokens", "-"))],
-                         ["NCCL", f"{d['nccl_eager_ms']:.2f}", "-", ms(d.get("nccl_static_ms")), "-"]])]
+                          us(d.get("tritoncomm_static_ms"), 2), str(d.get("same_static_tokens", "-"))],
+                         ["NCCL", f"{d['nccl_eager_ms']:.2f}", "-", us(d.get("nccl_static_ms"), 2), "-"]])]
     return "\n\n".join(parts)
 
 

@@ -27,10 +27,40 @@ from typing import Any
 
 from .config import SHARED_GPUS_ENV
 
-__all__ = ["MULTICAST_OFF", "LocalWorld", "RankContext", "RankError", "detect_backend", "init_from_env", "launch"]
+__all__ = ["EXIT_S", "MULTICAST_OFF", "LocalWorld", "RankContext", "RankError", "detect_backend", "end_rank",
+           "init_from_env", "join_ranks", "launch"]
 
 #: NVLink multicast must stay off everywhere (it can take a shared host's GPUs out of service).
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+#: How long a rank spawned on its own (``end_rank``, ``join_ranks``) may take to tear down and exit
+#: after it has reported (seconds).
+EXIT_S = 90.0
+
+
+def end_rank() -> None:
+    """The last step of a rank spawned with its own process group: destroy the group, and if the
+    teardown or the interpreter's exit stalls, print every thread's stack and exit with code 1 after
+    ``EXIT_S``, rather than hold the parent, which joins its non-daemon children when it exits."""
+    import faulthandler
+
+    import torch.distributed as dist
+
+    faulthandler.dump_traceback_later(EXIT_S, exit=True)
+    dist.destroy_process_group()
+
+
+def join_ranks(procs: list[Any]) -> dict[int, int | None]:
+    """Join ranks that have reported and then ``end_rank``; kill any still alive after ``EXIT_S`` plus
+    a margin. Returns the exit codes of those that did not exit cleanly, by rank (empty: all did)."""
+    deadline = time.monotonic() + EXIT_S + 30
+    for p in procs:
+        p.join(max(1.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+    return {r: p.exitcode for r, p in enumerate(procs) if p.exitcode != 0}
 
 
 @dataclass

@@ -6,7 +6,6 @@ kernels) and, with ``TRITONCOMM_TEST_BACKEND=cuda``, on GPUs (CUDA tensors)."""
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import queue
 import socket
@@ -18,6 +17,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 
 import tritoncomm
+from tritoncomm.launch import end_rank, join_ranks
 
 from ..conftest import BACKEND, SHARED_GPUS
 from ..helpers import world_sizes
@@ -285,7 +285,7 @@ def _init_job(rank: int, world: int, port: int, q) -> None:
         dist.all_gather_object(objs, rank)
         q.put((rank, type(pg).__name__, dist.get_backend(), pg.comm is not None, x.tolist(), objs))
     finally:
-        _end_rank()
+        end_rank()
 
 
 def test_init_process_group():
@@ -334,19 +334,7 @@ def _hf_job(rank: int, world: int, port: int, backend: str, path: str, static: b
 
         q.put((rank, traceback.format_exc(), None, None, None))
     finally:
-        _end_rank()
-
-
-#: How long a spawned rank may take to tear down and exit after it has reported (seconds).
-EXIT_S = 90.0
-
-
-def _end_rank() -> None:
-    """A rank's teardown: a rank that stalls in it or in its exit prints its stacks and exits with
-    code 1 after ``EXIT_S`` (``_spawn`` fails the test), rather than holding the test process, which
-    joins its children when it exits."""
-    faulthandler.dump_traceback_later(EXIT_S, exit=True)
-    dist.destroy_process_group()
+        end_rank()
 
 
 def _spawn(target, world: int, *args) -> list:
@@ -385,13 +373,7 @@ def _spawn(target, world: int, *args) -> list:
                     p.kill()
                 pytest.fail(f"ranks {dead} exited with codes {[procs[r].exitcode for r in dead]}" if dead
                             else "no result within 600 s")
-    t0 = time.monotonic()
-    for p in procs:
-        p.join(max(1.0, EXIT_S + 30 - (time.monotonic() - t0)))
-        if p.is_alive():
-            p.kill()
-            p.join(5)
-    stalled = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode != 0}
+    stalled = join_ranks(procs)
     assert not stalled, f"ranks reported, then did not exit cleanly (exit codes {stalled}; stacks on stderr)"
     return sorted(results)
 

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from tritoncomm.kernels import interpreting
+from tritoncomm.kernels import interpreting, pow2_at_least
 
 pytestmark = pytest.mark.skipif(interpreting(), reason="PTX checks need compiled (not interpreted) kernels")
 
@@ -232,16 +232,12 @@ def test_fused_ll_twoshot_compiles_with_16_byte_packets_and_no_fence(world, nq, 
     ptx = compile_ptx(ll_twoshot_allreduce_add_rmsnorm_kernel, sig,
                       {"WORLD": world, "NQ": nq, "BLOCK_C": block_c, "GEMMA": False, "FP8": fp8},
                       FUSED_ALIGNED | {"epochs_off", "rs_off", "ag_off", "tok_off", "slot_words", "xch_off",
-                                       "row_words", "cww"}, 8 if block_c * triton_pow2(world) >= 4096 else 4)
+                                       "row_words", "cww"}, 8 if block_c * pow2_at_least(world) >= 4096 else 4)
     o = ops(ptx)
     assert o["st.global.v2.b64"] >= 2 and o["ld.volatile.global.v2.b64"] >= 2, o  # both LL trips, 16 bytes
     assert o["ld.global.v4.b32"] >= 1 and o["st.global.v4.b32"] >= 1, o
     assert not any(k.startswith(("st.release", "ld.acquire", "fence")) for k in o), o
     assert "%globaltimer" in ptx
-
-
-def triton_pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
 
 
 def test_fused_ll_and_twoshot_compile():
@@ -298,26 +294,38 @@ ENGINE_MODULES = ("tritoncomm.integrations.vllm_fusion",)
 def _entry_kernels():
     """Every kernel the package (and the example) launches: JIT functions named ``*_kernel`` by our
     convention, and the debug-mode signature check."""
-    import importlib
     import importlib.util
     import pathlib
+
+    from triton.runtime.jit import JITFunction
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "custom_collective.py"
+    spec = importlib.util.spec_from_file_location("custom_collective_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    found = {k: f for k, f in _every_jit_function().items() if k.endswith("_kernel") or k.endswith(".check_signatures")}
+    for name, obj in vars(example).items():
+        if isinstance(obj, JITFunction) and name.endswith("_kernel"):
+            found[f"{obj.fn.__module__}.{name}"] = obj
+    return found
+
+
+def _every_jit_function():
+    """Every ``@triton.jit`` function of the package, helpers included, by qualified name (every
+    module but those that import an engine: they hold no kernels)."""
+    import importlib
     import pkgutil
 
     from triton.runtime.jit import JITFunction
 
     import tritoncomm
 
-    # every module but those that import an engine (they hold no kernels)
-    mods = [importlib.import_module(m.name) for m in pkgutil.walk_packages(tritoncomm.__path__, "tritoncomm.")
-            if not m.name.endswith("__main__") and m.name not in ENGINE_MODULES]
-    path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "custom_collective.py"
-    spec = importlib.util.spec_from_file_location("custom_collective_example", path)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
     found = {}
-    for mod in [*mods, example]:
-        for name, obj in vars(mod).items():
-            if isinstance(obj, JITFunction) and (name.endswith("_kernel") or name == "check_signatures"):
+    for m in pkgutil.walk_packages(tritoncomm.__path__, "tritoncomm."):
+        if m.name.endswith("__main__") or m.name in ENGINE_MODULES:
+            continue
+        for name, obj in vars(importlib.import_module(m.name)).items():
+            if isinstance(obj, JITFunction):
                 found[f"{obj.fn.__module__}.{name}"] = obj
     return found
 
@@ -452,24 +460,6 @@ def test_a_timeout_record_needs_no_barrier_and_a_reset_one():
         "bar.sync") for sync in (True, False)}
     assert counts == {True: 1, False: 0}, counts
 
-
-def _every_jit_function():
-    """Every ``@triton.jit`` function of the package, helpers included, by qualified name."""
-    import importlib
-    import pkgutil
-
-    from triton.runtime.jit import JITFunction
-
-    import tritoncomm
-
-    found = {}
-    for m in pkgutil.walk_packages(tritoncomm.__path__, "tritoncomm."):
-        if m.name.endswith("__main__") or m.name in ENGINE_MODULES:
-            continue
-        for name, obj in vars(importlib.import_module(m.name)).items():
-            if isinstance(obj, JITFunction):
-                found[f"{obj.fn.__module__}.{name}"] = obj
-    return found
 
 
 def _sglang_patches(monkeypatch) -> None:

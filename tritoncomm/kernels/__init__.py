@@ -41,7 +41,7 @@ from .lamport import (
 )
 from .launcher import Launcher
 from .ll import ll8_pack, ll8_poll, ll8_poll_sum_f32, ll8_store, ll8_try, ll8_unpack
-from .memory import assume_multiple, heap_base, heap_ptr, next_pow2, pow2_divisor, translate
+from .memory import assume_multiple, heap_base, heap_ptr, next_pow2, pow2_at_least, pow2_divisor, translate
 from .numerics import round_to
 from .ordering import (
     clock_ns,
@@ -71,8 +71,8 @@ __all__ = [
     "epoch_commit", "epoch_next", "fence_sys", "get", "heap_base", "heap_ptr", "interpreting", "lamport_canonical",
     "lamport_fill", "lamport_missing", "lamport_poll", "lamport_reset", "lamport_store", "lamport_try", "ld_acquire",
     "ld_volatile", "ll8_pack", "ll8_poll", "ll8_poll_sum_f32", "ll8_store", "ll8_try", "ll8_unpack",
-    "next_pow2", "pdl_launch_dependents", "pdl_wait", "pow2_divisor", "program_epoch", "put", "record_timeout",
-    "round_to",
+    "next_pow2", "pdl_launch_dependents", "pdl_wait", "pow2_at_least", "pow2_divisor", "program_epoch", "put",
+    "record_timeout", "round_to",
     "signal", "signal_add", "signal_relaxed", "signature_table_bytes", "st_relaxed", "st_release", "translate",
     "wait", "wait_relaxed",
 ]

@@ -24,14 +24,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["assume_multiple", "heap_base", "heap_ptr", "next_pow2", "pow2_divisor", "translate"]
+__all__ = ["assume_multiple", "heap_base", "heap_ptr", "next_pow2", "pow2_at_least", "pow2_divisor", "translate"]
 
 
-@triton.constexpr_function
-def next_pow2(n: int) -> int:
-    """The smallest power of two ``>= n`` (1 for ``n <= 1``); callable in kernels on constexprs and on the host."""
+def pow2_at_least(n: int) -> int:
+    """The smallest power of two ``>= n`` (1 for ``n <= 1``): host side, a plain call."""
     n = int(n)
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+#: ``pow2_at_least`` for kernels (on constexprs). On the host it works too but pays Triton's wrapper
+#: (about 2 µs a call): launchers call ``pow2_at_least``.
+next_pow2 = triton.constexpr_function(pow2_at_least)
 
 
 def pow2_divisor(n: int, cap: int = 16) -> int:

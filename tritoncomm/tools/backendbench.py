@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ..integrations.backend import register
-from ..launch import RankContext
+from ..launch import RankContext, end_rank, join_ranks
 from ..units import format_bytes
 from .report import all_true, max_over_ranks
 from .timing import time_per_call_us
@@ -126,10 +126,6 @@ def _decode_step_ms(model: Any, prompt: torch.Tensor, **kw: Any) -> tuple[float,
     return statistics.median(samples), tokens
 
 
-#: How long a model rank may take to tear down and exit after it has reported (seconds).
-EXIT_S = 90.0
-
-
 def _model_job(rank: int, world: int, port: int, backend: str, path: str, q: Any) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     # a run that stalls shows where: every rank prints its stacks this often (to its stderr)
@@ -171,10 +167,7 @@ def _model_job(rank: int, world: int, port: int, backend: str, path: str, q: Any
     finally:
         faulthandler.cancel_dump_traceback_later()
         q.put(result)
-        # a rank that has reported must also end: a teardown or exit that stalls prints the rank's
-        # stacks and exits with code 1 after EXIT_S, and the parent reports it
-        faulthandler.dump_traceback_later(EXIT_S, exit=True)
-        dist.destroy_process_group()
+        end_rank()  # a rank that stalls in its teardown or exit prints its stacks and ends; reported below
 
 
 def _spawn(world: int, backend: str, path: str) -> list[dict[str, Any]]:
@@ -189,15 +182,8 @@ def _spawn(world: int, backend: str, path: str) -> list[dict[str, Any]]:
     for p in procs:
         p.start()
     results = sorted((q.get(timeout=1200) for _ in procs), key=lambda r: r["rank"])
-    t0 = time.monotonic()
-    for r, p in enumerate(procs):
-        p.join(max(1.0, EXIT_S + 30 - (time.monotonic() - t0)))
-        if p.is_alive():
-            p.kill()
-            p.join(5)
-        if p.exitcode != 0:  # stalled at exit (its stacks are on stderr) or killed
-            results[r]["exit_stall"] = (f"{backend}: rank {r} reported, then did not exit cleanly "
-                                        f"(exit code {p.exitcode}); its stacks are on stderr")
+    for r, code in join_ranks(procs).items():  # stalled at exit (its stacks are on stderr) or killed
+        results[r]["exit_stall"] = f"{backend}: rank {r} reported, then did not exit cleanly (exit code {code})"
     return results
 
 

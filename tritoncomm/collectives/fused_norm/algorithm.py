@@ -7,7 +7,7 @@ from types import MappingProxyType
 import torch
 
 from ...channels import Communicator
-from ...kernels import next_pow2
+from ...kernels import pow2_at_least
 from ...units import round_up
 from ..base import Algorithm
 from .rows import RowPlan
@@ -68,4 +68,4 @@ class FusedAlgorithm(Algorithm):
     def _block(cw: int) -> int:
         """Columns per block for chunks of ``cw``: a power of two, at least ``MIN_BLOCK_C`` (so that a
         block of 16-bit values is at least one LL word per thread of a warp)."""
-        return max(MIN_BLOCK_C, next_pow2(cw))
+        return max(MIN_BLOCK_C, pow2_at_least(cw))

@@ -29,7 +29,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import epoch_commit, heap_ptr, ll8_poll_sum_f32, ll8_store, next_pow2, program_epoch, round_to
+from ...kernels import (
+    epoch_commit,
+    heap_ptr,
+    ll8_poll_sum_f32,
+    ll8_store,
+    next_pow2,
+    pow2_at_least,
+    program_epoch,
+    round_to,
+)
 from ...units import round_up
 from ..allreduce.ll import LL_TRIES, ll_sum_ranks, load_words
 from ..allreduce.ll_twoshot import LLTwoShot, ll_wait_rows, to_words, token_check, token_send, words_to
@@ -153,7 +162,7 @@ class FusedLLTwoShot(FusedAlgorithm):
         t, h = x.shape
         nq, cw = self.plan.ll2_groups(t, h)  # NQ groups of W chunks per row
         block = self._block(cw)
-        meta = self._meta(nq, block, block * next_pow2(self.world), gemma, fp8, engine,
+        meta = self._meta(nq, block, block * pow2_at_least(self.world), gemma, fp8, engine,
                           polled=block // 2)
         meta["NQ"] = meta.pop("CH")
         c = self.channel

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import barrier, epoch_commit, heap_ptr, next_pow2, program_epoch
+from ...kernels import barrier, epoch_commit, heap_ptr, next_pow2, pow2_at_least, program_epoch
 from ...units import cdiv, round_up
 from ..base import Workspace
 from .algorithm import FusedAlgorithm
@@ -156,4 +156,4 @@ class FusedTwoShot(FusedAlgorithm):
         self.launcher(
             *self._args(x, residual, residual_out, weight, out, scale, cw, eps), c.flags_off, c.epochs_off, rs, ag,
             ag + self.world * self.shard_bytes, self.shard_bytes, self.rstd_slot, c.buffer_off + self.xch_rel,
-            **self._meta(ch, block, block * next_pow2(self.world), gemma, fp8, engine))
+            **self._meta(ch, block, block * pow2_at_least(self.world), gemma, fp8, engine))

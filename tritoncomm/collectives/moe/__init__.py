@@ -60,7 +60,7 @@ import torch
 from ...channels import Channel, Communicator
 from ...channels.cuda_ipc import HostMappedWords
 from ...errors import InvalidInputError
-from ...kernels import lamport_fill, next_pow2
+from ...kernels import lamport_fill, pow2_at_least
 from ...kernels.launcher import Launcher
 from .combine import launch_combine, moe_combine_kernel
 from .dispatch import launch_send, moe_send_kernel
@@ -217,7 +217,7 @@ class MoEAllToAll:
             sh = replace(sh, block_h=max(sh.block_h, 128), send_block_h=sh.send_block_h and max(sh.send_block_h, 128),
                          one_block_h=sh.one_block_h and max(sh.one_block_h, 128))
         # a row's entries within two routing blocks (route.row_slots)
-        sh = replace(sh, block_e=max(sh.block_e, next_pow2(top_k)))
+        sh = replace(sh, block_e=max(sh.block_e, pow2_at_least(top_k)))
         self.shape = sh
         dev, m, k = comm.device, max_tokens, top_k
         wire = torch.float8_e4m3fn if self.fp8 else dtype
@@ -245,12 +245,12 @@ class MoEAllToAll:
         self._ntab = comm.empty((2, w), torch.int32)
         # two halves too: per block of block_e entries of every source and per superblock, its count per
         # expert (route.py)
-        self._block_x = max(next_pow2(num_experts), 4)  # the histograms' width (BLOCK_X)
+        self._block_x = max(pow2_at_least(num_experts), 4)  # the histograms' width (BLOCK_X)
         self._hist_blocks = -(-m * k // sh.block_e)
         supers = -(-self._hist_blocks // sh.super_blocks)
         #: the one-kernel dispatch (onekernel.py): per half, a copy of every source's routing per program;
         #: every call on small instances, calls with a small ``tokens_bound`` on the others
-        self._block_n = min(next_pow2(m * k), ONE_KERNEL_ENTRIES)
+        self._block_n = min(pow2_at_least(m * k), ONE_KERNEL_ENTRIES)
         self._hist = None if self._one else \
             comm.empty((2, w * (self._hist_blocks + supers), self._block_x), torch.int32)
         self._copy = comm.empty((2, sh.programs * w * (self._block_n + 1)), torch.int32) if sh.one_kernel else None
@@ -298,7 +298,7 @@ class MoEAllToAll:
                             ntab_half=self._ntab_half, hist_off=self._hist_off, hist_half=self._hist_half,
                             hist_blocks=self._hist_blocks, block_e=sh.block_e, block_x=self._block_x,
                             super_blocks=sh.super_blocks, num_warps=sh.num_warps, launch_opts=self._launch_opts)
-        self._held_block_n = next_pow2(m * k)
+        self._held_block_n = pow2_at_least(m * k)
         #: the one-kernel dispatch's buffers: the packet ones, or the plain receive buffer and a barrier
         self._one_args = dict(self._packet_args, peer_rows=self._packet_rows, packets=True) if self._packets else \
             dict(recv_off=self._recv_off, recv_half=self._recv_half, sc_off=self._sc_off, sc_half=self._sc_half,

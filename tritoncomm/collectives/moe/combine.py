@@ -53,9 +53,9 @@ from ...kernels import (
     lamport_poll,
     lamport_reset,
     lamport_store,
-    next_pow2,
     pdl_launch_dependents,
     pdl_wait,
+    pow2_at_least,
     program_epoch,
     round_to,
 )
@@ -272,5 +272,5 @@ def launch_combine(run: Launcher, comm, channel, send_channel, out: torch.Tensor
     run(out, w, owner, row, slot_of, n_tokens, out.shape[-1], max_tokens, throughput_from, lamport_rows, bases, rank,
         timeout, diag, channel.flags_off, channel.epochs_off, send_channel.epochs_off, ybuf_off, ids_off, ids_half,
         wtab_off, wtab_half, ntab_off, ntab_half, part_off, lpart_off, WORLD=world, LOCAL=local, TOP_K=w.shape[-1],
-        BLOCK_K=next_pow2(w.shape[-1]), BLOCK_W=next_pow2(world), BLOCK_H=block_h,
+        BLOCK_K=pow2_at_least(w.shape[-1]), BLOCK_W=pow2_at_least(world), BLOCK_H=block_h,
         num_warps=num_warps, enable_fp_fusion=False, **launch_opts)

@@ -58,9 +58,9 @@ from ...kernels import (
     heap_ptr,
     lamport_canonical,
     lamport_store,
-    next_pow2,
     pdl_launch_dependents,
     pdl_wait,
+    pow2_at_least,
     program_epoch,
 )
 from ...kernels.launcher import Launcher
@@ -247,6 +247,6 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
         max_tokens, num_experts, capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off,
         recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half, hist_off,
         hist_half, hist_blocks,
-        WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=next_pow2(k), BLOCK_H=block_h, BLOCK_E=block_e,
+        WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_E=block_e,
         BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, FP8=fp8, ROUTED=routed,
         BLOCK_N=1 if routed else block_n, num_warps=num_warps, **launch_opts)

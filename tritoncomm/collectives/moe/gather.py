@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import heap_ptr, next_pow2, pdl_launch_dependents, pdl_wait
+from ...kernels import heap_ptr, pdl_launch_dependents, pdl_wait, pow2_at_least
 from ...kernels.launcher import Launcher
 from .route import row_slots, rows_per_load, rows_sum
 from .shares import column_shares, pick, share_columns
@@ -174,5 +174,5 @@ def launch_gather(run: Launcher, comm, channel, out: torch.Tensor, scales: torch
     run(out, scales if fp8 else out, slot_of, counts, bad, bad_host_addr, out.shape[-1], max_tokens, capacity,
         hist_blocks, bases, rank, channel.epochs_off, recv_off, recv_half, ids_off, ids_half, ntab_off, ntab_half,
         sc_off, sc_half, hist_off, hist_half, WORLD=world, LOCAL=local, TOP_K=top_k,
-        BLOCK_K=next_pow2(top_k), BLOCK_H=block_h, FP8=fp8, BLOCK_E=block_e,
+        BLOCK_K=pow2_at_least(top_k), BLOCK_H=block_h, FP8=fp8, BLOCK_E=block_e,
         BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, num_warps=num_warps, **launch_opts)

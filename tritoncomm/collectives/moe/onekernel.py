@@ -59,7 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import barrier, epoch_commit, heap_ptr, lamport_poll, lamport_reset, lamport_store, next_pow2
+from ...kernels import barrier, epoch_commit, heap_ptr, lamport_poll, lamport_reset, lamport_store, pow2_at_least
 from ...kernels.launcher import Launcher
 from .dispatch import launch_epoch, send_items
 from .gather import finish_counts, place_item, store_slots
@@ -229,5 +229,5 @@ def launch_dispatch_one_kernel(run: Launcher, comm, channel, out: torch.Tensor, 
         weights.stride(1), wts, slot_of, owner, row, counts, bad, bad_host_addr, x.shape[0], x.shape[1], max_tokens,
         num_experts, capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off, recv_off, recv_half,
         peer_rows, ids_off, ids_half, wtab_off, wtab_half, pw_off, pw_half, ntab_off, ntab_half, sc_off, sc_half,
-        copy_off, copy_half, WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=next_pow2(k), BLOCK_H=block_h,
+        copy_off, copy_half, WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h,
         BLOCK_N=block_n, BLOCK_X=block_x, FP8=fp8, PACKETS=packets, num_warps=num_warps, **launch_opts)

@@ -34,7 +34,7 @@ def pow2_at_least(n: int) -> int:
 
 
 #: ``pow2_at_least`` for kernels (on constexprs). On the host it works too but pays Triton's wrapper
-#: (about 2 µs a call): launchers call ``pow2_at_least``.
+#: (it unwraps every argument on every call): launchers call ``pow2_at_least``.
 next_pow2 = triton.constexpr_function(pow2_at_least)
 
 

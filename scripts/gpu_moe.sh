@@ -10,7 +10,7 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
-EP=$([ "$NGPU" -ge 2 ] && echo 2 || echo 1)
+EP=${EP:-$([ "$NGPU" -ge 2 ] && echo 2 || echo 1)}  # EP=4 on four GPUs
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200|b200|a100' | head -1 \
   | tr '[:upper:]' '[:lower:]')
 rc=0

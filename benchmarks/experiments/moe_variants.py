@@ -1,7 +1,8 @@
 """Which launch variant of MoE dispatch + combine is fastest end to end, in CUDA graphs?
 
     python3 benchmarks/experiments/moe_variants.py --world 1 --tokens 1,8,128,4096 \
-        --variants default,no-pdl,no-regcap [--rounds 3] [--max-tokens 4096] [--fp8] [--json out.json]
+        --variants default,no-pdl,no-regcap [--rounds 3] [--max-tokens 4096] [--fp8] [--op dispatch] \
+        [--json out.json]
 
 A variant is ``default`` or ``+``-joined changes to the instance's default launch: ``no-pdl`` and
 ``pdl`` (``MoEShape.pdl``: programmatic dependent launch off or on), ``one-kernel`` and
@@ -14,7 +15,9 @@ passes ``tokens_bound``, its token count: one kernel on instances sized for more
 checkout of its route-kernel variants. Each round times every variant in turn on the same inputs
 (``tools.timing.time_per_call_us``, graph mode), so drift between variants is spread over the
 rounds; the median over rounds is printed. Changes the tree does not know (an older checkout) are
-reported as such, not timed. Kernel-by-kernel profiles cannot show PDL's gain (a PDL kernel's span
+reported as such, not timed. ``--op dispatch`` times dispatches alone (as ``bench --op moe``'s
+dispatch rows do), ``both`` (the default) a dispatch and a combine per call.
+Kernel-by-kernel profiles cannot show PDL's gain (a PDL kernel's span
 includes its wait for the previous one): this times whole calls.
 """
 
@@ -68,7 +71,7 @@ def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, 
 
 
 def _rank(ctx, shape: str, tokens: list[int], variants: list[str], rounds: int, max_tokens: int | None,
-          fp8: bool):
+          fp8: bool, op: str = "both"):
     hidden, experts, k = MOE_SHAPES[shape]
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=4 << 30))
     sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
@@ -91,7 +94,8 @@ def _rank(ctx, shape: str, tokens: list[int], variants: list[str], rounds: int, 
                 def both(moe: MoEAllToAll = moe, x: torch.Tensor = x, ids: torch.Tensor = ids,
                          w: torch.Tensor = w, bound: dict = bound) -> None:
                     _, _, h = moe.dispatch(x, ids, w, **bound)
-                    moe.combine(moe.expert_buffer(), h)
+                    if op == "both":
+                        moe.combine(moe.expert_buffer(), h)
 
                 times[v].append(time_per_call_us(both, ctx.device, ctx.barrier, mode="graph"))
         for moe in moes.values():
@@ -112,14 +116,16 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=None, help="size the instances for this many tokens per rank")
     p.add_argument("--json", default=None, help="write the raw times here")
     p.add_argument("--fp8", action="store_true", help="FP8 dispatch")
+    p.add_argument("--op", default="both", choices=["both", "dispatch"], help="what one timed call does")
     a = p.parse_args()
     variants = a.variants.split(",")
     with LocalWorld(a.world, "cuda") as world:
         rep = world.run(_rank, a.shape, [int(t) for t in a.tokens.split(",")], variants, a.rounds, a.max_tokens,
-                        a.fp8, timeout=600)[0]
+                        a.fp8, a.op, timeout=600)[0]
     dev = torch.cuda.get_device_name(0)
     print(f"{a.shape} EP{a.world} on {dev}, graphs, max_tokens {a.max_tokens or 'tokens'}, fp8 {a.fp8}: us per "
-          f"dispatch + combine, median of {a.rounds} rounds")
+          f"{'dispatch + combine' if a.op == 'both' else 'dispatch'}, median of {a.rounds} rounds (every round: "
+          f"the JSON)")
     print("tokens  " + "".join(f"{v:>24}" for v in variants))
     for t, times in rep.items():
         cells = [f"{statistics.median(times[v]):24.2f}" if times[v] else f"{'not in this tree':>24}" for v in variants]
@@ -127,7 +133,7 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"shape": a.shape, "world": a.world, "device": dev, "max_tokens": a.max_tokens, "fp8": a.fp8,
-                       "times_us": rep}, f, indent=1)
+                       "op": a.op, "times_us": rep}, f, indent=1)
 
 
 if __name__ == "__main__":

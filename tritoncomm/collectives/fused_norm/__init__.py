@@ -40,13 +40,14 @@ FUSED_ALGORITHMS = MappingProxyType({cls.name: cls for cls in (FusedLL, FusedOne
 _FROM_TABLE = MappingProxyType({"ll": "ll", "ll_twoshot": "ll_twoshot", "oneshot": "oneshot", "twoshot": "twoshot",
                                 "pipelined": "twoshot", "lamport": "lamport", "lamport_twoshot": "twoshot"})
 
-#: Variant by bytes (``tokens x hidden x 2``), per world size, measured on H200 (hidden 8192, every
-#: variant timed in one run; ``benchmarks/results/fused-h200-tp{2,4}.json``, ``docs/algorithms.md``):
-#: rows of ``(max_bytes, variant)``, the last serving everything larger. Used on GPUs; elsewhere, and
-#: for other world sizes, the all-reduce table's choice for the same bytes.
+#: Variant by bytes (``tokens x hidden x 2``), per world size (hidden 8192, every variant timed in one
+#: run; ``docs/algorithms.md``): TP2 on two H200s (``benchmarks/results/fused-h200-tp2.json``), TP4 on
+#: four H100s (``fused-h100-tp4.json``). Rows of ``(max_bytes, variant)``, the last serving everything
+#: larger. Used on GPUs; elsewhere, and for other world sizes, the all-reduce table's choice for the
+#: same bytes.
 MEASURED_SELECTION: dict[int, tuple[tuple[int, str], ...]] = {
     2: ((16 << 20, "lamport"), (32 << 20, "oneshot"), (1 << 62, "twoshot")),
-    4: ((16 << 10, "ll"), (512 << 10, "oneshot"), (1 << 62, "twoshot")),
+    4: ((16 << 10, "ll"), (512 << 10, "lamport"), (1 << 62, "twoshot")),
 }
 
 

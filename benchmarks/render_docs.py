@@ -24,6 +24,8 @@ README = ROOT / "README.md"
 BEGIN, END = "<!-- headline tables: begin -->", "<!-- headline tables: end -->"
 #: Sizes of the README's headline tables.
 HEADLINE_BYTES = (8 << 10, 128 << 10, 1 << 20, 4 << 20, 16 << 20, 128 << 20)
+#: The GPUs with results files (``{op}-{gpu}-tp{world}.json``), in the order their sections appear.
+GPUS = ("h200", "h100")
 #: The peers timed beside tritoncomm, as (row key, column title), where a results file has them.
 PEERS = (("flashinfer_us", "FlashInfer TRT-LLM"), ("vllm_ca_us", "vLLM custom AR"), ("symm_mem_us", "torch symm_mem"),
          ("nccl_us", "NCCL"))
@@ -115,7 +117,7 @@ def headline(world: int) -> str | None:
             f"ranks; tritoncomm's fastest form against each peer). {collective_summary(d)}")
     if not any(r.get("flashinfer_us") for r in d["rows"]):
         head += " FlashInfer's and vLLM's all-reduce (what engines run) were not timed in this run."
-    return head + "\n\n" + collective_table(d, HEADLINE_BYTES)
+    return head + (" " + d["note"] if d.get("note") else "") + "\n\n" + collective_table(d, HEADLINE_BYTES)
 
 
 # -- fused layers ------------------------------------------------------------------------------------
@@ -154,22 +156,28 @@ def decoder_rows(d: dict) -> list[list[str]]:
     return out
 
 
-def fused_section(world: int) -> str:
-    d = load(f"fused-h200-tp{world}.json")
+def fused_section(world: int, gpu: str = "h200") -> str:
+    d = load(f"fused-{gpu}-tp{world}.json")
     if d is None:
         return ""
-    parts = [f"### Fused layers, TP{world}", caption(f"TP{world}", d)]
+    where = "" if gpu == "h200" else f" ({gpu.upper()})"
+    parts = [f"### Fused layers, TP{world}{where}", caption(f"TP{world}", d)]
     parts += ["All-reduce + residual + RMSNorm, hidden 8192 (baseline: NCCL all-reduce + torch add + "
               "`F.rms_norm`; bare: our all-reduce of the same bytes):",
               table(["tokens", "variant", "fused", "fused, FP8 out", "bare all-reduce", "fused / bare",
                      "FlashInfer fused", "FlashInfer, FP8 out", "NCCL + torch", "speedup"], norm_rows(d))]
-    parts += ["Row-parallel GEMM + all-reduce, K = 28672 / TP, N = 8192 (baseline: `torch.matmul` + NCCL; "
-              "tritoncomm: the path the library selects, into a regular and a registered output):",
-              table(["M", "path", "tritoncomm", "registered out", "baseline", "speedup", "speedup (registered)",
-                     "cuBLAS GEMM alone", "Triton GEMM alone"], gemm_rows(d))]
-    parts += ["Decoder, 4 Llama-70B-shaped layers (baseline: the same layers with NCCL and torch add/RMSNorm "
-              "for every reduction), µs per step:",
-              table(["step", "tritoncomm", "NCCL", "FlashInfer fused", "vs NCCL", "vs FlashInfer"], decoder_rows(d))]
+    gemm, decoder = gemm_rows(d), decoder_rows(d)
+    if gemm:
+        parts += ["Row-parallel GEMM + all-reduce, K = 28672 / TP, N = 8192 (baseline: `torch.matmul` + NCCL; "
+                  "tritoncomm: the path the library selects, into a regular and a registered output):",
+                  table(["M", "path", "tritoncomm", "registered out", "baseline", "speedup", "speedup (registered)",
+                         "cuBLAS GEMM alone", "Triton GEMM alone"], gemm)]
+    if decoder:
+        parts += ["Decoder, 4 Llama-70B-shaped layers (baseline: the same layers with NCCL and torch add/RMSNorm "
+                  "for every reduction), µs per step:",
+                  table(["step", "tritoncomm", "NCCL", "FlashInfer fused", "vs NCCL", "vs FlashInfer"], decoder)]
+    if d.get("note"):  # what a reader must know beside the caption (a file's "notes" are for its raw runs)
+        parts += [d["note"]]
     return "\n\n".join(parts)
 
 
@@ -243,8 +251,8 @@ def performance() -> str:
              "and thresholds are what they are: `docs/algorithms.md`. The journal of predictions and outcomes: "
              "`benchmarks/NOTES.md`."]
     for op, title in (("allreduce", "All-reduce"), ("allgather", "All-gather"), ("reducescatter", "Reduce-scatter")):
-        for w in (2, 4, 8):
-            d = load(f"{op}-h200-tp{w}.json")
+        for w, gpu in ((w, gpu) for w in (2, 4, 8) for gpu in GPUS):
+            d = load(f"{op}-{gpu}-tp{w}.json")
             if d is None:
                 continue
             extra = ""
@@ -252,10 +260,13 @@ def performance() -> str:
                 extra = (" \"registered out\": a regular input and a registered regular output (what "
                          "`comm.graph_capture` does for a graph's outputs); \"symmetric\": input and output from "
                          "`comm.empty`, the setting torch symm_mem is timed in.")
-            parts += [f"## {title}, TP{w}",
+            where = "" if gpu == "h200" else f" ({gpu.upper()})"
+            parts += [f"## {title}, TP{w}{where}",
                       caption(f"{title}, TP{w}", d, extra), collective_summary(d), collective_table(d)]
+            if d.get("note"):
+                parts += [d["note"]]
     parts += ["## Fused tensor-parallel layers"]
-    parts += [s for s in (fused_section(w) for w in (2, 4, 8)) if s]
+    parts += [s for s in (fused_section(w, gpu) for w in (2, 4, 8) for gpu in GPUS) if s]
     parts += ["## Other measurements", misc_section()]
     return "\n\n".join(parts).rstrip() + "\n"
 

@@ -13,6 +13,11 @@ time-sliced and never a speed. NCCL refuses ranks that share a GPU, so ``--backe
 GPU per rank.
 
     python3 benchmarks/experiments/model_static.py --world 2 --shared --backend tritoncomm
+
+``--profile`` then profiles one static generation of 8 tokens on rank 0 (CPU and CUDA activity) and
+prints its busiest host ops and how often each collective op and ``cudaGraphLaunch`` ran: a
+collective that runs on the host at every step was not captured in the decode step's CUDA graph.
+With ``TORCH_LOGS=perf_hints`` inductor also says why it skipped CUDA graphs, where it did.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from tritoncomm.integrations.backend import register
+from tritoncomm.launch import end_rank, join_ranks
 from tritoncomm.tools.backendbench import MODEL_CONFIG
 
 
@@ -80,6 +86,19 @@ def _job(rank: int, args: argparse.Namespace, port: int, path: str, q: Any) -> N
             phases[f"static_{i + 1}"], tokens = _timed(model, prompt, args.tokens, meet, cache_implementation="static")
             res.setdefault("static_repeat_same", True)
             res["static_repeat_same"] &= tokens == res["static_tokens"]
+        if args.profile and rank == 0:
+            from torch.profiler import ProfilerActivity, profile
+
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                model.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                               cache_implementation="static")
+                torch.cuda.synchronize()
+            ev = prof.key_averages()
+            res["profile"] = ev.table(sort_by="self_cpu_time_total", row_limit=20)
+            res["op_counts"] = {e.key: e.count for e in ev if any(w in e.key.lower() for w in
+                                ("all_reduce", "allreduce", "all_gather", "allgather", "wait_tensor",
+                                 "cudagraphlaunch", "tritoncomm", "nccl"))}
         from torch._dynamo.utils import counters
 
         res["dynamo"] = {k: dict(v) for k, v in counters.items() if k in ("stats", "recompiles", "graph_break")}
@@ -90,7 +109,7 @@ def _job(rank: int, args: argparse.Namespace, port: int, path: str, q: Any) -> N
     finally:
         faulthandler.cancel_dump_traceback_later()
         q.put(res)
-        dist.destroy_process_group()
+        end_rank()  # a rank that stalls in its teardown or exit prints its stacks and ends
 
 
 def main() -> None:
@@ -102,6 +121,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--dump-s", type=float, default=120.0, help="print every rank's stacks this often")
     p.add_argument("--json", default=None)
+    p.add_argument("--profile", action="store_true", help="profile one static generation on rank 0")
     args = p.parse_args()
     import torch.multiprocessing as mp
 
@@ -115,8 +135,8 @@ def main() -> None:
         for proc in procs:
             proc.start()
         results = sorted((q.get(timeout=3600) for _ in procs), key=lambda r: r["rank"])
-        for proc in procs:
-            proc.join(120)
+        for r, code in join_ranks(procs).items():
+            results[r]["exit_stall"] = f"rank {r} reported, then did not exit cleanly (exit code {code})"
     rep = {"device": torch.cuda.get_device_name(0), "world": args.world, "backend": args.backend,
            "shared": args.shared, "torch": torch.__version__, "ranks": results}
     ok = [r for r in results if "error" not in r]
@@ -130,7 +150,10 @@ def main() -> None:
     for r in results:
         print(f"rank {r['rank']}: " + ("error:\n" + r["error"] if "error" in r else
               " ".join(f"{k} {v:.1f}s" for k, v in r["phases_s"].items()) + f" served={r['served']} "
-              f"dynamo={r['dynamo']}"))
+              f"dynamo={r['dynamo']}") + (f" {r['exit_stall']}" if "exit_stall" in r else ""))
+        if "profile" in r:
+            print(r["profile"])
+            print("op counts (8 tokens):", r["op_counts"])
     print({k: v for k, v in rep.items() if k != "ranks"})
 
 

@@ -86,7 +86,7 @@ def _job(rank: int, args: argparse.Namespace, port: int, path: str, q: Any) -> N
             phases[f"static_{i + 1}"], tokens = _timed(model, prompt, args.tokens, meet, cache_implementation="static")
             res.setdefault("static_repeat_same", True)
             res["static_repeat_same"] &= tokens == res["static_tokens"]
-        if args.profile and rank == 0:
+        if args.profile:  # every rank generates (collectives); rank 0 reports
             from torch.profiler import ProfilerActivity, profile
 
             torch.cuda.synchronize()
@@ -95,6 +95,7 @@ def _job(rank: int, args: argparse.Namespace, port: int, path: str, q: Any) -> N
                                cache_implementation="static")
                 torch.cuda.synchronize()
             ev = prof.key_averages()
+        if args.profile and rank == 0:
             res["profile"] = ev.table(sort_by="self_cpu_time_total", row_limit=20)
             res["op_counts"] = {e.key: e.count for e in ev if any(w in e.key.lower() for w in
                                 ("all_reduce", "allreduce", "all_gather", "allgather", "wait_tensor",

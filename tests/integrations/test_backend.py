@@ -10,6 +10,7 @@ import os
 import queue
 import socket
 import time
+import warnings
 
 import pytest
 import torch
@@ -337,7 +338,11 @@ def _hf_job(rank: int, world: int, port: int, backend: str, path: str, static: b
         end_rank()
 
 
-def _spawn(target, world: int, *args) -> list:
+def _spawn(target, world: int, *args, baseline: bool = False) -> list:
+    """Run ``target`` in ``world`` spawned ranks and return their results. A rank that reports and then
+    does not exit fails the test, except in a ``baseline`` run (another backend than ours), where it
+    is reported as a warning: on GPUs NCCL's ranks were seen to stall at exit after transformers'
+    static cache (``docs/backend.md``)."""
     import sys
 
     import torch.multiprocessing as mp
@@ -374,7 +379,11 @@ def _spawn(target, world: int, *args) -> list:
                 pytest.fail(f"ranks {dead} exited with codes {[procs[r].exitcode for r in dead]}" if dead
                             else "no result within 600 s")
     stalled = join_ranks(procs)
-    assert not stalled, f"ranks reported, then did not exit cleanly (exit codes {stalled}; stacks on stderr)"
+    message = f"ranks reported, then did not exit cleanly (exit codes {stalled}; stacks on stderr)"
+    if baseline and stalled:
+        warnings.warn(f"baseline run: {message}", stacklevel=2)
+    else:
+        assert not stalled, message
     return sorted(results)
 
 
@@ -396,7 +405,8 @@ def test_transformers_tp_plan_same_tokens(tmp_path, static):
     runs = {}
     for backend in ((INIT_BACKEND,) if SHARED_GPUS else (base, INIT_BACKEND)):
         sys.path[:0] = paths  # the spawned ranks' path; _spawn restores ours
-        runs[backend] = _spawn(_hf_job, 2, backend, str(tmp_path / "tiny-llama"), static)
+        runs[backend] = _spawn(_hf_job, 2, backend, str(tmp_path / "tiny-llama"), static,
+                               baseline=backend != INIT_BACKEND)
     want = runs[INIT_BACKEND if SHARED_GPUS else base][0][1]
     for backend, results in runs.items():
         for rank, tokens, sharded, _, compiled in results:

@@ -14,6 +14,7 @@ from tritoncomm.collectives import (
     FusedAllReduceAddRMSNorm,
     ReduceScatter,
     SelectionTable,
+    default_table,
     load_table,
 )
 from tritoncomm.collectives.base import Algorithm
@@ -56,6 +57,20 @@ def test_shipped_and_default_tables_name_only_registered_algorithms():
     for table in (load_table("cuda", "NVIDIA H200"), load_table("cpu")):
         for op, coll in COLLECTIVES.items():
             table.check_algorithms(op, tuple(coll.ALGORITHMS))
+
+
+def test_gpu_default_rules_route_each_size_to_an_algorithm_that_can_serve_it():
+    """The rules of thumb (GPUs without a measured table for a world size): every row's size is within
+    its algorithm's own limit, the Lamport one-shot serves small messages at every world size of two
+    or more, and the last row is the barrier two-shot (no limit)."""
+    table = default_table("cuda")
+    for world in range(2, 9):
+        rows = table.entries("allreduce", world, "bf16")
+        assert rows[0][1].algo == "lamport" and rows[-1][1].algo == "twoshot", (world, rows[0], rows[-1])
+        for nbytes, c in rows[:-1]:
+            limit = getattr(ALGORITHMS[c.algo], "limit", None)
+            assert limit is None or nbytes <= limit, (world, nbytes, c)
+            assert c.programs <= 2048, (world, nbytes, c)
 
 
 def test_a_table_naming_an_unknown_algorithm_is_refused():

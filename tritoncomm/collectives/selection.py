@@ -120,6 +120,42 @@ class SelectionTable:
         return SelectionTable({**self.rows, **other.rows}, other.source or self.source)
 
 
+#: Where the default rules hand over from the Lamport one-shot to its two-shot, and from that to the
+#: barrier two-shot (bytes): as measured on two H200s (TP2) and four H100s (TP4) (``docs/algorithms.md``).
+LAMPORT_ONESHOT_UP_TO = {2: 4 << 20}
+LAMPORT_ONESHOT_UP_TO_WIDE = 128 << 10  # three or more ranks: the one-shot moves (W-1) x S per GPU
+LAMPORT_TWOSHOT_UP_TO = 16 << 20
+
+
+def _one_block(algo: str, elems: int) -> Choice:
+    """One block of 256 elements per program up to 2048 programs, then wider blocks (up to 2048
+    elements on 4 warps): the shape the tuned tables chose at most sizes."""
+    programs, block = max(1, -(-elems // 256)), 256
+    while programs > 2048 and block < 2048:
+        programs, block = -(-programs // 2), block * 2
+    return Choice(algo, min(programs, 2048), block, {256: 1, 512: 2, 1024: 2, 2048: 4}[block])
+
+
+def _default_allreduce_cuda(world: int) -> list[tuple[int, Choice]]:
+    """Rules of thumb on GPUs, in rows per power of two (bf16 elements; other dtypes take the same
+    rows by bytes): the Lamport one-shot, its two-shot, then the barrier two-shot. One rank keeps
+    the LL / barrier rules it has always run with (nothing crosses a link)."""
+    if world == 1:
+        return [(128 << 10, Choice("ll", 16, 1024, 4)), (1 << 20, Choice("oneshot", 32, 4096, 8)),
+                (1 << 62, Choice("twoshot", 64, 4096, 8))]
+    rows: list[tuple[int, Choice]] = []
+    one = LAMPORT_ONESHOT_UP_TO.get(world, LAMPORT_ONESHOT_UP_TO_WIDE)
+    nbytes = 2 << 10
+    while nbytes <= LAMPORT_TWOSHOT_UP_TO:
+        if nbytes <= one:
+            rows.append((nbytes, _one_block("lamport", nbytes // 2)))
+        else:
+            rows.append((nbytes, _one_block("lamport_twoshot", nbytes // 2 // world)))
+        nbytes *= 2
+    rows.append((1 << 62, Choice("twoshot", 64, 8192, 8)))
+    return rows
+
+
 def default_table(backend: str = "cuda") -> SelectionTable:
     """Rules of thumb, used where no measured table has rows."""
     rows: dict[tuple[str, int, str], list[tuple[int, Choice]]] = {}
@@ -127,8 +163,7 @@ def default_table(backend: str = "cuda") -> SelectionTable:
     for world in range(1, 9):
         for dtype in DTYPES:
             if backend == "cuda":
-                ar = [(128 << 10, Choice("ll", 16, 1024, 4)), (1 << 20, Choice("oneshot", 32, 4096, 8)),
-                      (big, Choice("twoshot", 64, 4096, 8))]
+                ar = _default_allreduce_cuda(world)
                 push = [(big, Choice("push", 32, 4096, 8))]
             else:  # the interpreter runs programs one after another: few programs, big blocks
                 ar = [(16 << 10, Choice("ll", 2, 1024, 1)), (256 << 10, Choice("oneshot", 2, 2048, 1)),

@@ -15,6 +15,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from .validation import DTYPE_NAMES
 
@@ -122,7 +123,7 @@ class SelectionTable:
 
 #: Where the default rules hand over from the Lamport one-shot to its two-shot, and from that to the
 #: barrier two-shot (bytes): as measured on two H200s (TP2) and four H100s (TP4) (``docs/algorithms.md``).
-LAMPORT_ONESHOT_UP_TO = {2: 4 << 20}
+LAMPORT_ONESHOT_UP_TO = MappingProxyType({2: 4 << 20})
 LAMPORT_ONESHOT_UP_TO_WIDE = 128 << 10  # three or more ranks: the one-shot moves (W-1) x S per GPU
 LAMPORT_TWOSHOT_UP_TO = 16 << 20
 

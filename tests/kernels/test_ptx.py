@@ -191,17 +191,6 @@ def test_microbenchmark_kernels_compile():
                                       "diag_addr": "i64"}, {"BLOCK": 1024}, {"bases", "epochs_off", "buf_off"})
 
 
-def test_pipelined_twoshot_compiles_with_split_barriers():
-    from tritoncomm.collectives.allreduce.pipelined import pipelined_allreduce_kernel
-
-    sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "shard": "i32", **COMMON, "flags_off": "i64",
-           "epochs_off": "i64", "rs_off": "i64", "ag_off": "i64", "row1": "i64", "active": "i32"}
-    o = ops(compile_ptx(pipelined_allreduce_kernel, sig, {"WORLD": 4, "BLOCK": 8192},
-                        {"x_ptr", "out_ptr", "n", "shard", "bases", "flags_off", "epochs_off", "rs_off", "ag_off"}, 8))
-    assert o["ld.global.v4.b32"] >= 3 and o["st.global.v4.b32"] >= 3, o
-    assert o["st.release.sys.global.b32"] >= 2 and o["ld.acquire.sys.global.b32"] >= 2, o
-
-
 FUSED_SIG = {"x_ptr": "*bf16", "res_ptr": "*bf16", "res_out_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
              "scale_ptr": "*fp32", "T": "i32", "H": "i32", "CW": "i32", "eps": "fp32", **COMMON}
 FUSED_ALIGNED = {"x_ptr", "res_ptr", "res_out_ptr", "w_ptr", "out_ptr", "H", "CW", "bases"}

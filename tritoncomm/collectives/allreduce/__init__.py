@@ -22,13 +22,12 @@ from .lamport import LamportOneShot, LamportTwoShot
 from .ll import LL
 from .ll_twoshot import LLTwoShot
 from .oneshot import OneShot
-from .pipelined import Pipelined
 from .twoshot import TwoShot
 
 __all__ = ["ALGORITHMS", "AllReduce", "AllReduceAlgorithm"]
 
 #: The all-reduce algorithms, by name, in registry order (debug codes, ties).
-ALGORITHMS = MappingProxyType({cls.name: cls for cls in (LL, LLTwoShot, OneShot, TwoShot, Pipelined, LamportOneShot,
+ALGORITHMS = MappingProxyType({cls.name: cls for cls in (LL, LLTwoShot, OneShot, TwoShot, LamportOneShot,
                                                          LamportTwoShot)})
 
 
@@ -49,7 +48,7 @@ class AllReduce(CollectiveBase):
         name: prefix of the heap allocations.
 
     Workspace per rank (``workspace_bytes``; each algorithm's docstring): LL 4 x W x its largest
-    message, LL two-shot 8 x, one-shot 2 x, two-shot and pipelined two-shot 2 x theirs, Lamport
+    message, LL two-shot 8 x, one-shot 2 x, two-shot 2 x theirs, Lamport
     one-shot 2 x W x, Lamport two-shot 4 x. Construction
     and ``close`` are collective; every rank must create its collectives in the same order with the
     same arguments. One instance per stream: two launches from one instance on two streams at once

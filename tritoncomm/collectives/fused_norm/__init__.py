@@ -38,7 +38,7 @@ FUSED_ALGORITHMS = MappingProxyType({cls.name: cls for cls in (FusedLL, FusedOne
                                                                FusedLamport)})
 #: The fused variant that serves where the all-reduce table names an all-reduce algorithm.
 _FROM_TABLE = MappingProxyType({"ll": "ll", "ll_twoshot": "ll_twoshot", "oneshot": "oneshot", "twoshot": "twoshot",
-                                "pipelined": "twoshot", "lamport": "lamport", "lamport_twoshot": "twoshot"})
+                                "lamport": "lamport", "lamport_twoshot": "twoshot"})
 
 #: Variant by bytes (``tokens x hidden x 2``), per world size (hidden 8192, every variant timed in one
 #: run; ``docs/algorithms.md``): TP2 on two H200s (``benchmarks/results/fused-h200-tp2.json``), TP4 on

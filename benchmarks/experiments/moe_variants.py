@@ -16,7 +16,10 @@ checkout of its route-kernel variants. Each round times every variant in turn on
 (``tools.timing.time_per_call_us``, graph mode), so drift between variants is spread over the
 rounds; the median over rounds is printed. Changes the tree does not know (an older checkout) are
 reported as such, not timed. ``--op dispatch`` times dispatches alone (as ``bench --op moe``'s
-dispatch rows do), ``both`` (the default) a dispatch and a combine per call.
+dispatch rows do), ``both`` (the default) a dispatch and a combine per call. The JSON keeps every
+sample of every round (``samples_us``): whether a slow round was slow throughout. ``--heap-gb`` sizes
+the heap (every variant's instance lives in it at once: four at 4096 tokens of DeepSeek-V3 at EP4
+need more than 4 GB).
 Kernel-by-kernel profiles cannot show PDL's gain (a PDL kernel's span
 includes its wait for the previous one): this times whole calls.
 """
@@ -71,11 +74,12 @@ def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, 
 
 
 def _rank(ctx, shape: str, tokens: list[int], variants: list[str], rounds: int, max_tokens: int | None,
-          fp8: bool, op: str = "both"):
+          fp8: bool, op: str = "both", heap_gb: float = 4.0):
     hidden, experts, k = MOE_SHAPES[shape]
-    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=4 << 30))
+    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=int(heap_gb * (1 << 30))))
     sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
     out: dict[str, dict[str, list[float]]] = {}
+    every: dict[str, dict[str, list[list[float]]]] = {}  # every sample of every round
     for t in tokens:
         gen = torch.Generator(device=ctx.device).manual_seed(1000 * t + ctx.rank)
         x = torch.randn(t, hidden, device=ctx.device, generator=gen).to(torch.bfloat16)
@@ -84,6 +88,7 @@ def _rank(ctx, shape: str, tokens: list[int], variants: list[str], rounds: int, 
         m = max(max_tokens or t, t)
         moes = {v: _build(comm, v, m, hidden, experts, k, ctx.world, sms, fp8) for v in variants}
         times: dict[str, list[float]] = {v: [] for v in variants}
+        every[str(t)] = {v: [] for v in variants}
         for _ in range(rounds):
             for v, moe in moes.items():
                 if moe is None:
@@ -97,13 +102,15 @@ def _rank(ctx, shape: str, tokens: list[int], variants: list[str], rounds: int, 
                     if op == "both":
                         moe.combine(moe.expert_buffer(), h)
 
-                times[v].append(time_per_call_us(both, ctx.device, ctx.barrier, mode="graph"))
+                taken: list[float] = []
+                times[v].append(time_per_call_us(both, ctx.device, ctx.barrier, mode="graph", samples_out=taken))
+                every[str(t)][v].append(taken)
         for moe in moes.values():
             if moe is not None:
                 moe.close()
         out[str(t)] = times
     comm.close()
-    return out if ctx.rank == 0 else None
+    return {"times_us": out, "samples_us": every} if ctx.rank == 0 else None
 
 
 def main() -> None:
@@ -117,23 +124,24 @@ def main() -> None:
     p.add_argument("--json", default=None, help="write the raw times here")
     p.add_argument("--fp8", action="store_true", help="FP8 dispatch")
     p.add_argument("--op", default="both", choices=["both", "dispatch"], help="what one timed call does")
+    p.add_argument("--heap-gb", type=float, default=4.0, help="symmetric heap per rank (GiB)")
     a = p.parse_args()
     variants = a.variants.split(",")
     with LocalWorld(a.world, "cuda") as world:
         rep = world.run(_rank, a.shape, [int(t) for t in a.tokens.split(",")], variants, a.rounds, a.max_tokens,
-                        a.fp8, a.op, timeout=600)[0]
+                        a.fp8, a.op, a.heap_gb, timeout=600)[0]
     dev = torch.cuda.get_device_name(0)
     print(f"{a.shape} EP{a.world} on {dev}, graphs, max_tokens {a.max_tokens or 'tokens'}, fp8 {a.fp8}: us per "
           f"{'dispatch + combine' if a.op == 'both' else 'dispatch'}, median of {a.rounds} rounds (every round: "
           f"the JSON)")
     print("tokens  " + "".join(f"{v:>24}" for v in variants))
-    for t, times in rep.items():
+    for t, times in rep["times_us"].items():
         cells = [f"{statistics.median(times[v]):24.2f}" if times[v] else f"{'not in this tree':>24}" for v in variants]
         print(f"{t:>6}  " + "".join(cells))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"shape": a.shape, "world": a.world, "device": dev, "max_tokens": a.max_tokens, "fp8": a.fp8,
-                       "op": a.op, "times_us": rep}, f, indent=1)
+                       "op": a.op, **rep}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -20,11 +20,12 @@ __all__ = ["time_per_call_us"]
 
 def time_per_call_us(fn: Callable[[], object], device: torch.device, barrier: Callable[[], None], *,
                      calls: int = 32, replays: int = 20, warmup: int = 3, mode: str = "graph",
-                     after_capture: Callable[[], None] | None = None) -> float:
+                     after_capture: Callable[[], None] | None = None, samples_out: list[float] | None = None) -> float:
     """Median microseconds per call of ``fn`` on this rank (see module docstring). ``mode="eager"``
     times ``calls`` plain launches back to back between two events instead of a graph replay.
     ``after_capture`` (collective, graph mode) runs between the capture and the first replay: what a
-    baseline needs there, e.g. vLLM's registration of the graph's buffers."""
+    baseline needs there, e.g. vLLM's registration of the graph's buffers. ``samples_out``, if given,
+    receives every sample (µs per call) in the order taken: whether a slow median was slow throughout."""
     if device.type == "cuda" and mode == "eager":
         for _ in range(warmup):
             fn()
@@ -40,7 +41,7 @@ def time_per_call_us(fn: Callable[[], object], device: torch.device, barrier: Ca
             end.record()
             end.synchronize()
             samples.append(start.elapsed_time(end) * 1e3 / calls)
-        return statistics.median(samples)
+        return _median(samples, samples_out)
     if device.type == "cuda":
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
@@ -67,7 +68,7 @@ def time_per_call_us(fn: Callable[[], object], device: torch.device, barrier: Ca
             end.synchronize()
             samples.append(start.elapsed_time(end) * 1e3 / calls)
         del graph
-        return statistics.median(samples)
+        return _median(samples, samples_out)
     for _ in range(warmup):
         fn()
     samples = []
@@ -76,4 +77,10 @@ def time_per_call_us(fn: Callable[[], object], device: torch.device, barrier: Ca
         t0 = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - t0) * 1e6)
+    return _median(samples, samples_out)
+
+
+def _median(samples: list[float], samples_out: list[float] | None) -> float:
+    if samples_out is not None:
+        samples_out.extend(samples)
     return statistics.median(samples)

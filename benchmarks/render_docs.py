@@ -110,9 +110,12 @@ def collective_summary(d: dict) -> str:
 
 
 def headline(world: int) -> str | None:
-    d = load(f"allreduce-h200-tp{world}.json")
-    if d is None:
+    """The README's table for ``world``: the newest all-reduce results file of any GPU (the one measured
+    with the algorithms the shipped table selects now, where an older one was not)."""
+    found = [d for d in (load(f"allreduce-{gpu}-tp{world}.json") for gpu in GPUS) if d is not None]
+    if not found:
         return None
+    d = max(found, key=date_of)
     head = (f"**All-reduce, TP{world}** ({d['device']}, {date_of(d)}; bf16, µs per call in CUDA graphs, max over "
             f"ranks; tritoncomm's fastest form against each peer). {collective_summary(d)}")
     if not any(r.get("flashinfer_us") for r in d["rows"]):

@@ -15,7 +15,6 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 
 from .validation import DTYPE_NAMES
 
@@ -74,6 +73,9 @@ class SelectionTable:
                 raise ValueError(f"rows for {op}/{dtype} must be non-empty and sorted by max_bytes")
         self.rows = rows
         self.source = source
+        #: The defaults this table falls back to, by backend, built once per table on first use (not per
+        #: lookup: building them costs hundreds of microseconds).
+        self._defaults: dict[str, SelectionTable] = {}
 
     def lookup(self, op: str, world: int, dtype: str, nbytes: int) -> Choice:
         entries = self.entries(op, world, dtype)
@@ -84,7 +86,12 @@ class SelectionTable:
 
     def entries(self, op: str, world: int, dtype: str, backend: str = "cuda") -> list[tuple[int, Choice]]:
         """The rows for ``(op, world, dtype)``, ``backend``'s defaults where this table has none."""
-        return self.rows.get((op, world, dtype)) or default_table(backend).rows[(op, min(world, 8), dtype)]
+        rows = self.rows.get((op, world, dtype))
+        if rows:
+            return rows
+        if backend not in self._defaults:
+            self._defaults[backend] = default_table(backend)
+        return self._defaults[backend].rows[(op, min(world, 8), dtype)]
 
     def choices(self, op: str, world: int) -> list[tuple[int, Choice]]:
         """Every row for ``op`` at ``world`` (all dtypes)."""
@@ -121,37 +128,38 @@ class SelectionTable:
         return SelectionTable({**self.rows, **other.rows}, other.source or self.source)
 
 
-#: Where the default rules hand over from the Lamport one-shot to its two-shot, and from that to the
-#: barrier two-shot (bytes): as measured on two H200s (TP2) and four H100s (TP4) (``docs/algorithms.md``).
-LAMPORT_ONESHOT_UP_TO = MappingProxyType({2: 4 << 20})
-LAMPORT_ONESHOT_UP_TO_WIDE = 128 << 10  # three or more ranks: the one-shot moves (W-1) x S per GPU
-LAMPORT_TWOSHOT_UP_TO = 16 << 20
+#: Three or more ranks: the Lamport one-shot moves (W-1) x S per GPU, so the default rules hand over to
+#: its two-shot above this many bytes (measured on four H100s, ``docs/algorithms.md``); at two ranks
+#: the one-shot serves up to its limit (it won there up to 4 MB on two H200s).
+LAMPORT_ONESHOT_UP_TO_WIDE = 128 << 10
 
 
-def _one_block(algo: str, elems: int) -> Choice:
-    """One block of 256 elements per program up to 2048 programs, then wider blocks (up to 2048
-    elements on 4 warps): the shape the tuned tables chose at most sizes."""
+def _one_block(algo: str, elems: int, max_programs: int) -> Choice:
+    """One block of 256 elements per program up to ``max_programs`` programs, then wider blocks (up to
+    2048 elements on 4 warps): the shape the tuned tables chose at most sizes."""
     programs, block = max(1, -(-elems // 256)), 256
-    while programs > 2048 and block < 2048:
+    while programs > max_programs and block < 2048:
         programs, block = -(-programs // 2), block * 2
-    return Choice(algo, min(programs, 2048), block, {256: 1, 512: 2, 1024: 2, 2048: 4}[block])
+    return Choice(algo, min(programs, max_programs), block, {256: 1, 512: 2, 1024: 2, 2048: 4}[block])
 
 
 def _default_allreduce_cuda(world: int) -> list[tuple[int, Choice]]:
     """Rules of thumb on GPUs, in rows per power of two (bf16 elements; other dtypes take the same
-    rows by bytes): the Lamport one-shot, its two-shot, then the barrier two-shot. One rank keeps
-    the LL / barrier rules it has always run with (nothing crosses a link)."""
+    rows by bytes): the Lamport one-shot, its two-shot up to its limit, then the barrier two-shot.
+    One rank keeps the LL / barrier rules (nothing crosses a link)."""
+    from .allreduce.lamport import LAMPORT_MAX_PROGRAMS, LamportOneShot, LamportTwoShot  # it imports this module
+
     if world == 1:
         return [(128 << 10, Choice("ll", 16, 1024, 4)), (1 << 20, Choice("oneshot", 32, 4096, 8)),
                 (1 << 62, Choice("twoshot", 64, 4096, 8))]
     rows: list[tuple[int, Choice]] = []
-    one = LAMPORT_ONESHOT_UP_TO.get(world, LAMPORT_ONESHOT_UP_TO_WIDE)
+    one = LamportOneShot.limit if world == 2 else LAMPORT_ONESHOT_UP_TO_WIDE
     nbytes = 2 << 10
-    while nbytes <= LAMPORT_TWOSHOT_UP_TO:
+    while nbytes <= LamportTwoShot.limit:
         if nbytes <= one:
-            rows.append((nbytes, _one_block("lamport", nbytes // 2)))
+            rows.append((nbytes, _one_block("lamport", nbytes // 2, LAMPORT_MAX_PROGRAMS)))
         else:
-            rows.append((nbytes, _one_block("lamport_twoshot", nbytes // 2 // world)))
+            rows.append((nbytes, _one_block("lamport_twoshot", nbytes // 2 // world, LAMPORT_MAX_PROGRAMS)))
         nbytes *= 2
     rows.append((1 << 62, Choice("twoshot", 64, 8192, 8)))
     return rows

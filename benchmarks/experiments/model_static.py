@@ -14,9 +14,10 @@ GPU per rank.
 
     python3 benchmarks/experiments/model_static.py --world 2 --shared --backend tritoncomm
 
-``--profile`` then profiles one static generation of 8 tokens on rank 0 (CPU and CUDA activity) and
-prints its busiest host ops and how often each collective op and ``cudaGraphLaunch`` ran: a
-collective that runs on the host at every step was not captured in the decode step's CUDA graph.
+``--profile`` then has every rank generate 8 tokens with the static cache under the profiler (CPU
+and CUDA activity); rank 0 prints its busiest host ops and how often each collective op and
+``cudaGraphLaunch`` ran: a collective that runs on the host at every step was not captured in the
+decode step's CUDA graph.
 With ``TORCH_LOGS=perf_hints`` inductor also says why it skipped CUDA graphs, where it did.
 """
 
@@ -122,7 +123,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--dump-s", type=float, default=120.0, help="print every rank's stacks this often")
     p.add_argument("--json", default=None)
-    p.add_argument("--profile", action="store_true", help="profile one static generation on rank 0")
+    p.add_argument("--profile", action="store_true", help="profile one static generation (rank 0 reports)")
     args = p.parse_args()
     import torch.multiprocessing as mp
 

@@ -341,8 +341,8 @@ def _hf_job(rank: int, world: int, port: int, backend: str, path: str, static: b
 def _spawn(target, world: int, *args, baseline: bool = False) -> list:
     """Run ``target`` in ``world`` spawned ranks and return their results. A rank that reports and then
     does not exit fails the test, except in a ``baseline`` run (another backend than ours), where it
-    is reported as a warning: on GPUs NCCL's ranks were seen to stall at exit after transformers'
-    static cache (``docs/backend.md``)."""
+    is reported as a warning: NCCL's ranks can stall at exit after transformers' static cache
+    (``docs/backend.md``)."""
     import sys
 
     import torch.multiprocessing as mp

@@ -213,8 +213,8 @@ def model_report(world: int = 2) -> dict[str, Any]:
             rep["served"] = all(r["served"] for r in rs)
         rep[f"{name}_static_tokens"] = rs[0].get("static_tokens")
         rep[f"{name}_profile"] = rs[0].get("profile")
-    # ours fail the run; the baseline's (NCCL's ranks were seen to stall at exit after the static
-    # cache, docs/backend.md) are reported beside it
+    # ours fail the run; the baseline's (NCCL's ranks can stall at exit after the static cache,
+    # docs/backend.md) are reported beside it
     for key, rs in runs.items():
         stalls = [r["exit_stall"] for r in rs if "exit_stall" in r]
         rep["exit_stalls" if "tritoncomm" in key else "nccl_exit_stalls"] = stalls

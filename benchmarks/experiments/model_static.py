@@ -137,8 +137,11 @@ def main() -> None:
         for proc in procs:
             proc.start()
         results = sorted((q.get(timeout=3600) for _ in procs), key=lambda r: r["rank"])
+        for r in results:  # before the ranks are joined: a rank that stalls at its exit cannot hide them
+            _print_rank(r)
         for r, code in join_ranks(procs).items():
             results[r]["exit_stall"] = f"rank {r} reported, then did not exit cleanly (exit code {code})"
+            print(results[r]["exit_stall"], flush=True)
     rep = {"device": torch.cuda.get_device_name(0), "world": args.world, "backend": args.backend,
            "shared": args.shared, "torch": torch.__version__, "ranks": results}
     ok = [r for r in results if "error" not in r]
@@ -149,14 +152,16 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rep, f, indent=1)
-    for r in results:
-        print(f"rank {r['rank']}: " + ("error:\n" + r["error"] if "error" in r else
-              " ".join(f"{k} {v:.1f}s" for k, v in r["phases_s"].items()) + f" served={r['served']} "
-              f"dynamo={r['dynamo']}") + (f" {r['exit_stall']}" if "exit_stall" in r else ""))
-        if "profile" in r:
-            print(r["profile"])
-            print("op counts (8 tokens):", r["op_counts"])
     print({k: v for k, v in rep.items() if k != "ranks"})
+
+
+def _print_rank(r: dict[str, Any]) -> None:
+    print(f"rank {r['rank']}: " + ("error:\n" + r["error"] if "error" in r else
+          " ".join(f"{k} {v:.1f}s" for k, v in r["phases_s"].items()) + f" served={r['served']} "
+          f"dynamo={r['dynamo']}"), flush=True)
+    if "profile" in r:
+        print(r["profile"])
+        print("op counts (8 tokens):", r["op_counts"], flush=True)
 
 
 if __name__ == "__main__":

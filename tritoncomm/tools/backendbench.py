@@ -64,7 +64,10 @@ def backend_rank(ctx: RankContext, sizes: list[int] | None = None) -> dict[str, 
                  "nccl": lambda c=c: dist.all_reduce(c, group=ctx.group)}
         for mode in ("graph", "eager") if cuda else ("eager",):
             for name, fn in calls.items():
-                row[f"{name}_{mode}_us"] = time_per_call_us(fn, ctx.device, ctx.barrier, mode=mode)
+                host: list[float] = []
+                row[f"{name}_{mode}_us"] = time_per_call_us(fn, ctx.device, ctx.barrier, mode=mode, host_out=host)
+                if host:
+                    row[f"{name}_{mode}_host_us"] = host[0]
         rows.append({"bytes": nbytes, **max_over_ranks(ctx, row), "correct": all_true(ctx, bool(same))})
     dist.destroy_process_group(g)
     if ctx.rank != 0:
@@ -79,7 +82,7 @@ def backend_rank(ctx: RankContext, sizes: list[int] | None = None) -> dict[str, 
             "dtype": "bf16", "baseline": "NCCL" if cuda else "gloo", "rows": rows,
             "method": "dist.all_reduce in place through a tritoncomm group vs the group's AllReduce called "
                       "directly vs the default group (NCCL on GPUs); per call, 32 calls per CUDA graph or back "
-                      "to back (eager), median of 20, "
+                      "to back (eager; *_host_us: the host's time to issue them), median of 20, "
                       "max over ranks, one run"}
 
 
@@ -96,6 +99,11 @@ def format_backend(rep: dict[str, Any]) -> str:
             cells += [f"{r[f'direct_{m}_us']:17.2f}", f"{r[f'backend_{m}_us']:17.2f}",
                       f"{r[f'overhead_{m}_us']:17.2f}", f"{r[f'nccl_{m}_us']:17.2f}", f"{r[f'vs_nccl_{m}']:16.2f}x"]
         lines.append(f"{format_bytes(r['bytes']):>8} " + " ".join(cells) + f"  {r['correct']}")
+    if "direct_eager_host_us" in rep["rows"][0]:
+        lines.append("eager, host µs per call (issuing the launches): " + "; ".join(
+            f"{format_bytes(r['bytes'])} " + " / ".join(f"{r[f'{k}_eager_host_us']:.1f}"
+                                                        for k in ("direct", "backend", "nccl"))
+            for r in rep["rows"]) + " (direct / backend / " + rep["baseline"] + ")")
     return "\n".join(lines)
 
 

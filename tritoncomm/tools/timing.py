@@ -20,27 +20,35 @@ __all__ = ["time_per_call_us"]
 
 def time_per_call_us(fn: Callable[[], object], device: torch.device, barrier: Callable[[], None], *,
                      calls: int = 32, replays: int = 20, warmup: int = 3, mode: str = "graph",
-                     after_capture: Callable[[], None] | None = None, samples_out: list[float] | None = None) -> float:
+                     after_capture: Callable[[], None] | None = None, samples_out: list[float] | None = None,
+                     host_out: list[float] | None = None) -> float:
     """Median microseconds per call of ``fn`` on this rank (see module docstring). ``mode="eager"``
     times ``calls`` plain launches back to back between two events instead of a graph replay.
     ``after_capture`` (collective, graph mode) runs between the capture and the first replay: what a
     baseline needs there, e.g. vLLM's registration of the graph's buffers. ``samples_out``, if given,
-    receives every sample (µs per call) in the order taken: whether a slow median was slow throughout."""
+    receives every sample (µs per call) in the order taken: whether a slow median was slow throughout.
+    ``host_out`` (eager mode on GPUs) receives the median host time per call: the seconds the host took to
+    issue the ``calls`` launches, which never wait for the GPU (fewer than the launch queue holds); a
+    per-call time close to it says the host, not the GPU, set the pace."""
     if device.type == "cuda" and mode == "eager":
         for _ in range(warmup):
             fn()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        samples = []
+        samples, host = [], []
         for _ in range(replays):
             torch.cuda.synchronize(device)
             barrier()
             fn()
             start.record()
+            t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
+            host.append((time.perf_counter() - t0) * 1e6 / calls)
             end.record()
             end.synchronize()
             samples.append(start.elapsed_time(end) * 1e3 / calls)
+        if host_out is not None:
+            host_out.append(statistics.median(host))
         return _median(samples, samples_out)
     if device.type == "cuda":
         stream = torch.cuda.Stream(device)

@@ -185,6 +185,23 @@ def fused_section(world: int, gpu: str = "h200") -> str:
 
 
 # -- the rest ----------------------------------------------------------------------------------------
+def backend_section(d: dict, gpu: str) -> str:
+    where = "" if gpu == "h200" else f" ({gpu.upper()})"
+    host = "backend_eager_host_us" in d["rows"][0]
+    cols = ["bytes", "graph: backend", "graph: direct", "graph: NCCL", "graph vs NCCL", "eager: backend",
+            "eager: direct", "eager: NCCL", "eager vs NCCL"]
+    rows = [[size(r["bytes"]), us(r["backend_graph_us"]), us(r["direct_graph_us"]), us(r["nccl_graph_us"]),
+             ratio(r["nccl_graph_us"], r["backend_graph_us"]), us(r["backend_eager_us"]), us(r["direct_eager_us"]),
+             us(r["nccl_eager_us"]), ratio(r["nccl_eager_us"], r["backend_eager_us"])] for r in d["rows"]]
+    if host:  # the host's time to issue one eager call: where it matches the eager time, eager is host-bound
+        cols += ["host to issue: backend", "direct", "NCCL"]
+        for row, r in zip(rows, d["rows"], strict=True):
+            row += [us(r["backend_eager_host_us"]), us(r["direct_eager_host_us"]), us(r["nccl_eager_host_us"])]
+    return "\n\n".join([f"### torch.distributed backend, TP2{where}",
+                         caption("`dist.all_reduce` through a tritoncomm group vs the same `AllReduce` called "
+                                 "directly", d), table(cols, rows)])
+
+
 def misc_section() -> str:
     parts = []
     d = load("hierarchical-h200-2x2.json")
@@ -217,17 +234,10 @@ def misc_section() -> str:
                              "same bits"],
                             [[size(r["bytes"]), r["algo"], us(r["staged_us"]), us(r["heap_us"]),
                               us(r.get("heap_out_us")), us(r["nccl_us"]), str(r["same_bits"])] for r in d["rows"]])]
-    d = load("backend-h200-tp2.json")
-    if d:
-        parts += ["### torch.distributed backend, TP2",
-                  caption("`dist.all_reduce` through a tritoncomm group vs the same `AllReduce` called directly", d),
-                  table(["bytes", "graph: backend", "graph: direct", "graph: NCCL", "graph vs NCCL", "eager: backend",
-                         "eager: direct", "eager: NCCL", "eager vs NCCL"],
-                        [[size(r["bytes"]), us(r["backend_graph_us"]), us(r["direct_graph_us"]), us(r["nccl_graph_us"]),
-                          ratio(r["nccl_graph_us"], r["backend_graph_us"]), us(r["backend_eager_us"]),
-                          us(r["direct_eager_us"]), us(r["nccl_eager_us"]), ratio(r["nccl_eager_us"],
-                                                                                    r["backend_eager_us"])]
-                         for r in d["rows"]])]
+    for gpu in GPUS:
+        d = load(f"backend-{gpu}-tp2.json")
+        if d:
+            parts += [backend_section(d, gpu)]
     d = load("model-h200-tp2.json")
     if d and not d.get("errors"):
         c = d["config"]

@@ -202,6 +202,22 @@ def backend_section(d: dict, gpu: str) -> str:
                                  "directly", d), table(cols, rows)])
 
 
+def model_section(d: dict, gpu: str) -> str:
+    where = "" if gpu == "h200" else f" ({gpu.upper()})"
+    c = d["config"]
+    static_errors = "".join(f". {who} static cache + compile: {d[k]}" for who, k in
+                            (("tritoncomm", "tritoncomm_static_error"), ("NCCL", "nccl_static_error")) if d.get(k))
+    return "\n\n".join([
+        f"### transformers' tensor parallelism with the backend, TP2{where}",
+        caption(f"Llama-shaped, hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, random weights, "
+                f"`tp_plan=\"auto\"`, {d['new_tokens']} greedy tokens", d, static_errors + "."),
+        table(["backend", "ms per decode step (eager)", "same tokens as NCCL (eager)",
+               "ms per decode step (static cache + compile)", "same tokens as NCCL (static)"],
+              [["tritoncomm", f"{d['tritoncomm_eager_ms']:.2f}", str(d["same_tokens"]),
+                us(d.get("tritoncomm_static_ms"), 2), str(d.get("same_static_tokens", "-"))],
+               ["NCCL", f"{d['nccl_eager_ms']:.2f}", "-", us(d.get("nccl_static_ms"), 2), "-"]])])
+
+
 def misc_section() -> str:
     parts = []
     d = load("hierarchical-h200-2x2.json")
@@ -238,20 +254,10 @@ def misc_section() -> str:
         d = load(f"backend-{gpu}-tp2.json")
         if d:
             parts += [backend_section(d, gpu)]
-    d = load("model-h200-tp2.json")
-    if d and not d.get("errors"):
-        c = d["config"]
-        parts += ["### transformers' tensor parallelism with the backend, TP2",
-                  caption(f"Llama-shaped, hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, random "
-                          f"weights, `tp_plan=\"auto\"`, {d['new_tokens']} greedy tokens", d,
-                          "".join(f". {who} static cache + compile: {d[k]}" for who, k in
-                                  (("tritoncomm", "tritoncomm_static_error"), ("NCCL", "nccl_static_error"))
-                                  if d.get(k)) + "."),
-                  table(["backend", "ms per decode step (eager)", "same tokens as NCCL (eager)",
-                         "ms per decode step (static cache + compile)", "same tokens as NCCL (static)"],
-                        [["tritoncomm", f"{d['tritoncomm_eager_ms']:.2f}", str(d["same_tokens"]),
-                          us(d.get("tritoncomm_static_ms"), 2), str(d.get("same_static_tokens", "-"))],
-                         ["NCCL", f"{d['nccl_eager_ms']:.2f}", "-", us(d.get("nccl_static_ms"), 2), "-"]])]
+    for gpu in GPUS:
+        d = load(f"model-{gpu}-tp2.json")
+        if d and not d.get("errors"):
+            parts += [model_section(d, gpu)]
     return "\n\n".join(parts)
 
 

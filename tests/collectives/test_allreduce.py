@@ -156,6 +156,30 @@ def test_selection_is_the_same_on_every_rank(worlds):
     assert all(p == picks[0] for p in picks)
 
 
+def _job_plan_follows_table(ctx):
+    comm = make_comm(ctx)
+    ar = tc.AllReduce(comm, max_bytes=64 << 10, table=small_table(ctx.world))
+    used: list[str] = []
+    for name, a in ar._algos.items():
+        a.launch = (lambda f, name: lambda *args: (used.append(name), f(*args)))(a.launch, name)
+    x = torch.randn(1500, generator=torch.Generator().manual_seed(ctx.rank)).to(torch.bfloat16).to(ctx.device)
+    ref = reference_sum(ctx, x)
+    outs = [ar(x), ar(x)]  # 3000 bytes: the LL one-shot's row, then its kept plan
+    rows = {("allreduce", ctx.world, d): [(1 << 40, Choice("oneshot", 2, 512, 1))] for d in ("bf16", "fp16", "fp32")}
+    ar.table = SelectionTable(rows, "all one-shot")  # what tune does between candidates
+    outs.append(ar(x))
+    for out in outs:
+        check_close(out, ref, torch.bfloat16)
+    ar.close()
+    comm.close()
+    return used
+
+
+def test_kept_plans_follow_a_replaced_table(worlds):
+    for used in worlds(2).run(_job_plan_follows_table):
+        assert used == ["ll", "ll", "oneshot"]
+
+
 def _job_fallback(ctx):
     comm = make_comm(ctx)
     ar = tc.AllReduce(comm, max_bytes=4096, fallback_group=ctx.group)

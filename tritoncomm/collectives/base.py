@@ -27,7 +27,7 @@ from ..kernels.launcher import Launcher
 from .selection import DTYPES, Choice, SelectionTable, default_table, load_table
 from .validation import DTYPE_NAMES
 
-__all__ = ["Algorithm", "CollectiveBase", "PeerOutput", "Workspace"]
+__all__ = ["Algorithm", "CollectiveBase", "PeerOutput", "Plans", "Workspace"]
 
 log = logging.getLogger("tritoncomm")
 
@@ -113,6 +113,22 @@ class Algorithm:
 
     def close(self) -> None:
         self.channel.close()
+
+
+class Plans(dict):
+    """Launch plans of one collective by call key, valid for one selection table (``table``): a
+    bounded per-instance memo of what the table picks, so that the launch path looks it up once."""
+
+    #: Keys kept; past this many, further plans are computed on every call.
+    MAX = 1024
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table: object = None
+
+    def keep(self, key: object, plan: object) -> None:
+        if len(self) < self.MAX:
+            self[key] = plan
 
 
 class CollectiveBase:

@@ -78,7 +78,7 @@ def check_reduce_args(x: object, out: object, op: str, device: torch.device, max
         raise InvalidInputError(f"{what}: {nbytes} bytes exceed the {max_bytes} bytes this collective was set "
                                 "up for (max_bytes at construction, bounded by the heap), and no fallback group "
                                 "was given")
-    if out is not None:
+    if out is not None and out is not x:  # in place (the same tensor) needs no second look
         check_out(out, x, x.numel(), what, may_alias=True)
         if out.shape != x.shape:
             raise InvalidInputError(f"{what}: out shape {tuple(out.shape)} differs from input {tuple(x.shape)}")

@@ -39,11 +39,9 @@ next_pow2 = triton.constexpr_function(pow2_at_least)
 
 
 def pow2_divisor(n: int, cap: int = 16) -> int:
-    """The largest power of two, at most ``cap``, that divides ``n`` (host side; ``cap`` for 0)."""
-    d = 1
-    while d < cap and n % (2 * d) == 0:
-        d *= 2
-    return d
+    """The largest power of two, at most ``cap`` (a power of two), that divides ``n`` (host side;
+    ``cap`` for 0)."""
+    return min(n & -n, cap) if n else cap
 
 
 @triton.jit

@@ -14,8 +14,8 @@ import torch.distributed as dist
 
 from ...channels import Communicator
 from ...errors import InvalidInputError
-from ..base import NO_PEER_OUTPUT, CollectiveBase
-from ..selection import SelectionTable
+from ..base import NO_PEER_OUTPUT, CollectiveBase, Plans
+from ..selection import Choice, SelectionTable
 from ..validation import DTYPE_NAMES, check_reduce_args
 from .algorithm import AllReduceAlgorithm
 from .lamport import LamportOneShot, LamportTwoShot
@@ -66,6 +66,7 @@ class AllReduce(CollectiveBase):
             comm.heap.nbytes // 4 if comm.backend == "cuda" else 1 << 20
         self._check_names(algos)
         self._setup(self._capacities(self.max_bytes, algos))
+        self._plans = Plans()
 
     def select(self, nbytes: int, dtype: torch.dtype = torch.bfloat16) -> str:
         """The algorithm for an input of ``nbytes`` (the same on every rank), or ``"fallback"``."""
@@ -97,19 +98,36 @@ class AllReduce(CollectiveBase):
             return out
         if nbytes > self.max_bytes:
             return self._fallback(x, out, nbytes)
-        dtype = DTYPE_NAMES[x.dtype]
         if algo is None:
-            algo = self.table.lookup(self.op, self.world, dtype, nbytes).algo
-            if algo not in self._algos or nbytes > self._algos[algo].capacity:  # a table/algos mismatch
-                algo = self._first_serving(nbytes)
-        c = self._choice(algo, dtype, nbytes)
+            algo, c = self._plan(x.dtype, nbytes)
+        else:
+            c = self._choice(algo, DTYPE_NAMES[x.dtype], nbytes)
         if programs is not None and programs < c.programs:
             c = replace(c, programs=programs)
         a = self._algos[algo]
         dest = self._peer_output(out) if a.writes_peer_outputs else NO_PEER_OUTPUT
-        self._debug_check(x.dtype, x.numel(), algo, (*dest.signature(comm), c.programs))
+        if comm.debug:
+            self._debug_check(x.dtype, x.numel(), algo, (*dest.signature(comm), c.programs))
         a.launch(x, out, c, dest)
         return out
+
+    def _plan(self, dtype: torch.dtype, nbytes: int) -> tuple[str, Choice]:
+        """The table's algorithm and launch shape for a call (``select``, then ``_choice``), kept per
+        (dtype, bytes) while ``self.table`` is the same table: the launch path looks them up once."""
+        plans = self._plans
+        if plans.table is not self.table:
+            plans.clear()
+            plans.table = self.table
+        hit = plans.get((dtype, nbytes))
+        if hit is not None:
+            return hit
+        name = DTYPE_NAMES[dtype]
+        algo = self.table.lookup(self.op, self.world, name, nbytes).algo
+        if algo not in self._algos or nbytes > self._algos[algo].capacity:  # a table/algos mismatch
+            algo = self._first_serving(nbytes)
+        hit = (algo, self._choice(algo, name, nbytes))
+        plans.keep((dtype, nbytes), hit)
+        return hit
 
     def _fallback(self, x: torch.Tensor, out: torch.Tensor, nbytes: int) -> torch.Tensor:
         self._debug_check(x.dtype, x.numel(), "fallback")

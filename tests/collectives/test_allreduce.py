@@ -160,8 +160,15 @@ def _job_plan_follows_table(ctx):
     comm = make_comm(ctx)
     ar = tc.AllReduce(comm, max_bytes=64 << 10, table=small_table(ctx.world))
     used: list[str] = []
+
+    def spy(name, launch):
+        def counted(*args):
+            used.append(name)
+            launch(*args)
+        return counted
+
     for name, a in ar._algos.items():
-        a.launch = (lambda f, name: lambda *args: (used.append(name), f(*args)))(a.launch, name)
+        a.launch = spy(name, a.launch)
     x = torch.randn(1500, generator=torch.Generator().manual_seed(ctx.rank)).to(torch.bfloat16).to(ctx.device)
     ref = reference_sum(ctx, x)
     outs = [ar(x), ar(x)]  # 3000 bytes: the LL one-shot's row, then its kept plan

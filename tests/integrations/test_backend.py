@@ -99,10 +99,12 @@ def _served(ctx, dtype):
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
+                    torch.cuda._sleep(50_000_000)  # tens of ms: without the wait, the check below reads too early
                     s2 = x.clone()
                     work2 = dist.all_reduce(s2, group=g, async_op=True)
+                pending = not work2.is_completed()
                 work2.wait()
-                checks["async, other stream"] = torch.equal(s2, want)
+                checks["async, other stream"] = pending and torch.equal(s2, want)
             bad += [(n, k) for k, v in checks.items() if not v]
     calls = {k: c.calls for k, c in counts.items()}
     dist.destroy_process_group(g)

@@ -92,26 +92,29 @@ def _create(opts: Any, backend_options: Any) -> TritonCommProcessGroup:
 class TritonCommWork(dist.Work):
     """A served collective, already launched on the caller's stream (see the module docstring).
 
-    ``stream`` is the launch stream of an ``async_op=True`` call (None: nothing to order). No event is
+    ``stream`` is the launch stream of an ``async_op=True`` call, as the device's current stream
+    ``(id, device index, device type)`` (``current_stream_key``; None: nothing to order). No event is
     recorded at the launch: ``wait()`` on the launch stream has nothing to do (stream order), and from
     another stream it records one on the launch stream then, which orders after the collective (and
     after whatever the launch stream took since; never a cycle, since a wait only refers to records
     made before it)."""
 
-    def __init__(self, outputs: list[torch.Tensor], stream: torch.cuda.Stream | None = None) -> None:
+    def __init__(self, outputs: list[torch.Tensor], stream: tuple[int, int, int] | None = None) -> None:
         super().__init__()
         self._outputs, self._stream = outputs, stream
         self._event: torch.cuda.Event | None = None
 
     def _recorded(self) -> torch.cuda.Event:
         if self._event is None:
+            sid, index, kind = self._stream  # type: ignore[misc]
             self._event = torch.cuda.Event()
-            self._event.record(self._stream)
+            self._event.record(torch.cuda.Stream(stream_id=sid, device_index=index, device_type=kind))
         return self._event
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        if self._stream is not None and torch.cuda.current_stream(self._stream.device) != self._stream:
-            torch.cuda.current_stream(self._stream.device).wait_event(self._recorded())
+        s = self._stream
+        if s is not None and current_stream_key(s[1]) != s:
+            torch.cuda.current_stream(s[1]).wait_event(self._recorded())
         return True
 
     def is_completed(self) -> bool:
@@ -137,6 +140,13 @@ class TritonCommWork(dist.Work):
 
 
 _SUM = ReduceOp.SUM
+
+
+def current_stream_key(device: int | None = None) -> tuple[int, int, int]:
+    """The current CUDA stream of ``device`` (default: the current device) as ``(id, device index,
+    device type)``: what ``torch.cuda.current_stream`` builds its object from, without building it
+    (a few microseconds of host time a call)."""
+    return torch._C._cuda_getCurrentStream(torch.cuda.current_device() if device is None else device)
 
 
 def _is_sum(opts: Any) -> bool:
@@ -222,7 +232,7 @@ class TritonCommProcessGroup(ProcessGroup):
 
     def _work(self, outputs: list[torch.Tensor], opts: Any) -> TritonCommWork:
         if opts is not None and getattr(opts, "asyncOp", False):
-            return TritonCommWork(outputs, torch.cuda.current_stream() if self._serve_type == "cuda" else None)
+            return TritonCommWork(outputs, current_stream_key() if self._serve_type == "cuda" else None)
         done = self._done
         done._outputs = outputs
         return done

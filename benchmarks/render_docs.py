@@ -199,7 +199,7 @@ def backend_section(d: dict, gpu: str) -> str:
             row += [us(r["backend_eager_host_us"]), us(r["direct_eager_host_us"]), us(r["nccl_eager_host_us"])]
     return "\n\n".join([f"### torch.distributed backend, TP2{where}",
                          caption("`dist.all_reduce` through a tritoncomm group vs the same `AllReduce` called "
-                                 "directly", d), table(cols, rows)])
+                                 "directly", d), table(cols, rows)] + ([d["note"]] if d.get("note") else []))
 
 
 def model_section(d: dict, gpu: str) -> str:

@@ -1,9 +1,12 @@
 """Experiment: host time per call of the paths by which torch code reaches a ``tritoncomm`` group:
 ``dist.all_reduce``, the functional-collective ops (``_c10d_functional.all_reduce_`` then
 ``wait_tensor``, what DTensor's redistribute runs) and ``funcol.all_reduce(...).wait()``, beside the
-group's ``AllReduce`` called directly. ``--no-launch`` replaces every all-reduce launch with a
-Python no-op, so that only the host paths remain (the CPU world's interpreted kernels would swamp
-them). 8 KB bf16, the best of 5 loops of 1000 calls, each rank. Not part of the library:
+group's ``AllReduce`` called directly, and the same torch paths on the default group (NCCL on GPUs,
+gloo in the CPU world). ``--no-launch`` replaces every tritoncomm all-reduce launch with a Python
+no-op, so that only our host paths remain (the CPU world's interpreted kernels would swamp them); the
+default group's calls run as they are. 8 KB bf16, the best of 5 loops of 200 calls, each loop after a
+device sync and a barrier of the ranks (so that neither rank's launch queue fills while it waits for
+the other), each rank. Not part of the library:
 
     PYTHONPATH=. python3 benchmarks/experiments/funcol_host.py --world 2 --no-launch
 """
@@ -22,13 +25,14 @@ from tritoncomm.integrations.backend import register
 from tritoncomm.launch import launch
 
 
-def _best_us(fn: Callable[[], object], device: torch.device, n: int = 1000) -> float:
-    for _ in range(100):
+def _best_us(fn: Callable[[], object], device: torch.device, barrier: Callable[[], None], n: int = 200) -> float:
+    for _ in range(50):
         fn()
     best = float("inf")
     for _ in range(5):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        barrier()
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
@@ -44,13 +48,17 @@ def _rank(ctx, no_launch: bool) -> dict[str, float]:
     if no_launch:
         for a in g.ar._algos.values():
             a.launcher = lambda *args, **kw: None
-    op, name = torch.ops._c10d_functional, g.group_name
-    paths = {"direct AllReduce": lambda: g.ar(x, x),
-             "dist.all_reduce": lambda: dist.all_reduce(x, group=g),
-             "dist.all_reduce(async_op=True).wait()": lambda: dist.all_reduce(x, group=g, async_op=True).wait(),
-             "all_reduce_ op + wait_tensor": lambda: op.wait_tensor(op.all_reduce_(x, "sum", name)),
-             "funcol.all_reduce(...).wait()": lambda: funcol.all_reduce(x, "sum", g).wait()}
-    out = {k: _best_us(fn, ctx.device) for k, fn in paths.items()}
+    op = torch.ops._c10d_functional
+    paths = {"direct AllReduce": lambda: g.ar(x, x)}
+    for who, grp in (("", g), ("default group: ", ctx.group)):
+        name = grp.group_name
+        paths |= {f"{who}dist.all_reduce": lambda grp=grp: dist.all_reduce(x, group=grp),
+                  f"{who}dist.all_reduce(async_op=True).wait()":
+                      lambda grp=grp: dist.all_reduce(x, group=grp, async_op=True).wait(),
+                  f"{who}all_reduce_ op + wait_tensor":
+                      lambda name=name: op.wait_tensor(op.all_reduce_(x, "sum", name)),
+                  f"{who}funcol.all_reduce(...).wait()": lambda grp=grp: funcol.all_reduce(x, "sum", grp).wait()}
+    out = {k: _best_us(fn, ctx.device, ctx.barrier) for k, fn in paths.items()}
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     dist.barrier(group=ctx.cpu_group)

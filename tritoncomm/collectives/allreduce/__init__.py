@@ -72,7 +72,7 @@ class AllReduce(CollectiveBase):
         """The algorithm for an input of ``nbytes`` (the same on every rank), or ``"fallback"``."""
         if nbytes > self.max_bytes:
             return "fallback"
-        return self.table.lookup(self.op, self.world, DTYPE_NAMES[dtype], nbytes).algo
+        return self._plan(dtype, nbytes)[0]
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, *, op: str = "sum",
                  algo: str | None = None, programs: int | None = None) -> torch.Tensor:
@@ -112,8 +112,9 @@ class AllReduce(CollectiveBase):
         return out
 
     def _plan(self, dtype: torch.dtype, nbytes: int) -> tuple[str, Choice]:
-        """The table's algorithm and launch shape for a call (``select``, then ``_choice``), kept per
-        (dtype, bytes) while ``self.table`` is the same table: the launch path looks them up once."""
+        """The algorithm (the table's, or the first set up here that serves ``nbytes`` where the table
+        names one that does not) and its launch shape for a call, kept per (dtype, bytes) while
+        ``self.table`` is the same table: the launch path looks them up once."""
         plans = self._plans
         if plans.table is not self.table:
             plans.clear()

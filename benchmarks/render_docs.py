@@ -60,6 +60,11 @@ def table(cols: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out + ["| " + " | ".join(r) + " |" for r in rows])
 
 
+def on(gpu: str) -> str:
+    """A section title's device suffix: none for the H200, the issues' reference GPU."""
+    return "" if gpu == "h200" else f" ({gpu.upper()})"
+
+
 def date_of(d: dict) -> str:
     return str(d["date"])[:10]
 
@@ -163,8 +168,7 @@ def fused_section(world: int, gpu: str = "h200") -> str:
     d = load(f"fused-{gpu}-tp{world}.json")
     if d is None:
         return ""
-    where = "" if gpu == "h200" else f" ({gpu.upper()})"
-    parts = [f"### Fused layers, TP{world}{where}", caption(f"TP{world}", d)]
+    parts = [f"### Fused layers, TP{world}{on(gpu)}", caption(f"TP{world}", d)]
     parts += ["All-reduce + residual + RMSNorm, hidden 8192 (baseline: NCCL all-reduce + torch add + "
               "`F.rms_norm`; bare: our all-reduce of the same bytes):",
               table(["tokens", "variant", "fused", "fused, FP8 out", "bare all-reduce", "fused / bare",
@@ -186,7 +190,6 @@ def fused_section(world: int, gpu: str = "h200") -> str:
 
 # -- the rest ----------------------------------------------------------------------------------------
 def backend_section(d: dict, gpu: str) -> str:
-    where = "" if gpu == "h200" else f" ({gpu.upper()})"
     host = "backend_eager_host_us" in d["rows"][0]
     cols = ["bytes", "graph: backend", "graph: direct", "graph: NCCL", "graph vs NCCL", "eager: backend",
             "eager: direct", "eager: NCCL", "eager vs NCCL"]
@@ -197,18 +200,17 @@ def backend_section(d: dict, gpu: str) -> str:
         cols += ["host to issue: backend", "direct", "NCCL"]
         for row, r in zip(rows, d["rows"], strict=True):
             row += [us(r["backend_eager_host_us"]), us(r["direct_eager_host_us"]), us(r["nccl_eager_host_us"])]
-    return "\n\n".join([f"### torch.distributed backend, TP2{where}",
+    return "\n\n".join([f"### torch.distributed backend, TP2{on(gpu)}",
                          caption("`dist.all_reduce` through a tritoncomm group vs the same `AllReduce` called "
                                  "directly", d), table(cols, rows)] + ([d["note"]] if d.get("note") else []))
 
 
 def model_section(d: dict, gpu: str) -> str:
-    where = "" if gpu == "h200" else f" ({gpu.upper()})"
     c = d["config"]
     static_errors = "".join(f". {who} static cache + compile: {d[k]}" for who, k in
                             (("tritoncomm", "tritoncomm_static_error"), ("NCCL", "nccl_static_error")) if d.get(k))
     return "\n\n".join([
-        f"### transformers' tensor parallelism with the backend, TP2{where}",
+        f"### transformers' tensor parallelism with the backend, TP2{on(gpu)}",
         caption(f"Llama-shaped, hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, random weights, "
                 f"`tp_plan=\"auto\"`, {d['new_tokens']} greedy tokens", d, static_errors + "."),
         table(["backend", "ms per decode step (eager)", "same tokens as NCCL (eager)",
@@ -279,8 +281,7 @@ def performance() -> str:
                 extra = (" \"registered out\": a regular input and a registered regular output (what "
                          "`comm.graph_capture` does for a graph's outputs); \"symmetric\": input and output from "
                          "`comm.empty`, the setting torch symm_mem is timed in.")
-            where = "" if gpu == "h200" else f" ({gpu.upper()})"
-            parts += [f"## {title}, TP{w}{where}",
+            parts += [f"## {title}, TP{w}{on(gpu)}",
                       caption(f"{title}, TP{w}", d, extra), collective_summary(d), collective_table(d)]
             if d.get("note"):
                 parts += [d["note"]]

@@ -14,30 +14,14 @@ the other), each rank. Not part of the library:
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+from hosttime import host_us  # benchmarks/experiments/, the script's directory
 
 from tritoncomm.integrations.backend import register
 from tritoncomm.launch import launch
-
-
-def _best_us(fn: Callable[[], object], device: torch.device, barrier: Callable[[], None], n: int = 200) -> float:
-    for _ in range(50):
-        fn()
-    best = float("inf")
-    for _ in range(5):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        barrier()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, time.perf_counter() - t0)
-    return round(best / n * 1e6, 2)
 
 
 def _rank(ctx, no_launch: bool) -> dict[str, float]:
@@ -58,7 +42,7 @@ def _rank(ctx, no_launch: bool) -> dict[str, float]:
                   f"{who}all_reduce_ op + wait_tensor":
                       lambda name=name: op.wait_tensor(op.all_reduce_(x, "sum", name)),
                   f"{who}funcol.all_reduce(...).wait()": lambda grp=grp: funcol.all_reduce(x, "sum", grp).wait()}
-    out = {k: _best_us(fn, ctx.device, ctx.barrier) for k, fn in paths.items()}
+    out = {k: round(host_us(fn, 200, ctx.device, ctx.barrier, warmup=50), 2) for k, fn in paths.items()}
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     dist.barrier(group=ctx.cpu_group)

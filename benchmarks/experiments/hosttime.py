@@ -1,4 +1,4 @@
-"""Host-time helpers shared by the launch-path experiments (``launch_overhead.py``,
+"""Host-time helpers shared by the launch-path experiments (``launch_overhead.py``, ``funcol_host.py``,
 ``backend_dispatch.py``). Not part of the library."""
 
 from __future__ import annotations
@@ -17,17 +17,27 @@ import torch
 from tritoncomm.launch import launch
 
 
-def host_us(fn: Callable[[], Any], n: int, device: torch.device) -> float:
-    """Host time per call: the best of 5 loops of ``n`` calls, timed before the stream is drained
-    (``n`` stays below the launch queue's depth, so the GPU never holds the host back)."""
+def host_us(fn: Callable[[], Any], n: int, device: torch.device, barrier: Callable[[], None] | None = None,
+            warmup: int = 0) -> float:
+    """Host time per call: the best of 5 loops of ``n`` calls (after ``warmup`` calls), each loop
+    after a device sync and ``barrier`` (the ranks', where given), timed before the stream is drained
+    (``n`` stays below the launch queue's depth, so the GPU never holds the host back; in the CPU
+    world there is nothing to drain)."""
+    cuda = device.type == "cuda"
+    for _ in range(warmup):
+        fn()
     best = float("inf")
     for _ in range(5):
-        torch.cuda.synchronize(device)
+        if cuda:
+            torch.cuda.synchronize(device)
+        if barrier is not None:
+            barrier()
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
         best = min(best, time.perf_counter() - t0)
-    torch.cuda.synchronize(device)
+    if cuda:
+        torch.cuda.synchronize(device)
     return best / n * 1e6
 
 

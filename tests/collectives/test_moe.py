@@ -314,8 +314,10 @@ def test_world8(worlds, world, mode):
 
 
 #: The dispatch paths by launch shape (at most 4 tokens of top-2 per rank): the default (one kernel,
-#: packets), one kernel with a barrier, the send and gather kernels, the route and send kernels.
-PATHS = {"one-kernel": None, "barrier": replace(SHAPES["cpu"], packets=False),
+#: packets, a shared routing copy), the same with a copy per program, one kernel with a barrier, the
+#: send and gather kernels, the route and send kernels.
+PATHS = {"one-kernel": None, "copy-per-program": replace(SHAPES["cpu"], shared_copy=False),
+         "barrier": replace(SHAPES["cpu"], packets=False),
          "held": replace(SHAPES["cpu"], one_kernel=False),
          "routed": replace(SHAPES["cpu"], one_kernel=False, route_above=4)}
 

@@ -387,10 +387,11 @@ def _moe_ptx(kernel: str) -> str:
                "bad_host_addr": "i64", "n_tokens": "i32", "hidden": "i32", "max_tokens": "i32",
                "num_experts": "i32", "capacity": "i32", **COMMON, "flags_off": "i64", **i64, "peer_rows": "i32",
                **dict.fromkeys(("ids_off", "ids_half", "wtab_off", "wtab_half", "pw_off", "pw_half", "ntab_off",
-                                "ntab_half", "copy_off", "copy_half"), "i64")}
+                                "ntab_half", "copy_off", "copy_half"), "i64"), "readers_ptr": "*i32"}
         fn, cx = onekernel.moe_dispatch_one_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8,
                                                      "BLOCK_H": 1024, "BLOCK_N": 1024, "BLOCK_X": 256, "FP8": False,
-                                                     "PACKETS": kernel == "one-packets"}
+                                                     "PACKETS": kernel == "one-packets",
+                                                     "SHARED": kernel == "one-packets"}
     else:
         sig = {"out_ptr": "*bf16", "w_ptr": "*fp32", "owner_ptr": "*i32", "row_ptr": "*i32", "slot_ptr": "*i32",
                "n_tokens": "i32", "hidden": "i32", "max_tokens": "i32", "throughput_from": "i32",

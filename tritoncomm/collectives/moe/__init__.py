@@ -102,6 +102,9 @@ class MoEShape:
     #: Lamport packets into buffers of their own (``onekernel.py``); with False, plain stores and a
     #: barrier.
     packets: bool = True
+    #: With packets, one copy of a rank's routing per peer, sent by program 0 and read by every program
+    #: (the last one to finish resets it); with False, a copy per program, which each resets.
+    shared_copy: bool = True
     #: Instances with more routing entries per rank (``max_tokens * top_k``) than this dispatch with
     #: ``moe_route_kernel`` and then the send kernel, which also lays out the peers' rows; others (not
     #: in one kernel) with the send and gather kernels, every send program holding the call's routing.
@@ -253,7 +256,11 @@ class MoEAllToAll:
         self._block_n = min(pow2_at_least(m * k), ONE_KERNEL_ENTRIES)
         self._hist = None if self._one else \
             comm.empty((2, w * (self._hist_blocks + supers), self._block_x), torch.int32)
-        self._copy = comm.empty((2, sh.programs * w * (self._block_n + 1)), torch.int32) if sh.one_kernel else None
+        shared = self._packets and sh.shared_copy
+        copies = w if shared else sh.programs * w
+        self._copy = comm.empty((2, copies * (self._block_n + 1)), torch.int32) if sh.one_kernel else None
+        #: with the shared copy: per half, the programs of the running launch done with the copies
+        self._readers = torch.zeros(2, dtype=torch.int32, device=dev) if shared else None
         self._sc = comm.empty((2, peers * m, hidden // 128), torch.float32) if self.fp8 and plain else None
         (self._recv_off, self._recv_half), (self._ids_off, self._ids_half) = self._halves(self._recv), \
             self._halves(self._ids)
@@ -354,7 +361,8 @@ class MoEAllToAll:
                 self._bad_host.device_addr, max_tokens=self.max_tokens, num_experts=self.num_experts,
                 capacity=self.capacity, local=self.local_experts, ids_off=self._ids_off, ids_half=self._ids_half,
                 wtab_off=self._wtab_off, wtab_half=self._wtab_half, ntab_off=self._ntab_off,
-                ntab_half=self._ntab_half, copy_off=self._copy_off, copy_half=self._copy_half, block_n=self._block_n,
+                ntab_half=self._ntab_half, copy_off=self._copy_off, copy_half=self._copy_half, readers=self._readers,
+                block_n=self._block_n,
                 block_x=self._block_x, block_h=sh.one_block_h or sh.send_block_h or sh.block_h, num_warps=sh.num_warps,
                 launch_opts=self._launch_opts, **self._one_args)
         else:

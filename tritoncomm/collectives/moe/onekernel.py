@@ -66,7 +66,7 @@ from .gather import finish_counts, place_item, store_slots
 from .route import copy_slots, expert_ids
 from .shares import column_shares, share_columns
 
-__all__ = ["launch_dispatch_one_kernel", "moe_dispatch_one_kernel", "place_packets"]
+__all__ = ["launch_dispatch_one_kernel", "moe_dispatch_one_kernel", "place_packets", "reset_shared_copies"]
 
 
 @triton.jit
@@ -109,19 +109,38 @@ def place_packets(out_ptr, sc_out_ptr, slot_ptr, ids_tab, wtab, recv, sc, pw, e,
             lamport_reset(recv + r64 * hidden + c + cols, m)
 
 
+@triton.jit
+def reset_shared_copies(table, readers, grid, rank, WORLD: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Called by every program once it has read the shared copies in ``table`` (``WORLD`` rows of
+    ``BLOCK_N + 1``): it counts itself in ``readers`` (a relaxed atomic: a copy's values were used
+    before it, so those loads are complete), and the last one resets every peer's row and
+    ``readers``. A peer writes this half again two launches later, after this launch has ended."""
+    tl.debug_barrier()  # every thread of the program has used its copies
+    if tl.atomic_add(readers, 1, sem="relaxed", scope="gpu") == grid - 1:
+        nn = tl.arange(0, BLOCK_N)
+        two = tl.arange(0, 2)
+        for s in tl.static_range(WORLD):
+            if s != rank:
+                lamport_reset(table + s * (BLOCK_N + 1) + nn, SYNC=False)
+                lamport_reset(table + s * (BLOCK_N + 1) + BLOCK_N + two, two == 0, SYNC=False)
+        tl.store(readers, 0)
+
+
 @triton.jit(do_not_specialize=["rank", "n_tokens", "ids_s0", "ids_s1", "w_s0", "w_s1"])
 def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                             wts_ptr, slot_ptr, owner_ptr, row_ptr, counts_ptr, bad_ptr, bad_host_addr, n_tokens,
                             hidden, max_tokens, num_experts, capacity, bases, rank, timeout, diag_addr, flags_off,
                             epochs_off, recv_off, recv_half, peer_rows, ids_off, ids_half, wtab_off, wtab_half,
-                            pw_off, pw_half, ntab_off, ntab_half, sc_off, sc_half, copy_off, copy_half,
+                            pw_off, pw_half, ntab_off, ntab_half, sc_off, sc_half, copy_off, copy_half, readers_ptr,
                             WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                             BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_X: tl.constexpr, FP8: tl.constexpr,
-                            PACKETS: tl.constexpr):
+                            PACKETS: tl.constexpr, SHARED: tl.constexpr):
     """See the module docstring. The copy table holds, per half, ``grid * WORLD`` rows of ``BLOCK_N
-    + 1`` int32: the source's ids, then its token count. The receive buffer (and its scales) holds
-    ``peer_rows`` rows per peer; with ``PACKETS`` it, the copy table and the packet weights table
-    (``pw_off``: ``TOP_K`` fp32 per row of the receive buffer) are Lamport buffers."""
+    + 1`` int32 (with ``SHARED``: ``WORLD`` rows): the source's ids, then its token count. The
+    receive buffer (and its scales) holds ``peer_rows`` rows per peer; with ``PACKETS`` it, the copy
+    table and the packet weights table (``pw_off``: ``TOP_K`` fp32 per row of the receive buffer) are
+    Lamport buffers. ``readers_ptr``: with ``SHARED``, per half the number of this launch's programs
+    done with the copies (0 between launches)."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
@@ -135,10 +154,10 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     nn = tl.arange(0, BLOCK_N)
     live = nn < n_tokens * TOP_K
     mine, bad = expert_ids(ids_ptr + (nn // TOP_K).to(tl.int64) * ids_s0 + (nn % TOP_K) * ids_s1, live, num_experts)
-    my_row = tl.cast((pid * WORLD + rank) * ROW, tl.int64) * 4
+    my_row = tl.cast(((0 if SHARED else pid * WORLD) + rank) * ROW, tl.int64) * 4
     two = tl.arange(0, 2)  # the count as a block of one (two lanes, one masked)
     for d in tl.static_range(WORLD):
-        if d != rank:
+        if d != rank and (pid == 0 or not SHARED):  # the shared copy: program 0 sends it
             dst = heap_ptr(bases, d, copy_base + my_row, tl.int32, ALIGNED=False)
             if PACKETS:
                 lamport_store(dst + nn, mine, mask=live)
@@ -176,7 +195,8 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     earlier = tl.histogram(mine, BLOCK_X, mask=mine >= 0)  # per expert, the entries before source s: own first
     for i in range(1, WORLD):
         s = (rank + i) % WORLD
-        src = heap_ptr(bases, rank, copy_base + tl.cast((pid * WORLD + s) * ROW, tl.int64) * 4, tl.int32, ALIGNED=False)
+        src = heap_ptr(bases, rank, copy_base + tl.cast(((0 if SHARED else pid * WORLD) + s) * ROW, tl.int64) * 4,
+                       tl.int32, ALIGNED=False)
         if PACKETS:
             n_s = tl.maximum(tl.sum(lamport_poll(src + BLOCK_N + two, two == 0, s, pid, rank, timeout, diag)), 0)
             ids_s = lamport_poll(src + nn, nn < n_s * TOP_K, s, pid, rank, timeout, diag)
@@ -199,10 +219,13 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
             else:
                 place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ex, at, (s * max_tokens + t) * TOP_K, item,
                            shares, rank, peer_row + t, hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
-        if PACKETS:  # back at rest once every thread of the program has read its copies (the barrier)
+        if PACKETS and not SHARED:  # back at rest once every thread of the program has read its copy
             lamport_reset(src + nn, nn < n_s * TOP_K)
             lamport_reset(src + BLOCK_N + two, two == 0, SYNC=False)
         earlier += tl.histogram(ids_s, BLOCK_X, mask=ids_s >= 0)
+    if SHARED:  # the last program done with the shared copies puts them back at rest
+        reset_shared_copies(heap_ptr(bases, rank, copy_base, tl.int32, ALIGNED=False), readers_ptr + half, grid,
+                            rank, WORLD, BLOCK_N)
     # 5. counts and problem counters
     if pid == 0:
         finish_counts(counts_ptr, bad_ptr, bad_host_addr, earlier, capacity, rank, tl.sum(bad.to(tl.int32)), LOCAL,
@@ -216,12 +239,14 @@ def launch_dispatch_one_kernel(run: Launcher, comm, channel, out: torch.Tensor, 
                                bad: torch.Tensor, bad_host_addr: int, *, max_tokens: int, num_experts: int,
                                capacity: int, local: int, recv_off: int, recv_half: int, peer_rows: int, ids_off: int,
                                ids_half: int, wtab_off: int, wtab_half: int, pw_off: int, pw_half: int, ntab_off: int,
-                               ntab_half: int, sc_off: int, sc_half: int, copy_off: int, copy_half: int, block_n: int,
-                               block_x: int, block_h: int, packets: bool, num_warps: int,
+                               ntab_half: int, sc_off: int, sc_half: int, copy_off: int, copy_half: int,
+                               readers: torch.Tensor | None, block_n: int, block_x: int, block_h: int, packets: bool,
+                               num_warps: int,
                                launch_opts: dict[str, bool | int]) -> None:
     """Launch ``moe_dispatch_one_kernel`` through ``run`` (its launcher: a 1-D grid); with
     ``packets`` the receive buffer, its scales, ``pw_off`` and the copy table are Lamport buffers at
-    rest."""
+    rest; with ``readers`` (int32 ``[2]``, zero, and packets) the copy table holds one shared copy
+    per source (``MoEShape.shared_copy``)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
@@ -229,5 +254,6 @@ def launch_dispatch_one_kernel(run: Launcher, comm, channel, out: torch.Tensor, 
         weights.stride(1), wts, slot_of, owner, row, counts, bad, bad_host_addr, x.shape[0], x.shape[1], max_tokens,
         num_experts, capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off, recv_off, recv_half,
         peer_rows, ids_off, ids_half, wtab_off, wtab_half, pw_off, pw_half, ntab_off, ntab_half, sc_off, sc_half,
-        copy_off, copy_half, WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h,
-        BLOCK_N=block_n, BLOCK_X=block_x, FP8=fp8, PACKETS=packets, num_warps=num_warps, **launch_opts)
+        copy_off, copy_half, counts if readers is None else readers, WORLD=world, LOCAL=local, TOP_K=k,
+        BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_X=block_x, FP8=fp8, PACKETS=packets,
+        SHARED=readers is not None, num_warps=num_warps, **launch_opts)

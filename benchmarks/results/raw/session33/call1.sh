@@ -8,6 +8,6 @@ nvidia-smi topo -m | head -3
 V="timeout 100 python3 benchmarks/experiments/moe_variants.py --world 2 --tokens 1,8,128 --variants default,shared_copy=0"
 $V --op dispatch --json "$OUT/var-dispatch-ds.json" 2>&1 | tail -6 | tee "$OUT/var-dispatch-ds.log"
 $V --json "$OUT/var-both-ds.json" 2>&1 | tail -6 | tee "$OUT/var-both-ds.log"
+PHASES="tests bench" TEST_TIMEOUT=200 BENCH_TIMEOUT=240 bash scripts/gpu_moe.sh
 $V --shape qwen3-moe --json "$OUT/var-both-qwen.json" 2>&1 | tail -6 | tee "$OUT/var-both-qwen.log"
 timeout 60 python3 benchmarks/experiments/moe_profile.py --world 2 --tokens 128 2>&1 | tail -12 | tee "$OUT/profile-128.log"
-PHASES="tests bench" TEST_TIMEOUT=240 BENCH_TIMEOUT=300 bash scripts/gpu_moe.sh

@@ -263,6 +263,18 @@ def test_decode_calls_on_large_instances_take_one_kernel(worlds, world, routing)
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
+def test_shared_and_per_program_copies_alternate(worlds, world):
+    """A one-kernel instance of 4 tokens of top-3 whose shape shares the routing copy from 12
+    entries: calls without a bound (12 entries) share one copy, calls given ``tokens_bound=3`` (9)
+    send a copy per program, alternating on the same copy table; every call exact and every Lamport
+    buffer at rest after them."""
+    shape = replace(SHAPES["cpu"], shared_copy_from=12)
+    for bad in worlds(world).run(_job, 4 * world, 3, 24, 4, "random", 4, shape=shape, call_tokens=3,
+                                 bound_odd=True):
+        assert bad == []
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3))
 def test_auto_mode_switches_per_call_on_total_tokens(worlds, world):
     """Token counts drawn per rank and call (4 at most), the switch just below every rank's maximum:
     calls of both modes interleave on the same buffers, every one exact."""
@@ -314,9 +326,9 @@ def test_world8(worlds, world, mode):
 
 
 #: The dispatch paths by launch shape (at most 4 tokens of top-2 per rank): the default (one kernel,
-#: packets, a shared routing copy), the same with a copy per program, one kernel with a barrier, the
-#: send and gather kernels, the route and send kernels.
-PATHS = {"one-kernel": None, "copy-per-program": replace(SHAPES["cpu"], shared_copy=False),
+#: packets, at these sizes a routing copy per program), the same with one shared copy, one kernel
+#: with a barrier, the send and gather kernels, the route and send kernels.
+PATHS = {"one-kernel": None, "shared-copy": replace(SHAPES["cpu"], shared_copy_from=0),
          "barrier": replace(SHAPES["cpu"], packets=False),
          "held": replace(SHAPES["cpu"], one_kernel=False),
          "routed": replace(SHAPES["cpu"], one_kernel=False, route_above=4)}

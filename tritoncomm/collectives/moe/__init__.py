@@ -75,8 +75,15 @@ from .route import launch_route, moe_route_kernel
 THROUGHPUT_FROM = 2048
 MODES = ("auto", "latency", "throughput")
 
-__all__ = ["MODES", "ONE_KERNEL_ENTRIES", "PREFILL_FROM", "SHAPES", "THROUGHPUT_FROM", "MoEAllToAll", "MoEHandle",
+__all__ = ["MODES", "ONE_KERNEL_ENTRIES", "PREFILL_FROM", "SHAPES", "SHARED_COPY_FROM", "THROUGHPUT_FROM", "MoEAllToAll", "MoEHandle",
            "MoEShape", "default_shape"]
+
+
+#: Routing entries per rank from which the one-kernel dispatch shares one routing copy per rank
+#: (``MoEShape.shared_copy_from``). At EP2 on two H100s (DeepSeek-V3 and Qwen3-MoE, dispatch +
+#: combine in graphs, ``docs/moe.md``) the shared copy cost 0.2-0.3 µs at 8 and 64 entries (1 and 8
+#: tokens) and saved 0.6-1.7 µs at 1024 (128 tokens, 264 programs: 1.1 MB of per-program copies).
+SHARED_COPY_FROM = 256
 
 
 @dataclass(frozen=True)
@@ -102,9 +109,11 @@ class MoEShape:
     #: Lamport packets into buffers of their own (``onekernel.py``); with False, plain stores and a
     #: barrier.
     packets: bool = True
-    #: With packets, one copy of a rank's routing per peer, sent by program 0 and read by every program
-    #: (the last one to finish resets it); with False, a copy per program, which each resets.
-    shared_copy: bool = True
+    #: With packets, calls of at least this many routing entries per rank (``tokens_bound * top_k``,
+    #: or ``max_tokens * top_k`` for calls without a bound) send one copy of a rank's routing per peer,
+    #: from program 0, which every program reads and the last one done resets; smaller calls a copy
+    #: per program, which each resets (no shared count to wait on). 0: always shared.
+    shared_copy_from: int = SHARED_COPY_FROM
     #: Instances with more routing entries per rank (``max_tokens * top_k``) than this dispatch with
     #: ``moe_route_kernel`` and then the send kernel, which also lays out the peers' rows; others (not
     #: in one kernel) with the send and gather kernels, every send program holding the call's routing.
@@ -116,6 +125,8 @@ class MoEShape:
             lowest = 0 if name in ("send_block_h", "one_block_h") else 1  # 0: as the send / block_h
             if v < lowest or v & (v - 1):
                 raise InvalidInputError(f"MoEShape: {name} must be a power of two, got {v}")
+        if self.shared_copy_from < 0:
+            raise InvalidInputError(f"MoEShape: shared_copy_from must be at least 0, got {self.shared_copy_from}")
         if self.programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):
             raise InvalidInputError(f"MoEShape: bad programs or warps in {self}")
 
@@ -256,11 +267,10 @@ class MoEAllToAll:
         self._block_n = min(pow2_at_least(m * k), ONE_KERNEL_ENTRIES)
         self._hist = None if self._one else \
             comm.empty((2, w * (self._hist_blocks + supers), self._block_x), torch.int32)
-        shared = self._packets and sh.shared_copy
-        copies = w if shared else sh.programs * w
-        self._copy = comm.empty((2, copies * (self._block_n + 1)), torch.int32) if sh.one_kernel else None
-        #: with the shared copy: per half, the programs of the running launch done with the copies
-        self._readers = torch.zeros(2, dtype=torch.int32, device=dev) if shared else None
+        # a copy per program (the shared copy, when a call takes it, is program 0's rows)
+        self._copy = comm.empty((2, sh.programs * w * (self._block_n + 1)), torch.int32) if sh.one_kernel else None
+        #: for calls with the shared copy: per half, the programs of the running launch done with the copies
+        self._readers = torch.zeros(2, dtype=torch.int32, device=dev) if self._packets else None
         self._sc = comm.empty((2, peers * m, hidden // 128), torch.float32) if self.fp8 and plain else None
         (self._recv_off, self._recv_half), (self._ids_off, self._ids_half) = self._halves(self._recv), \
             self._halves(self._ids)
@@ -361,8 +371,9 @@ class MoEAllToAll:
                 self._bad_host.device_addr, max_tokens=self.max_tokens, num_experts=self.num_experts,
                 capacity=self.capacity, local=self.local_experts, ids_off=self._ids_off, ids_half=self._ids_half,
                 wtab_off=self._wtab_off, wtab_half=self._wtab_half, ntab_off=self._ntab_off,
-                ntab_half=self._ntab_half, copy_off=self._copy_off, copy_half=self._copy_half, readers=self._readers,
-                block_n=self._block_n,
+                ntab_half=self._ntab_half, copy_off=self._copy_off, copy_half=self._copy_half,
+                readers=self._readers if (self.max_tokens if tokens_bound is None else tokens_bound) * self.top_k
+                >= sh.shared_copy_from else None, block_n=self._block_n,
                 block_x=self._block_x, block_h=sh.one_block_h or sh.send_block_h or sh.block_h, num_warps=sh.num_warps,
                 launch_opts=self._launch_opts, **self._one_args)
         else:

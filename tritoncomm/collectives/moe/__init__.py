@@ -75,8 +75,8 @@ from .route import launch_route, moe_route_kernel
 THROUGHPUT_FROM = 2048
 MODES = ("auto", "latency", "throughput")
 
-__all__ = ["MODES", "ONE_KERNEL_ENTRIES", "PREFILL_FROM", "SHAPES", "SHARED_COPY_FROM", "THROUGHPUT_FROM", "MoEAllToAll", "MoEHandle",
-           "MoEShape", "default_shape"]
+__all__ = ["MODES", "ONE_KERNEL_ENTRIES", "PREFILL_FROM", "SHAPES", "SHARED_COPY_FROM", "THROUGHPUT_FROM",
+           "MoEAllToAll", "MoEHandle", "MoEShape", "default_shape"]
 
 
 #: Routing entries per rank from which the one-kernel dispatch shares one routing copy per rank

@@ -134,7 +134,7 @@ class MoEShape:
 #: Launch shapes by kind of instance; on GPUs ``programs`` is set from the SM count at construction
 #: (``default_shape``).
 SHAPES = {"cuda": MoEShape(132, 1024, 64, 4, one_kernel=True),
-          "cuda-prefill": MoEShape(264, 4096, 64, 8, one_kernel=True, one_block_h=1024),
+          "cuda-prefill": MoEShape(264, 2048, 64, 8, send_block_h=4096, one_kernel=True, one_block_h=1024),
           "cpu": MoEShape(2, 64, 16, 1, one_kernel=True)}
 
 #: The most routing entries per rank (``max_tokens * top_k``, rounded up to a power of two) that the
@@ -144,17 +144,19 @@ ONE_KERNEL_ENTRIES = 1024
 #: Instances sized for at least this many tokens per rank get the ``cuda-prefill`` shape. Measured at
 #: EP1 on one H200 (DeepSeek-V3, eager, GPU time by kernel, ``docs/moe.md``): at 128 and 4096 tokens
 #: two 8-warp programs per SM beat one 4-warp program (send + combine + gather 22.1 vs 26.0 µs and
-#: 414 vs 611 µs); at 8 tokens they lose (12.4 vs 10.3 µs). It takes 4096 columns per step (at 4096
-#: tokens: send 43 vs 70 µs, combine 137 vs 161, FP8 gather 122 vs 162). Both shapes route in blocks
-#: of 64 entries with superblocks of 16, in the gather kernel (``docs/moe.md``).
+#: 414 vs 611 µs); at 8 tokens they lose (12.4 vs 10.3 µs). Its send takes 4096 columns per step
+#: (against 1024 at 4096 tokens: send 43 vs 70 µs), its combine and gather 2048 (at EP2 on two H100s,
+#: both phases against 4096: 128 tokens 32.7 vs 36.0 µs, 512 102.4 vs 104.5, 4096 658.7 vs 657.7,
+#: DeepSeek-V3). Both shapes route in blocks of 64 entries with superblocks of 16, in the gather
+#: kernel (``docs/moe.md``).
 PREFILL_FROM = 128
 
 
 def default_shape(backend: str, max_tokens: int, sms: int, prefill_from: int = PREFILL_FROM) -> MoEShape:
     """The launch shape of an instance given none: in the CPU world ``SHAPES["cpu"]``; on GPUs one
     4-warp send/gather/combine program per SM and 1024 columns per step below ``prefill_from``
-    tokens per rank, two 8-warp ones per SM and 4096 columns from it on. Every rank builds the same
-    shape (the barriers pair program ``pid`` across ranks)."""
+    tokens per rank, two 8-warp ones per SM (4096 columns per send step, 2048 per other step) from
+    it on. Every rank builds the same shape (the barriers pair program ``pid`` across ranks)."""
     if backend != "cuda":
         return SHAPES["cpu"]
     if max_tokens >= prefill_from:

@@ -270,7 +270,7 @@ class MoEAllToAll:
         self._hist = None if self._one else \
             comm.empty((2, w * (self._hist_blocks + supers), self._block_x), torch.int32)
         # a copy per program (the shared copy, when a call takes it, is program 0's rows)
-        self._copy = comm.empty((2, sh.programs * w * (self._block_n + 1)), torch.int32) if sh.one_kernel else None
+        self._copy = comm.empty((2, sh.programs * w * self._block_n), torch.int32) if sh.one_kernel else None
         #: for calls with the shared copy: per half, the programs of the running launch done with the copies
         self._readers = torch.zeros(2, dtype=torch.int32, device=dev) if self._packets else None
         self._sc = comm.empty((2, peers * m, hidden // 128), torch.float32) if self.fp8 and plain else None
@@ -367,6 +367,7 @@ class MoEAllToAll:
         one = self._one or (self._copy is not None and tokens_bound is not None
                             and tokens_bound * self.top_k <= ONE_KERNEL_ENTRIES)
         if one:
+            bound = self.max_tokens if tokens_bound is None else tokens_bound  # the same on every rank
             launch_dispatch_one_kernel(
                 self._run_one, self.comm, self._send_ch, self._out, self._scales, x, topk_ids, topk_weights,
                 self._weights, self._slot_of, self._owner, self._row, self._counts, self._bad,
@@ -374,8 +375,8 @@ class MoEAllToAll:
                 capacity=self.capacity, local=self.local_experts, ids_off=self._ids_off, ids_half=self._ids_half,
                 wtab_off=self._wtab_off, wtab_half=self._wtab_half, ntab_off=self._ntab_off,
                 ntab_half=self._ntab_half, copy_off=self._copy_off, copy_half=self._copy_half,
-                readers=self._readers if (self.max_tokens if tokens_bound is None else tokens_bound) * self.top_k
-                >= sh.shared_copy_from else None, block_n=self._block_n,
+                readers=self._readers if bound * self.top_k >= sh.shared_copy_from else None, bound=bound,
+                block_n=self._block_n,
                 block_x=self._block_x, block_h=sh.one_block_h or sh.send_block_h or sh.block_h, num_warps=sh.num_warps,
                 launch_opts=self._launch_opts, **self._one_args)
         else:

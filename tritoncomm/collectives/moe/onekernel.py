@@ -3,7 +3,7 @@
 The two-kernel dispatch (``dispatch.py``, then ``gather.py``) needs the kernel boundary between them:
 a gather program reads routing and rows that many programs of every peer wrote. Here every
 sending program also stores its **own copy** of the rank's whole routing (its ids, at most
-``max_tokens * top_k`` of them, and the token count) into every peer's copy table, row ``(pid,
+``max_tokens * top_k`` of them) into every peer's copy table, row ``(pid,
 rank)``. So after barrier slot ``pid``, program ``pid`` of the receiver holds, from program ``pid``
 of every peer, all it needs: that source's count and routing (its copy) and the token rows of the
 work items program ``pid`` sent (both sides split a source's rows alike, ``shares.py``). It then
@@ -13,8 +13,10 @@ kernels: the decode path's cost is mostly kernel boundaries and chains of depend
 ``moe_dispatch_one_kernel``, program ``pid``:
 
 1. loads this rank's routing (``n_tokens * TOP_K <= BLOCK_N`` ids; ids outside ``[0, num_experts)``
-   other than -1 become -1, counted in ``bad[0]`` by program 0) and stores it, with ``n_tokens``,
-   into row ``(pid, rank)`` of every peer's copy table (the shared copy, below: program 0 only);
+   other than -1 become -1, counted in ``bad[0]`` by program 0) and stores it into row ``(pid,
+   rank)`` of every peer's copy table (the shared copy, below: program 0 only), followed by -2 up to
+   ``bound * TOP_K`` entries, ``bound`` being the call's bound on every rank's tokens: the receiver
+   reads the count off the copy, with no word of its own to wait for first;
 2. takes the work items ``pid, pid + grid, ...`` (row ``i // shares``, a run of its column blocks):
    a row's first item stores its ids and weights into every peer's ids and weights tables (for
    ``combine``), its weights (fp32) and what ``combine`` needs of it locally; every item stores its
@@ -36,14 +38,14 @@ every reader are the same. The halves follow the send channel's epoch parity, as
 
 **Without a barrier** (``PACKETS``, ``MoEShape.packets``): the copies, the rows (and FP8 scales) and
 the weights travel as Lamport packets (``kernels/lamport.py``: the data is its own flag), into
-buffers of their own that are at rest between calls. Step 1 stores the copy as packets (its ids,
-then the count); step 2 sends each row, and its weights with the row's first item, only to the
-peers that own one of its experts; step 3 is gone; in step 4 program ``pid`` polls (bounded) the
-count of source ``s``'s copy, then its ids, and per item the weights (the row's first item) and the
-columns of every row sent to this rank, lays them out, writes the tables ``combine`` reads (the
-source's ids, weights and count) into its own heap, and resets every packet it read; program 0
-also writes this rank's count. One trip over the links and no fence: a program waits only for the
-data it needs.
+buffers of their own that are at rest between calls. Step 1 stores the copy as packets; step 2
+sends each row, and its weights with the row's first item, only to the peers that own one of its
+experts; step 3 is gone; in step 4 program ``pid`` polls (bounded) source ``s``'s copy, then per item
+the columns of every row sent to this rank (with the row's first item its weights in the same
+wait, ``lamport_poll2``; FP8 scales with their columns), lays them out, writes the tables
+``combine`` reads (the source's ids, weights and count) into its own heap, and resets every packet
+it read; program 0 also writes this rank's count. One trip over the links and no fence: a program
+waits only for the data it needs, and data already there costs one look and one reload per wait.
 
 **One shared copy** (``SHARED``, with packets; calls of at least ``MoEShape.shared_copy_from``
 routing entries): a copy per program costs ``programs * entries * 4`` bytes per peer (1.1 MB at 128
@@ -66,7 +68,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import barrier, epoch_commit, heap_ptr, lamport_poll, lamport_reset, lamport_store, pow2_at_least
+from ...kernels import (
+    barrier,
+    epoch_commit,
+    heap_ptr,
+    lamport_poll,
+    lamport_poll2,
+    lamport_reset,
+    lamport_store,
+    pow2_at_least,
+)
 from ...kernels.launcher import Launcher
 from .dispatch import launch_epoch, send_items
 from .gather import finish_counts, place_item, store_slots
@@ -98,52 +109,60 @@ def place_packets(out_ptr, sc_out_ptr, slot_ptr, ids_tab, wtab, recv, sc, pw, e,
     tl.store(slot_ptr + i0 + kk, at, mask=km & first & on_me)
     if tl.sum(on_me.to(tl.int32), axis=0) > 0:  # the source sent the row here
         r64 = tl.cast(recv_row, tl.int64)
-        if first:
-            wv = lamport_poll(pw + r64 * TOP_K + kk, km, s, t, rank, timeout, diag)
+        wp = pw + r64 * TOP_K + kk
+        if first and FP8:
+            wv = lamport_poll(wp, km, s, t, rank, timeout, diag)
             tl.store(wtab + i0 + kk, wv, mask=km)
-            lamport_reset(pw + r64 * TOP_K + kk, km)
+            lamport_reset(wp, km)
         at = tl.where(on_me, at, -1)
         lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
         for c in range(lo, hi, BLOCK_H):
             m = c + cols < hidden
-            v = lamport_poll(recv + r64 * hidden + c + cols, m, s, t, rank, timeout, diag)
+            vp = recv + r64 * hidden + c + cols
             scale = 0.0
-            if FP8:
+            if FP8:  # the columns and their scales in one wait
                 gm = c + groups * 128 < hidden
-                scale = lamport_poll(sc + r64 * (hidden // 128) + c // 128 + groups, gm, s, t, rank, timeout, diag)
-                lamport_reset(sc + r64 * (hidden // 128) + c // 128 + groups, gm)
+                sp = sc + r64 * (hidden // 128) + c // 128 + groups
+                v, scale = lamport_poll2(vp, m, sp, gm, s, t, rank, timeout, diag)
+                lamport_reset(sp, gm)
+            elif first & (c == lo):  # the row's weights with its first columns, in one wait
+                wv, v = lamport_poll2(wp, km, vp, m, s, t, rank, timeout, diag)
+                tl.store(wtab + i0 + kk, wv, mask=km)
+                lamport_reset(wp, km)
+            else:
+                v = lamport_poll(vp, m, s, t, rank, timeout, diag)
             store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
-            lamport_reset(recv + r64 * hidden + c + cols, m)
+            lamport_reset(vp, m)
 
 
 @triton.jit
 def reset_shared_copies(table, readers, grid, rank, WORLD: tl.constexpr, BLOCK_N: tl.constexpr):
     """Called by every program once it has read the shared copies in ``table`` (``WORLD`` rows of
-    ``BLOCK_N + 1``): it counts itself in ``readers`` (a relaxed atomic: a copy's values were used
+    ``BLOCK_N``): it counts itself in ``readers`` (a relaxed atomic: a copy's values were used
     before it, so those loads are complete), and the last one resets every peer's row and
     ``readers``. A peer writes this half again two launches later, after this launch has ended."""
     tl.debug_barrier()  # every thread of the program has used its copies
     if tl.atomic_add(readers, 1, sem="relaxed", scope="gpu") == grid - 1:
         nn = tl.arange(0, BLOCK_N)
-        two = tl.arange(0, 2)
         for s in tl.static_range(WORLD):
             if s != rank:
-                lamport_reset(table + s * (BLOCK_N + 1) + nn, SYNC=False)
-                lamport_reset(table + s * (BLOCK_N + 1) + BLOCK_N + two, two == 0, SYNC=False)
+                lamport_reset(table + s * BLOCK_N + nn, SYNC=False)
         tl.store(readers, 0)
 
 
-@triton.jit(do_not_specialize=["rank", "n_tokens", "ids_s0", "ids_s1", "w_s0", "w_s1"])
+@triton.jit(do_not_specialize=["rank", "n_tokens", "bound", "ids_s0", "ids_s1", "w_s0", "w_s1"])
 def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                             wts_ptr, slot_ptr, owner_ptr, row_ptr, counts_ptr, bad_ptr, bad_host_addr, n_tokens,
-                            hidden, max_tokens, num_experts, capacity, bases, rank, timeout, diag_addr, flags_off,
-                            epochs_off, recv_off, recv_half, peer_rows, ids_off, ids_half, wtab_off, wtab_half,
-                            pw_off, pw_half, ntab_off, ntab_half, sc_off, sc_half, copy_off, copy_half, readers_ptr,
+                            bound, hidden, max_tokens, num_experts, capacity, bases, rank, timeout, diag_addr,
+                            flags_off, epochs_off, recv_off, recv_half, peer_rows, ids_off, ids_half, wtab_off,
+                            wtab_half, pw_off, pw_half, ntab_off, ntab_half, sc_off, sc_half, copy_off, copy_half,
+                            readers_ptr,
                             WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                             BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_X: tl.constexpr, FP8: tl.constexpr,
                             PACKETS: tl.constexpr, SHARED: tl.constexpr):
-    """See the module docstring. The copy table holds, per half, ``grid * WORLD`` rows of ``BLOCK_N
-    + 1`` int32 (with ``SHARED``: ``WORLD`` rows): the source's ids, then its token count. The
+    """See the module docstring. The copy table holds, per half, ``grid * WORLD`` rows of ``BLOCK_N``
+    int32 (with ``SHARED``: the first ``WORLD``): the source's ids, then -2 up to ``bound * TOP_K``
+    (``bound``: the call's bound on every rank's tokens, the same on every rank). The
     receive buffer (and its scales) holds ``peer_rows`` rows per peer; with ``PACKETS`` it, the copy
     table and the packet weights table (``pw_off``: ``TOP_K`` fp32 per row of the receive buffer) are
     Lamport buffers. ``readers_ptr``: with ``SHARED``, per half the number of this launch's programs
@@ -151,7 +170,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
-    ROW: tl.constexpr = BLOCK_N + 1  # a copy row: the ids, then the count
+    ROW: tl.constexpr = BLOCK_N  # a copy row: the ids, -2 past the source's entries up to the bound
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e, half = launch_epoch(bases, rank, epochs_off)
     recv_base = recv_off + half * recv_half
@@ -162,16 +181,15 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     live = nn < n_tokens * TOP_K
     mine, bad = expert_ids(ids_ptr + (nn // TOP_K).to(tl.int64) * ids_s0 + (nn % TOP_K) * ids_s1, live, num_experts)
     my_row = tl.cast(((0 if SHARED else pid * WORLD) + rank) * ROW, tl.int64) * 4
-    two = tl.arange(0, 2)  # the count as a block of one (two lanes, one masked)
+    bounded = nn < bound * TOP_K  # the entries every rank's copy has
+    copy = tl.where(live, mine, -2)  # -2 past this rank's entries: the count travels with the ids
     for d in tl.static_range(WORLD):
         if d != rank and (pid == 0 or not SHARED):  # the shared copy: program 0 sends it
             dst = heap_ptr(bases, d, copy_base + my_row, tl.int32, ALIGNED=False)
             if PACKETS:
-                lamport_store(dst + nn, mine, mask=live)
-                lamport_store(dst + BLOCK_N + two, n_tokens + tl.zeros([2], tl.int32), mask=two == 0)
+                lamport_store(dst + nn, copy, mask=bounded)
             else:
-                tl.store(dst + nn, mine, mask=live)
-                tl.store(dst + BLOCK_N, n_tokens)
+                tl.store(dst + nn, copy, mask=bounded)
     ntab = heap_ptr(bases, rank, ntab_off + half * ntab_half, tl.int32, ALIGNED=False)
     if pid == 0:  # the count table, for combine: written by each rank itself with packets
         if PACKETS:
@@ -205,14 +223,13 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
         src = heap_ptr(bases, rank, copy_base + tl.cast(((0 if SHARED else pid * WORLD) + s) * ROW, tl.int64) * 4,
                        tl.int32, ALIGNED=False)
         if PACKETS:
-            n_s = tl.maximum(tl.sum(lamport_poll(src + BLOCK_N + two, two == 0, s, pid, rank, timeout, diag)), 0)
-            ids_s = lamport_poll(src + nn, nn < n_s * TOP_K, s, pid, rank, timeout, diag)
-            ids_s = tl.where(nn < n_s * TOP_K, ids_s, -1)
-            if pid == 0:
-                tl.store(ntab + s, n_s)
+            got = lamport_poll(src + nn, bounded, s, pid, rank, timeout, diag)
         else:
-            n_s = tl.load(src + BLOCK_N)
-            ids_s = tl.load(src + nn, mask=nn < n_s * TOP_K, other=-1)
+            got = tl.load(src + nn, mask=bounded, other=-2)
+        n_s = tl.sum(((got >= -1) & bounded).to(tl.int32), axis=0) // TOP_K
+        ids_s = tl.where(nn < n_s * TOP_K, got, -1)
+        if PACKETS and pid == 0:
+            tl.store(ntab + s, n_s)
         peer_row = (s - (s > rank).to(tl.int32)) * peer_rows
         shares = column_shares(n_s, hidden, grid, BLOCK_H)
         for item in range(pid, n_s * shares, grid):
@@ -227,8 +244,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
                 place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ex, at, (s * max_tokens + t) * TOP_K, item,
                            shares, rank, peer_row + t, hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
         if PACKETS and not SHARED:  # back at rest once every thread of the program has read its copy
-            lamport_reset(src + nn, nn < n_s * TOP_K)
-            lamport_reset(src + BLOCK_N + two, two == 0, SYNC=False)
+            lamport_reset(src + nn, bounded)
         earlier += tl.histogram(ids_s, BLOCK_X, mask=ids_s >= 0)
     if SHARED:  # the last program done with the shared copies puts them back at rest
         reset_shared_copies(heap_ptr(bases, rank, copy_base, tl.int32, ALIGNED=False), readers_ptr + half, grid,
@@ -247,18 +263,19 @@ def launch_dispatch_one_kernel(run: Launcher, comm, channel, out: torch.Tensor, 
                                capacity: int, local: int, recv_off: int, recv_half: int, peer_rows: int, ids_off: int,
                                ids_half: int, wtab_off: int, wtab_half: int, pw_off: int, pw_half: int, ntab_off: int,
                                ntab_half: int, sc_off: int, sc_half: int, copy_off: int, copy_half: int,
-                               readers: torch.Tensor | None, block_n: int, block_x: int, block_h: int, packets: bool,
-                               num_warps: int,
-                               launch_opts: dict[str, bool | int]) -> None:
+                               readers: torch.Tensor | None, bound: int, block_n: int, block_x: int, block_h: int,
+                               packets: bool, num_warps: int, launch_opts: dict[str, bool | int]) -> None:
     """Launch ``moe_dispatch_one_kernel`` through ``run`` (its launcher: a 1-D grid); with
     ``packets`` the receive buffer, its scales, ``pw_off`` and the copy table are Lamport buffers at
     rest; with ``readers`` (int32 ``[2]``, zero, and packets) the copy table holds one shared copy
-    per source (``MoEShape.shared_copy``)."""
+    per source (``MoEShape.shared_copy_from``). ``bound``: the call's bound on every rank's tokens,
+    the same on every rank (``tokens_bound``, else ``max_tokens``)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
     run(out, scales if fp8 else out, x, x.stride(0), ids, ids.stride(0), ids.stride(1), weights, weights.stride(0),
-        weights.stride(1), wts, slot_of, owner, row, counts, bad, bad_host_addr, x.shape[0], x.shape[1], max_tokens,
+        weights.stride(1), wts, slot_of, owner, row, counts, bad, bad_host_addr, x.shape[0], bound, x.shape[1],
+        max_tokens,
         num_experts, capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off, recv_off, recv_half,
         peer_rows, ids_off, ids_half, wtab_off, wtab_half, pw_off, pw_half, ntab_off, ntab_half, sc_off, sc_half,
         copy_off, copy_half, counts if readers is None else readers, WORLD=world, LOCAL=local, TOP_K=k,

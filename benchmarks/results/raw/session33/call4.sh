@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 33, call 4 (2 GPUs): the one-kernel dispatch's count in the copy and joint polls (this tree)
-# against the tree before them (git archive of 09c5e0b's parent into _base, untracked), alternated
+# against the tree before them (git archive of 082d322 into _base, untracked), alternated
 # twice, dispatch + combine at 1, 8 and 128 tokens per rank; then the MoE and Lamport GPU tests.
 set -uo pipefail
 source scripts/gpu_env.sh

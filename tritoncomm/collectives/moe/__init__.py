@@ -333,8 +333,7 @@ class MoEAllToAll:
         self._scales = torch.empty(self.local_experts, self.capacity, hidden // 128, dtype=torch.float32,
                                    device=dev) if self.fp8 else None
         self._combined = torch.empty(m, hidden, dtype=dtype, device=dev)
-        #: ids out of range, entries dropped on own experts; both as last copied to ``_bad_host``
-        self._bad = torch.zeros(4, dtype=torch.int64, device=dev)
+        self._bad = torch.zeros(2, dtype=torch.int64, device=dev)  # ids out of range, entries dropped on own experts
         self._bad_host = HostMappedWords(2, comm.backend == "cuda")  # _bad as of the last gather kernel
         self._bad_reported = 0
         self._call = 0

@@ -89,10 +89,8 @@ def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares,
 def finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, bad_ids, LOCAL: tl.constexpr,
                   BLOCK_X: tl.constexpr):
     """Program 0, last: this rank's experts' counts (``totals``: every source's entries per expert),
-    ``bad_ids`` and the entries dropped on this rank's experts added to ``bad[0:2]``, both counters
-    copied into the host-mapped words when they differ from the last copy (``bad[2:4]``; the send
-    and route kernels add to ``bad[0]`` too): no store over PCIe in a call with nothing to report.
-    Also called by the one-kernel dispatch."""
+    ``bad_ids`` and the entries dropped on this rank's experts added to ``bad``, both counters
+    copied into the host-mapped words. Also called by the one-kernel dispatch."""
     xs = tl.arange(0, BLOCK_X)
     mine = (xs >= rank * LOCAL) & (xs < rank * LOCAL + LOCAL)
     tl.store(counts_ptr + xs - rank * LOCAL, tl.minimum(totals, capacity), mask=mine)
@@ -100,9 +98,7 @@ def finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, ba
     two = tl.arange(0, 2)
     now = tl.load(bad_ptr + two) + tl.where(two == 0, bad_ids, dropped).to(tl.int64)
     tl.store(bad_ptr + two, now)
-    if tl.sum((now != tl.load(bad_ptr + 2 + two)).to(tl.int32)) > 0:
-        tl.store(bad_host_addr.to(tl.pointer_type(tl.int64)) + two, now)
-        tl.store(bad_ptr + 2 + two, now)
+    tl.store(bad_host_addr.to(tl.pointer_type(tl.int64)) + two, now)
 
 
 @triton.jit

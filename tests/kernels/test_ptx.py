@@ -380,26 +380,28 @@ def _moe_ptx(kernel: str) -> str:
                **dict.fromkeys(("hist_off", "hist_half"), "i64")}
         fn, cx = gather.moe_gather_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_H": 1024,
                                             "FP8": False, "BLOCK_E": 64, "BLOCK_X": 256, "BLOCK_B": 16, "SUPER": 16}
-    elif kernel in ("one", "one-packets"):
+    elif kernel in ("one", "one-packets", "one-packets-traced"):
         sig = {"out_ptr": "*bf16", "sc_out_ptr": "*bf16", "x_ptr": "*bf16", "x_stride": "i32", "ids_ptr": "*i64",
                "ids_s0": "i32", "ids_s1": "i32", "w_ptr": "*fp32", "w_s0": "i32", "w_s1": "i32", "wts_ptr": "*fp32",
                "slot_ptr": "*i32", "owner_ptr": "*i32", "row_ptr": "*i32", "counts_ptr": "*i32", "bad_ptr": "*i64",
                "bad_host_addr": "i64", "n_tokens": "i32", "bound": "i32", "hidden": "i32", "max_tokens": "i32",
                "num_experts": "i32", "capacity": "i32", **COMMON, "flags_off": "i64", **i64, "peer_rows": "i32",
                **dict.fromkeys(("ids_off", "ids_half", "wtab_off", "wtab_half", "pw_off", "pw_half", "ntab_off",
-                                "ntab_half", "copy_off", "copy_half"), "i64"), "readers_ptr": "*i32"}
+                                "ntab_half", "copy_off", "copy_half"), "i64"), "readers_ptr": "*i32",
+               "trace_ptr": "*i64"}
         fn, cx = onekernel.moe_dispatch_one_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8,
                                                      "BLOCK_H": 1024, "BLOCK_N": 1024, "BLOCK_X": 256, "FP8": False,
-                                                     "PACKETS": kernel == "one-packets",
-                                                     "SHARED": kernel == "one-packets"}
+                                                     "PACKETS": kernel != "one", "SHARED": kernel != "one",
+                                                     "TRACE": kernel == "one-packets-traced"}
     else:
         sig = {"out_ptr": "*bf16", "w_ptr": "*fp32", "owner_ptr": "*i32", "row_ptr": "*i32", "slot_ptr": "*i32",
                "n_tokens": "i32", "hidden": "i32", "max_tokens": "i32", "throughput_from": "i32",
                "lamport_rows": "i32", **COMMON,
                **dict.fromkeys(("flags_off", "epochs_off", "send_epochs_off", "ybuf_off", "ids_off", "ids_half",
-                                "wtab_off", "wtab_half", "ntab_off", "ntab_half", "part_off", "lpart_off"), "i64")}
+                                "wtab_off", "wtab_half", "ntab_off", "ntab_half", "part_off", "lpart_off"), "i64"),
+               "trace_ptr": "*i64"}
         fn, cx = combine.moe_combine_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_W": 2,
-                                              "BLOCK_H": 1024}
+                                              "BLOCK_H": 1024, "TRACE": False}
     # as launched: tensors and hidden (7168) divisible by 16; the counts and rank are not
     sized = ("hidden", "capacity", "max_tokens", "num_experts", "x_stride")
     aligned = {k for k, v in sig.items() if v.startswith("*") or k in sized or k.endswith(("_off", "_half"))}
@@ -436,6 +438,13 @@ def test_moe_dispatch_with_packets_has_no_fence_and_polls_in_16_byte_vectors():
     assert {m for m in re.findall(r"\b\w+\.[\w.]*release[\w.]*", packets)} <= {"atom.global.sys.release.exch.b64"}
     assert re.search(r"ld\.volatile\.global\.v4\.b32", packets)
     assert re.search(r"\.release\.sys|fence\.(acq_rel|sc)\.sys|membar\.sys", barrier)
+
+
+def test_stage_stamps_are_compiled_only_into_traced_builds():
+    """``TRACE`` adds the stamps' SM-cycle reads (``kernels.stamp``); the build launched by default
+    has none."""
+    traced, plain = _moe_ptx("one-packets-traced"), _moe_ptx("one-packets")
+    assert traced.count("%clock64") >= 6 and "%clock64" not in plain
 
 
 def test_a_timeout_record_needs_no_barrier_and_a_reset_one():

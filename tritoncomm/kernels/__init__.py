@@ -12,6 +12,7 @@ The public surface (each module's docstring states its memory-ordering contract)
   ``lamport_reset``, ``lamport_canonical``, ``lamport_missing`` and, on the host, ``lamport_fill``;
 * ordering building blocks (``ordering``): ``ld_acquire``, ``st_release``, ``fence_sys``, and for
   programmatic dependent launch ``pdl_wait``, ``pdl_launch_dependents``, ...
+* stage stamps for finding where a kernel's time goes (``trace``): ``stamp``;
 * on the host (``launcher``): ``Launcher``, which launches a kernel on a fixed grid with a fraction of
   ``kernel[grid](...)``'s host time.
 
@@ -64,6 +65,7 @@ from .signals import (
     wait,
     wait_relaxed,
 )
+from .trace import stamp
 
 __all__ = [
     "DIAG_WORDS", "INTERPRET", "KIND_NAMES", "LAMPORT_SENTINEL8", "LAMPORT_SENTINEL16", "MAX_WORLD", "Launcher",
@@ -74,6 +76,6 @@ __all__ = [
     "ld_acquire", "ld_volatile", "ll8_pack", "ll8_poll", "ll8_poll_sum_f32", "ll8_store", "ll8_try", "ll8_unpack",
     "next_pow2", "pdl_launch_dependents", "pdl_wait", "pow2_at_least", "pow2_divisor", "program_epoch", "put",
     "record_timeout", "round_to",
-    "signal", "signal_add", "signal_relaxed", "signature_table_bytes", "st_relaxed", "st_release", "translate",
+    "signal", "signal_add", "signal_relaxed", "signature_table_bytes", "st_relaxed", "st_release", "stamp", "translate",
     "wait", "wait_relaxed",
 ]

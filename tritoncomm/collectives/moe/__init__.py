@@ -62,10 +62,10 @@ from ...channels.cuda_ipc import HostMappedWords
 from ...errors import InvalidInputError
 from ...kernels import lamport_fill, pow2_at_least
 from ...kernels.launcher import Launcher
-from .combine import launch_combine, moe_combine_kernel
+from .combine import COMBINE_STAGES, launch_combine, moe_combine_kernel
 from .dispatch import launch_send, moe_send_kernel
 from .gather import launch_gather, moe_gather_kernel
-from .onekernel import launch_dispatch_one_kernel, moe_dispatch_one_kernel
+from .onekernel import DISPATCH_STAGES, launch_dispatch_one_kernel, moe_dispatch_one_kernel
 from .route import launch_route, moe_route_kernel
 
 #: ``combine``'s default switch from the latency to the throughput mode: total tokens over the ranks
@@ -338,6 +338,8 @@ class MoEAllToAll:
         self._bad_reported = 0
         self._call = 0
         self._open_handle = -1
+        #: stage stamps of the one-kernel dispatch and the combine (``trace_stages``), or None
+        self._traces: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # -- what callers use ------------------------------------------------------------------------
     def expert_buffer(self) -> torch.Tensor:
@@ -345,6 +347,19 @@ class MoEAllToAll:
         spare ``combine`` a copy. Write it on the calling stream between ``dispatch`` and ``combine``
         (only this rank's ``combine`` reads it)."""
         return self._ybuf
+
+    def trace_stages(self, on: bool = True) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Turn stage stamps on (or off) for later calls: the one-kernel dispatch and the combine then
+        store, per program, a (global timer ns, SM cycles) pair at each of their stages
+        (``kernels.stamp``; ``onekernel.DISPATCH_STAGES``, ``combine.COMBINE_STAGES``) into the two
+        int64 tensors returned, ``[programs, stages, 2]``, overwritten by every call. For finding
+        where the time goes (``benchmarks/experiments/moe_trace.py``); the traced kernels are other
+        builds. Not for the launch path: it allocates."""
+        programs = self.shape.programs
+        self._traces = (torch.zeros(programs, DISPATCH_STAGES, 2, dtype=torch.int64, device=self.comm.device),
+                        torch.zeros(programs, COMBINE_STAGES, 2, dtype=torch.int64, device=self.comm.device)) \
+            if on else None
+        return self._traces
 
     def dropped(self) -> int:
         """Entries dropped so far on this rank's experts because their slots were full (read from the last dispatch
@@ -376,7 +391,7 @@ class MoEAllToAll:
                 wtab_off=self._wtab_off, wtab_half=self._wtab_half, ntab_off=self._ntab_off,
                 ntab_half=self._ntab_half, copy_off=self._copy_off, copy_half=self._copy_half,
                 readers=self._readers if bound * self.top_k >= sh.shared_copy_from else None, bound=bound,
-                block_n=self._block_n,
+                block_n=self._block_n, trace=self._traces[0] if self._traces else None,
                 block_x=self._block_x, block_h=sh.one_block_h or sh.send_block_h or sh.block_h, num_warps=sh.num_warps,
                 launch_opts=self._launch_opts, **self._one_args)
         else:
@@ -428,7 +443,8 @@ class MoEAllToAll:
                        ids_off=self._ids_off, ids_half=self._ids_half, wtab_off=self._wtab_off,
                        wtab_half=self._wtab_half, ntab_off=self._ntab_off, ntab_half=self._ntab_half,
                        part_off=self._part_off, lpart_off=self._lpart_off, block_h=self.shape.block_h,
-                       num_warps=self.shape.num_warps, launch_opts=self._launch_opts)
+                       num_warps=self.shape.num_warps, launch_opts=self._launch_opts,
+                       trace=self._traces[1] if self._traces else None)
         return out[:handle.n_tokens]
 
     def close(self) -> None:

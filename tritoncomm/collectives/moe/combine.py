@@ -58,11 +58,16 @@ from ...kernels import (
     pow2_at_least,
     program_epoch,
     round_to,
+    stamp,
 )
 from ...kernels.launcher import Launcher
 from .shares import column_shares, pick, share_columns
 
-__all__ = ["launch_combine", "moe_combine_kernel"]
+__all__ = ["COMBINE_STAGES", "launch_combine", "moe_combine_kernel"]
+
+#: Stage stamps per program of the traced combine (``TRACE``).
+COMBINE_STAGES = 4
+_STAGES = tl.constexpr(COMBINE_STAGES)
 
 
 @triton.jit
@@ -230,23 +235,29 @@ def _push_packets(slot_ptr, hidden, max_tokens, lamport_rows, bases, rank, ybuf_
 @triton.jit(do_not_specialize=["rank", "n_tokens", "throughput_from", "lamport_rows"])  # one build whatever the counts
 def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, throughput_from,
                        lamport_rows, bases, rank, timeout, diag_addr, flags_off, epochs_off, send_epochs_off, ybuf_off,
-                       ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, part_off, lpart_off,
+                       ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, part_off, lpart_off, trace_ptr,
                        WORLD: tl.constexpr,
                        LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr,
-                       BLOCK_H: tl.constexpr):
-    """``out[t]`` for ``t < n_tokens`` (see the module docstring)."""
+                       BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+    """``out[t]`` for ``t < n_tokens`` (see the module docstring). With ``TRACE`` each program
+    stamps (``kernels.stamp``) ``COMBINE_STAGES`` points into ``trace_ptr``: started, mode known,
+    partials pushed (throughput: and the barrier passed), done."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     pdl_wait()  # launched with PDL: the previous kernel has ended
     pdl_launch_dependents()
+    if TRACE:
+        stamp(trace_ptr, pid * _STAGES)
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     parity = (tl.load(heap_ptr(bases, rank, send_epochs_off, tl.uint32)) & 1).to(tl.int64)  # the dispatch's half
     ntab = heap_ptr(bases, rank, ntab_off + parity * ntab_half, tl.int32)
     ranks = tl.arange(0, BLOCK_W)
     total = tl.sum(tl.load(ntab + ranks, mask=ranks < WORLD, other=0))
     from_partials = total >= throughput_from
+    if TRACE:
+        stamp(trace_ptr, pid * _STAGES + 1)
     ids = heap_ptr(bases, rank, ids_off + parity * ids_half, tl.int32)
     wtab = heap_ptr(bases, rank, wtab_off + parity * wtab_half, tl.float32)
     if from_partials:
@@ -257,20 +268,26 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
     else:
         _push_packets(slot_ptr, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off, ids, wtab, ntab, lpart_off,
                       pid, grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H)
+    if TRACE:
+        stamp(trace_ptr, pid * _STAGES + 2)
     _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off,
                 part_off, lpart_off, from_partials, pid, grid, timeout, diag, WORLD, TOP_K, BLOCK_K, BLOCK_H)
     epoch_commit(epoch_ptr, e)
+    if TRACE:
+        stamp(trace_ptr, pid * _STAGES + 3)
 
 
 def launch_combine(run: Launcher, comm, channel, send_channel, out: torch.Tensor, w: torch.Tensor,
                    owner: torch.Tensor, row: torch.Tensor, slot_of: torch.Tensor, n_tokens: int, *, max_tokens: int,
                    throughput_from: int, lamport_rows: int, local: int, ybuf_off: int, ids_off: int, ids_half: int,
                    wtab_off: int, wtab_half: int, ntab_off: int, ntab_half: int, part_off: int, lpart_off: int,
-                   block_h: int, num_warps: int, launch_opts: dict[str, bool | int]) -> None:
-    """Launch ``moe_combine_kernel`` through ``run`` (its launcher, one program per SM on GPUs)."""
+                   block_h: int, num_warps: int, launch_opts: dict[str, bool | int],
+                   trace: torch.Tensor | None = None) -> None:
+    """Launch ``moe_combine_kernel`` through ``run`` (its launcher, one program per SM on GPUs);
+    ``trace``: int64 ``[programs, COMBINE_STAGES, 2]`` for the stage stamps, or None."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     run(out, w, owner, row, slot_of, n_tokens, out.shape[-1], max_tokens, throughput_from, lamport_rows, bases, rank,
         timeout, diag, channel.flags_off, channel.epochs_off, send_channel.epochs_off, ybuf_off, ids_off, ids_half,
-        wtab_off, wtab_half, ntab_off, ntab_half, part_off, lpart_off, WORLD=world, LOCAL=local, TOP_K=w.shape[-1],
-        BLOCK_K=pow2_at_least(w.shape[-1]), BLOCK_W=pow2_at_least(world), BLOCK_H=block_h,
-        num_warps=num_warps, enable_fp_fusion=False, **launch_opts)
+        wtab_off, wtab_half, ntab_off, ntab_half, part_off, lpart_off, w if trace is None else trace, WORLD=world,
+        LOCAL=local, TOP_K=w.shape[-1], BLOCK_K=pow2_at_least(w.shape[-1]), BLOCK_W=pow2_at_least(world),
+        BLOCK_H=block_h, TRACE=trace is not None, num_warps=num_warps, enable_fp_fusion=False, **launch_opts)

@@ -77,6 +77,7 @@ from ...kernels import (
     lamport_reset,
     lamport_store,
     pow2_at_least,
+    stamp,
 )
 from ...kernels.launcher import Launcher
 from .dispatch import launch_epoch, send_items
@@ -84,7 +85,12 @@ from .gather import finish_counts, place_item, store_slots
 from .route import copy_slots, expert_ids
 from .shares import column_shares, share_columns
 
-__all__ = ["launch_dispatch_one_kernel", "moe_dispatch_one_kernel", "place_packets", "reset_shared_copies"]
+__all__ = ["DISPATCH_STAGES", "launch_dispatch_one_kernel", "moe_dispatch_one_kernel", "place_packets",
+           "reset_shared_copies"]
+
+#: Stage stamps per program of the traced one-kernel dispatch (``TRACE``).
+DISPATCH_STAGES = 6
+_STAGES = tl.constexpr(DISPATCH_STAGES)
 
 
 @triton.jit
@@ -156,23 +162,27 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
                             bound, hidden, max_tokens, num_experts, capacity, bases, rank, timeout, diag_addr,
                             flags_off, epochs_off, recv_off, recv_half, peer_rows, ids_off, ids_half, wtab_off,
                             wtab_half, pw_off, pw_half, ntab_off, ntab_half, sc_off, sc_half, copy_off, copy_half,
-                            readers_ptr,
+                            readers_ptr, trace_ptr,
                             WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                             BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_X: tl.constexpr, FP8: tl.constexpr,
-                            PACKETS: tl.constexpr, SHARED: tl.constexpr):
+                            PACKETS: tl.constexpr, SHARED: tl.constexpr, TRACE: tl.constexpr):
     """See the module docstring. The copy table holds, per half, ``grid * WORLD`` rows of ``BLOCK_N``
     int32 (with ``SHARED``: the first ``WORLD``): the source's ids, then -2 up to ``bound * TOP_K``
     (``bound``: the call's bound on every rank's tokens, the same on every rank). The
     receive buffer (and its scales) holds ``peer_rows`` rows per peer; with ``PACKETS`` it, the copy
     table and the packet weights table (``pw_off``: ``TOP_K`` fp32 per row of the receive buffer) are
     Lamport buffers. ``readers_ptr``: with ``SHARED``, per half the number of this launch's programs
-    done with the copies (0 between launches)."""
+    done with the copies (0 between launches). With ``TRACE`` each program stamps
+    (``kernels.stamp``) ``DISPATCH_STAGES`` points into ``trace_ptr``: started, copies sent, rows
+    sent, first peer's copy read, rows laid out, done."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
     ROW: tl.constexpr = BLOCK_N  # a copy row: the ids, -2 past the source's entries up to the bound
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e, half = launch_epoch(bases, rank, epochs_off)
+    if TRACE:
+        stamp(trace_ptr, pid * _STAGES)
     recv_base = recv_off + half * recv_half
     sc_base = sc_off + half * sc_half
     copy_base = copy_off + half * copy_half
@@ -190,6 +200,8 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
                 lamport_store(dst + nn, copy, mask=bounded)
             else:
                 tl.store(dst + nn, copy, mask=bounded)
+    if TRACE:
+        stamp(trace_ptr, pid * _STAGES + 1)
     ntab = heap_ptr(bases, rank, ntab_off + half * ntab_half, tl.int32, ALIGNED=False)
     if pid == 0:  # the count table, for combine: written by each rank itself with packets
         if PACKETS:
@@ -206,6 +218,8 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
                slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
                grid, recv_base, peer_rows, ids_off + half * ids_half, wsend, sc_base, mine, nn, 0, 0, DTYPE, WORLD,
                LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, True, PACKETS, 1, BLOCK_X, 1, 1, PACKETS)
+    if TRACE:
+        stamp(trace_ptr, pid * _STAGES + 2)
     # 3. program pid of every rank has stored its copy and its items (with packets: nothing to wait for)
     if not PACKETS:
         barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
@@ -230,6 +244,9 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
         ids_s = tl.where(nn < n_s * TOP_K, got, -1)
         if PACKETS and pid == 0:
             tl.store(ntab + s, n_s)
+        if TRACE:
+            if i == 1:
+                stamp(trace_ptr, pid * _STAGES + 3)
         peer_row = (s - (s > rank).to(tl.int32)) * peer_rows
         shares = column_shares(n_s, hidden, grid, BLOCK_H)
         for item in range(pid, n_s * shares, grid):
@@ -246,6 +263,8 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
         if PACKETS and not SHARED:  # back at rest once every thread of the program has read its copy
             lamport_reset(src + nn, bounded)
         earlier += tl.histogram(ids_s, BLOCK_X, mask=ids_s >= 0)
+    if TRACE:
+        stamp(trace_ptr, pid * _STAGES + 4)
     if SHARED:  # the last program done with the shared copies puts them back at rest
         reset_shared_copies(heap_ptr(bases, rank, copy_base, tl.int32, ALIGNED=False), readers_ptr + half, grid,
                             rank, WORLD, BLOCK_N)
@@ -254,6 +273,8 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
         finish_counts(counts_ptr, bad_ptr, bad_host_addr, earlier, capacity, rank, tl.sum(bad.to(tl.int32)), LOCAL,
                       BLOCK_X)
     epoch_commit(epoch_ptr, e)
+    if TRACE:
+        stamp(trace_ptr, pid * _STAGES + 5)
 
 
 def launch_dispatch_one_kernel(run: Launcher, comm, channel, out: torch.Tensor, scales: torch.Tensor | None,
@@ -264,20 +285,22 @@ def launch_dispatch_one_kernel(run: Launcher, comm, channel, out: torch.Tensor, 
                                ids_half: int, wtab_off: int, wtab_half: int, pw_off: int, pw_half: int, ntab_off: int,
                                ntab_half: int, sc_off: int, sc_half: int, copy_off: int, copy_half: int,
                                readers: torch.Tensor | None, bound: int, block_n: int, block_x: int, block_h: int,
-                               packets: bool, num_warps: int, launch_opts: dict[str, bool | int]) -> None:
+                               packets: bool, num_warps: int, launch_opts: dict[str, bool | int],
+                               trace: torch.Tensor | None = None) -> None:
     """Launch ``moe_dispatch_one_kernel`` through ``run`` (its launcher: a 1-D grid); with
     ``packets`` the receive buffer, its scales, ``pw_off`` and the copy table are Lamport buffers at
     rest; with ``readers`` (int32 ``[2]``, zero, and packets) the copy table holds one shared copy
     per source (``MoEShape.shared_copy_from``). ``bound``: the call's bound on every rank's tokens,
-    the same on every rank (``tokens_bound``, else ``max_tokens``)."""
+    the same on every rank (``tokens_bound``, else ``max_tokens``). ``trace``: int64 ``[programs,
+    DISPATCH_STAGES, 2]`` for the stage stamps, or None."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
     run(out, scales if fp8 else out, x, x.stride(0), ids, ids.stride(0), ids.stride(1), weights, weights.stride(0),
         weights.stride(1), wts, slot_of, owner, row, counts, bad, bad_host_addr, x.shape[0], bound, x.shape[1],
-        max_tokens,
-        num_experts, capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off, recv_off, recv_half,
-        peer_rows, ids_off, ids_half, wtab_off, wtab_half, pw_off, pw_half, ntab_off, ntab_half, sc_off, sc_half,
-        copy_off, copy_half, counts if readers is None else readers, WORLD=world, LOCAL=local, TOP_K=k,
-        BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_X=block_x, FP8=fp8, PACKETS=packets,
-        SHARED=readers is not None, num_warps=num_warps, **launch_opts)
+        max_tokens, num_experts, capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off, recv_off,
+        recv_half, peer_rows, ids_off, ids_half, wtab_off, wtab_half, pw_off, pw_half, ntab_off, ntab_half, sc_off,
+        sc_half, copy_off, copy_half, counts if readers is None else readers, bad if trace is None else trace,
+        WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_N=block_n,
+        BLOCK_X=block_x, FP8=fp8, PACKETS=packets,
+        SHARED=readers is not None, TRACE=trace is not None, num_warps=num_warps, **launch_opts)

@@ -1,0 +1,99 @@
+"""Where the one-kernel MoE dispatch and the combine spend their time: stage stamps inside the kernels.
+
+    python3 benchmarks/experiments/moe_trace.py --world 2 --tokens 1,8,128 [--shape deepseek-v3] [--fp8]
+        [--json out.json]
+
+Per token count: an instance sized for that many tokens per rank (its default launch shape), stage
+stamps on (``MoEAllToAll.trace_stages``), dispatch + combine timed in a CUDA graph of 16 calls
+(``tools.timing``); the stamps read afterwards are those of the last call of the last replay, whose
+dispatch followed a combine as in a decode loop. Each stage is given in µs since the earliest start
+of a dispatch program on that rank (the global timer, one clock for all SMs), as the earliest,
+median and latest program; the traced kernels are other builds than the default ones, and the
+per-call time printed beside them is theirs. In the CPU world (``--backend cpu``) the stamps are 0:
+a check that the script runs, not a measurement. Only instances dispatched in one kernel are traced
+(up to ``ONE_KERNEL_ENTRIES`` routing entries).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from tritoncomm.channels import Communicator
+from tritoncomm.collectives import MoEAllToAll
+from tritoncomm.config import CommConfig
+from tritoncomm.launch import LocalWorld
+from tritoncomm.tools.moebench import MOE_SHAPES, _capacity
+from tritoncomm.tools.timing import time_per_call_us
+
+DISPATCH = ("started", "copies sent", "rows sent", "copy read", "laid out", "done")
+COMBINE = ("started", "mode known", "pushed", "done")
+
+
+def _rank(ctx, shape: str, tokens: list[int], fp8: bool) -> dict:
+    hidden, experts, k = MOE_SHAPES[shape]
+    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=1 << 30 if ctx.backend == "cuda" else 64 << 20))
+    out = {}
+    for t in tokens:
+        gen = torch.Generator(device=ctx.device).manual_seed(1000 * t + ctx.rank)
+        x = torch.randn(t, hidden, device=ctx.device, generator=gen).to(torch.bfloat16)
+        ids = torch.rand(t, experts, device=ctx.device, generator=gen).topk(k).indices
+        w = torch.rand(t, k, device=ctx.device, generator=gen)
+        moe = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k,
+                          capacity=_capacity(ctx.world, t, experts, k), fp8_dispatch=fp8)
+        dispatch_trace, combine_trace = moe.trace_stages()
+
+        def step(moe: MoEAllToAll = moe, x: torch.Tensor = x, ids: torch.Tensor = ids, w: torch.Tensor = w) -> None:
+            _, _, h = moe.dispatch(x, ids, w)
+            moe.combine(moe.expert_buffer(), h)
+
+        us = time_per_call_us(step, ctx.device, ctx.barrier, calls=16, replays=5)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        d, c = dispatch_trace.cpu(), combine_trace.cpu()
+        t0 = int(d[:, 0, 0].min())
+        out[str(t)] = {"us_per_call": us, "programs": d.shape[0],
+                       "dispatch_ns": (d[:, :, 0] - t0).tolist(), "combine_ns": (c[:, :, 0] - t0).tolist(),
+                       "dispatch_cycles": d[:, :, 1].tolist(), "combine_cycles": c[:, :, 1].tolist()}
+        moe.close()
+    comm.close()
+    return out
+
+
+def _row(name: str, ns: torch.Tensor) -> str:
+    q = torch.quantile(ns.double() / 1e3, torch.tensor([0.0, 0.5, 1.0], dtype=torch.double))
+    return f"    {name:<22}{q[0]:9.2f}{q[1]:9.2f}{q[2]:9.2f}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--backend", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--shape", default="deepseek-v3", choices=sorted(MOE_SHAPES))
+    p.add_argument("--tokens", default="1,8,128")
+    p.add_argument("--fp8", action="store_true", help="FP8 dispatch")
+    p.add_argument("--json", default=None, help="write every program's stamps here")
+    a = p.parse_args()
+    tokens = [int(t) for t in a.tokens.split(",")]
+    with LocalWorld(a.world, a.backend) as world:
+        reps = world.run(_rank, a.shape, tokens, a.fp8, timeout=600)
+    dev = torch.cuda.get_device_name(0) if a.backend == "cuda" else "CPU world (stamps are 0)"
+    print(f"{a.shape} EP{a.world} on {dev}, fp8 {a.fp8}: stage stamps of the last call of a graph of 16, µs since "
+          f"the rank's first dispatch program started (earliest / median / latest program)")
+    for t in tokens:
+        for r, rep in enumerate(reps):
+            one = rep[str(t)]
+            print(f"{t} tokens/rank, rank {r}: {one['us_per_call']:.2f} µs per traced call, {one['programs']} programs")
+            for kernel, names, key in (("dispatch", DISPATCH, "dispatch_ns"), ("combine", COMBINE, "combine_ns")):
+                ns = torch.tensor(one[key])
+                for i, name in enumerate(names):
+                    print(_row(f"{kernel} {name}", ns[:, i]))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"shape": a.shape, "world": a.world, "device": dev, "fp8": a.fp8, "ranks": reps}, f)
+
+
+if __name__ == "__main__":
+    main()

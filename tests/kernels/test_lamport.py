@@ -22,7 +22,6 @@ from tritoncomm.kernels import (
     heap_ptr,
     lamport_fill,
     lamport_poll,
-    lamport_poll2,
     lamport_reset,
     lamport_store,
     lamport_try,
@@ -182,51 +181,6 @@ def test_rotation_survives_graph_replay_with_fresh_data(worlds, world):
     for bad, at_rest, replayed in worlds(world).run(_job_ring, 6, [4096, 333], True):
         assert bad == [] and at_rest
         assert all(bad_elems == 0 for _, bad_elems, *_ in replayed), replayed
-
-
-@triton.jit
-def _pair_kernel(a, b, va, vb, n_a, n_b, rank, timeout, diag_addr, BLOCK: tl.constexpr):
-    """``lamport_poll2`` of ``a[:n_a]`` and ``b[:n_b]`` (fp32) into ``va`` and ``vb``."""
-    offs = tl.arange(0, BLOCK)
-    x, y = lamport_poll2(a + offs, offs < n_a, b + offs, offs < n_b, 1, 5, rank, timeout,
-                         diag_addr.to(tl.pointer_type(tl.int64)))
-    tl.store(va + offs, x, mask=offs < n_a)
-    tl.store(vb + offs, y, mask=offs < n_b)
-
-
-def _job_pair(ctx):
-    """Both blocks written: their values; one element of the second still at rest: the timeout."""
-    comm = make_comm(ctx, timeout_s=0.5)
-    _, rank, _, timeout, diag = comm.kernel_args()
-    out = []
-    for hole in (None, 3):
-        a, b = comm.empty(8, torch.float32), comm.empty(8, torch.float32)
-        lamport_fill(a)
-        lamport_fill(b)
-        a[:5] = torch.arange(5.0, device=ctx.device) + 1
-        b[:7] = -torch.arange(7.0, device=ctx.device) - 1
-        if hole is not None:
-            lamport_fill(b[hole:hole + 2])  # one element (and its neighbour, outside the block) at rest
-        va, vb = torch.zeros(8, device=ctx.device), torch.zeros(8, device=ctx.device)
-        _pair_kernel[(1,)](a, b, va, vb, 5, 6 if hole is None else 4, rank, timeout, diag, BLOCK=8)
-        try:
-            comm.synchronize()
-            err = None
-        except CommTimeoutError as e:
-            err = str(e)
-        out.append((va[:5].tolist(), vb[:6].tolist(), err, comm.heap_offset(b)))
-        comm.free(a)
-        comm.free(b)
-    comm.close()
-    return out
-
-
-def test_poll2_waits_for_both_blocks_and_names_the_late_one(worlds):
-    (done, late), = worlds(1).run(_job_pair)
-    assert done[:3] == ([1.0, 2.0, 3.0, 4.0, 5.0], [-1.0, -2.0, -3.0, -4.0, -5.0, -6.0], None), done
-    err = late[2]
-    assert err is not None and "peer 1" in err and "slot 5" in err, err
-    assert "1 elements" in err and f"byte 12 of user.empty(8,).torch.float32 at heap offset {late[3]}" in err, err
 
 
 # -- the CPU world: a look that races a store ------------------------------------------------------------------

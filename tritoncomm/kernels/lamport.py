@@ -38,9 +38,11 @@ Contract (per element, like ``ll``):
   the first element still missing, and how many were). The threads of a program do not finish a
   poll together: where a block has fewer elements than the program has threads, each copy of an
   element is polled by its own thread, and one warp can be done while another still looks.
-* ``lamport_poll2(ptrs_a, mask_a, ptrs_b, mask_b, peer, slot, rank, timeout, diag)``: ``lamport_poll``
-  of two blocks at once, returning both: each look loads both, so data that is already there costs
-  one look and one reload instead of two of each. A timeout names the first block still missing.
+* Never wait on two blocks in one loop when one of them is smaller than the program's threads: its
+  look is counted per warp (a warp-level reduction), the other's across the program (with CTA
+  barriers inside the loop), so warps would leave the loop after different numbers of barriers. On
+  two H100s such a loop (a row's weights with its columns) stopped one MoE benchmark run with a
+  timeout record of garbage values (``benchmarks/NOTES.md``, session 33).
 * ``lamport_reset(ptrs, mask, SYNC=True)``: store the sentinel. Only the buffer's reader resets,
   after it has read: a writer may store into an element again only once it knows the reader has
   reset it (the collectives alternate two buffers by launch parity: a peer can be at most one launch
@@ -77,7 +79,7 @@ from .ordering import clock_ns
 from .signals import stop_waiting
 
 __all__ = ["KIND_LAMPORT", "LAMPORT_SENTINEL8", "LAMPORT_SENTINEL16", "lamport_canonical", "lamport_fill",
-           "lamport_missing", "lamport_poll", "lamport_poll2", "lamport_reset", "lamport_store", "lamport_try"]
+           "lamport_missing", "lamport_poll", "lamport_reset", "lamport_store", "lamport_try"]
 
 #: The at-rest pattern of every 16-bit half of a Lamport buffer (of elements of 16 bits or more).
 LAMPORT_SENTINEL16 = 0x8000
@@ -227,30 +229,3 @@ def lamport_poll(ptrs, mask, peer, slot, rank, timeout, diag):
                 if failed or expired:
                     missing = 0
     return tl.load(ptrs, mask=mask, other=0.0, volatile=True)
-
-
-@triton.jit
-def lamport_poll2(ptrs_a, mask_a, ptrs_b, mask_b, peer, slot, rank, timeout, diag):
-    """``lamport_poll`` of two blocks at once (each look loads both): ``(values at ptrs_a, values at
-    ptrs_b)``. Bounded the same way; a timeout records the first block with an element missing."""
-    missing_a = _total(_missing_at(ptrs_a, mask_a))
-    missing_b = _total(_missing_at(ptrs_b, mask_b))
-    if missing_a + missing_b > 0:
-        t0 = clock_ns()
-        spins = 0
-        while missing_a + missing_b > 0:
-            missing_a = _total(_missing_at(ptrs_a, mask_a))
-            missing_b = _total(_missing_at(ptrs_b, mask_b))
-            spins += 1
-            if missing_a + missing_b > 0:
-                failed, expired = stop_waiting(t0, spins, timeout, diag)
-                if expired:
-                    if missing_a > 0:
-                        _record_lamport_timeout(ptrs_a, mask_a, peer, slot, rank, missing_a, spins, diag)
-                    else:
-                        _record_lamport_timeout(ptrs_b, mask_b, peer, slot, rank, missing_b, spins, diag)
-                if failed or expired:
-                    missing_a = 0
-                    missing_b = 0
-    return (tl.load(ptrs_a, mask=mask_a, other=0.0, volatile=True),
-            tl.load(ptrs_b, mask=mask_b, other=0.0, volatile=True))

@@ -41,11 +41,13 @@ the weights travel as Lamport packets (``kernels/lamport.py``: the data is its o
 buffers of their own that are at rest between calls. Step 1 stores the copy as packets; step 2
 sends each row, and its weights with the row's first item, only to the peers that own one of its
 experts; step 3 is gone; in step 4 program ``pid`` polls (bounded) source ``s``'s copy, then per item
-the columns of every row sent to this rank (with the row's first item its weights in the same
-wait, ``lamport_poll2``; FP8 scales with their columns), lays them out, writes the tables
-``combine`` reads (the source's ids, weights and count) into its own heap, and resets every packet
-it read; program 0 also writes this rank's count. One trip over the links and no fence: a program
-waits only for the data it needs, and data already there costs one look and one reload per wait.
+the weights (the row's first item) and the columns of every row sent to this rank, lays them out,
+writes the tables ``combine`` reads (the source's ids, weights and count) into its own heap, and
+resets every packet it read; program 0 also writes this rank's count. One trip over the links and
+no fence: a program waits only for the data it needs. The polls stay one block at a time: a block
+smaller than the program's threads (a row's weights, FP8 scales) is polled warp by warp, and a
+loop that also waited on a larger block would hold CTA barriers that the warps reach a different
+number of times (``kernels/lamport.py``).
 
 **One shared copy** (``SHARED``, with packets; calls of at least ``MoEShape.shared_copy_from``
 routing entries): a copy per program costs ``programs * entries * 4`` bytes per peer (1.1 MB at 128
@@ -73,7 +75,6 @@ from ...kernels import (
     epoch_commit,
     heap_ptr,
     lamport_poll,
-    lamport_poll2,
     lamport_reset,
     lamport_store,
     pow2_at_least,
@@ -115,30 +116,22 @@ def place_packets(out_ptr, sc_out_ptr, slot_ptr, ids_tab, wtab, recv, sc, pw, e,
     tl.store(slot_ptr + i0 + kk, at, mask=km & first & on_me)
     if tl.sum(on_me.to(tl.int32), axis=0) > 0:  # the source sent the row here
         r64 = tl.cast(recv_row, tl.int64)
-        wp = pw + r64 * TOP_K + kk
-        if first and FP8:
-            wv = lamport_poll(wp, km, s, t, rank, timeout, diag)
+        if first:
+            wv = lamport_poll(pw + r64 * TOP_K + kk, km, s, t, rank, timeout, diag)
             tl.store(wtab + i0 + kk, wv, mask=km)
-            lamport_reset(wp, km)
+            lamport_reset(pw + r64 * TOP_K + kk, km)
         at = tl.where(on_me, at, -1)
         lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
         for c in range(lo, hi, BLOCK_H):
             m = c + cols < hidden
-            vp = recv + r64 * hidden + c + cols
+            v = lamport_poll(recv + r64 * hidden + c + cols, m, s, t, rank, timeout, diag)
             scale = 0.0
-            if FP8:  # the columns and their scales in one wait
+            if FP8:
                 gm = c + groups * 128 < hidden
-                sp = sc + r64 * (hidden // 128) + c // 128 + groups
-                v, scale = lamport_poll2(vp, m, sp, gm, s, t, rank, timeout, diag)
-                lamport_reset(sp, gm)
-            elif first & (c == lo):  # the row's weights with its first columns, in one wait
-                wv, v = lamport_poll2(wp, km, vp, m, s, t, rank, timeout, diag)
-                tl.store(wtab + i0 + kk, wv, mask=km)
-                lamport_reset(wp, km)
-            else:
-                v = lamport_poll(vp, m, s, t, rank, timeout, diag)
+                scale = lamport_poll(sc + r64 * (hidden // 128) + c // 128 + groups, gm, s, t, rank, timeout, diag)
+                lamport_reset(sc + r64 * (hidden // 128) + c // 128 + groups, gm)
             store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
-            lamport_reset(vp, m)
+            lamport_reset(recv + r64 * hidden + c + cols, m)
 
 
 @triton.jit

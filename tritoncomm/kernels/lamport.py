@@ -40,9 +40,8 @@ Contract (per element, like ``ll``):
   element is polled by its own thread, and one warp can be done while another still looks.
 * Never wait on two blocks in one loop when one of them is smaller than the program's threads: its
   look is counted per warp (a warp-level reduction), the other's across the program (with CTA
-  barriers inside the loop), so warps would leave the loop after different numbers of barriers. On
-  two H100s such a loop (a row's weights with its columns) stopped one MoE benchmark run with a
-  timeout record of garbage values (``benchmarks/NOTES.md``, session 33).
+  barriers inside the loop), so warps would leave the loop after different numbers of barriers
+  (undefined behaviour: a hang, or a timeout record of garbage values).
 * ``lamport_reset(ptrs, mask, SYNC=True)``: store the sentinel. Only the buffer's reader resets,
   after it has read: a writer may store into an element again only once it knows the reader has
   reset it (the collectives alternate two buffers by launch parity: a peer can be at most one launch

@@ -162,20 +162,6 @@ def lamport_try(ptrs, mask):
 
 
 @triton.jit
-def _record_lamport_timeout(ptrs, mask, peer, slot, rank, missing, spins, diag):
-    late = _missing_at(ptrs, mask) > 0
-    who = tl.where(late, peer + tl.zeros(ptrs.shape, tl.int32), 1 << 30)
-    at = tl.where(late, ptrs.to(tl.int64), 1 << 62)
-    if len(ptrs.shape) == 2:
-        first = tl.min(tl.min(who, axis=1), axis=0)
-        addr = tl.min(tl.min(at, axis=1), axis=0)
-    else:
-        first = tl.min(who, axis=0)
-        addr = tl.min(at, axis=0)
-    record_timeout(diag, KIND_LAMPORT, rank, first, slot, addr, missing.to(tl.int64), spins)
-
-
-@triton.jit
 def lamport_reset(ptrs, mask=None, SYNC: tl.constexpr = True):
     """Put the elements at ``ptrs`` back at rest (the reader, after reading them); with ``SYNC``
     after a CTA barrier, so that every thread of the program has made its looks first (module
@@ -224,7 +210,16 @@ def lamport_poll(ptrs, mask, peer, slot, rank, timeout, diag):
             if missing > 0:
                 failed, expired = stop_waiting(t0, spins, timeout, diag)
                 if expired:
-                    _record_lamport_timeout(ptrs, mask, peer, slot, rank, missing, spins, diag)
+                    late = _missing_at(ptrs, mask) > 0
+                    who = tl.where(late, peer + tl.zeros(ptrs.shape, tl.int32), 1 << 30)
+                    at = tl.where(late, ptrs.to(tl.int64), 1 << 62)
+                    if len(ptrs.shape) == 2:
+                        first = tl.min(tl.min(who, axis=1), axis=0)
+                        addr = tl.min(tl.min(at, axis=1), axis=0)
+                    else:
+                        first = tl.min(who, axis=0)
+                        addr = tl.min(at, axis=0)
+                    record_timeout(diag, KIND_LAMPORT, rank, first, slot, addr, missing.to(tl.int64), spins)
                 if failed or expired:
                     missing = 0
     return tl.load(ptrs, mask=mask, other=0.0, volatile=True)

@@ -134,7 +134,7 @@ class MoEShape:
 #: Launch shapes by kind of instance; on GPUs ``programs`` is set from the SM count at construction
 #: (``default_shape``).
 SHAPES = {"cuda": MoEShape(132, 1024, 64, 4, one_kernel=True),
-          "cuda-prefill": MoEShape(264, 2048, 64, 8, send_block_h=4096, one_kernel=True, one_block_h=1024),
+          "cuda-prefill": MoEShape(264, 2048, 64, 8, send_block_h=4096, one_kernel=True, one_block_h=2048),
           "cpu": MoEShape(2, 64, 16, 1, one_kernel=True)}
 
 #: The most routing entries per rank (``max_tokens * top_k``, rounded up to a power of two) that the
@@ -147,8 +147,9 @@ ONE_KERNEL_ENTRIES = 1024
 #: 414 vs 611 µs); at 8 tokens they lose (12.4 vs 10.3 µs). Its send takes 4096 columns per step
 #: (against 1024 at 4096 tokens: send 43 vs 70 µs), its combine and gather 2048 (at EP2 on two H100s,
 #: both phases against 4096: 128 tokens 32.7 vs 36.0 µs, 512 102.4 vs 104.5, 4096 658.7 vs 657.7,
-#: DeepSeek-V3). Both shapes route in blocks of 64 entries with superblocks of 16, in the gather
-#: kernel (``docs/moe.md``).
+#: DeepSeek-V3), its one-kernel dispatch 2048 too (both phases at 128 tokens 31.1 vs 32.2 µs against
+#: 1024, DeepSeek-V3; 21.1 vs 21.7 Qwen3-MoE; 4096 slower). Both shapes route in blocks of 64 entries
+#: with superblocks of 16, in the gather kernel (``docs/moe.md``).
 PREFILL_FROM = 128
 
 

@@ -361,10 +361,12 @@ def _moe_ptx(kernel: str) -> str:
                "num_experts": "i32", "capacity": "i32",
                **COMMON, "flags_off": "i64", **i64, **dict.fromkeys(("ids_off", "ids_half", "wtab_off", "wtab_half",
                                                                     "ntab_off", "ntab_half", "hist_off",
-                                                                    "hist_half"), "i64"), "hist_blocks": "i32"}
+                                                                    "hist_half"), "i64"), "hist_blocks": "i32",
+               "header_ptr": "*i32"}
         fn, cx = dispatch.moe_send_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_H": 1024,
                                             "BLOCK_E": 64, "BLOCK_X": 256, "BLOCK_B": 16, "SUPER": 16, "FP8": False,
-                                            "ROUTED": kernel == "send", "BLOCK_N": 1 if kernel == "send" else 1024}
+                                            "ROUTED": kernel == "send", "BLOCK_N": 1 if kernel == "send" else 1024,
+                                            "BLOCK_W": 2}
     elif kernel == "route":
         sig = {"ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32", "bad_ptr": "*i64", "n_tokens": "i32",
                "max_tokens": "i32", "num_experts": "i32", **COMMON,
@@ -377,28 +379,30 @@ def _moe_ptx(kernel: str) -> str:
                "bad_host_addr": "i64", "hidden": "i32", "max_tokens": "i32", "capacity": "i32", "hist_blocks": "i32",
                "bases": "*i64", "rank": "i32", **i64,
                **dict.fromkeys(("ids_off", "ids_half", "ntab_off", "ntab_half"), "i64"),
-               **dict.fromkeys(("hist_off", "hist_half"), "i64")}
+               **dict.fromkeys(("hist_off", "hist_half"), "i64"), "header_ptr": "*i32"}
         fn, cx = gather.moe_gather_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_H": 1024,
-                                            "FP8": False, "BLOCK_E": 64, "BLOCK_X": 256, "BLOCK_B": 16, "SUPER": 16}
+                                            "FP8": False, "BLOCK_E": 64, "BLOCK_X": 256, "BLOCK_B": 16, "SUPER": 16,
+                                            "BLOCK_W": 2}
     elif kernel in ("one", "one-packets", "one-packets-traced"):
         sig = {"out_ptr": "*bf16", "sc_out_ptr": "*bf16", "x_ptr": "*bf16", "x_stride": "i32", "ids_ptr": "*i64",
                "ids_s0": "i32", "ids_s1": "i32", "w_ptr": "*fp32", "w_s0": "i32", "w_s1": "i32", "wts_ptr": "*fp32",
                "slot_ptr": "*i32", "owner_ptr": "*i32", "row_ptr": "*i32", "counts_ptr": "*i32", "bad_ptr": "*i64",
                "bad_host_addr": "i64", "n_tokens": "i32", "bound": "i32", "hidden": "i32", "max_tokens": "i32",
                "num_experts": "i32", "capacity": "i32", **COMMON, "flags_off": "i64", **i64, "peer_rows": "i32",
-               **dict.fromkeys(("ids_off", "ids_half", "wtab_off", "wtab_half", "pw_off", "pw_half", "ntab_off",
-                                "ntab_half", "copy_off", "copy_half"), "i64"), "readers_ptr": "*i32",
-               "trace_ptr": "*i64"}
+               **dict.fromkeys(("ids_off", "ids_half", "wtab_off", "wtab_half", "pw_off", "pw_half", "copy_off",
+                                "copy_half"), "i64"), "readers_ptr": "*i32",
+               "header_ptr": "*i32", "trace_ptr": "*i64"}
         fn, cx = onekernel.moe_dispatch_one_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8,
                                                      "BLOCK_H": 1024, "BLOCK_N": 1024, "BLOCK_X": 256, "FP8": False,
                                                      "PACKETS": kernel != "one", "SHARED": kernel != "one",
-                                                     "TRACE": kernel == "one-packets-traced"}
+                                                     "BLOCK_W": 2, "TRACE": kernel == "one-packets-traced"}
     else:
         sig = {"out_ptr": "*bf16", "w_ptr": "*fp32", "owner_ptr": "*i32", "row_ptr": "*i32", "slot_ptr": "*i32",
                "n_tokens": "i32", "hidden": "i32", "max_tokens": "i32", "throughput_from": "i32",
                "lamport_rows": "i32", **COMMON,
-               **dict.fromkeys(("flags_off", "epochs_off", "send_epochs_off", "ybuf_off", "ids_off", "ids_half",
-                                "wtab_off", "wtab_half", "ntab_off", "ntab_half", "part_off", "lpart_off"), "i64"),
+               **dict.fromkeys(("flags_off", "epochs_off"), "i64"), "header_ptr": "*i32",
+               **dict.fromkeys(("ybuf_off", "ids_off", "ids_half", "wtab_off", "wtab_half", "part_off", "lpart_off"),
+                               "i64"),
                "trace_ptr": "*i64"}
         fn, cx = combine.moe_combine_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_W": 2,
                                               "BLOCK_H": 1024, "TRACE": False}

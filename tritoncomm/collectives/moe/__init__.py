@@ -339,6 +339,8 @@ class MoEAllToAll:
         self._bad_reported = 0
         self._call = 0
         self._open_handle = -1
+        #: what each dispatch leaves its combine (``header.py``): every rank's tokens, the tables' half
+        self._header = torch.zeros(2 * pow2_at_least(w), dtype=torch.int32, device=dev)
         #: stage stamps of the one-kernel dispatch and the combine (``trace_stages``), or None
         self._traces: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -389,10 +391,9 @@ class MoEAllToAll:
                 self._weights, self._slot_of, self._owner, self._row, self._counts, self._bad,
                 self._bad_host.device_addr, max_tokens=self.max_tokens, num_experts=self.num_experts,
                 capacity=self.capacity, local=self.local_experts, ids_off=self._ids_off, ids_half=self._ids_half,
-                wtab_off=self._wtab_off, wtab_half=self._wtab_half, ntab_off=self._ntab_off,
-                ntab_half=self._ntab_half, copy_off=self._copy_off, copy_half=self._copy_half,
+                wtab_off=self._wtab_off, wtab_half=self._wtab_half, copy_off=self._copy_off, copy_half=self._copy_half,
                 readers=self._readers if bound * self.top_k >= sh.shared_copy_from else None, bound=bound,
-                block_n=self._block_n, trace=self._traces[0] if self._traces else None,
+                block_n=self._block_n, header=self._header, trace=self._traces[0] if self._traces else None,
                 block_x=self._block_x, block_h=sh.one_block_h or sh.send_block_h or sh.block_h, num_warps=sh.num_warps,
                 launch_opts=self._launch_opts, **self._one_args)
         else:
@@ -416,13 +417,13 @@ class MoEAllToAll:
                     local=self.local_experts, recv_off=self._recv_off, recv_half=self._recv_half,
                     wtab_off=self._wtab_off, wtab_half=self._wtab_half, sc_off=self._sc_off, sc_half=self._sc_half,
                     block_h=sh.send_block_h or sh.block_h, routed=routed,
-                    block_n=self._held_block_n, **tables)
+                    block_n=self._held_block_n, header=self._header, **tables)
         if not routed:
             launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,
                           self._counts, self._bad, self._bad_host.device_addr, capacity=self.capacity,
                           local=self.local_experts, top_k=self.top_k, recv_off=self._recv_off,
                           recv_half=self._recv_half, sc_off=self._sc_off, sc_half=self._sc_half, block_h=sh.block_h,
-                          **tables)
+                          header=self._header, **tables)
 
     def combine(self, y: torch.Tensor, handle: MoEHandle) -> torch.Tensor:
         """See the module docstring. Collective. Returns ``[n_tokens, hidden]`` (reused by the next call)."""
@@ -437,12 +438,11 @@ class MoEAllToAll:
         if y.data_ptr() != self._ybuf.data_ptr():
             self._ybuf.copy_(y)
         out = self._combined
-        launch_combine(self._run_combine, self.comm, self._comb_ch, self._send_ch, out, self._weights, self._owner,
+        launch_combine(self._run_combine, self.comm, self._comb_ch, self._header, out, self._weights, self._owner,
                        self._row, self._slot_of, handle.n_tokens, max_tokens=self.max_tokens,
                        throughput_from=self._throughput_from, lamport_rows=self._lamport_rows,
-                       local=self.local_experts, ybuf_off=self._ybuf_off,
-                       ids_off=self._ids_off, ids_half=self._ids_half, wtab_off=self._wtab_off,
-                       wtab_half=self._wtab_half, ntab_off=self._ntab_off, ntab_half=self._ntab_half,
+                       local=self.local_experts, ybuf_off=self._ybuf_off, ids_off=self._ids_off,
+                       ids_half=self._ids_half, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                        part_off=self._part_off, lpart_off=self._lpart_off, block_h=self.shape.block_h,
                        num_warps=self.shape.num_warps, launch_opts=self._launch_opts,
                        trace=self._traces[1] if self._traces else None)

@@ -9,8 +9,9 @@ turns contraction off, so both worlds and torch's ``acc + w * y`` agree; absent 
 nothing). The bits depend only on the inputs, never on arrival order nor on the mode, so a token's
 output does not change with the batch it is in.
 
-``moe_combine_kernel`` chooses its mode on the device from the call's total token count (the count
-table every rank received in dispatch, so every rank makes the same choice): below
+``moe_combine_kernel`` chooses its mode on the device from the call's total token count (every
+rank's count, which the dispatch left in a header with its tables' half, ``header.py``: every rank
+makes the same choice): below
 ``throughput_from`` tokens, the latency mode; from it on, the throughput mode. In both, an owner
 computes ``part_r`` of the tokens peers sent it and pushes one row per token (not one per entry)
 home: program ``pid`` of owner ``r`` takes, for every other source ``s`` (in the order ``r + 1, r +
@@ -61,6 +62,7 @@ from ...kernels import (
     stamp,
 )
 from ...kernels.launcher import Launcher
+from .header import load_header, size_of
 from .shares import column_shares, pick, share_columns
 
 __all__ = ["COMBINE_STAGES", "launch_combine", "moe_combine_kernel"]
@@ -191,8 +193,9 @@ def _own_item(out_ptr, w_ptr, row_ptr, ybuf, n_tokens, hidden, item, grid, TOP_K
 
 @triton.jit
 def _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, bases, rank,
-                   ybuf_off, ids, wtab, ntab, part_off, pid, grid, DTYPE: tl.constexpr, WORLD: tl.constexpr,
-                   LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
+                   ybuf_off, ids, wtab, sizes, part_off, pid, grid, DTYPE: tl.constexpr, WORLD: tl.constexpr,
+                   LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
+                   BLOCK_W: tl.constexpr):
     """Throughput mode, before the barrier: this rank's partial of every token received from a peer,
     pushed to the token's home (peers in the order ``rank + 1, rank + 2, ...``), and of its own
     tokens, kept in ``out``. The own items alternate with the first peer's, so that the local sums
@@ -201,7 +204,7 @@ def _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidde
     own_items = n_tokens * column_shares(n_tokens, hidden, grid, BLOCK_H)
     for i in range(1, WORLD):
         s = (rank + i) % WORLD
-        n_s = tl.load(ntab + s)
+        n_s = size_of(sizes, s, BLOCK_W)
         items = n_s * column_shares(n_s, hidden, grid, BLOCK_H)
         last = tl.where(i == 1, tl.maximum(items, own_items), items)
         for item in range(pid, last, grid):
@@ -218,15 +221,15 @@ def _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidde
 
 
 @triton.jit
-def _push_packets(slot_ptr, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off, ids, wtab, ntab, lpart_off, pid,
-                  grid, DTYPE: tl.constexpr, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
-                  BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
+def _push_packets(slot_ptr, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off, ids, wtab, sizes, lpart_off,
+                  pid, grid, DTYPE: tl.constexpr, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
+                  BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr):
     """Latency mode, first: this rank's partial of every token received from a peer, pushed to the
     token's home as Lamport packets (peers in the order ``rank + 1, rank + 2, ...``)."""
     ybuf = heap_ptr(bases, rank, ybuf_off, DTYPE)
     for i in range(1, WORLD):
         s = (rank + i) % WORLD
-        n_s = tl.load(ntab + s)
+        n_s = size_of(sizes, s, BLOCK_W)
         for item in range(pid, n_s * column_shares(n_s, hidden, grid, BLOCK_H), grid):
             _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, lpart_off, lamport_rows, rank, s, n_s,
                        item, DTYPE, LOCAL, TOP_K, BLOCK_K, BLOCK_H, True, grid)
@@ -234,8 +237,8 @@ def _push_packets(slot_ptr, hidden, max_tokens, lamport_rows, bases, rank, ybuf_
 
 @triton.jit(do_not_specialize=["rank", "n_tokens", "throughput_from", "lamport_rows"])  # one build whatever the counts
 def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, throughput_from,
-                       lamport_rows, bases, rank, timeout, diag_addr, flags_off, epochs_off, send_epochs_off, ybuf_off,
-                       ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, part_off, lpart_off, trace_ptr,
+                       lamport_rows, bases, rank, timeout, diag_addr, flags_off, epochs_off, header_ptr, ybuf_off,
+                       ids_off, ids_half, wtab_off, wtab_half, part_off, lpart_off, trace_ptr,
                        WORLD: tl.constexpr,
                        LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr,
                        BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
@@ -251,10 +254,8 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
     if TRACE:
         stamp(trace_ptr, pid * _STAGES)
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
-    parity = (tl.load(heap_ptr(bases, rank, send_epochs_off, tl.uint32)) & 1).to(tl.int64)  # the dispatch's half
-    ntab = heap_ptr(bases, rank, ntab_off + parity * ntab_half, tl.int32)
-    ranks = tl.arange(0, BLOCK_W)
-    total = tl.sum(tl.load(ntab + ranks, mask=ranks < WORLD, other=0))
+    sizes, parity = load_header(header_ptr, BLOCK_W)  # every rank's tokens, the dispatch's half
+    total = tl.sum(sizes)
     from_partials = total >= throughput_from
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 1)
@@ -262,12 +263,13 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
     wtab = heap_ptr(bases, rank, wtab_off + parity * wtab_half, tl.float32)
     if from_partials:
         _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, bases, rank,
-                       ybuf_off, ids, wtab, ntab, part_off, pid, grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H)
+                       ybuf_off, ids, wtab, sizes, part_off, pid, grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H,
+                       BLOCK_W)
         # every peer's partial of my tokens is here
         barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     else:
-        _push_packets(slot_ptr, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off, ids, wtab, ntab, lpart_off,
-                      pid, grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H)
+        _push_packets(slot_ptr, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off, ids, wtab, sizes, lpart_off,
+                      pid, grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, BLOCK_W)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 2)
     _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off,
@@ -277,17 +279,17 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
         stamp(trace_ptr, pid * _STAGES + 3)
 
 
-def launch_combine(run: Launcher, comm, channel, send_channel, out: torch.Tensor, w: torch.Tensor,
+def launch_combine(run: Launcher, comm, channel, header: torch.Tensor, out: torch.Tensor, w: torch.Tensor,
                    owner: torch.Tensor, row: torch.Tensor, slot_of: torch.Tensor, n_tokens: int, *, max_tokens: int,
                    throughput_from: int, lamport_rows: int, local: int, ybuf_off: int, ids_off: int, ids_half: int,
-                   wtab_off: int, wtab_half: int, ntab_off: int, ntab_half: int, part_off: int, lpart_off: int,
-                   block_h: int, num_warps: int, launch_opts: dict[str, bool | int],
-                   trace: torch.Tensor | None = None) -> None:
-    """Launch ``moe_combine_kernel`` through ``run`` (its launcher, one program per SM on GPUs);
-    ``trace``: int64 ``[programs, COMBINE_STAGES, 2]`` for the stage stamps, or None."""
+                   wtab_off: int, wtab_half: int, part_off: int, lpart_off: int, block_h: int, num_warps: int,
+                   launch_opts: dict[str, bool | int], trace: torch.Tensor | None = None) -> None:
+    """Launch ``moe_combine_kernel`` through ``run`` (its launcher, one program per SM on GPUs), after
+    the dispatch that left ``header`` (``header.py``); ``trace``: int64 ``[programs,
+    COMBINE_STAGES, 2]`` for the stage stamps, or None."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     run(out, w, owner, row, slot_of, n_tokens, out.shape[-1], max_tokens, throughput_from, lamport_rows, bases, rank,
-        timeout, diag, channel.flags_off, channel.epochs_off, send_channel.epochs_off, ybuf_off, ids_off, ids_half,
-        wtab_off, wtab_half, ntab_off, ntab_half, part_off, lpart_off, w if trace is None else trace, WORLD=world,
+        timeout, diag, channel.flags_off, channel.epochs_off, header, ybuf_off, ids_off, ids_half,
+        wtab_off, wtab_half, part_off, lpart_off, w if trace is None else trace, WORLD=world,
         LOCAL=local, TOP_K=w.shape[-1], BLOCK_K=pow2_at_least(w.shape[-1]), BLOCK_W=pow2_at_least(world),
         BLOCK_H=block_h, TRACE=trace is not None, num_warps=num_warps, enable_fp_fusion=False, **launch_opts)

@@ -65,6 +65,7 @@ from ...kernels import (
 )
 from ...kernels.launcher import Launcher
 from .gather import finish_counts, lay_out_peers, store_slots
+from .header import store_header
 from .route import count_entries, expert_ids, own_slots, rows_per_load
 from .shares import column_shares, share_columns
 from .wire import to_fp8
@@ -171,10 +172,11 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                     sc_out_ptr, slot_ptr, owner_ptr, row_ptr, counts_ptr, bad_host_addr, n_tokens, hidden,
                     max_tokens, num_experts, capacity, bases, rank, timeout, diag_addr, flags_off, epochs_off,
                     recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half,
-                    hist_off, hist_half, hist_blocks,
+                    hist_off, hist_half, hist_blocks, header_ptr,
                     WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                     BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
-                    SUPER: tl.constexpr, FP8: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr):
+                    SUPER: tl.constexpr, FP8: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_W: tl.constexpr):
     """See the module docstring."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
@@ -225,6 +227,9 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                                FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
         if pid == 0:
             finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, 0, LOCAL, BLOCK_X)
+            ws = tl.arange(0, BLOCK_W)
+            ntab = heap_ptr(bases, rank, ntab_off + half * ntab_half, tl.int32)
+            store_header(header_ptr, tl.load(ntab + ws, mask=ws < WORLD, other=0), half, BLOCK_W)
     epoch_commit(epoch_ptr, e)
 
 
@@ -235,10 +240,12 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
                 capacity: int, local: int, recv_off: int, recv_half: int, ids_off: int, ids_half: int, wtab_off: int,
                 wtab_half: int, ntab_off: int, ntab_half: int, sc_off: int, sc_half: int, hist_off: int,
                 hist_half: int, hist_blocks: int, block_h: int, block_e: int, block_x: int, super_blocks: int,
-                routed: bool, block_n: int, num_warps: int, launch_opts: dict[str, bool | int]) -> None:
+                routed: bool, block_n: int, num_warps: int, launch_opts: dict[str, bool | int],
+                header: torch.Tensor) -> None:
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs): with
-    ``routed`` after ``route.launch_route`` on the same grid, else holding the routing in blocks of
-    ``block_n`` entries (at least the call's)."""
+    ``routed`` after ``route.launch_route`` on the same grid (and then leaving ``header`` for
+    ``combine``, ``header.py``), else holding the routing in blocks of ``block_n`` entries (at least
+    the call's)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
@@ -246,7 +253,7 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
         bad, out, scales if fp8 else out, slot_of, owner, row, counts, bad_host_addr, x.shape[0], x.shape[1],
         max_tokens, num_experts, capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off,
         recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half, hist_off,
-        hist_half, hist_blocks,
+        hist_half, hist_blocks, header,
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_E=block_e,
         BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, FP8=fp8, ROUTED=routed,
-        BLOCK_N=1 if routed else block_n, num_warps=num_warps, **launch_opts)
+        BLOCK_N=1 if routed else block_n, BLOCK_W=pow2_at_least(world), num_warps=num_warps, **launch_opts)

@@ -31,6 +31,7 @@ import triton.language as tl
 
 from ...kernels import heap_ptr, pdl_launch_dependents, pdl_wait, pow2_at_least
 from ...kernels.launcher import Launcher
+from .header import store_header
 from .route import row_slots, rows_per_load, rows_sum
 from .shares import column_shares, pick, share_columns
 
@@ -140,10 +141,10 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
 @triton.jit(do_not_specialize=["rank"])
 def moe_gather_kernel(out_ptr, sc_out_ptr, slot_ptr, counts_ptr, bad_ptr, bad_host_addr, hidden, max_tokens,
                       capacity, hist_blocks, bases, rank, epochs_off, recv_off, recv_half, ids_off, ids_half,
-                      ntab_off, ntab_half, sc_off, sc_half, hist_off, hist_half, WORLD: tl.constexpr,
+                      ntab_off, ntab_half, sc_off, sc_half, hist_off, hist_half, header_ptr, WORLD: tl.constexpr,
                       LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
                       FP8: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
-                      SUPER: tl.constexpr):
+                      SUPER: tl.constexpr, BLOCK_W: tl.constexpr):
     """See the module docstring."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
@@ -160,6 +161,9 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, slot_ptr, counts_ptr, bad_ptr, bad_ho
                            BLOCK_X, BLOCK_B, SUPER)
     if pid == 0:
         finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, 0, LOCAL, BLOCK_X)
+        ws = tl.arange(0, BLOCK_W)
+        ntab = heap_ptr(bases, rank, ntab_off + parity * ntab_half, tl.int32)
+        store_header(header_ptr, tl.load(ntab + ws, mask=ws < WORLD, other=0), parity, BLOCK_W)
 
 
 def launch_gather(run: Launcher, comm, channel, out: torch.Tensor, scales: torch.Tensor | None,
@@ -167,12 +171,14 @@ def launch_gather(run: Launcher, comm, channel, out: torch.Tensor, scales: torch
                   max_tokens: int, capacity: int, local: int, top_k: int, recv_off: int, recv_half: int, ids_off: int,
                   ids_half: int, ntab_off: int, ntab_half: int, sc_off: int, sc_half: int, hist_off: int,
                   hist_half: int, hist_blocks: int, block_e: int, block_x: int, super_blocks: int, block_h: int,
-                  num_warps: int, launch_opts: dict[str, bool | int]) -> None:
-    """Launch ``moe_gather_kernel`` through ``run`` (its launcher: a 1-D grid)."""
+                  num_warps: int, launch_opts: dict[str, bool | int], header: torch.Tensor) -> None:
+    """Launch ``moe_gather_kernel`` through ``run`` (its launcher: a 1-D grid); ``header``: what
+    ``combine`` reads (``header.py``)."""
     bases, rank, world, _, _ = comm.kernel_args()
     fp8 = scales is not None
     run(out, scales if fp8 else out, slot_of, counts, bad, bad_host_addr, out.shape[-1], max_tokens, capacity,
         hist_blocks, bases, rank, channel.epochs_off, recv_off, recv_half, ids_off, ids_half, ntab_off, ntab_half,
-        sc_off, sc_half, hist_off, hist_half, WORLD=world, LOCAL=local, TOP_K=top_k,
+        sc_off, sc_half, hist_off, hist_half, header, WORLD=world, LOCAL=local, TOP_K=top_k,
         BLOCK_K=pow2_at_least(top_k), BLOCK_H=block_h, FP8=fp8, BLOCK_E=block_e,
-        BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, num_warps=num_warps, **launch_opts)
+        BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, BLOCK_W=pow2_at_least(world),
+        num_warps=num_warps, **launch_opts)

@@ -31,7 +31,7 @@ kernels: the decode path's cost is mostly kernel boundaries and chains of depend
    row's slots (``route.copy_slots``), writes ``slot_of`` and stores the row's columns from the
    receive buffer into each of its kept slots on this rank;
 5. program 0: this rank's experts' counts, the bad ids and the entries dropped on its experts into
-   ``bad``, both counters into the host-mapped words.
+   ``bad``, both counters into the host-mapped words, and ``combine``'s header (``header.py``).
 
 The slots, tables and outputs are those of the two-kernel dispatch, bit for bit, so ``combine`` and
 every reader are the same. The halves follow the send channel's epoch parity, as there.
@@ -42,12 +42,11 @@ buffers of their own that are at rest between calls. Step 1 stores the copy as p
 sends each row, and its weights with the row's first item, only to the peers that own one of its
 experts; step 3 is gone; in step 4 program ``pid`` polls (bounded) source ``s``'s copy, then per item
 the weights (the row's first item) and the columns of every row sent to this rank, lays them out,
-writes the tables ``combine`` reads (the source's ids, weights and count) into its own heap, and
-resets every packet it read; program 0 also writes this rank's count. One trip over the links and
-no fence: a program waits only for the data it needs. The polls stay one block at a time: a block
-smaller than the program's threads (a row's weights, FP8 scales) is polled warp by warp, and a
-loop that also waited on a larger block would hold CTA barriers that the warps reach a different
-number of times (``kernels/lamport.py``).
+writes the tables ``combine`` reads (the source's ids and weights) into its own heap, and resets
+every packet it read. One trip over the links and no fence: a program waits only for the data it
+needs. The polls stay one block at a time: a block smaller than the program's threads (a row's
+weights, FP8 scales) is polled warp by warp, and a loop that also waited on a larger block would
+hold CTA barriers that the warps reach a different number of times (``kernels/lamport.py``).
 
 **One shared copy** (``SHARED``, with packets; calls of at least ``MoEShape.shared_copy_from``
 routing entries): a copy per program costs ``programs * entries * 4`` bytes per peer (1.1 MB at 128
@@ -83,6 +82,7 @@ from ...kernels import (
 from ...kernels.launcher import Launcher
 from .dispatch import launch_epoch, send_items
 from .gather import finish_counts, place_item, store_slots
+from .header import store_header
 from .route import copy_slots, expert_ids
 from .shares import column_shares, share_columns
 
@@ -154,11 +154,11 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
                             wts_ptr, slot_ptr, owner_ptr, row_ptr, counts_ptr, bad_ptr, bad_host_addr, n_tokens,
                             bound, hidden, max_tokens, num_experts, capacity, bases, rank, timeout, diag_addr,
                             flags_off, epochs_off, recv_off, recv_half, peer_rows, ids_off, ids_half, wtab_off,
-                            wtab_half, pw_off, pw_half, ntab_off, ntab_half, sc_off, sc_half, copy_off, copy_half,
-                            readers_ptr, trace_ptr,
+                            wtab_half, pw_off, pw_half, sc_off, sc_half, copy_off, copy_half,
+                            readers_ptr, header_ptr, trace_ptr,
                             WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                             BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_X: tl.constexpr, FP8: tl.constexpr,
-                            PACKETS: tl.constexpr, SHARED: tl.constexpr, TRACE: tl.constexpr):
+                            PACKETS: tl.constexpr, SHARED: tl.constexpr, BLOCK_W: tl.constexpr, TRACE: tl.constexpr):
     """See the module docstring. The copy table holds, per half, ``grid * WORLD`` rows of ``BLOCK_N``
     int32 (with ``SHARED``: the first ``WORLD``): the source's ids, then -2 up to ``bound * TOP_K``
     (``bound``: the call's bound on every rank's tokens, the same on every rank). The
@@ -195,13 +195,6 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
                 tl.store(dst + nn, copy, mask=bounded)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 1)
-    ntab = heap_ptr(bases, rank, ntab_off + half * ntab_half, tl.int32, ALIGNED=False)
-    if pid == 0:  # the count table, for combine: written by each rank itself with packets
-        if PACKETS:
-            tl.store(ntab + rank, n_tokens)
-        else:
-            for d in tl.static_range(WORLD):
-                tl.store(heap_ptr(bases, d, ntab_off + half * ntab_half, tl.int32, ALIGNED=False) + rank, n_tokens)
     # 2. the tokens, to the peers that hold their experts and into this rank's own slots
     if PACKETS:  # the weights go to the peers' packet tables
         wsend = pw_off + half * pw_half
@@ -225,6 +218,8 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     earlier = tl.histogram(mine, BLOCK_X, mask=mine >= 0)  # per expert, the entries before source s: own first
+    ws = tl.arange(0, BLOCK_W)
+    sizes = tl.where(ws == rank, n_tokens, 0)  # every rank's tokens, for the header
     for i in range(1, WORLD):
         s = (rank + i) % WORLD
         src = heap_ptr(bases, rank, copy_base + tl.cast(((0 if SHARED else pid * WORLD) + s) * ROW, tl.int64) * 4,
@@ -235,8 +230,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
             got = tl.load(src + nn, mask=bounded, other=-2)
         n_s = tl.sum(((got >= -1) & bounded).to(tl.int32), axis=0) // TOP_K
         ids_s = tl.where(nn < n_s * TOP_K, got, -1)
-        if PACKETS and pid == 0:
-            tl.store(ntab + s, n_s)
+        sizes = tl.where(ws == s, n_s, sizes)
         if TRACE:
             if i == 1:
                 stamp(trace_ptr, pid * _STAGES + 3)
@@ -265,6 +259,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     if pid == 0:
         finish_counts(counts_ptr, bad_ptr, bad_host_addr, earlier, capacity, rank, tl.sum(bad.to(tl.int32)), LOCAL,
                       BLOCK_X)
+        store_header(header_ptr, sizes, half, BLOCK_W)
     epoch_commit(epoch_ptr, e)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 5)
@@ -275,25 +270,26 @@ def launch_dispatch_one_kernel(run: Launcher, comm, channel, out: torch.Tensor, 
                                slot_of: torch.Tensor, owner: torch.Tensor, row: torch.Tensor, counts: torch.Tensor,
                                bad: torch.Tensor, bad_host_addr: int, *, max_tokens: int, num_experts: int,
                                capacity: int, local: int, recv_off: int, recv_half: int, peer_rows: int, ids_off: int,
-                               ids_half: int, wtab_off: int, wtab_half: int, pw_off: int, pw_half: int, ntab_off: int,
-                               ntab_half: int, sc_off: int, sc_half: int, copy_off: int, copy_half: int,
+                               ids_half: int, wtab_off: int, wtab_half: int, pw_off: int, pw_half: int, sc_off: int,
+                               sc_half: int, copy_off: int, copy_half: int,
                                readers: torch.Tensor | None, bound: int, block_n: int, block_x: int, block_h: int,
                                packets: bool, num_warps: int, launch_opts: dict[str, bool | int],
-                               trace: torch.Tensor | None = None) -> None:
+                               header: torch.Tensor, trace: torch.Tensor | None = None) -> None:
     """Launch ``moe_dispatch_one_kernel`` through ``run`` (its launcher: a 1-D grid); with
     ``packets`` the receive buffer, its scales, ``pw_off`` and the copy table are Lamport buffers at
     rest; with ``readers`` (int32 ``[2]``, zero, and packets) the copy table holds one shared copy
     per source (``MoEShape.shared_copy_from``). ``bound``: the call's bound on every rank's tokens,
     the same on every rank (``tokens_bound``, else ``max_tokens``). ``trace``: int64 ``[programs,
-    DISPATCH_STAGES, 2]`` for the stage stamps, or None."""
+    DISPATCH_STAGES, 2]`` for the stage stamps, or None. ``header``: what ``combine`` reads
+    (``header.py``)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
     run(out, scales if fp8 else out, x, x.stride(0), ids, ids.stride(0), ids.stride(1), weights, weights.stride(0),
         weights.stride(1), wts, slot_of, owner, row, counts, bad, bad_host_addr, x.shape[0], bound, x.shape[1],
         max_tokens, num_experts, capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off, recv_off,
-        recv_half, peer_rows, ids_off, ids_half, wtab_off, wtab_half, pw_off, pw_half, ntab_off, ntab_half, sc_off,
-        sc_half, copy_off, copy_half, counts if readers is None else readers, bad if trace is None else trace,
+        recv_half, peer_rows, ids_off, ids_half, wtab_off, wtab_half, pw_off, pw_half, sc_off,
+        sc_half, copy_off, copy_half, counts if readers is None else readers, header, bad if trace is None else trace,
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_N=block_n,
-        BLOCK_X=block_x, FP8=fp8, PACKETS=packets,
-        SHARED=readers is not None, TRACE=trace is not None, num_warps=num_warps, **launch_opts)
+        BLOCK_X=block_x, FP8=fp8, PACKETS=packets, SHARED=readers is not None, BLOCK_W=pow2_at_least(world),
+        TRACE=trace is not None, num_warps=num_warps, **launch_opts)

@@ -8,8 +8,10 @@ import re
 from collections import Counter
 
 import pytest
+import triton
+import triton.language as tl
 
-from tritoncomm.kernels import interpreting, pow2_at_least
+from tritoncomm.kernels import interpreting, lamport_poll, pow2_at_least
 
 pytestmark = pytest.mark.skipif(interpreting(), reason="PTX checks need compiled (not interpreted) kernels")
 
@@ -463,6 +465,23 @@ def test_a_timeout_record_needs_no_barrier_and_a_reset_one():
         "bar.sync") for sync in (True, False)}
     assert counts == {True: 1, False: 0}, counts
 
+
+
+@triton.jit
+def _poll_kernel(buf, out, rank, timeout, diag_addr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    v = lamport_poll(buf + offs, offs < BLOCK, 1, 0, rank, timeout, diag_addr.to(tl.pointer_type(tl.int64)))
+    tl.store(out + offs, v)
+
+
+def test_a_poll_reloads_only_a_block_copied_across_threads():
+    """``lamport_poll`` of a block with at least one element per thread returns the values of the look
+    that counted nothing missing; a smaller block (each element copied in several threads) makes one
+    more look after the count: exactly one volatile load more."""
+    sig = {"buf": "*fp32", "out": "*fp32", "rank": "i32", "timeout": "i64", "diag_addr": "i64"}
+    looks = {b: len(re.findall(r"\bld\.volatile\.global", compile_ptx(_poll_kernel, sig, {"BLOCK": b}, {"buf", "out"})))
+             for b in (4, 128, 512)}
+    assert looks[4] == looks[128] + 1 and looks[128] == looks[512], looks
 
 
 def _sglang_patches(monkeypatch) -> None:

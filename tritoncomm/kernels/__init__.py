@@ -8,8 +8,8 @@ The public surface (each module's docstring states its memory-ordering contract)
   ``wait``, ``wait_relaxed``, ``barrier`` (and its halves ``barrier_arrive``/``barrier_wait``),
   ``epoch_next``, ``epoch_commit``;
 * LL packets (``ll``): ``ll8_store``, ``ll8_try``, ``ll8_poll``, ``ll8_poll_sum_f32``, ``ll8_pack``, ``ll8_unpack``;
-* Lamport buffers (``lamport``): ``lamport_store``, ``lamport_try``, ``lamport_poll``, ``lamport_reset``,
-  ``lamport_canonical``, ``lamport_missing`` and, on the host, ``lamport_fill``;
+* Lamport buffers (``lamport``): ``lamport_store``, ``lamport_try``, ``lamport_poll``, ``lamport_poll_from``,
+  ``lamport_reset``, ``lamport_canonical``, ``lamport_missing`` and, on the host, ``lamport_fill``;
 * ordering building blocks (``ordering``): ``ld_acquire``, ``st_release``, ``fence_sys``, and for
   programmatic dependent launch ``pdl_wait``, ``pdl_launch_dependents``, ...
 * stage stamps for finding where a kernel's time goes (``trace``): ``stamp``;
@@ -24,7 +24,7 @@ rank 0, whose in-block reductions (``tl.sum``) may group terms differently: diff
 different ranks.
 """
 
-from .backend import INTERPRET, MAX_WORLD, interpreting
+from .backend import INTERPRET, MAX_WORLD, interpreting, program_threads
 from .barrier import barrier, barrier_arrive, barrier_flag_bytes, barrier_wait
 from .consistency import check_signatures, signature_table_bytes
 from .copy import copy_block, get, put
@@ -36,6 +36,7 @@ from .lamport import (
     lamport_fill,
     lamport_missing,
     lamport_poll,
+    lamport_poll_from,
     lamport_reset,
     lamport_store,
     lamport_try,
@@ -71,9 +72,11 @@ __all__ = [
     "already_failed", "assume_multiple",
     "barrier", "barrier_arrive", "barrier_flag_bytes", "barrier_wait", "check_signatures", "clock_ns", "copy_block",
     "epoch_commit", "epoch_next", "fence_sys", "get", "heap_base", "heap_ptr", "interpreting", "lamport_canonical",
-    "lamport_fill", "lamport_missing", "lamport_poll", "lamport_reset", "lamport_store", "lamport_try",
+    "lamport_fill", "lamport_missing", "lamport_poll", "lamport_poll_from", "lamport_reset", "lamport_store",
+    "lamport_try",
     "ld_acquire", "ld_volatile", "ll8_pack", "ll8_poll", "ll8_poll_sum_f32", "ll8_store", "ll8_try", "ll8_unpack",
-    "next_pow2", "pdl_launch_dependents", "pdl_wait", "pow2_at_least", "pow2_divisor", "program_epoch", "put",
+    "next_pow2", "pdl_launch_dependents", "pdl_wait", "pow2_at_least", "pow2_divisor", "program_epoch",
+    "program_threads", "put",
     "record_timeout", "round_to",
     "signal", "signal_add", "signal_relaxed", "signature_table_bytes", "st_relaxed", "st_release", "stamp", "translate",
     "wait", "wait_relaxed",

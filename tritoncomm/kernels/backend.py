@@ -13,7 +13,7 @@ import os
 
 import triton.language as tl
 
-__all__ = ["INTERPRET", "MAX_WORLD", "interpreting"]
+__all__ = ["INTERPRET", "MAX_WORLD", "interpreting", "program_threads"]
 
 
 def interpreting() -> bool:
@@ -27,3 +27,11 @@ INTERPRET = tl.constexpr(interpreting())
 #: Largest world size the signal tables are laid out for (one NVLink node). Flag vectors have this
 #: many lanes, so it must be a power of two.
 MAX_WORLD = tl.constexpr(8)
+
+
+@tl.core.builtin
+def program_threads(_semantic=None) -> tl.constexpr:
+    """The threads of one compiled program (``num_warps * 32``), a constexpr at trace time. Compiled
+    code only: the interpreter, where a block is one array never copied across threads, cannot call
+    it (guard with ``INTERPRET``)."""
+    return tl.constexpr(_semantic.builder.options.num_warps * 32)

@@ -33,8 +33,9 @@ Contract (per element, like ``ll``):
   Triton copies a smaller block across threads, each copy is a look of its own, and a reduction
   counts one copy (another thread's copy can still hold the sentinel).
 * ``lamport_poll(ptrs, mask, peer, slot, rank, timeout, diag)``: volatile looks until no masked
-  element holds the sentinel; returns the values of one more look, so any block shape is safe for
-  the values. Bounded like ``signals.wait`` (kind 4 in ``diag``: the peer, the slot, the address of
+  element holds the sentinel; returns the values of the last look where the block has at least one
+  element per thread of the program, else of one more look, so any block shape is safe for the
+  values. Bounded like ``signals.wait`` (kind 4 in ``diag``: the peer, the slot, the address of
   the first element still missing, and how many were). The threads of a program do not finish a
   poll together: where a block has fewer elements than the program has threads, each copy of an
   element is polled by its own thread, and one warp can be done while another still looks.
@@ -42,6 +43,8 @@ Contract (per element, like ``ll``):
   look is counted per warp (a warp-level reduction), the other's across the program (with CTA
   barriers inside the loop), so warps would leave the loop after different numbers of barriers
   (undefined behaviour: a hang, or a timeout record of garbage values).
+* ``lamport_poll_from(v, miss, ptrs, mask, ...)``: ``lamport_poll`` after a first look that the
+  caller issued earlier (``lamport_try``), so that its loads overlap other work.
 * ``lamport_reset(ptrs, mask, SYNC=True)``: store the sentinel. Only the buffer's reader resets,
   after it has read: a writer may store into an element again only once it knows the reader has
   reset it (the collectives alternate two buffers by launch parity: a peer can be at most one launch
@@ -72,13 +75,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .backend import INTERPRET
+from .backend import INTERPRET, program_threads
 from .diag import record_timeout
 from .ordering import clock_ns
 from .signals import stop_waiting
 
 __all__ = ["KIND_LAMPORT", "LAMPORT_SENTINEL8", "LAMPORT_SENTINEL16", "lamport_canonical", "lamport_fill",
-           "lamport_missing", "lamport_poll", "lamport_reset", "lamport_store", "lamport_try"]
+           "lamport_missing", "lamport_poll", "lamport_poll_from", "lamport_reset", "lamport_store", "lamport_try"]
 
 #: The at-rest pattern of every 16-bit half of a Lamport buffer (of elements of 16 bits or more).
 LAMPORT_SENTINEL16 = 0x8000
@@ -188,29 +191,35 @@ def _total(x):
 
 
 @triton.jit
-def _missing_at(ptrs, mask):
-    v = tl.load(ptrs, mask=mask, other=0.0, volatile=True)
-    return lamport_missing(v) * mask.to(tl.int32)
-
-
-@triton.jit
 def lamport_poll(ptrs, mask, peer, slot, rank, timeout, diag):
     """Wait until no element at ``ptrs`` (a 1-D or 2-D block, where ``mask``) holds the sentinel;
     return the values. ``peer`` names the writer in a diagnostic: an int, or a block like ``ptrs``
     (the lowest peer with an element still missing is named). Bounded: on timeout it records (rank,
     peer, slot, the address of the lowest element still missing, how many are) and returns what it
-    has; the communicator's error names the heap buffer at that address."""
-    missing = _total(_missing_at(ptrs, mask))
+    has; the communicator's error names the heap buffer at that address. A block of at least one
+    element per thread of the program returns the values of the look that found none missing; a
+    smaller one, which Triton copies across threads, those of one more look."""
+    v, miss = lamport_try(ptrs, mask)
+    return lamport_poll_from(v, miss, ptrs, mask, peer, slot, rank, timeout, diag)
+
+
+@triton.jit
+def lamport_poll_from(v, miss, ptrs, mask, peer, slot, rank, timeout, diag):
+    """``lamport_poll`` whose first look, ``v, miss = lamport_try(ptrs, mask)``, the caller made
+    earlier: its loads are in flight while the caller does other work (another poll, say). Counting
+    ``miss`` is this poll's first wait."""
+    missing = _total(miss)
     if missing > 0:
         t0 = clock_ns()
         spins = 0
         while missing > 0:
-            missing = _total(_missing_at(ptrs, mask))
+            v, miss = lamport_try(ptrs, mask)
+            missing = _total(miss)
             spins += 1
             if missing > 0:
                 failed, expired = stop_waiting(t0, spins, timeout, diag)
                 if expired:
-                    late = _missing_at(ptrs, mask) > 0
+                    late = miss > 0
                     who = tl.where(late, peer + tl.zeros(ptrs.shape, tl.int32), 1 << 30)
                     at = tl.where(late, ptrs.to(tl.int64), 1 << 62)
                     if len(ptrs.shape) == 2:
@@ -222,4 +231,6 @@ def lamport_poll(ptrs, mask, peer, slot, rank, timeout, diag):
                     record_timeout(diag, KIND_LAMPORT, rank, first, slot, addr, missing.to(tl.int64), spins)
                 if failed or expired:
                     missing = 0
-    return tl.load(ptrs, mask=mask, other=0.0, volatile=True)
+    if not INTERPRET and ptrs.numel < program_threads():  # copied across threads: one copy was counted
+        v = tl.load(ptrs, mask=mask, other=0.0, volatile=True)
+    return v

@@ -74,8 +74,10 @@ from ...kernels import (
     epoch_commit,
     heap_ptr,
     lamport_poll,
+    lamport_poll_from,
     lamport_reset,
     lamport_store,
+    lamport_try,
     pow2_at_least,
     stamp,
 )
@@ -103,7 +105,8 @@ def place_packets(out_ptr, sc_out_ptr, slot_ptr, ids_tab, wtab, recv, sc, pw, e,
     first item writes the source's ids and, for this rank's experts, ``slot_of``; if the row has an
     entry on this rank (kept or not: the sender does not know which are dropped) the first item
     polls its weights into ``wtab``, and the item polls its columns, stores them into the kept
-    slots and resets every packet it read."""
+    slots and resets every packet it read. The first look at the columns is issued before the weights
+    are polled (two waits, one after the other, never in one loop: ``kernels/lamport.py``)."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
@@ -116,22 +119,26 @@ def place_packets(out_ptr, sc_out_ptr, slot_ptr, ids_tab, wtab, recv, sc, pw, e,
     tl.store(slot_ptr + i0 + kk, at, mask=km & first & on_me)
     if tl.sum(on_me.to(tl.int32), axis=0) > 0:  # the source sent the row here
         r64 = tl.cast(recv_row, tl.int64)
+        lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
+        row = recv + r64 * hidden
+        v, miss = lamport_try(row + lo + cols, lo + cols < hidden)  # in flight while the weights are polled
         if first:
             wv = lamport_poll(pw + r64 * TOP_K + kk, km, s, t, rank, timeout, diag)
             tl.store(wtab + i0 + kk, wv, mask=km)
             lamport_reset(pw + r64 * TOP_K + kk, km)
         at = tl.where(on_me, at, -1)
-        lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
         for c in range(lo, hi, BLOCK_H):
             m = c + cols < hidden
-            v = lamport_poll(recv + r64 * hidden + c + cols, m, s, t, rank, timeout, diag)
+            if c != lo:
+                v, miss = lamport_try(row + c + cols, m)
+            v = lamport_poll_from(v, miss, row + c + cols, m, s, t, rank, timeout, diag)
             scale = 0.0
             if FP8:
                 gm = c + groups * 128 < hidden
                 scale = lamport_poll(sc + r64 * (hidden // 128) + c // 128 + groups, gm, s, t, rank, timeout, diag)
                 lamport_reset(sc + r64 * (hidden // 128) + c // 128 + groups, gm)
             store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
-            lamport_reset(recv + r64 * hidden + c + cols, m)
+            lamport_reset(row + c + cols, m)
 
 
 @triton.jit

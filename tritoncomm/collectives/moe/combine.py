@@ -88,7 +88,8 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
     stored it there); a peer's is polled from the Lamport buffer and reset (latency mode) or read
     from the partials buffer after the barrier (throughput mode). The work items are (token, share
     of its column blocks) (``column_shares``); an item's routing is loaded once, so each column
-    block waits on one round of loads."""
+    block waits on one round of loads. Each mode has a loop of its own, compiled apart from the
+    other's waits."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     cols = tl.arange(0, BLOCK_H)
     kk = tl.arange(0, BLOCK_K)
@@ -97,36 +98,47 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
     part = heap_ptr(bases, rank, part_off, DTYPE)
     lpart = heap_ptr(bases, rank, lpart_off, DTYPE)
     shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
-    for item in range(pid, n_tokens * shares, grid):
-        t = item // shares
-        owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
-        row = tl.load(row_ptr + t * TOP_K + kk, mask=km, other=-1)  # -1 unless kept here
-        wt = tl.load(w_ptr + t * TOP_K + kk, mask=km, other=0.0)
-        lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
-        for c in range(lo, hi, BLOCK_H):
-            m = c + cols < hidden
-            mine = tl.load(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, mask=m & from_partials,
-                           other=0.0).to(tl.float32)
-            summed = tl.zeros([BLOCK_H], dtype=tl.float32)
-            for j in tl.static_range(TOP_K):
-                on_me = (pick(row, kk, j) >= 0) & ~from_partials
-                # times hidden after the pick: 16-byte loads (a pick's result has no known divisibility)
-                y = tl.load(ybuf + pick(row, kk, j).to(tl.int64) * hidden + c + cols, mask=m & on_me,
-                            other=0.0).to(tl.float32)
-                summed += tl.where(on_me, pick(wt, kk, j) * y, 0.0)
-            own = tl.where(from_partials, mine, _partial(summed, DTYPE).to(tl.float32))
-            acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-            for r in tl.static_range(WORLD):
-                has_r = tl.sum((owner == r).to(tl.int32), axis=0) > 0
-                peer = (r != rank) & has_r
-                got = tl.load(part + tl.cast(r * max_tokens + t, tl.int64) * hidden + c + cols,
-                              mask=m & peer & from_partials, other=0.0).to(tl.float32)
-                if peer & ~from_partials:
-                    at = lpart + tl.cast(r * lamport_rows + t, tl.int64) * hidden + c + cols
-                    got = lamport_poll(at, m, r, t, rank, timeout, diag).to(tl.float32)
-                    lamport_reset(at, m)
-                acc += tl.where(r == rank, own, got)
-            tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, round_to(acc, DTYPE), mask=m)
+    if from_partials:
+        for item in range(pid, n_tokens * shares, grid):
+            t = item // shares
+            owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
+            lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
+            for c in range(lo, hi, BLOCK_H):
+                m = c + cols < hidden
+                own = tl.load(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, mask=m, other=0.0).to(tl.float32)
+                acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+                for r in tl.static_range(WORLD):
+                    peer = (r != rank) & (tl.sum((owner == r).to(tl.int32), axis=0) > 0)
+                    got = tl.load(part + tl.cast(r * max_tokens + t, tl.int64) * hidden + c + cols, mask=m & peer,
+                                  other=0.0).to(tl.float32)
+                    acc += tl.where(r == rank, own, got)
+                tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, round_to(acc, DTYPE), mask=m)
+    else:
+        for item in range(pid, n_tokens * shares, grid):
+            t = item // shares
+            owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
+            row = tl.load(row_ptr + t * TOP_K + kk, mask=km, other=-1)  # -1 unless kept here
+            wt = tl.load(w_ptr + t * TOP_K + kk, mask=km, other=0.0)
+            lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
+            for c in range(lo, hi, BLOCK_H):
+                m = c + cols < hidden
+                summed = tl.zeros([BLOCK_H], dtype=tl.float32)
+                for j in tl.static_range(TOP_K):
+                    on_me = pick(row, kk, j) >= 0
+                    # times hidden after the pick: 16-byte loads (a pick's result has no known divisibility)
+                    y = tl.load(ybuf + pick(row, kk, j).to(tl.int64) * hidden + c + cols, mask=m & on_me,
+                                other=0.0).to(tl.float32)
+                    summed += tl.where(on_me, pick(wt, kk, j) * y, 0.0)
+                own = _partial(summed, DTYPE).to(tl.float32)
+                acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+                for r in tl.static_range(WORLD):
+                    got = tl.zeros([BLOCK_H], dtype=tl.float32)
+                    if (r != rank) & (tl.sum((owner == r).to(tl.int32), axis=0) > 0):
+                        at = lpart + tl.cast(r * lamport_rows + t, tl.int64) * hidden + c + cols
+                        got = lamport_poll(at, m, r, t, rank, timeout, diag).to(tl.float32)
+                        lamport_reset(at, m)
+                    acc += tl.where(r == rank, own, got)
+                tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, round_to(acc, DTYPE), mask=m)
 
 
 @triton.jit

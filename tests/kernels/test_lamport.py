@@ -355,3 +355,53 @@ def test_a_reset_waits_for_every_warps_look(worlds):
         assert err is None and got == [1.0, 2.0, 3.0, 4.0] and rest, (prompt, res[prompt])
     assert "staged" in res, res  # without the barrier some prompt warp left the others polling
     assert "still at the sentinel" in res["staged"][1], res["staged"]
+
+
+# -- GPUs: a block of one element per thread is returned from its last look ------------------------------------
+@triton.jit
+def _trickle_kernel(buf, out, rank, timeout, diag_addr, gap_ns, BLOCK: tl.constexpr):
+    """Program 1 stores ``BLOCK`` values into ``buf`` one at a time, ``gap_ns`` apart, the last
+    element first; program 0 polls the whole block (no reload when it has an element per thread),
+    keeps what it read in ``out`` and resets the block."""
+    offs = tl.arange(0, BLOCK)
+    if tl.program_id(0) == 1:
+        for i in range(BLOCK):
+            t0 = clock_ns()
+            while clock_ns() - t0 < gap_ns:
+                pass
+            j = BLOCK - 1 - i
+            lamport_store(buf + j, (j + 1).to(tl.float32))
+    else:
+        v = lamport_poll(buf + offs, offs < BLOCK, 1, 0, rank, timeout, diag_addr.to(tl.pointer_type(tl.int64)))
+        lamport_reset(buf + offs)
+        tl.store(out + offs, v)
+
+
+def _job_trickle(ctx):
+    """Per (warps, block): (values read are the values stored, buffer back at rest)."""
+    comm = make_comm(ctx, timeout_s=2.0)
+    _, rank, _, timeout, diag = comm.kernel_args()
+    out = {}
+    for warps in (4, 8):
+        for block in (32 * warps, 64 * warps):  # one and two elements per thread
+            buf = comm.empty(block, torch.float32)
+            lamport_fill(buf)
+            got = torch.full((block,), -7.0, device=ctx.device)
+            _trickle_kernel[(2,)](buf, got, rank, timeout, diag, 2_000, BLOCK=block, num_warps=warps)
+            comm.synchronize()
+            want = torch.arange(1, block + 1, dtype=torch.float32, device=ctx.device)
+            rest = bool((buf.view(torch.int16) == LAMPORT_SENTINEL16 - (1 << 16)).all())
+            out[(warps, block)] = (bool(torch.equal(got, want)), rest)
+            comm.free(buf)
+    comm.bootstrap.barrier()
+    comm.close()
+    return out
+
+
+@pytest.mark.skipif(BACKEND != "cuda", reason="a writer racing the poll within one launch: GPUs only")
+def test_a_poll_of_an_element_per_thread_returns_every_value(worlds):
+    """A writer stores a block's elements one at a time (2 µs apart) while the reader polls the whole
+    block: with at least one element per thread the poll returns its last look's values, which must
+    hold every stored value (no copy of an element in another thread still at the sentinel)."""
+    res = worlds(1).run(_job_trickle)[0]
+    assert all(ok and rest for ok, rest in res.values()), res

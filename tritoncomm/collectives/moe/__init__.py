@@ -114,6 +114,10 @@ class MoEShape:
     #: from program 0, which every program reads and the last one done resets; smaller calls a copy
     #: per program, which each resets (no shared count to wait on). 0: always shared.
     shared_copy_from: int = SHARED_COPY_FROM
+    #: With packets, the one-kernel dispatch's first ``send_programs`` programs send this rank's rows
+    #: (and lay out its own) and the others lay out the peers' rows as they arrive, so that no
+    #: program's layout waits behind its own sends; 0: every program sends, then lays out.
+    send_programs: int = 0
     #: Instances with more routing entries per rank (``max_tokens * top_k``) than this dispatch with
     #: ``moe_route_kernel`` and then the send kernel, which also lays out the peers' rows; others (not
     #: in one kernel) with the send and gather kernels, every send program holding the call's routing.
@@ -129,6 +133,9 @@ class MoEShape:
             raise InvalidInputError(f"MoEShape: shared_copy_from must be at least 0, got {self.shared_copy_from}")
         if self.programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):
             raise InvalidInputError(f"MoEShape: bad programs or warps in {self}")
+        if not 0 <= self.send_programs < self.programs or (self.send_programs and not self.packets):
+            raise InvalidInputError(f"MoEShape: send_programs must be 0, or with packets in [1, programs), got "
+                                    f"{self.send_programs} of {self.programs} programs (packets={self.packets})")
 
 
 #: Launch shapes by kind of instance; on GPUs ``programs`` is set from the SM count at construction
@@ -395,7 +402,7 @@ class MoEAllToAll:
                 readers=self._readers if bound * self.top_k >= sh.shared_copy_from else None, bound=bound,
                 block_n=self._block_n, header=self._header, trace=self._traces[0] if self._traces else None,
                 block_x=self._block_x, block_h=sh.one_block_h or sh.send_block_h or sh.block_h, num_warps=sh.num_warps,
-                launch_opts=self._launch_opts, **self._one_args)
+                senders=sh.send_programs, launch_opts=self._launch_opts, **self._one_args)
         else:
             self._dispatch_two_kernels(x, topk_ids, topk_weights)
         self._call += 1

@@ -165,7 +165,8 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
                             readers_ptr, header_ptr, trace_ptr,
                             WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                             BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_X: tl.constexpr, FP8: tl.constexpr,
-                            PACKETS: tl.constexpr, SHARED: tl.constexpr, BLOCK_W: tl.constexpr, TRACE: tl.constexpr):
+                            PACKETS: tl.constexpr, SHARED: tl.constexpr, BLOCK_W: tl.constexpr, TRACE: tl.constexpr,
+                            SENDERS: tl.constexpr = 0):
     """See the module docstring. The copy table holds, per half, ``grid * WORLD`` rows of ``BLOCK_N``
     int32 (with ``SHARED``: the first ``WORLD``): the source's ids, then -2 up to ``bound * TOP_K``
     (``bound``: the call's bound on every rank's tokens, the same on every rank). The
@@ -174,9 +175,18 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     Lamport buffers. ``readers_ptr``: with ``SHARED``, per half the number of this launch's programs
     done with the copies (0 between launches). With ``TRACE`` each program stamps
     (``kernels.stamp``) ``DISPATCH_STAGES`` points into ``trace_ptr``: started, copies sent, rows
-    sent, first peer's copy read, rows laid out, done."""
+    sent, first peer's copy read, rows laid out, done. With ``SENDERS`` (packets only) programs ``[0,
+    SENDERS)`` send the rows and the others lay out the peers' rows; every program still sends and
+    polls its routing copies."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
+    if SENDERS == 0:  # every program sends, then lays out
+        send_pid, send_grid, lay_pid, lay_grid = pid, grid, pid, grid
+    else:  # senders' items split over SENDERS programs, the layout's over the others (1 << 30: none)
+        send_pid = tl.where(pid < SENDERS, pid, 1 << 30)
+        send_grid = tl.full([], SENDERS, tl.int32)
+        lay_pid = tl.where(pid < SENDERS, 1 << 30, pid - SENDERS)
+        lay_grid = grid - SENDERS
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
     ROW: tl.constexpr = BLOCK_N  # a copy row: the ids, -2 past the source's entries up to the bound
     diag = diag_addr.to(tl.pointer_type(tl.int64))
@@ -208,8 +218,9 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     else:
         wsend = wtab_off + half * wtab_half
     send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
-               slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
-               grid, recv_base, peer_rows, ids_off + half * ids_half, wsend, sc_base, mine, nn, 0, 0, DTYPE, WORLD,
+               slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank,
+               send_pid, send_grid, recv_base, peer_rows, ids_off + half * ids_half, wsend, sc_base, mine, nn, 0, 0,
+               DTYPE, WORLD,
                LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, True, PACKETS, 1, BLOCK_X, 1, 1, PACKETS)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 2)
@@ -242,8 +253,8 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
             if i == 1:
                 stamp(trace_ptr, pid * _STAGES + 3)
         peer_row = (s - (s > rank).to(tl.int32)) * peer_rows
-        shares = column_shares(n_s, hidden, grid, BLOCK_H)
-        for item in range(pid, n_s * shares, grid):
+        shares = column_shares(n_s, hidden, lay_grid, BLOCK_H)
+        for item in range(lay_pid, n_s * shares, lay_grid):
             t = item // shares
             ex = tl.load(src + t * TOP_K + kk, mask=km, other=-1, volatile=PACKETS)
             at = copy_slots(ids_s, nn, ex, kk, t, earlier, capacity, LOCAL, TOP_K)
@@ -281,14 +292,14 @@ def launch_dispatch_one_kernel(run: Launcher, comm, channel, out: torch.Tensor, 
                                sc_half: int, copy_off: int, copy_half: int,
                                readers: torch.Tensor | None, bound: int, block_n: int, block_x: int, block_h: int,
                                packets: bool, num_warps: int, launch_opts: dict[str, bool | int],
-                               header: torch.Tensor, trace: torch.Tensor | None = None) -> None:
+                               header: torch.Tensor, trace: torch.Tensor | None = None, senders: int = 0) -> None:
     """Launch ``moe_dispatch_one_kernel`` through ``run`` (its launcher: a 1-D grid); with
     ``packets`` the receive buffer, its scales, ``pw_off`` and the copy table are Lamport buffers at
     rest; with ``readers`` (int32 ``[2]``, zero, and packets) the copy table holds one shared copy
     per source (``MoEShape.shared_copy_from``). ``bound``: the call's bound on every rank's tokens,
     the same on every rank (``tokens_bound``, else ``max_tokens``). ``trace``: int64 ``[programs,
     DISPATCH_STAGES, 2]`` for the stage stamps, or None. ``header``: what ``combine`` reads
-    (``header.py``)."""
+    (``header.py``). ``senders``: with packets, the programs that send (the others lay out); 0: all."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
@@ -299,4 +310,4 @@ def launch_dispatch_one_kernel(run: Launcher, comm, channel, out: torch.Tensor, 
         sc_half, copy_off, copy_half, counts if readers is None else readers, header, bad if trace is None else trace,
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_N=block_n,
         BLOCK_X=block_x, FP8=fp8, PACKETS=packets, SHARED=readers is not None, BLOCK_W=pow2_at_least(world),
-        TRACE=trace is not None, num_warps=num_warps, **launch_opts)
+        TRACE=trace is not None, SENDERS=senders, num_warps=num_warps, **launch_opts)

@@ -322,10 +322,11 @@ def test_rows_split_over_programs_by_column_blocks(worlds, world, mode, fp8):
 @pytest.mark.parametrize("senders,fp8,shared_from", [(2, False, 1 << 20), (5, False, 0), (3, True, 1 << 20)])
 def test_one_kernel_with_sending_and_layout_programs_apart(worlds, world, senders, fp8, shared_from):
     """The one-kernel dispatch with its first ``senders`` of 6 programs sending and the others laying
-    out (``MoEShape.send_programs``): rows split over either group by column blocks, token counts
-    drawn from 0 to 6, with a routing copy per program or one shared copy."""
+    out (``MoEShape.send_programs``), and the latency combine with its first ``6 - senders`` pushing
+    and the others summing (``push_programs``): rows split over either group by column blocks, token
+    counts drawn from 0 to 6, with a routing copy per program or one shared copy."""
     shape = MoEShape(programs=6, block_h=128 if fp8 else 16, block_e=4, num_warps=1, one_kernel=True,
-                     send_programs=senders, shared_copy_from=shared_from)
+                     send_programs=senders, shared_copy_from=shared_from, push_programs=6 - senders)
     hidden = 384 if fp8 else 40
     for bad in worlds(world).run(_job, 4 * world, 3, hidden, 6, "unrouted", 4, torch.bfloat16, None, torch.int64,
                                  torch.float32, fp8, "latency", shape=shape):
@@ -341,10 +342,10 @@ def test_world8(worlds, world, mode):
 
 #: The dispatch paths by launch shape (at most 4 tokens of top-2 per rank): the default (one kernel,
 #: packets, at these sizes a routing copy per program), the same with one shared copy, the same with
-#: one program sending and the other laying out, one kernel with a barrier, the send and gather
-#: kernels, the route and send kernels.
+#: one program sending (in combine: pushing) and the other laying out (summing), one kernel with a
+#: barrier, the send and gather kernels, the route and send kernels.
 PATHS = {"one-kernel": None, "shared-copy": replace(SHAPES["cpu"], shared_copy_from=0),
-         "split-roles": replace(SHAPES["cpu"], send_programs=1),
+         "split-roles": replace(SHAPES["cpu"], send_programs=1, push_programs=1),
          "barrier": replace(SHAPES["cpu"], packets=False),
          "held": replace(SHAPES["cpu"], one_kernel=False),
          "routed": replace(SHAPES["cpu"], one_kernel=False, route_above=4)}

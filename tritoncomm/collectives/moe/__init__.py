@@ -118,6 +118,10 @@ class MoEShape:
     #: (and lay out its own) and the others lay out the peers' rows as they arrive, so that no
     #: program's layout waits behind its own sends; 0: every program sends, then lays out.
     send_programs: int = 0
+    #: In the latency combine, the first ``push_programs`` programs push the partials of the peers'
+    #: tokens and the others sum this rank's tokens as the partials arrive; 0: every program pushes,
+    #: then sums.
+    push_programs: int = 0
     #: Instances with more routing entries per rank (``max_tokens * top_k``) than this dispatch with
     #: ``moe_route_kernel`` and then the send kernel, which also lays out the peers' rows; others (not
     #: in one kernel) with the send and gather kernels, every send program holding the call's routing.
@@ -133,6 +137,9 @@ class MoEShape:
             raise InvalidInputError(f"MoEShape: shared_copy_from must be at least 0, got {self.shared_copy_from}")
         if self.programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):
             raise InvalidInputError(f"MoEShape: bad programs or warps in {self}")
+        if not 0 <= self.push_programs < self.programs:
+            raise InvalidInputError(f"MoEShape: push_programs must be in [0, programs), got {self.push_programs} "
+                                    f"of {self.programs} programs")
         if not 0 <= self.send_programs < self.programs or (self.send_programs and not self.packets):
             raise InvalidInputError(f"MoEShape: send_programs must be 0, or with packets in [1, programs), got "
                                     f"{self.send_programs} of {self.programs} programs (packets={self.packets})")
@@ -452,7 +459,7 @@ class MoEAllToAll:
                        ids_half=self._ids_half, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                        part_off=self._part_off, lpart_off=self._lpart_off, block_h=self.shape.block_h,
                        num_warps=self.shape.num_warps, launch_opts=self._launch_opts,
-                       trace=self._traces[1] if self._traces else None)
+                       trace=self._traces[1] if self._traces else None, pushers=self.shape.push_programs)
         return out[:handle.n_tokens]
 
     def close(self) -> None:

@@ -253,12 +253,21 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
                        ids_off, ids_half, wtab_off, wtab_half, part_off, lpart_off, trace_ptr,
                        WORLD: tl.constexpr,
                        LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr,
-                       BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+                       BLOCK_H: tl.constexpr, TRACE: tl.constexpr, PUSHERS: tl.constexpr = 0):
     """``out[t]`` for ``t < n_tokens`` (see the module docstring). With ``TRACE`` each program
     stamps (``kernels.stamp``) ``COMBINE_STAGES`` points into ``trace_ptr``: started, mode known,
-    partials pushed (throughput: and the barrier passed), done."""
+    partials pushed (throughput: and the barrier passed), done. With ``PUSHERS``, in the latency mode
+    programs ``[0, PUSHERS)`` push and the others sum (nothing pairs programs there); the throughput
+    mode's barrier pairs program ``pid`` across ranks, so there every program does both."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
+    if PUSHERS == 0:
+        push_pid, push_grid, sum_pid, sum_grid = pid, grid, pid, grid
+    else:  # latency mode: pushes over PUSHERS programs, sums over the others (1 << 30: none)
+        push_pid = tl.where(pid < PUSHERS, pid, 1 << 30)
+        push_grid = tl.full([], PUSHERS, tl.int32)
+        sum_pid = tl.where(pid < PUSHERS, 1 << 30, pid - PUSHERS)
+        sum_grid = grid - PUSHERS
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     pdl_wait()  # launched with PDL: the previous kernel has ended
@@ -281,11 +290,12 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
         barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     else:
         _push_packets(slot_ptr, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off, ids, wtab, sizes, lpart_off,
-                      pid, grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, BLOCK_W)
+                      push_pid, push_grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, BLOCK_W)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 2)
     _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off,
-                part_off, lpart_off, from_partials, pid, grid, timeout, diag, WORLD, TOP_K, BLOCK_K, BLOCK_H)
+                part_off, lpart_off, from_partials, tl.where(from_partials, pid, sum_pid),
+                tl.where(from_partials, grid, sum_grid), timeout, diag, WORLD, TOP_K, BLOCK_K, BLOCK_H)
     epoch_commit(epoch_ptr, e)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 3)
@@ -295,13 +305,15 @@ def launch_combine(run: Launcher, comm, channel, header: torch.Tensor, out: torc
                    owner: torch.Tensor, row: torch.Tensor, slot_of: torch.Tensor, n_tokens: int, *, max_tokens: int,
                    throughput_from: int, lamport_rows: int, local: int, ybuf_off: int, ids_off: int, ids_half: int,
                    wtab_off: int, wtab_half: int, part_off: int, lpart_off: int, block_h: int, num_warps: int,
-                   launch_opts: dict[str, bool | int], trace: torch.Tensor | None = None) -> None:
+                   launch_opts: dict[str, bool | int], trace: torch.Tensor | None = None, pushers: int = 0) -> None:
     """Launch ``moe_combine_kernel`` through ``run`` (its launcher, one program per SM on GPUs), after
     the dispatch that left ``header`` (``header.py``); ``trace``: int64 ``[programs,
-    COMBINE_STAGES, 2]`` for the stage stamps, or None."""
+    COMBINE_STAGES, 2]`` for the stage stamps, or None; ``pushers``: in the latency mode the
+    programs that push (the others sum); 0: all."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     run(out, w, owner, row, slot_of, n_tokens, out.shape[-1], max_tokens, throughput_from, lamport_rows, bases, rank,
         timeout, diag, channel.flags_off, channel.epochs_off, header, ybuf_off, ids_off, ids_half,
         wtab_off, wtab_half, part_off, lpart_off, w if trace is None else trace, WORLD=world,
         LOCAL=local, TOP_K=w.shape[-1], BLOCK_K=pow2_at_least(w.shape[-1]), BLOCK_W=pow2_at_least(world),
-        BLOCK_H=block_h, TRACE=trace is not None, num_warps=num_warps, enable_fp_fusion=False, **launch_opts)
+        BLOCK_H=block_h, TRACE=trace is not None, PUSHERS=pushers, num_warps=num_warps, enable_fp_fusion=False,
+        **launch_opts)

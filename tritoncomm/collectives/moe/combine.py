@@ -20,7 +20,8 @@ home: program ``pid`` of owner ``r`` takes, for every other source ``s`` (in the
 dropped), an item being token ``i // shares`` and the ``i % shares``-th run of its column blocks
 (``shares.py``; ``shares = column_shares(n_s)``: at decode a token's blocks spread over programs).
 The home splits its own tokens the same way, so program ``pid`` reads what program ``pid`` of every
-peer pushed.
+peer pushed (in the latency mode ``MoEShape.push_programs`` can give pushing and summing to different
+programs: nothing pairs them there).
 
 * **Latency mode** (Lamport packets, no barrier): the rows go into row ``(r, t)`` of the home's
   Lamport buffer (``lamport_store``: the data is its own flag). Then each home program sums its own

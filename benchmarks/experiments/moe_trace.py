@@ -1,7 +1,7 @@
 """Where the one-kernel MoE dispatch and the combine spend their time: stage stamps inside the kernels.
 
     python3 benchmarks/experiments/moe_trace.py --world 2 --tokens 1,8,128 [--shape deepseek-v3] [--fp8]
-        [--json out.json]
+        [--send-programs N] [--push-programs N] [--json out.json]
 
 Per token count: an instance sized for that many tokens per rank (its default launch shape), stage
 stamps on (``MoEAllToAll.trace_stages``), dispatch + combine timed in a CUDA graph of 16 calls
@@ -11,18 +11,22 @@ of a dispatch program on that rank (the global timer, one clock for all SMs), as
 median and latest program; the traced kernels are other builds than the default ones, and the
 per-call time printed beside them is theirs. In the CPU world (``--backend cpu``) the stamps are 0:
 a check that the script runs, not a measurement. Only instances dispatched in one kernel are traced
-(up to ``ONE_KERNEL_ENTRIES`` routing entries).
+(up to ``ONE_KERNEL_ENTRIES`` routing entries). With ``--send-programs`` / ``--push-programs``
+(``MoEShape.send_programs``, ``push_programs``) each kernel's stages are given per group of programs:
+those that send (push) and those that lay out (sum).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 import torch
 
 from tritoncomm.channels import Communicator
 from tritoncomm.collectives import MoEAllToAll
+from tritoncomm.collectives.moe import default_shape
 from tritoncomm.config import CommConfig
 from tritoncomm.launch import LocalWorld
 from tritoncomm.tools.moebench import MOE_SHAPES, _capacity
@@ -32,7 +36,7 @@ DISPATCH = ("started", "copies sent", "rows sent", "copy read", "laid out", "don
 COMBINE = ("started", "mode known", "pushed", "done")
 
 
-def _rank(ctx, shape: str, tokens: list[int], fp8: bool) -> dict:
+def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: int) -> dict:
     hidden, experts, k = MOE_SHAPES[shape]
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=1 << 30 if ctx.backend == "cuda" else 64 << 20))
     out = {}
@@ -41,8 +45,10 @@ def _rank(ctx, shape: str, tokens: list[int], fp8: bool) -> dict:
         x = torch.randn(t, hidden, device=ctx.device, generator=gen).to(torch.bfloat16)
         ids = torch.rand(t, experts, device=ctx.device, generator=gen).topk(k).indices
         w = torch.rand(t, k, device=ctx.device, generator=gen)
+        sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count if ctx.device.type == "cuda" else 1
+        sh = replace(default_shape(ctx.backend, t, sms), send_programs=senders, push_programs=pushers)
         moe = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k,
-                          capacity=_capacity(ctx.world, t, experts, k), fp8_dispatch=fp8)
+                          capacity=_capacity(ctx.world, t, experts, k), fp8_dispatch=fp8, shape=sh)
         dispatch_trace, combine_trace = moe.trace_stages()
 
         def step(moe: MoEAllToAll = moe, x: torch.Tensor = x, ids: torch.Tensor = ids, w: torch.Tensor = w) -> None:
@@ -62,9 +68,17 @@ def _rank(ctx, shape: str, tokens: list[int], fp8: bool) -> dict:
     return out
 
 
+def _groups(split: int, programs: int) -> list[tuple[str, slice]]:
+    """The groups of programs whose stages are summarised apart: all, or those below ``split`` and
+    the rest."""
+    if split == 0:
+        return [("", slice(0, programs))]
+    return [(f" [0,{split})", slice(0, split)), (f" [{split},{programs})", slice(split, programs))]
+
+
 def _row(name: str, ns: torch.Tensor) -> str:
     q = torch.quantile(ns.double() / 1e3, torch.tensor([0.0, 0.5, 1.0], dtype=torch.double))
-    return f"    {name:<22}{q[0]:9.2f}{q[1]:9.2f}{q[2]:9.2f}"
+    return f"    {name:<34}{q[0]:9.2f}{q[1]:9.2f}{q[2]:9.2f}"
 
 
 def main() -> None:
@@ -74,11 +88,13 @@ def main() -> None:
     p.add_argument("--shape", default="deepseek-v3", choices=sorted(MOE_SHAPES))
     p.add_argument("--tokens", default="1,8,128")
     p.add_argument("--fp8", action="store_true", help="FP8 dispatch")
+    p.add_argument("--send-programs", type=int, default=0, help="MoEShape.send_programs (0: every program)")
+    p.add_argument("--push-programs", type=int, default=0, help="MoEShape.push_programs (0: every program)")
     p.add_argument("--json", default=None, help="write every program's stamps here")
     a = p.parse_args()
     tokens = [int(t) for t in a.tokens.split(",")]
     with LocalWorld(a.world, a.backend) as world:
-        reps = world.run(_rank, a.shape, tokens, a.fp8, timeout=600)
+        reps = world.run(_rank, a.shape, tokens, a.fp8, a.send_programs, a.push_programs, timeout=600)
     dev = torch.cuda.get_device_name(0) if a.backend == "cuda" else "CPU world (stamps are 0)"
     print(f"{a.shape} EP{a.world} on {dev}, fp8 {a.fp8}: stage stamps of the last call of a graph of 16, µs since "
           f"the rank's first dispatch program started (earliest / median / latest program)")
@@ -86,13 +102,16 @@ def main() -> None:
         for r, rep in enumerate(reps):
             one = rep[str(t)]
             print(f"{t} tokens/rank, rank {r}: {one['us_per_call']:.2f} µs per traced call, {one['programs']} programs")
-            for kernel, names, key in (("dispatch", DISPATCH, "dispatch_ns"), ("combine", COMBINE, "combine_ns")):
+            for kernel, names, key, split in (("dispatch", DISPATCH, "dispatch_ns", a.send_programs),
+                                              ("combine", COMBINE, "combine_ns", a.push_programs)):
                 ns = torch.tensor(one[key])
-                for i, name in enumerate(names):
-                    print(_row(f"{kernel} {name}", ns[:, i]))
+                for label, part in _groups(split, one["programs"]):
+                    for i, name in enumerate(names):
+                        print(_row(f"{kernel}{label} {name}", ns[part, i]))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"shape": a.shape, "world": a.world, "device": dev, "fp8": a.fp8, "ranks": reps}, f)
+            json.dump({"shape": a.shape, "world": a.world, "device": dev, "fp8": a.fp8,
+                       "send_programs": a.send_programs, "push_programs": a.push_programs, "ranks": reps}, f)
 
 
 if __name__ == "__main__":

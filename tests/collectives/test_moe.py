@@ -233,30 +233,33 @@ def test_instances_of_a_few_tokens_called_full(worlds, world, max_tokens):
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
 @pytest.mark.parametrize("case", ["hot", "unrouted"])
-@pytest.mark.parametrize("routing", ["held", "routed"])
+@pytest.mark.parametrize("routing", ["held", "routed", "routed-packets"])
 def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
     """The send + gather dispatch (``one_kernel=False``; the one-kernel dispatch is the CPU world's
     default) lays out, counts and combines exactly as the reference, capacity drops included: with
     every send program holding the call's routing, and (``routed``: instances of more than 4 entries)
-    after the route kernel, with blocks of 4 entries in superblocks of 2."""
+    after the route kernel, with blocks of 4 entries in superblocks of 2 (``routed-packets``: its rows
+    as packets, laid out as they arrive)."""
     shape = replace(SHAPES["cpu"], one_kernel=False)
-    if routing == "routed":
-        shape = replace(shape, route_above=4, block_e=4, super_blocks=2)
+    if routing != "held":
+        shape = replace(shape, route_above=4, block_e=4, super_blocks=2, routed_packets=routing == "routed-packets")
     for bad in worlds(world).run(_job, 4 * world, 3, 40, 6, case, 3, capacity=4 if case == "hot" else None,
                                  mode="throughput", shape=shape):
         assert bad == []
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
-@pytest.mark.parametrize("routing", ["held", "routed"])
+@pytest.mark.parametrize("routing", ["held", "routed", "routed-packets"])
 def test_decode_calls_on_large_instances_take_one_kernel(worlds, world, routing):
     """An instance sized for more routing entries than one kernel holds (400 tokens of top-3), called
     with at most 5 tokens: calls given ``tokens_bound`` (every other one) dispatch in one kernel,
-    the others through the send and gather (``held``) or route and send (``routed``) kernels, on the
-    same buffers; every call exact."""
+    the others through the send and gather (``held``) or route and send (``routed``; with
+    ``routed-packets`` both on the same packet buffers) kernels, on the same buffers; every call
+    exact."""
     if routing == "held" and worlds(world).backend == "cuda":
         pytest.skip("a send program would hold 2048 routing entries: GPUs hold at most ONE_KERNEL_ENTRIES")
-    shape = replace(SHAPES["cpu"], route_above=1 << 16) if routing == "held" else replace(SHAPES["cpu"], route_above=4)
+    shape = replace(SHAPES["cpu"], route_above=1 << 16) if routing == "held" else \
+        replace(SHAPES["cpu"], route_above=4, routed_packets=routing == "routed-packets")
     for bad in worlds(world).run(_job, 4 * world, 3, 24, 400, "hot", 4, capacity=6, mode="throughput", shape=shape,
                                  call_tokens=5, bound_odd=True):
         assert bad == []
@@ -343,12 +346,14 @@ def test_world8(worlds, world, mode):
 #: The dispatch paths by launch shape (at most 4 tokens of top-2 per rank): the default (one kernel,
 #: packets, at these sizes a routing copy per program), the same with one shared copy, the same with
 #: one program sending (in combine: pushing) and the other laying out (summing), one kernel with a
-#: barrier, the send and gather kernels, the route and send kernels.
+#: barrier, the send and gather kernels, the route and send kernels (plain, or with its rows as
+#: packets and no barrier).
 PATHS = {"one-kernel": None, "shared-copy": replace(SHAPES["cpu"], shared_copy_from=0),
          "split-roles": replace(SHAPES["cpu"], send_programs=1, push_programs=1),
          "barrier": replace(SHAPES["cpu"], packets=False),
          "held": replace(SHAPES["cpu"], one_kernel=False),
-         "routed": replace(SHAPES["cpu"], one_kernel=False, route_above=4)}
+         "routed": replace(SHAPES["cpu"], one_kernel=False, route_above=4),
+         "routed-packets": replace(SHAPES["cpu"], one_kernel=False, route_above=4, routed_packets=True)}
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))

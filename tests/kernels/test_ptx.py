@@ -355,7 +355,7 @@ def _moe_ptx(kernel: str) -> str:
     from tritoncomm.collectives.moe import combine, dispatch, gather, onekernel, route
 
     i64 = dict.fromkeys(("epochs_off", "recv_off", "recv_half", "sc_off", "sc_half"), "i64")
-    if kernel in ("send", "send-held"):
+    if kernel in ("send", "send-held", "send-packets"):
         sig = {"x_ptr": "*bf16", "x_stride": "i32", "ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32",
                "w_ptr": "*fp32", "w_s0": "i32", "w_s1": "i32", "wts_ptr": "*fp32", "bad_ptr": "*i64",
                "out_ptr": "*bf16", "sc_out_ptr": "*bf16", "slot_ptr": "*i32", "owner_ptr": "*i32", "row_ptr": "*i32",
@@ -364,11 +364,12 @@ def _moe_ptx(kernel: str) -> str:
                **COMMON, "flags_off": "i64", **i64, **dict.fromkeys(("ids_off", "ids_half", "wtab_off", "wtab_half",
                                                                     "ntab_off", "ntab_half", "hist_off",
                                                                     "hist_half"), "i64"), "hist_blocks": "i32",
-               "header_ptr": "*i32"}
+               "header_ptr": "*i32", "pw_off": "i64", "pw_half": "i64"}
         fn, cx = dispatch.moe_send_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_H": 1024,
                                             "BLOCK_E": 64, "BLOCK_X": 256, "BLOCK_B": 16, "SUPER": 16, "FP8": False,
-                                            "ROUTED": kernel == "send", "BLOCK_N": 1 if kernel == "send" else 1024,
-                                            "BLOCK_W": 2}
+                                            "ROUTED": kernel != "send-held",
+                                            "BLOCK_N": 1024 if kernel == "send-held" else 1, "BLOCK_W": 2,
+                                            "PACKETS": kernel == "send-packets"}
     elif kernel == "route":
         sig = {"ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32", "bad_ptr": "*i64", "n_tokens": "i32",
                "max_tokens": "i32", "num_experts": "i32", **COMMON,
@@ -418,7 +419,7 @@ def test_moe_kernels_move_tokens_in_16_byte_vectors():
     """The send kernel's stores into peers' receive buffers, the gather's copies, the one-kernel
     dispatch's both, and the combine's loads of expert rows and stores (its output and pushed
     partials) are 16-byte vector accesses, with no 2-byte ones."""
-    for kernel in ("send", "send-held", "gather", "combine", "one", "one-packets"):
+    for kernel in ("send", "send-held", "send-packets", "gather", "combine", "one", "one-packets"):
         o = ops(_moe_ptx(kernel))
         assert o["st.global.v4.b32"] >= 1 and o["st.global.b16"] == 0, (kernel, o)
         assert o["ld.global.v4.b32"] >= 1 and o["ld.global.b16"] == 0, (kernel, o)

@@ -122,6 +122,10 @@ class MoEShape:
     #: tokens and the others sum this rank's tokens as the partials arrive; 0: every program pushes,
     #: then sums.
     push_programs: int = 0
+    #: With packets, on instances that route (``route_above``): the send kernel's rows and weights
+    #: travel as Lamport packets too, and it lays out each peer's row as it arrives instead of after
+    #: its barrier (which it then has none of; the route kernel's barrier orders the calls).
+    routed_packets: bool = False
     #: Instances with more routing entries per rank (``max_tokens * top_k``) than this dispatch with
     #: ``moe_route_kernel`` and then the send kernel, which also lays out the peers' rows; others (not
     #: in one kernel) with the send and gather kernels, every send program holding the call's routing.
@@ -263,13 +267,17 @@ class MoEAllToAll:
         self._one = sh.one_kernel and m * k <= ONE_KERNEL_ENTRIES  # every call in one kernel
         #: the one-kernel dispatch's packet buffers (Lamport, at rest between calls): per half, the peers'
         #: rows (``_packet_rows`` per peer), their scales and weights; the copy table below too
-        self._packets = sh.one_kernel and sh.packets
-        self._packet_rows = min(m, ONE_KERNEL_ENTRIES // k) if self._packets else 0
+        routed = not self._one and max_tokens * top_k > sh.route_above
+        #: the routed calls' rows as packets too (``MoEShape.routed_packets``): the packet buffers then
+        #: hold every row of a call, and the plain receive buffer is not needed
+        self._routed_packets = sh.packets and sh.routed_packets and routed
+        self._packets = (sh.one_kernel and sh.packets) or self._routed_packets
+        self._packet_rows = m if self._routed_packets else min(m, ONE_KERNEL_ENTRIES // k) if self._packets else 0
         pr = peers * self._packet_rows
         self._precv = comm.empty((2, pr, hidden), wire) if self._packets else None
         self._psc = comm.empty((2, pr, hidden // 128), torch.float32) if self._packets and self.fp8 else None
         self._pw = comm.empty((2, pr * k), torch.float32) if self._packets else None
-        plain = not (self._one and self._packets)  # some calls take the plain receive buffer
+        plain = not ((self._one or self._routed_packets) and self._packets)  # some calls take the plain buffer
         self._recv = comm.empty((2, peers * m, hidden), wire) if plain else None
         self._ids = comm.empty((2, w * m * k), torch.int32)
         self._wtab = comm.empty((2, w * m * k), torch.float32)
@@ -318,7 +326,6 @@ class MoEAllToAll:
         programs = self.shape.programs
         self._send_ch = Channel(comm, f"{name}.send", programs=programs, barrier_slots=programs)
         self._comb_ch = Channel(comm, f"{name}.combine", programs=programs, barrier_slots=programs)
-        routed = not self._one and max_tokens * top_k > sh.route_above
         self._route_ch = Channel(comm, f"{name}.route", programs=programs, barrier_slots=programs) if routed else None
         self._run_send = Launcher(moe_send_kernel, (programs,))
         self._run_combine = Launcher(moe_combine_kernel, (programs,))
@@ -425,13 +432,15 @@ class MoEAllToAll:
         if routed:
             launch_route(self._run_route, self.comm, self._route_ch, self._send_ch, topk_ids, self._bad,
                          num_experts=self.num_experts, **tables)
+        bufs = dict(self._packet_args, packets=True) if self._routed_packets else \
+            dict(recv_off=self._recv_off, recv_half=self._recv_half, sc_off=self._sc_off, sc_half=self._sc_half,
+                 pw_off=0, pw_half=0, packets=False)
         launch_send(self._run_send, self.comm, self._send_ch, x, topk_ids, topk_weights, self._weights, self._bad,
                     self._out, self._scales, self._slot_of, self._owner, self._row, self._counts,
                     self._bad_host.device_addr, num_experts=self.num_experts, capacity=self.capacity,
-                    local=self.local_experts, recv_off=self._recv_off, recv_half=self._recv_half,
-                    wtab_off=self._wtab_off, wtab_half=self._wtab_half, sc_off=self._sc_off, sc_half=self._sc_half,
-                    block_h=sh.send_block_h or sh.block_h, routed=routed,
-                    block_n=self._held_block_n, header=self._header, **tables)
+                    local=self.local_experts, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
+                    block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=self._held_block_n,
+                    header=self._header, **bufs, **tables)
         if not routed:
             launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,
                           self._counts, self._bad, self._bad_host.device_addr, capacity=self.capacity,

@@ -172,12 +172,15 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                     sc_out_ptr, slot_ptr, owner_ptr, row_ptr, counts_ptr, bad_host_addr, n_tokens, hidden,
                     max_tokens, num_experts, capacity, bases, rank, timeout, diag_addr, flags_off, epochs_off,
                     recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half,
-                    hist_off, hist_half, hist_blocks, header_ptr,
+                    hist_off, hist_half, hist_blocks, header_ptr, pw_off, pw_half,
                     WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                     BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
                     SUPER: tl.constexpr, FP8: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_W: tl.constexpr):
-    """See the module docstring."""
+                    BLOCK_W: tl.constexpr, PACKETS: tl.constexpr = False):
+    """See the module docstring. With ``PACKETS`` (``ROUTED`` only) the receive buffer (and its
+    scales) and the weights table at ``pw_off`` are Lamport buffers at rest: the rows and weights go
+    out as packets, to the peers that own one of the row's experts, and program ``pid`` lays out the
+    peers' rows as they arrive (``place_packets``), without the barrier."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
@@ -201,9 +204,9 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                                 num_experts)
     send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
                slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
-               grid, recv_base, max_tokens, ids_base, wtab_base, sc_base, routing, nn, hist, hist_blocks, DTYPE,
-               WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, not ROUTED, not ROUTED, ROUTED, BLOCK_E, BLOCK_X, BLOCK_B,
-               SUPER, False)
+               grid, recv_base, max_tokens, ids_base, pw_off + half * pw_half if PACKETS else wtab_base, sc_base,
+               routing, nn, hist, hist_blocks, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, not ROUTED,
+               not ROUTED, ROUTED, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS)
     if not ROUTED:  # this rank's histogram rows, counted here, to every rank
         xs = tl.arange(0, BLOCK_X)
         n_blocks = tl.cdiv(n_tokens * TOP_K, BLOCK_E)
@@ -218,13 +221,16 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                 hrow = WORLD * hist_blocks + rank * tl.cdiv(hist_blocks, SUPER) + u - n_blocks
             for d in tl.static_range(WORLD):
                 tl.store(heap_ptr(bases, d, hist_base, tl.int32) + tl.cast(hrow, tl.int64) * BLOCK_X + xs, h)
-    barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
+    if not PACKETS:
+        barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     if ROUTED:  # every rank's routing came before this kernel: program pid lays out what program pid was sent
         totals = lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, heap_ptr(bases, rank, recv_base, DTYPE),
                                heap_ptr(bases, rank, sc_base, tl.float32), heap_ptr(bases, rank, ids_base, tl.int32),
                                heap_ptr(bases, rank, ntab_off + half * ntab_half, tl.int32), hist, hist_blocks,
-                               max_tokens, capacity, hidden, rank, pid, grid, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H,
-                               FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
+                               max_tokens, capacity, hidden, rank, pid, grid, heap_ptr(bases, rank, pw_off + half *
+                                                                                       pw_half, tl.float32),
+                               heap_ptr(bases, rank, wtab_base, tl.float32), timeout, diag, WORLD, LOCAL, TOP_K,
+                               BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS)
         if pid == 0:
             finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, 0, LOCAL, BLOCK_X)
             ws = tl.arange(0, BLOCK_W)
@@ -241,11 +247,12 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
                 wtab_half: int, ntab_off: int, ntab_half: int, sc_off: int, sc_half: int, hist_off: int,
                 hist_half: int, hist_blocks: int, block_h: int, block_e: int, block_x: int, super_blocks: int,
                 routed: bool, block_n: int, num_warps: int, launch_opts: dict[str, bool | int],
-                header: torch.Tensor) -> None:
+                header: torch.Tensor, pw_off: int = 0, pw_half: int = 0, packets: bool = False) -> None:
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs): with
     ``routed`` after ``route.launch_route`` on the same grid (and then leaving ``header`` for
     ``combine``, ``header.py``), else holding the routing in blocks of ``block_n`` entries (at least
-    the call's)."""
+    the call's). With ``packets`` (routed only) ``recv_off``, ``sc_off`` and ``pw_off`` are the packet
+    buffers (``MoEShape.routed_packets``)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
@@ -253,7 +260,8 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
         bad, out, scales if fp8 else out, slot_of, owner, row, counts, bad_host_addr, x.shape[0], x.shape[1],
         max_tokens, num_experts, capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off,
         recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half, hist_off,
-        hist_half, hist_blocks, header,
+        hist_half, hist_blocks, header, pw_off, pw_half,
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_E=block_e,
         BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, FP8=fp8, ROUTED=routed,
-        BLOCK_N=1 if routed else block_n, BLOCK_W=pow2_at_least(world), num_warps=num_warps, **launch_opts)
+        BLOCK_N=1 if routed else block_n, BLOCK_W=pow2_at_least(world), PACKETS=packets, num_warps=num_warps,
+        **launch_opts)

@@ -29,13 +29,23 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import heap_ptr, pdl_launch_dependents, pdl_wait, pow2_at_least
+from ...kernels import (
+    heap_ptr,
+    lamport_poll,
+    lamport_poll_from,
+    lamport_reset,
+    lamport_try,
+    pdl_launch_dependents,
+    pdl_wait,
+    pow2_at_least,
+)
 from ...kernels.launcher import Launcher
 from .header import store_header
 from .route import row_slots, rows_per_load, rows_sum
 from .shares import column_shares, pick, share_columns
 
-__all__ = ["finish_counts", "launch_gather", "lay_out_peers", "moe_gather_kernel", "place_item", "store_slots"]
+__all__ = ["finish_counts", "launch_gather", "lay_out_peers", "moe_gather_kernel", "place_item", "place_packets",
+           "store_slots"]
 
 
 @triton.jit
@@ -87,6 +97,52 @@ def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares,
 
 
 @triton.jit
+def place_packets(out_ptr, sc_out_ptr, slot_ptr, ids_tab, wtab, recv, sc, pw, e, at, i0, item, shares, rank, s, t,
+                  recv_row, hidden, timeout, diag, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+                  BLOCK_H: tl.constexpr, FP8: tl.constexpr):
+    """``place_item`` for packets: one work item of source ``s``'s row ``t`` (entries ``e``, slots
+    ``at``, ``i0`` its first entry in the tables; row ``recv_row`` of the packet buffers). The row's
+    first item writes the source's ids and, for this rank's experts, ``slot_of``; if the row has an
+    entry on this rank (kept or not: the sender does not know which are dropped) the first item
+    polls its weights into ``wtab``, and the item polls its columns, stores them into the kept
+    slots and resets every packet it read. The first look at the columns is issued before the weights
+    are polled (two waits, one after the other, never in one loop: ``kernels/lamport.py``). Called by
+    the one-kernel dispatch and, with routed packets, the send kernel."""
+    G: tl.constexpr = BLOCK_H // 128 if FP8 else 1
+    GW: tl.constexpr = 128 if FP8 else BLOCK_H
+    kk = tl.arange(0, BLOCK_K)
+    km = kk < TOP_K
+    cols = (tl.arange(0, G) * GW)[:, None] + tl.arange(0, GW)[None, :]  # [G, GW]
+    groups = tl.arange(0, G)
+    first = item % shares == 0
+    on_me = (e >= 0) & (e // LOCAL == rank)  # entries of this rank's experts
+    tl.store(ids_tab + i0 + kk, e, mask=km & first)
+    tl.store(slot_ptr + i0 + kk, at, mask=km & first & on_me)
+    if tl.sum(on_me.to(tl.int32), axis=0) > 0:  # the source sent the row here
+        r64 = tl.cast(recv_row, tl.int64)
+        lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
+        row = recv + r64 * hidden
+        v, miss = lamport_try(row + lo + cols, lo + cols < hidden)  # in flight while the weights are polled
+        if first:
+            wv = lamport_poll(pw + r64 * TOP_K + kk, km, s, t, rank, timeout, diag)
+            tl.store(wtab + i0 + kk, wv, mask=km)
+            lamport_reset(pw + r64 * TOP_K + kk, km)
+        at = tl.where(on_me, at, -1)
+        for c in range(lo, hi, BLOCK_H):
+            m = c + cols < hidden
+            if c != lo:
+                v, miss = lamport_try(row + c + cols, m)
+            v = lamport_poll_from(v, miss, row + c + cols, m, s, t, rank, timeout, diag)
+            scale = 0.0
+            if FP8:
+                gm = c + groups * 128 < hidden
+                scale = lamport_poll(sc + r64 * (hidden // 128) + c // 128 + groups, gm, s, t, rank, timeout, diag)
+                lamport_reset(sc + r64 * (hidden // 128) + c // 128 + groups, gm)
+            store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
+            lamport_reset(row + c + cols, m)
+
+
+@triton.jit
 def finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, bad_ids, LOCAL: tl.constexpr,
                   BLOCK_X: tl.constexpr):
     """Program 0, last: this rank's experts' counts (``totals``: every source's entries per expert),
@@ -104,13 +160,16 @@ def finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, ba
 
 @triton.jit
 def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist_blocks, max_tokens, capacity, hidden,
-                  rank, pid, grid, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
-                  BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr, BLOCK_E: tl.constexpr,
-                  BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr):
+                  rank, pid, grid, pw, wtab, timeout, diag, WORLD: tl.constexpr, LOCAL: tl.constexpr,
+                  TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr,
+                  BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr,
+                  PACKETS: tl.constexpr):
     """Program ``pid``'s items of every peer's rows (module docstring), laid out from the receive
     buffer ``recv`` (scales ``sc``) with the slots from the tables ``ids``, ``ntab`` and ``hist``.
     Returns every source's entries per expert. Also called by the send kernel after its barrier when
-    the route kernel ran (``dispatch.py``)."""
+    the route kernel ran (``dispatch.py``); with ``PACKETS`` (no barrier) ``recv``, ``sc`` and ``pw``
+    are Lamport buffers, polled row by row (``place_packets``: the weights go from ``pw`` into
+    ``wtab``)."""
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     super_blocks = tl.cdiv(hist_blocks, SUPER)
@@ -132,8 +191,12 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
             at = row_slots(ids + s * max_tokens * TOP_K, hist, e, kk, t, n_s * TOP_K, earlier, s * hist_blocks,
                            WORLD * hist_blocks + s * super_blocks, capacity, LOCAL, TOP_K, BLOCK_E, BLOCK_X, BLOCK_B,
                            SUPER)
-            place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, peer_row + t, hidden,
-                       LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
+            if PACKETS:
+                place_packets(out_ptr, sc_out_ptr, slot_ptr, ids, wtab, recv, sc, pw, e, at, i0, item, shares, rank, s,
+                              t, peer_row + t, hidden, timeout, diag, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
+            else:
+                place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, peer_row + t,
+                           hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
         earlier += mine
     return earlier
 
@@ -157,8 +220,8 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, slot_ptr, counts_ptr, bad_ptr, bad_ho
                            heap_ptr(bases, rank, ids_off + parity * ids_half, tl.int32),
                            heap_ptr(bases, rank, ntab_off + parity * ntab_half, tl.int32),
                            heap_ptr(bases, rank, hist_off + parity * hist_half, tl.int32), hist_blocks, max_tokens,
-                           capacity, hidden, rank, pid, grid, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, BLOCK_E,
-                           BLOCK_X, BLOCK_B, SUPER)
+                           capacity, hidden, rank, pid, grid, 0, 0, 0, 0, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8,
+                           BLOCK_E, BLOCK_X, BLOCK_B, SUPER, False)
     if pid == 0:
         finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, 0, LOCAL, BLOCK_X)
         ws = tl.arange(0, BLOCK_W)

@@ -74,71 +74,23 @@ from ...kernels import (
     epoch_commit,
     heap_ptr,
     lamport_poll,
-    lamport_poll_from,
     lamport_reset,
     lamport_store,
-    lamport_try,
     pow2_at_least,
     stamp,
 )
 from ...kernels.launcher import Launcher
 from .dispatch import launch_epoch, send_items
-from .gather import finish_counts, place_item, store_slots
+from .gather import finish_counts, place_item, place_packets
 from .header import store_header
 from .route import copy_slots, expert_ids
-from .shares import column_shares, share_columns
+from .shares import column_shares
 
-__all__ = ["DISPATCH_STAGES", "launch_dispatch_one_kernel", "moe_dispatch_one_kernel", "place_packets",
-           "reset_shared_copies"]
+__all__ = ["DISPATCH_STAGES", "launch_dispatch_one_kernel", "moe_dispatch_one_kernel", "reset_shared_copies"]
 
 #: Stage stamps per program of the traced one-kernel dispatch (``TRACE``).
 DISPATCH_STAGES = 6
 _STAGES = tl.constexpr(DISPATCH_STAGES)
-
-
-@triton.jit
-def place_packets(out_ptr, sc_out_ptr, slot_ptr, ids_tab, wtab, recv, sc, pw, e, at, i0, item, shares, rank, s, t,
-                  recv_row, hidden, timeout, diag, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
-                  BLOCK_H: tl.constexpr, FP8: tl.constexpr):
-    """``place_item`` for packets: one work item of source ``s``'s row ``t`` (entries ``e``, slots
-    ``at``, ``i0`` its first entry in the tables; row ``recv_row`` of the packet buffers). The row's
-    first item writes the source's ids and, for this rank's experts, ``slot_of``; if the row has an
-    entry on this rank (kept or not: the sender does not know which are dropped) the first item
-    polls its weights into ``wtab``, and the item polls its columns, stores them into the kept
-    slots and resets every packet it read. The first look at the columns is issued before the weights
-    are polled (two waits, one after the other, never in one loop: ``kernels/lamport.py``)."""
-    G: tl.constexpr = BLOCK_H // 128 if FP8 else 1
-    GW: tl.constexpr = 128 if FP8 else BLOCK_H
-    kk = tl.arange(0, BLOCK_K)
-    km = kk < TOP_K
-    cols = (tl.arange(0, G) * GW)[:, None] + tl.arange(0, GW)[None, :]  # [G, GW]
-    groups = tl.arange(0, G)
-    first = item % shares == 0
-    on_me = (e >= 0) & (e // LOCAL == rank)  # entries of this rank's experts
-    tl.store(ids_tab + i0 + kk, e, mask=km & first)
-    tl.store(slot_ptr + i0 + kk, at, mask=km & first & on_me)
-    if tl.sum(on_me.to(tl.int32), axis=0) > 0:  # the source sent the row here
-        r64 = tl.cast(recv_row, tl.int64)
-        lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
-        row = recv + r64 * hidden
-        v, miss = lamport_try(row + lo + cols, lo + cols < hidden)  # in flight while the weights are polled
-        if first:
-            wv = lamport_poll(pw + r64 * TOP_K + kk, km, s, t, rank, timeout, diag)
-            tl.store(wtab + i0 + kk, wv, mask=km)
-            lamport_reset(pw + r64 * TOP_K + kk, km)
-        at = tl.where(on_me, at, -1)
-        for c in range(lo, hi, BLOCK_H):
-            m = c + cols < hidden
-            if c != lo:
-                v, miss = lamport_try(row + c + cols, m)
-            v = lamport_poll_from(v, miss, row + c + cols, m, s, t, rank, timeout, diag)
-            scale = 0.0
-            if FP8:
-                gm = c + groups * 128 < hidden
-                scale = lamport_poll(sc + r64 * (hidden // 128) + c // 128 + groups, gm, s, t, rank, timeout, diag)
-                lamport_reset(sc + r64 * (hidden // 128) + c // 128 + groups, gm)
-            store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
-            lamport_reset(row + c + cols, m)
 
 
 @triton.jit

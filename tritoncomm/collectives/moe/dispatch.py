@@ -224,11 +224,11 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     if not PACKETS:
         barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     if ROUTED:  # every rank's routing came before this kernel: program pid lays out what program pid was sent
+        pw = heap_ptr(bases, rank, pw_off + half * pw_half, tl.float32)  # with PACKETS: the peers' weights
         totals = lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, heap_ptr(bases, rank, recv_base, DTYPE),
                                heap_ptr(bases, rank, sc_base, tl.float32), heap_ptr(bases, rank, ids_base, tl.int32),
                                heap_ptr(bases, rank, ntab_off + half * ntab_half, tl.int32), hist, hist_blocks,
-                               max_tokens, capacity, hidden, rank, pid, grid, heap_ptr(bases, rank, pw_off + half *
-                                                                                       pw_half, tl.float32),
+                               max_tokens, capacity, hidden, rank, pid, grid, pw,
                                heap_ptr(bases, rank, wtab_base, tl.float32), timeout, diag, WORLD, LOCAL, TOP_K,
                                BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS)
         if pid == 0:

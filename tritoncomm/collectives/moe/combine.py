@@ -81,6 +81,24 @@ def _partial(summed, DTYPE: tl.constexpr):
 
 
 @triton.jit
+def _weighted_rows(ybuf, rows, wt, c, hidden, m, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+                   BLOCK_H: tl.constexpr):
+    """Columns ``c ..`` (where ``m``) of ``sum_j wt[j] * ybuf[rows[j]]`` in fp32 over the entries
+    ``j`` with ``rows[j] >= 0``, in ``j`` order, each product rounded before its add (the launch
+    turns contraction off)."""
+    cols = tl.arange(0, BLOCK_H)
+    kk = tl.arange(0, BLOCK_K)
+    summed = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        on_me = pick(rows, kk, j) >= 0
+        # times hidden after the pick: 16-byte loads (a pick's result has no known divisibility)
+        y = tl.load(ybuf + pick(rows, kk, j).to(tl.int64) * hidden + c + cols, mask=m & on_me,
+                    other=0.0).to(tl.float32)
+        summed += tl.where(on_me, pick(wt, kk, j) * y, 0.0)
+    return summed
+
+
+@triton.jit
 def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off,
                 part_off, lpart_off, from_partials, pid, grid, timeout, diag, WORLD: tl.constexpr, TOP_K: tl.constexpr,
                 BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
@@ -123,14 +141,8 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
             lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
             for c in range(lo, hi, BLOCK_H):
                 m = c + cols < hidden
-                summed = tl.zeros([BLOCK_H], dtype=tl.float32)
-                for j in tl.static_range(TOP_K):
-                    on_me = pick(row, kk, j) >= 0
-                    # times hidden after the pick: 16-byte loads (a pick's result has no known divisibility)
-                    y = tl.load(ybuf + pick(row, kk, j).to(tl.int64) * hidden + c + cols, mask=m & on_me,
-                                other=0.0).to(tl.float32)
-                    summed += tl.where(on_me, pick(wt, kk, j) * y, 0.0)
-                own = _partial(summed, DTYPE).to(tl.float32)
+                own = _partial(_weighted_rows(ybuf, row, wt, c, hidden, m, TOP_K, BLOCK_K, BLOCK_H),
+                               DTYPE).to(tl.float32)
                 acc = tl.zeros([BLOCK_H], dtype=tl.float32)
                 for r in tl.static_range(WORLD):
                     got = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -166,12 +178,7 @@ def _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, dst_off, ds
         lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
         for c in range(lo, hi, BLOCK_H):
             m = c + cols < hidden
-            part = tl.zeros([BLOCK_H], dtype=tl.float32)
-            for j in tl.static_range(TOP_K):
-                at = pick(slot, kk, j)
-                y = tl.load(ybuf + tl.maximum(at, 0).to(tl.int64) * hidden + c + cols, mask=m & (at >= 0),
-                            other=0.0).to(tl.float32)
-                part += tl.where(at >= 0, pick(wt, kk, j) * y, 0.0)
+            part = _weighted_rows(ybuf, slot, wt, c, hidden, m, TOP_K, BLOCK_K, BLOCK_H)
             if LAMPORT:
                 lamport_store(dst + c + cols, _partial(part, DTYPE), mask=m)
             else:
@@ -195,12 +202,7 @@ def _own_item(out_ptr, w_ptr, row_ptr, ybuf, n_tokens, hidden, item, grid, TOP_K
     lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
     for c in range(lo, hi, BLOCK_H):
         m = c + cols < hidden
-        summed = tl.zeros([BLOCK_H], dtype=tl.float32)
-        for j in tl.static_range(TOP_K):
-            on_me = pick(row, kk, j) >= 0
-            y = tl.load(ybuf + pick(row, kk, j).to(tl.int64) * hidden + c + cols, mask=m & on_me,
-                        other=0.0).to(tl.float32)
-            summed += tl.where(on_me, pick(wt, kk, j) * y, 0.0)
+        summed = _weighted_rows(ybuf, row, wt, c, hidden, m, TOP_K, BLOCK_K, BLOCK_H)
         tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, _partial(summed, DTYPE), mask=m)
 
 

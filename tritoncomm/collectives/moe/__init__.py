@@ -344,6 +344,10 @@ class MoEAllToAll:
         self._one_args = dict(self._packet_args, peer_rows=self._packet_rows, packets=True) if self._packets else \
             dict(recv_off=self._recv_off, recv_half=self._recv_half, sc_off=self._sc_off, sc_half=self._sc_half,
                  pw_off=0, pw_half=0, peer_rows=m, packets=False)
+        #: the send kernel's receive buffers: the packet ones (``routed_packets``) or the plain ones
+        self._send_bufs = dict(self._packet_args, packets=True) if self._routed_packets else \
+            dict(recv_off=self._recv_off, recv_half=self._recv_half, sc_off=self._sc_off, sc_half=self._sc_half,
+                 pw_off=0, pw_half=0, packets=False)
         self._run_one = Launcher(moe_dispatch_one_kernel, (programs,))
         i32 = dict(dtype=torch.int32, device=dev)
         self._owner = torch.empty(m, k, **i32)  # per own entry: the expert's rank, or -1
@@ -432,15 +436,12 @@ class MoEAllToAll:
         if routed:
             launch_route(self._run_route, self.comm, self._route_ch, self._send_ch, topk_ids, self._bad,
                          num_experts=self.num_experts, **tables)
-        bufs = dict(self._packet_args, packets=True) if self._routed_packets else \
-            dict(recv_off=self._recv_off, recv_half=self._recv_half, sc_off=self._sc_off, sc_half=self._sc_half,
-                 pw_off=0, pw_half=0, packets=False)
         launch_send(self._run_send, self.comm, self._send_ch, x, topk_ids, topk_weights, self._weights, self._bad,
                     self._out, self._scales, self._slot_of, self._owner, self._row, self._counts,
                     self._bad_host.device_addr, num_experts=self.num_experts, capacity=self.capacity,
                     local=self.local_experts, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=self._held_block_n,
-                    header=self._header, **bufs, **tables)
+                    header=self._header, **self._send_bufs, **tables)
         if not routed:
             launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,
                           self._counts, self._bad, self._bad_host.device_addr, capacity=self.capacity,

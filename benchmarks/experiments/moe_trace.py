@@ -60,7 +60,8 @@ def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: 
             torch.cuda.synchronize(ctx.device)
         d, c = dispatch_trace.cpu(), combine_trace.cpu()
         t0 = int(d[:, 0, 0].min())
-        out[str(t)] = {"us_per_call": us, "programs": d.shape[0],
+        out[str(t)] = {"us_per_call": us, "programs": d.shape[0], "senders": sh.senders(),
+                       "pushers": sh.pushers(t, hidden),
                        "dispatch_ns": (d[:, :, 0] - t0).tolist(), "combine_ns": (c[:, :, 0] - t0).tolist(),
                        "dispatch_cycles": d[:, :, 1].tolist(), "combine_cycles": c[:, :, 1].tolist()}
         moe.close()
@@ -88,8 +89,10 @@ def main() -> None:
     p.add_argument("--shape", default="deepseek-v3", choices=sorted(MOE_SHAPES))
     p.add_argument("--tokens", default="1,8,128")
     p.add_argument("--fp8", action="store_true", help="FP8 dispatch")
-    p.add_argument("--send-programs", type=int, default=0, help="MoEShape.send_programs (0: every program)")
-    p.add_argument("--push-programs", type=int, default=0, help="MoEShape.push_programs (0: every program)")
+    p.add_argument("--send-programs", type=int, default=-1,
+                   help="MoEShape.send_programs (0: every program; -1: the default split)")
+    p.add_argument("--push-programs", type=int, default=-1,
+                   help="MoEShape.push_programs (0: every program; -1: the default split)")
     p.add_argument("--json", default=None, help="write every program's stamps here")
     a = p.parse_args()
     tokens = [int(t) for t in a.tokens.split(",")]
@@ -102,8 +105,8 @@ def main() -> None:
         for r, rep in enumerate(reps):
             one = rep[str(t)]
             print(f"{t} tokens/rank, rank {r}: {one['us_per_call']:.2f} µs per traced call, {one['programs']} programs")
-            for kernel, names, key, split in (("dispatch", DISPATCH, "dispatch_ns", a.send_programs),
-                                              ("combine", COMBINE, "combine_ns", a.push_programs)):
+            for kernel, names, key, split in (("dispatch", DISPATCH, "dispatch_ns", one["senders"]),
+                                              ("combine", COMBINE, "combine_ns", one["pushers"])):
                 ns = torch.tensor(one[key])
                 for label, part in _groups(split, one["programs"]):
                     for i, name in enumerate(names):

@@ -344,12 +344,13 @@ def test_world8(worlds, world, mode):
 
 
 #: The dispatch paths by launch shape (at most 4 tokens of top-2 per rank): the default (one kernel,
-#: packets, at these sizes a routing copy per program), the same with one shared copy, the same with
-#: one program sending (in combine: pushing) and the other laying out (summing), one kernel with a
+#: packets, at these sizes a routing copy per program, one program sending (in combine: pushing) and
+#: the other laying out (summing)), the same with one shared copy, the same with both programs
+#: sending then laying out (pushing then summing), one kernel with a
 #: barrier, the send and gather kernels, the route and send kernels (plain, or with its rows as
 #: packets and no barrier).
 PATHS = {"one-kernel": None, "shared-copy": replace(SHAPES["cpu"], shared_copy_from=0),
-         "split-roles": replace(SHAPES["cpu"], send_programs=1, push_programs=1),
+         "whole-roles": replace(SHAPES["cpu"], send_programs=0, push_programs=0),
          "barrier": replace(SHAPES["cpu"], packets=False),
          "held": replace(SHAPES["cpu"], one_kernel=False),
          "routed": replace(SHAPES["cpu"], one_kernel=False, route_above=4),
@@ -586,3 +587,21 @@ def test_default_launch_shape_follows_the_instance_size():
     assert (decode.programs, decode.num_warps, decode.one_kernel) == (132, 4, True)
     assert (prefill.programs, prefill.num_warps, prefill.one_kernel) == (264, 8, True)
     assert default_shape("cpu", 10_000, 1) == SHAPES["cpu"]
+
+
+def test_role_split_resolves_from_the_shape_and_the_call():
+    """``send_programs`` and ``push_programs`` at -1 (the default) resolve to half the programs
+    (sending: with packets only; pushing: while ``bound * hidden`` is at most ``push_split_elems``),
+    explicit values stand, and values outside ``[-1, programs)`` are refused."""
+    from tritoncomm.collectives.moe import PUSH_SPLIT_ELEMS, default_shape
+
+    sh = default_shape("cuda", 8, 132)
+    assert sh.senders() == 66 and replace(sh, packets=False).senders() == 0
+    assert replace(sh, send_programs=0).senders() == 0 and replace(sh, send_programs=10).senders() == 10
+    assert sh.pushers(8, PUSH_SPLIT_ELEMS // 8) == 66 and sh.pushers(8, PUSH_SPLIT_ELEMS // 8 + 1) == 0
+    assert sh.pushers(16, 7168) == 0 and sh.pushers(8, 7168) == 66 and sh.pushers(16, 4096) == 66
+    assert replace(sh, push_programs=5).pushers(10_000, 7168) == 5
+    for bad in (dict(send_programs=-2), dict(send_programs=132), dict(push_programs=132), dict(push_programs=-2),
+                dict(push_split_elems=-1), dict(packets=False, send_programs=3)):
+        with pytest.raises(InvalidInputError):
+            replace(sh, **bad)

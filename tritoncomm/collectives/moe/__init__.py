@@ -75,8 +75,8 @@ from .route import launch_route, moe_route_kernel
 THROUGHPUT_FROM = 2048
 MODES = ("auto", "latency", "throughput")
 
-__all__ = ["MODES", "ONE_KERNEL_ENTRIES", "PREFILL_FROM", "SHAPES", "SHARED_COPY_FROM", "THROUGHPUT_FROM",
-           "MoEAllToAll", "MoEHandle", "MoEShape", "default_shape"]
+__all__ = ["MODES", "ONE_KERNEL_ENTRIES", "PREFILL_FROM", "PUSH_SPLIT_ELEMS", "SHAPES", "SHARED_COPY_FROM",
+           "THROUGHPUT_FROM", "MoEAllToAll", "MoEHandle", "MoEShape", "default_shape"]
 
 
 #: Routing entries per rank from which the one-kernel dispatch shares one routing copy per rank
@@ -84,6 +84,15 @@ __all__ = ["MODES", "ONE_KERNEL_ENTRIES", "PREFILL_FROM", "SHAPES", "SHARED_COPY
 #: combine in graphs, ``docs/moe.md``) the shared copy cost 0.2-0.3 µs at 8 and 64 entries (1 and 8
 #: tokens) and saved 0.6-1.7 µs at 1024 (128 tokens, 264 programs: 1.1 MB of per-program copies).
 SHARED_COPY_FROM = 256
+
+
+#: The default role split (``MoEShape.send_programs``, ``push_programs``), measured at EP2 on two
+#: H100s (dispatch + combine in graphs, both shapes, ``docs/moe.md``). Half the one-kernel
+#: dispatch's programs sending saved 0.5-1.5 µs from 1 to 64 tokens (132 programs). Half the
+#: combine's programs pushing saved a further 0.5-0.8 µs where ``tokens * hidden`` was at most 65536
+#: (up to 8 tokens of DeepSeek-V3, hidden 7168; 16 of Qwen3-MoE, 4096) and cost 0.4-0.8 µs at
+#: twice that.
+PUSH_SPLIT_ELEMS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -116,12 +125,17 @@ class MoEShape:
     shared_copy_from: int = SHARED_COPY_FROM
     #: With packets, the one-kernel dispatch's first ``send_programs`` programs send this rank's rows
     #: (and lay out its own) and the others lay out the peers' rows as they arrive, so that no
-    #: program's layout waits behind its own sends; 0: every program sends, then lays out.
-    send_programs: int = 0
+    #: program's layout waits behind its own sends; 0: every program sends, then lays out; -1 (the
+    #: default): half the programs send (with packets; else 0).
+    send_programs: int = -1
     #: In the latency combine, the first ``push_programs`` programs push the partials of the peers'
     #: tokens and the others sum this rank's tokens as the partials arrive; 0: every program pushes,
-    #: then sums.
-    push_programs: int = 0
+    #: then sums; -1 (the default): half the programs push in calls whose token bound times hidden is
+    #: at most ``push_split_elems``, none in larger ones.
+    push_programs: int = -1
+    #: The largest ``tokens_bound * hidden`` (``max_tokens`` for calls without a bound) whose
+    #: combine splits its programs when ``push_programs`` is -1.
+    push_split_elems: int = PUSH_SPLIT_ELEMS
     #: With packets, on instances that route (``route_above``): the send kernel's rows and weights
     #: travel as Lamport packets too, and it lays out each peer's row as it arrives instead of after
     #: its barrier (which it then has none of; the route kernel's barrier orders the calls).
@@ -141,12 +155,26 @@ class MoEShape:
             raise InvalidInputError(f"MoEShape: shared_copy_from must be at least 0, got {self.shared_copy_from}")
         if self.programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):
             raise InvalidInputError(f"MoEShape: bad programs or warps in {self}")
-        if not 0 <= self.push_programs < self.programs:
-            raise InvalidInputError(f"MoEShape: push_programs must be in [0, programs), got {self.push_programs} "
-                                    f"of {self.programs} programs")
-        if not 0 <= self.send_programs < self.programs or (self.send_programs and not self.packets):
-            raise InvalidInputError(f"MoEShape: send_programs must be 0, or with packets in [1, programs), got "
+        if not -1 <= self.push_programs < self.programs or self.push_split_elems < 0:
+            raise InvalidInputError(f"MoEShape: push_programs must be -1 or in [0, programs), got "
+                                    f"{self.push_programs} of {self.programs} programs (push_split_elems "
+                                    f"{self.push_split_elems})")
+        if not -1 <= self.send_programs < self.programs or (self.send_programs > 0 and not self.packets):
+            raise InvalidInputError(f"MoEShape: send_programs must be -1, 0, or with packets in [1, programs), got "
                                     f"{self.send_programs} of {self.programs} programs (packets={self.packets})")
+
+    def senders(self) -> int:
+        """The one-kernel dispatch's sending programs (``send_programs`` resolved)."""
+        if self.send_programs >= 0:
+            return self.send_programs
+        return self.programs // 2 if self.packets else 0
+
+    def pushers(self, bound: int, hidden: int) -> int:
+        """The latency combine's pushing programs in a call of at most ``bound`` tokens per rank
+        (``push_programs`` resolved)."""
+        if self.push_programs >= 0:
+            return self.push_programs
+        return self.programs // 2 if bound * hidden <= self.push_split_elems else 0
 
 
 #: Launch shapes by kind of instance; on GPUs ``programs`` is set from the SM count at construction
@@ -202,10 +230,12 @@ def _launch_options(comm: Communicator, shape: MoEShape) -> dict[str, bool | int
 
 @dataclass(frozen=True)
 class MoEHandle:
-    """What ``combine`` needs from its ``dispatch``: the token count and the call it came from."""
+    """What ``combine`` needs from its ``dispatch``: the token count, the call it came from, and the
+    call's bound on every rank's token count (``tokens_bound``, else ``max_tokens``)."""
 
     n_tokens: int
     call: int
+    bound: int
 
 
 class MoEAllToAll:
@@ -409,8 +439,8 @@ class MoEAllToAll:
         sh = self.shape
         one = self._one or (self._copy is not None and tokens_bound is not None
                             and tokens_bound * self.top_k <= ONE_KERNEL_ENTRIES)
+        bound = self.max_tokens if tokens_bound is None else tokens_bound  # the same on every rank
         if one:
-            bound = self.max_tokens if tokens_bound is None else tokens_bound  # the same on every rank
             launch_dispatch_one_kernel(
                 self._run_one, self.comm, self._send_ch, self._out, self._scales, x, topk_ids, topk_weights,
                 self._weights, self._slot_of, self._owner, self._row, self._counts, self._bad,
@@ -420,12 +450,12 @@ class MoEAllToAll:
                 readers=self._readers if bound * self.top_k >= sh.shared_copy_from else None, bound=bound,
                 block_n=self._block_n, header=self._header, trace=self._traces[0] if self._traces else None,
                 block_x=self._block_x, block_h=sh.one_block_h or sh.send_block_h or sh.block_h, num_warps=sh.num_warps,
-                senders=sh.send_programs, launch_opts=self._launch_opts, **self._one_args)
+                senders=sh.senders(), launch_opts=self._launch_opts, **self._one_args)
         else:
             self._dispatch_two_kernels(x, topk_ids, topk_weights)
         self._call += 1
         self._open_handle = self._call
-        return (self._out, self._scales) if self.fp8 else self._out, self._counts, MoEHandle(n, self._call)
+        return (self._out, self._scales) if self.fp8 else self._out, self._counts, MoEHandle(n, self._call, bound)
 
     def _dispatch_two_kernels(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
         """The route and send kernels, or (instances of at most ``route_above`` entries) the send and
@@ -469,7 +499,8 @@ class MoEAllToAll:
                        ids_half=self._ids_half, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                        part_off=self._part_off, lpart_off=self._lpart_off, block_h=self.shape.block_h,
                        num_warps=self.shape.num_warps, launch_opts=self._launch_opts,
-                       trace=self._traces[1] if self._traces else None, pushers=self.shape.push_programs)
+                       trace=self._traces[1] if self._traces else None,
+                       pushers=self.shape.pushers(handle.bound, self.hidden))
         return out[:handle.n_tokens]
 
     def close(self) -> None:

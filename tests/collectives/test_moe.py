@@ -136,12 +136,13 @@ def _not_at_rest(buf: torch.Tensor) -> int:
 
 def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, reps: int, dtype=torch.bfloat16,
          capacity=None, ids_dtype=torch.int64, w_dtype=torch.float32, fp8=False, mode="auto", throughput_from=256,
-         both_modes=False, shape=None, call_tokens=None, bound_odd=False, full=False):
+         both_modes=False, shape=None, call_tokens=None, bound_odd=False, full=False, decode_shape=None):
     comm = make_comm(ctx, heap_bytes=64 << 20)
     w, r, dev = ctx.world, ctx.rank, ctx.device
     local = experts // w
     moe = MoEAllToAll(comm, max_tokens=max_tokens, hidden=hidden, num_experts=experts, top_k=k, dtype=dtype,
-                      capacity=capacity, fp8_dispatch=fp8, mode=mode, throughput_from=throughput_from, shape=shape)
+                      capacity=capacity, fp8_dispatch=fp8, mode=mode, throughput_from=throughput_from, shape=shape,
+                      decode_shape=decode_shape)
     cap = moe.capacity
     bad, dropped, totals = [], 0, []
     for rep in range(reps):
@@ -262,6 +263,29 @@ def test_decode_calls_on_large_instances_take_one_kernel(worlds, world, routing)
         replace(SHAPES["cpu"], route_above=4, routed_packets=routing == "routed-packets")
     for bad in worlds(world).run(_job, 4 * world, 3, 24, 400, "hot", 4, capacity=6, mode="throughput", shape=shape,
                                  call_tokens=5, bound_odd=True):
+        assert bad == []
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3))
+@pytest.mark.parametrize("mode", ["latency", "throughput"])
+def test_decode_calls_on_large_instances_launch_narrower(worlds, world, mode):
+    """As above (routed), the calls given ``tokens_bound`` launching their dispatch and combine with
+    ``decode_shape``, 2 programs of the channels' 3 (one sending, one laying out), the others with
+    all 3: every program of a wide launch must find the epoch (the tables' half) that the narrow one
+    left, and every call is exact."""
+    shape = replace(SHAPES["cpu"], programs=3, route_above=4)
+    for bad in worlds(world).run(_job, 4 * world, 3, 24, 400, "hot", 5, capacity=6, mode=mode, shape=shape,
+                                 call_tokens=5, bound_odd=True, decode_shape=replace(SHAPES["cpu"], programs=2)):
+        assert bad == []
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3))
+def test_decode_calls_on_default_large_instances(worlds, world):
+    """An instance with the default shapes sized for 160 tokens of top-8 (on GPUs the prefill shape;
+    calls given ``tokens_bound`` take the default ``decode_shape``), called with at most 5 tokens,
+    every other call bounded: every call exact."""
+    for bad in worlds(world).run(_job, 8 * world, 8, 256, 160, "random", 4, mode="auto", call_tokens=5,
+                                 bound_odd=True):
         assert bad == []
 
 
@@ -408,7 +432,8 @@ def _bad_input(ctx, path: str):
     except InvalidInputError:
         errs.append("reused handle")
     for bad_args in (dict(num_experts=2 * ctx.world + 1), dict(top_k=0), dict(capacity=0), dict(dtype=torch.float32),
-                     dict(mode="fast"), dict(throughput_from=-1), dict(shape=(2, 64, 64, 1))):
+                     dict(mode="fast"), dict(throughput_from=-1), dict(shape=(2, 64, 64, 1)),
+                     dict(decode_shape=replace(SHAPES["cpu"], programs=1 << 20))):
         try:
             MoEAllToAll(comm, **{**dict(max_tokens=4, hidden=16, num_experts=2 * ctx.world, top_k=2), **bad_args})
             errs.append("no error")
@@ -424,7 +449,7 @@ def test_bad_input_raises_before_waiting(worlds, path):
     """Bad arguments raise before any rank waits; ids out of range are dropped and reported at the
     next call, on every dispatch path."""
     for errs in worlds(2).run(_bad_input, path):
-        assert errs == ["InvalidInputError"] * 5 + ["counts ok", "ids: reported", "reused handle"] + ["ctor"] * 7, errs
+        assert errs == ["InvalidInputError"] * 5 + ["counts ok", "ids: reported", "reused handle"] + ["ctor"] * 8, errs
 
 
 def _missing_peer(ctx, path: str):

@@ -6,7 +6,7 @@ The public surface (each module's docstring states its memory-ordering contract)
 * data movement (``copy``): ``put``, ``get``, ``copy_block``;
 * synchronisation (``signals``, ``barrier``): ``signal``, ``signal_add``, ``signal_relaxed``,
   ``wait``, ``wait_relaxed``, ``barrier`` (and its halves ``barrier_arrive``/``barrier_wait``),
-  ``epoch_next``, ``epoch_commit``;
+  ``epoch_next``, ``epoch_commit``, ``epoch_commit_slots`` (a launch narrower than its channel);
 * LL packets (``ll``): ``ll8_store``, ``ll8_try``, ``ll8_poll``, ``ll8_poll_sum_f32``, ``ll8_pack``, ``ll8_unpack``;
 * Lamport buffers (``lamport``): ``lamport_store``, ``lamport_try``, ``lamport_poll``, ``lamport_poll_from``,
   ``lamport_reset``, ``lamport_canonical``, ``lamport_missing`` and, on the host, ``lamport_fill``;
@@ -57,6 +57,7 @@ from .ordering import (
 )
 from .signals import (
     epoch_commit,
+    epoch_commit_slots,
     epoch_next,
     program_epoch,
     signal,
@@ -71,7 +72,8 @@ __all__ = [
     "DIAG_WORDS", "INTERPRET", "KIND_NAMES", "LAMPORT_SENTINEL8", "LAMPORT_SENTINEL16", "MAX_WORLD", "Launcher",
     "already_failed", "assume_multiple",
     "barrier", "barrier_arrive", "barrier_flag_bytes", "barrier_wait", "check_signatures", "clock_ns", "copy_block",
-    "epoch_commit", "epoch_next", "fence_sys", "get", "heap_base", "heap_ptr", "interpreting", "lamport_canonical",
+    "epoch_commit", "epoch_commit_slots", "epoch_next", "fence_sys", "get", "heap_base", "heap_ptr", "interpreting",
+    "lamport_canonical",
     "lamport_fill", "lamport_missing", "lamport_poll", "lamport_poll_from", "lamport_reset", "lamport_store",
     "lamport_try",
     "ld_acquire", "ld_volatile", "ll8_pack", "ll8_poll", "ll8_poll_sum_f32", "ll8_store", "ll8_try", "ll8_unpack",

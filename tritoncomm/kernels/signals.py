@@ -40,6 +40,7 @@ from .ordering import clock_ns, ld_acquire, ld_volatile, st_relaxed, st_release
 
 __all__ = [
     "epoch_commit",
+    "epoch_commit_slots",
     "epoch_next",
     "program_epoch",
     "signal",
@@ -75,6 +76,19 @@ def program_epoch(bases, rank, epochs_off):
 def epoch_commit(epoch_ptr, epoch):
     """Store the epoch back so that the next launch (or graph replay) continues from it."""
     tl.store(epoch_ptr, tl.cast(epoch, tl.uint32))
+
+
+@triton.jit
+def epoch_commit_slots(epoch_ptr, epoch, slots):
+    """``epoch_commit`` for a launch narrower than its channel: the calling program (``epoch_ptr``
+    from ``program_epoch``) also stores the epoch for programs ``pid + grid, pid + 2 * grid, ...``
+    below ``slots``, the ones a launch of ``grid`` programs leaves out, so that every program of a
+    later launch of up to ``slots`` programs starts from the same epoch. Needs every slot at the same
+    epoch before the launch (every launch on the channel commits this way or covers all slots)."""
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    for slot in range(pid, slots, grid):
+        tl.store(epoch_ptr + (slot - pid), tl.cast(epoch, tl.uint32))
 
 
 @triton.jit

@@ -41,7 +41,9 @@ launch: it starts while the previous one ends and waits for it (``pdl_wait``) be
 
 The launch shape follows the instance's size (``default_shape``: ``max_tokens`` against
 ``prefill_from``) unless ``shape`` is given; ``tune --op moe`` measures both switches
-(``tools/moetune.py``).
+(``tools/moetune.py``). On an instance sized from ``prefill_from`` on, calls whose ``tokens_bound``
+is below it launch their one-kernel dispatch and their combine with ``decode_shape`` (by default the
+shape a decode-sized instance gets: fewer, narrower programs), on the same buffers and channels.
 
 No host synchronisation: routing stays on the device, so both calls can be captured in CUDA graphs
 and replayed with new routing. Other ids outside ``[0, num_experts)`` are dropped on the device and
@@ -231,7 +233,8 @@ def _launch_options(comm: Communicator, shape: MoEShape) -> dict[str, bool | int
 @dataclass(frozen=True)
 class MoEHandle:
     """What ``combine`` needs from its ``dispatch``: the token count, the call it came from, and the
-    call's bound on every rank's token count (``tokens_bound``, else ``max_tokens``)."""
+    call's bound on every rank's token count (``tokens_bound``, else ``max_tokens``), which also
+    picks the launch shape."""
 
     n_tokens: int
     call: int
@@ -244,7 +247,7 @@ class MoEAllToAll:
     def __init__(self, comm: Communicator, *, max_tokens: int, hidden: int, num_experts: int, top_k: int,
                  dtype: torch.dtype = torch.bfloat16, capacity: int | None = None, fp8_dispatch: bool = False,
                  mode: str = "auto", throughput_from: int = THROUGHPUT_FROM, prefill_from: int = PREFILL_FROM,
-                 shape: MoEShape | None = None, name: str = "moe") -> None:
+                 shape: MoEShape | None = None, decode_shape: MoEShape | None = None, name: str = "moe") -> None:
         w = comm.world
         for what, v in (("max_tokens", max_tokens), ("hidden", hidden), ("num_experts", num_experts),
                         ("top_k", top_k)):
@@ -278,11 +281,16 @@ class MoEAllToAll:
             if not isinstance(shape, MoEShape):
                 raise InvalidInputError(f"MoEAllToAll: shape must be a MoEShape, got {shape!r}")
             sh = shape
-        if self.fp8:  # whole scale groups per step
-            sh = replace(sh, block_h=max(sh.block_h, 128), send_block_h=sh.send_block_h and max(sh.send_block_h, 128),
-                         one_block_h=sh.one_block_h and max(sh.one_block_h, 128))
-        # a row's entries within two routing blocks (route.row_slots)
-        sh = replace(sh, block_e=max(sh.block_e, pow2_at_least(top_k)))
+        if decode_shape is None and shape is None and max_tokens >= prefill_from:
+            decode_shape = default_shape(comm.backend, prefill_from - 1, sms, prefill_from)
+            decode_shape = decode_shape if decode_shape != sh else None  # the CPU world has one shape
+        if decode_shape is not None and (not isinstance(decode_shape, MoEShape) or not decode_shape.one_kernel
+                                         or decode_shape.programs > sh.programs
+                                         or decode_shape.packets != sh.packets or not sh.one_kernel):
+            raise InvalidInputError(f"MoEAllToAll: decode_shape must be a one-kernel MoEShape with packets as the "
+                                    f"instance's ({sh.packets}) and at most its {sh.programs} programs, on a "
+                                    f"one-kernel instance shape; got {decode_shape!r}")
+        sh, decode_shape = (self._fitted(s, top_k) if s is not None else None for s in (sh, decode_shape))
         self.shape = sh
         dev, m, k = comm.device, max_tokens, top_k
         wire = torch.float8_e4m3fn if self.fp8 else dtype
@@ -295,6 +303,10 @@ class MoEAllToAll:
         # the tables of ids, weights and token counts; the expert buffer; the partials buffer
         peers = max(w - 1, 1)
         self._one = sh.one_kernel and m * k <= ONE_KERNEL_ENTRIES  # every call in one kernel
+        #: the launch shape of one-kernel calls with a bound below ``prefill_from`` (``_decode_call``), if
+        #: not the instance's
+        self.decode_shape = decode_shape if not self._one else None
+        self._decode_below = prefill_from
         #: the one-kernel dispatch's packet buffers (Lamport, at rest between calls): per half, the peers'
         #: rows (``_packet_rows`` per peer), their scales and weights; the copy table below too
         routed = not self._one and max_tokens * top_k > sh.route_above
@@ -379,6 +391,11 @@ class MoEAllToAll:
             dict(recv_off=self._recv_off, recv_half=self._recv_half, sc_off=self._sc_off, sc_half=self._sc_half,
                  pw_off=0, pw_half=0, packets=False)
         self._run_one = Launcher(moe_dispatch_one_kernel, (programs,))
+        ds = self.decode_shape
+        #: the decode-shaped launches (``decode_shape``): the one-kernel dispatch and the combine
+        self._run_one_decode = Launcher(moe_dispatch_one_kernel, (ds.programs,)) if ds else None
+        self._run_combine_decode = Launcher(moe_combine_kernel, (ds.programs,)) if ds else None
+        self._decode_opts = _launch_options(comm, ds) if ds else {}
         i32 = dict(dtype=torch.int32, device=dev)
         self._owner = torch.empty(m, k, **i32)  # per own entry: the expert's rank, or -1
         self._row = torch.empty(m, k, **i32)  # per own entry: local expert * capacity + slot there
@@ -405,6 +422,20 @@ class MoEAllToAll:
         spare ``combine`` a copy. Write it on the calling stream between ``dispatch`` and ``combine``
         (only this rank's ``combine`` reads it)."""
         return self._ybuf
+
+    def _fitted(self, sh: MoEShape, top_k: int) -> MoEShape:
+        """``sh`` with whole FP8 scale groups per step and a row's entries within two routing blocks
+        (``route.row_slots``)."""
+        if self.fp8:
+            sh = replace(sh, block_h=max(sh.block_h, 128), send_block_h=sh.send_block_h and max(sh.send_block_h, 128),
+                         one_block_h=sh.one_block_h and max(sh.one_block_h, 128))
+        return replace(sh, block_e=max(sh.block_e, pow2_at_least(top_k)))
+
+    def _decode_call(self, bound: int) -> bool:
+        """Whether a call of at most ``bound`` tokens per rank (the same on every rank) launches with
+        ``decode_shape``: a one-kernel call below ``prefill_from`` on an instance that has one."""
+        return (self.decode_shape is not None and bound < self._decode_below
+                and bound * self.top_k <= ONE_KERNEL_ENTRIES)
 
     def trace_stages(self, on: bool = True) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Turn stage stamps on (or off) for later calls: the one-kernel dispatch and the combine then
@@ -436,13 +467,15 @@ class MoEAllToAll:
             raise InvalidInputError(f"moe dispatch: tokens_bound must be an int in [{n}, {self.max_tokens}] (this "
                                     f"rank's tokens to max_tokens), got {tokens_bound!r}")
         self.comm.check()
-        sh = self.shape
         one = self._one or (self._copy is not None and tokens_bound is not None
                             and tokens_bound * self.top_k <= ONE_KERNEL_ENTRIES)
         bound = self.max_tokens if tokens_bound is None else tokens_bound  # the same on every rank
+        decode = self._decode_call(bound)
+        sh = self.decode_shape if decode else self.shape
         if one:
             launch_dispatch_one_kernel(
-                self._run_one, self.comm, self._send_ch, self._out, self._scales, x, topk_ids, topk_weights,
+                self._run_one_decode if decode else self._run_one, self.comm, self._send_ch, self._out,
+                self._scales, x, topk_ids, topk_weights,
                 self._weights, self._slot_of, self._owner, self._row, self._counts, self._bad,
                 self._bad_host.device_addr, max_tokens=self.max_tokens, num_experts=self.num_experts,
                 capacity=self.capacity, local=self.local_experts, ids_off=self._ids_off, ids_half=self._ids_half,
@@ -450,7 +483,8 @@ class MoEAllToAll:
                 readers=self._readers if bound * self.top_k >= sh.shared_copy_from else None, bound=bound,
                 block_n=self._block_n, header=self._header, trace=self._traces[0] if self._traces else None,
                 block_x=self._block_x, block_h=sh.one_block_h or sh.send_block_h or sh.block_h, num_warps=sh.num_warps,
-                senders=sh.senders(), launch_opts=self._launch_opts, **self._one_args)
+                senders=sh.senders(), launch_opts=self._decode_opts if decode else self._launch_opts,
+                **self._one_args)
         else:
             self._dispatch_two_kernels(x, topk_ids, topk_weights)
         self._call += 1
@@ -492,15 +526,17 @@ class MoEAllToAll:
         if y.data_ptr() != self._ybuf.data_ptr():
             self._ybuf.copy_(y)
         out = self._combined
-        launch_combine(self._run_combine, self.comm, self._comb_ch, self._header, out, self._weights, self._owner,
+        decode = self._decode_call(handle.bound)
+        sh = self.decode_shape if decode else self.shape
+        launch_combine(self._run_combine_decode if decode else self._run_combine, self.comm, self._comb_ch,
+                       self._header, out, self._weights, self._owner,
                        self._row, self._slot_of, handle.n_tokens, max_tokens=self.max_tokens,
                        throughput_from=self._throughput_from, lamport_rows=self._lamport_rows,
                        local=self.local_experts, ybuf_off=self._ybuf_off, ids_off=self._ids_off,
                        ids_half=self._ids_half, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
-                       part_off=self._part_off, lpart_off=self._lpart_off, block_h=self.shape.block_h,
-                       num_warps=self.shape.num_warps, launch_opts=self._launch_opts,
-                       trace=self._traces[1] if self._traces else None,
-                       pushers=self.shape.pushers(handle.bound, self.hidden))
+                       part_off=self._part_off, lpart_off=self._lpart_off, block_h=sh.block_h,
+                       num_warps=sh.num_warps, launch_opts=self._decode_opts if decode else self._launch_opts,
+                       trace=self._traces[1] if self._traces else None, pushers=sh.pushers(handle.bound, self.hidden))
         return out[:handle.n_tokens]
 
     def close(self) -> None:

@@ -49,7 +49,7 @@ import triton.language as tl
 
 from ...kernels import (
     barrier,
-    epoch_commit,
+    epoch_commit_slots,
     heap_ptr,
     lamport_canonical,
     lamport_poll,
@@ -250,10 +250,11 @@ def _push_packets(slot_ptr, hidden, max_tokens, lamport_rows, bases, rank, ybuf_
                        item, DTYPE, LOCAL, TOP_K, BLOCK_K, BLOCK_H, True, grid)
 
 
-@triton.jit(do_not_specialize=["rank", "n_tokens", "throughput_from", "lamport_rows"])  # one build whatever the counts
+# one build whatever the counts
+@triton.jit(do_not_specialize=["rank", "n_tokens", "throughput_from", "lamport_rows", "epoch_slots"])
 def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, throughput_from,
-                       lamport_rows, bases, rank, timeout, diag_addr, flags_off, epochs_off, header_ptr, ybuf_off,
-                       ids_off, ids_half, wtab_off, wtab_half, part_off, lpart_off, trace_ptr,
+                       lamport_rows, bases, rank, timeout, diag_addr, flags_off, epochs_off, epoch_slots, header_ptr,
+                       ybuf_off, ids_off, ids_half, wtab_off, wtab_half, part_off, lpart_off, trace_ptr,
                        WORLD: tl.constexpr,
                        LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr,
                        BLOCK_H: tl.constexpr, TRACE: tl.constexpr, PUSHERS: tl.constexpr = 0):
@@ -299,7 +300,7 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
     _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off,
                 part_off, lpart_off, from_partials, tl.where(from_partials, pid, sum_pid),
                 tl.where(from_partials, grid, sum_grid), timeout, diag, WORLD, TOP_K, BLOCK_K, BLOCK_H)
-    epoch_commit(epoch_ptr, e)
+    epoch_commit_slots(epoch_ptr, e, epoch_slots)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 3)
 
@@ -315,7 +316,7 @@ def launch_combine(run: Launcher, comm, channel, header: torch.Tensor, out: torc
     programs that push (the others sum); 0: all."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     run(out, w, owner, row, slot_of, n_tokens, out.shape[-1], max_tokens, throughput_from, lamport_rows, bases, rank,
-        timeout, diag, channel.flags_off, channel.epochs_off, header, ybuf_off, ids_off, ids_half,
+        timeout, diag, channel.flags_off, channel.epochs_off, channel.programs, header, ybuf_off, ids_off, ids_half,
         wtab_off, wtab_half, part_off, lpart_off, w if trace is None else trace, WORLD=world,
         LOCAL=local, TOP_K=w.shape[-1], BLOCK_K=pow2_at_least(w.shape[-1]), BLOCK_W=pow2_at_least(world),
         BLOCK_H=block_h, TRACE=trace is not None, PUSHERS=pushers, num_warps=num_warps, enable_fp_fusion=False,

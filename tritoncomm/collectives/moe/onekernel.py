@@ -71,7 +71,7 @@ import triton.language as tl
 
 from ...kernels import (
     barrier,
-    epoch_commit,
+    epoch_commit_slots,
     heap_ptr,
     lamport_poll,
     lamport_reset,
@@ -108,12 +108,13 @@ def reset_shared_copies(table, readers, grid, rank, WORLD: tl.constexpr, BLOCK_N
         tl.store(readers, 0)
 
 
-@triton.jit(do_not_specialize=["rank", "n_tokens", "bound", "ids_s0", "ids_s1", "w_s0", "w_s1"])
+@triton.jit(do_not_specialize=["rank", "n_tokens", "bound", "ids_s0", "ids_s1", "w_s0", "w_s1",
+                               "epoch_slots"])
 def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                             wts_ptr, slot_ptr, owner_ptr, row_ptr, counts_ptr, bad_ptr, bad_host_addr, n_tokens,
                             bound, hidden, max_tokens, num_experts, capacity, bases, rank, timeout, diag_addr,
-                            flags_off, epochs_off, recv_off, recv_half, peer_rows, ids_off, ids_half, wtab_off,
-                            wtab_half, pw_off, pw_half, sc_off, sc_half, copy_off, copy_half,
+                            flags_off, epochs_off, epoch_slots, recv_off, recv_half, peer_rows, ids_off, ids_half,
+                            wtab_off, wtab_half, pw_off, pw_half, sc_off, sc_half, copy_off, copy_half,
                             readers_ptr, header_ptr, trace_ptr,
                             WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                             BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_X: tl.constexpr, FP8: tl.constexpr,
@@ -124,8 +125,9 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     (``bound``: the call's bound on every rank's tokens, the same on every rank). The
     receive buffer (and its scales) holds ``peer_rows`` rows per peer; with ``PACKETS`` it, the copy
     table and the packet weights table (``pw_off``: ``TOP_K`` fp32 per row of the receive buffer) are
-    Lamport buffers. ``readers_ptr``: with ``SHARED``, per half the number of this launch's programs
-    done with the copies (0 between launches). With ``TRACE`` each program stamps
+    Lamport buffers. ``epoch_slots``: the channel's programs (this launch may have fewer:
+    ``epoch_commit_slots``). ``readers_ptr``: with ``SHARED``, per half the number of this launch's
+    programs done with the copies (0 between launches). With ``TRACE`` each program stamps
     (``kernels.stamp``) ``DISPATCH_STAGES`` points into ``trace_ptr``: started, copies sent, rows
     sent, first peer's copy read, rows laid out, done. With ``SENDERS`` (packets only) programs ``[0,
     SENDERS)`` send the rows and the others lay out the peers' rows; every program still sends and
@@ -229,7 +231,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
         finish_counts(counts_ptr, bad_ptr, bad_host_addr, earlier, capacity, rank, tl.sum(bad.to(tl.int32)), LOCAL,
                       BLOCK_X)
         store_header(header_ptr, sizes, half, BLOCK_W)
-    epoch_commit(epoch_ptr, e)
+    epoch_commit_slots(epoch_ptr, e, epoch_slots)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 5)
 
@@ -256,9 +258,10 @@ def launch_dispatch_one_kernel(run: Launcher, comm, channel, out: torch.Tensor, 
     fp8 = scales is not None
     run(out, scales if fp8 else out, x, x.stride(0), ids, ids.stride(0), ids.stride(1), weights, weights.stride(0),
         weights.stride(1), wts, slot_of, owner, row, counts, bad, bad_host_addr, x.shape[0], bound, x.shape[1],
-        max_tokens, num_experts, capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off, recv_off,
-        recv_half, peer_rows, ids_off, ids_half, wtab_off, wtab_half, pw_off, pw_half, sc_off,
-        sc_half, copy_off, copy_half, counts if readers is None else readers, header, bad if trace is None else trace,
+        max_tokens, num_experts, capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off,
+        channel.programs, recv_off, recv_half, peer_rows, ids_off, ids_half, wtab_off, wtab_half, pw_off, pw_half,
+        sc_off, sc_half, copy_off, copy_half, counts if readers is None else readers, header,
+        bad if trace is None else trace,
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_N=block_n,
         BLOCK_X=block_x, FP8=fp8, PACKETS=packets, SHARED=readers is not None, BLOCK_W=pow2_at_least(world),
         TRACE=trace is not None, SENDERS=senders, num_warps=num_warps, **launch_opts)

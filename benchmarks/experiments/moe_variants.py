@@ -10,7 +10,8 @@ A variant is ``default`` or ``+``-joined changes to the instance's default launc
 the send and gather kernels), ``no-regcap`` (no register cap keeping every program resident),
 ``FIELD=VALUE`` (an int or bool field of ``MoEShape`` as an int, e.g. ``send_block_h=2048``,
 ``packets=0``), ``bound`` (each call
-passes ``tokens_bound``, its token count: one kernel on instances sized for more);
+passes ``tokens_bound``, its token count: one kernel on instances sized for more), ``decode``
+(``MoEAllToAll(decode_shape=...)``: such calls launch with the decode shape);
 ``docs/moe.md`` names the
 checkout of its route-kernel variants. Each round times every variant in turn on the same inputs
 (``tools.timing.time_per_call_us``, graph mode), so drift between variants is spread over the
@@ -63,8 +64,13 @@ def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, 
         if name not in known:
             return None
         shape = replace(shape, **{name: int(value)})
+    extra = {}
+    if "decode" in changes:  # bounded one-kernel calls with the decode shape (a shape given turns it off)
+        if "decode_shape" not in inspect.signature(MoEAllToAll).parameters:
+            return None
+        extra["decode_shape"] = default_shape("cuda", 1, sms)
     moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
-                      capacity=_capacity(world, m, experts, k), shape=shape, fp8_dispatch=fp8)
+                      capacity=_capacity(world, m, experts, k), shape=shape, fp8_dispatch=fp8, **extra)
     if "no-regcap" in changes:
         if not hasattr(moe, "_launch_opts"):
             moe.close()

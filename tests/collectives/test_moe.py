@@ -433,7 +433,7 @@ def _bad_input(ctx, path: str):
         errs.append("reused handle")
     for bad_args in (dict(num_experts=2 * ctx.world + 1), dict(top_k=0), dict(capacity=0), dict(dtype=torch.float32),
                      dict(mode="fast"), dict(throughput_from=-1), dict(shape=(2, 64, 64, 1)),
-                     dict(decode_shape=replace(SHAPES["cpu"], programs=1 << 20))):
+                     dict(decode_shape=replace(SHAPES["cpu"], programs=1 << 20)), dict(decode_below=-1)):
         try:
             MoEAllToAll(comm, **{**dict(max_tokens=4, hidden=16, num_experts=2 * ctx.world, top_k=2), **bad_args})
             errs.append("no error")
@@ -449,7 +449,7 @@ def test_bad_input_raises_before_waiting(worlds, path):
     """Bad arguments raise before any rank waits; ids out of range are dropped and reported at the
     next call, on every dispatch path."""
     for errs in worlds(2).run(_bad_input, path):
-        assert errs == ["InvalidInputError"] * 5 + ["counts ok", "ids: reported", "reused handle"] + ["ctor"] * 8, errs
+        assert errs == ["InvalidInputError"] * 5 + ["counts ok", "ids: reported", "reused handle"] + ["ctor"] * 9, errs
 
 
 def _missing_peer(ctx, path: str):

@@ -42,8 +42,9 @@ launch: it starts while the previous one ends and waits for it (``pdl_wait``) be
 The launch shape follows the instance's size (``default_shape``: ``max_tokens`` against
 ``prefill_from``) unless ``shape`` is given; ``tune --op moe`` measures both switches
 (``tools/moetune.py``). On an instance sized from ``prefill_from`` on, calls whose ``tokens_bound``
-is below it launch their one-kernel dispatch and their combine with ``decode_shape`` (by default the
-shape a decode-sized instance gets: fewer, narrower programs), on the same buffers and channels.
+is below ``decode_below`` launch their one-kernel dispatch and their combine with ``decode_shape``
+(by default the shape a decode-sized instance gets: fewer, narrower programs), on the same buffers
+and channels.
 
 No host synchronisation: routing stays on the device, so both calls can be captured in CUDA graphs
 and replayed with new routing. Other ids outside ``[0, num_experts)`` are dropped on the device and
@@ -77,9 +78,15 @@ from .route import launch_route, moe_route_kernel
 THROUGHPUT_FROM = 2048
 MODES = ("auto", "latency", "throughput")
 
-__all__ = ["MODES", "ONE_KERNEL_ENTRIES", "PREFILL_FROM", "PUSH_SPLIT_ELEMS", "SHAPES", "SHARED_COPY_FROM",
-           "THROUGHPUT_FROM", "MoEAllToAll", "MoEHandle", "MoEShape", "default_shape"]
+__all__ = ["DECODE_BELOW", "MODES", "ONE_KERNEL_ENTRIES", "PREFILL_FROM", "PUSH_SPLIT_ELEMS", "SHAPES",
+           "SHARED_COPY_FROM", "THROUGHPUT_FROM", "MoEAllToAll", "MoEHandle", "MoEShape", "default_shape"]
 
+
+#: ``MoEAllToAll``'s default ``decode_below``: calls with a ``tokens_bound`` below it on an instance
+#: with a ``decode_shape`` launch with that shape. At EP2 on two H100s (instances sized for 4096
+#: tokens, dispatch + combine in graphs, ``docs/moe.md``) the decode shape saved 1.1-1.6 µs at 1 and
+#: 8 tokens and lost 3.0 at 64 (DeepSeek-V3; Qwen3-MoE 0.1).
+DECODE_BELOW = 16
 
 #: Routing entries per rank from which the one-kernel dispatch shares one routing copy per rank
 #: (``MoEShape.shared_copy_from``). At EP2 on two H100s (DeepSeek-V3 and Qwen3-MoE, dispatch +
@@ -247,7 +254,8 @@ class MoEAllToAll:
     def __init__(self, comm: Communicator, *, max_tokens: int, hidden: int, num_experts: int, top_k: int,
                  dtype: torch.dtype = torch.bfloat16, capacity: int | None = None, fp8_dispatch: bool = False,
                  mode: str = "auto", throughput_from: int = THROUGHPUT_FROM, prefill_from: int = PREFILL_FROM,
-                 shape: MoEShape | None = None, decode_shape: MoEShape | None = None, name: str = "moe") -> None:
+                 shape: MoEShape | None = None, decode_shape: MoEShape | None = None, decode_below: int = DECODE_BELOW,
+                 name: str = "moe") -> None:
         w = comm.world
         for what, v in (("max_tokens", max_tokens), ("hidden", hidden), ("num_experts", num_experts),
                         ("top_k", top_k)):
@@ -263,6 +271,8 @@ class MoEAllToAll:
             raise InvalidInputError(f"MoEAllToAll: throughput_from must be an int >= 0, got {throughput_from!r}")
         if not isinstance(prefill_from, int) or prefill_from < 1:
             raise InvalidInputError(f"MoEAllToAll: prefill_from must be an int >= 1, got {prefill_from!r}")
+        if not isinstance(decode_below, int) or decode_below < 0:
+            raise InvalidInputError(f"MoEAllToAll: decode_below must be an int >= 0, got {decode_below!r}")
         if dtype not in (torch.bfloat16, torch.float16):
             raise InvalidInputError(f"MoEAllToAll: dtype must be bf16 or fp16, got {dtype}")
         self.comm, self.world, self.rank = comm, w, comm.rank
@@ -303,10 +313,10 @@ class MoEAllToAll:
         # the tables of ids, weights and token counts; the expert buffer; the partials buffer
         peers = max(w - 1, 1)
         self._one = sh.one_kernel and m * k <= ONE_KERNEL_ENTRIES  # every call in one kernel
-        #: the launch shape of one-kernel calls with a bound below ``prefill_from`` (``_decode_call``), if
+        #: the launch shape of one-kernel calls with a bound below ``decode_below`` (``_decode_call``), if
         #: not the instance's
         self.decode_shape = decode_shape if not self._one else None
-        self._decode_below = prefill_from
+        self._decode_below = decode_below
         #: the one-kernel dispatch's packet buffers (Lamport, at rest between calls): per half, the peers'
         #: rows (``_packet_rows`` per peer), their scales and weights; the copy table below too
         routed = not self._one and max_tokens * top_k > sh.route_above
@@ -433,7 +443,7 @@ class MoEAllToAll:
 
     def _decode_call(self, bound: int) -> bool:
         """Whether a call of at most ``bound`` tokens per rank (the same on every rank) launches with
-        ``decode_shape``: a one-kernel call below ``prefill_from`` on an instance that has one."""
+        ``decode_shape``: a one-kernel call below ``decode_below`` on an instance that has one."""
         return (self.decode_shape is not None and bound < self._decode_below
                 and bound * self.top_k <= ONE_KERNEL_ENTRIES)
 

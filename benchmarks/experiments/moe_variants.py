@@ -10,8 +10,9 @@ A variant is ``default`` or ``+``-joined changes to the instance's default launc
 the send and gather kernels), ``no-regcap`` (no register cap keeping every program resident),
 ``FIELD=VALUE`` (an int or bool field of ``MoEShape`` as an int, e.g. ``send_block_h=2048``,
 ``packets=0``), ``bound`` (each call
-passes ``tokens_bound``, its token count: one kernel on instances sized for more), ``decode``
-(``MoEAllToAll(decode_shape=...)``: such calls launch with the decode shape);
+passes ``tokens_bound``, its token count: one kernel on instances sized for more; below
+``DECODE_BELOW`` tokens with the decode shape, as by default), ``no-decode`` (such calls keep the
+instance's shape);
 ``docs/moe.md`` names the
 checkout of its route-kernel variants. Each round times every variant in turn on the same inputs
 (``tools.timing.time_per_call_us``, graph mode), so drift between variants is spread over the
@@ -37,7 +38,7 @@ import torch
 
 from tritoncomm.channels import Communicator
 from tritoncomm.collectives import MoEAllToAll
-from tritoncomm.collectives.moe import MoEShape, default_shape
+from tritoncomm.collectives.moe import PREFILL_FROM, MoEShape, default_shape
 from tritoncomm.config import CommConfig
 from tritoncomm.launch import LocalWorld
 from tritoncomm.tools.moebench import MOE_SHAPES, _capacity
@@ -65,10 +66,13 @@ def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, 
             return None
         shape = replace(shape, **{name: int(value)})
     extra = {}
-    if "decode" in changes:  # bounded one-kernel calls with the decode shape (a shape given turns it off)
-        if "decode_shape" not in inspect.signature(MoEAllToAll).parameters:
-            return None
-        extra["decode_shape"] = default_shape("cuda", 1, sms)
+    # bounded calls on large instances take the decode shape, as with the library's default shape
+    # (a shape given turns that off unless decode_shape is given too); "no-decode": the instance's
+    if "decode_shape" in inspect.signature(MoEAllToAll).parameters and m >= PREFILL_FROM \
+            and shape.one_kernel and shape.programs >= sms and "no-decode" not in changes:
+        extra["decode_shape"] = replace(default_shape("cuda", 1, sms), packets=shape.packets)
+    elif "no-decode" in changes and "decode_shape" not in inspect.signature(MoEAllToAll).parameters:
+        return None
     moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
                       capacity=_capacity(world, m, experts, k), shape=shape, fp8_dispatch=fp8, **extra)
     if "no-regcap" in changes:

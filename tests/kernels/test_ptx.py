@@ -391,7 +391,8 @@ def _moe_ptx(kernel: str) -> str:
                "ids_s0": "i32", "ids_s1": "i32", "w_ptr": "*fp32", "w_s0": "i32", "w_s1": "i32", "wts_ptr": "*fp32",
                "slot_ptr": "*i32", "owner_ptr": "*i32", "row_ptr": "*i32", "counts_ptr": "*i32", "bad_ptr": "*i64",
                "bad_host_addr": "i64", "n_tokens": "i32", "bound": "i32", "hidden": "i32", "max_tokens": "i32",
-               "num_experts": "i32", "capacity": "i32", **COMMON, "flags_off": "i64", **i64, "peer_rows": "i32",
+               "num_experts": "i32", "capacity": "i32", **COMMON, "flags_off": "i64", **i64, "epoch_slots": "i32",
+               "peer_rows": "i32",
                **dict.fromkeys(("ids_off", "ids_half", "wtab_off", "wtab_half", "pw_off", "pw_half", "copy_off",
                                 "copy_half"), "i64"), "readers_ptr": "*i32",
                "header_ptr": "*i32", "trace_ptr": "*i64"}
@@ -403,7 +404,7 @@ def _moe_ptx(kernel: str) -> str:
         sig = {"out_ptr": "*bf16", "w_ptr": "*fp32", "owner_ptr": "*i32", "row_ptr": "*i32", "slot_ptr": "*i32",
                "n_tokens": "i32", "hidden": "i32", "max_tokens": "i32", "throughput_from": "i32",
                "lamport_rows": "i32", **COMMON,
-               **dict.fromkeys(("flags_off", "epochs_off"), "i64"), "header_ptr": "*i32",
+               **dict.fromkeys(("flags_off", "epochs_off"), "i64"), "epoch_slots": "i32", "header_ptr": "*i32",
                **dict.fromkeys(("ybuf_off", "ids_off", "ids_half", "wtab_off", "wtab_half", "part_off", "lpart_off"),
                                "i64"),
                "trace_ptr": "*i64"}

@@ -290,6 +290,19 @@ def test_decode_calls_on_default_large_instances(worlds, world):
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
+@pytest.mark.parametrize("shared_from", [0, 1 << 20])
+def test_routing_copies_sized_by_the_bound(worlds, world, shared_from):
+    """``MoEShape.bounded_copies`` on a one-kernel instance of 40 tokens of top-3: calls given
+    ``tokens_bound=2`` send copies of 8 entries, the others of 128, alternating on the same copy
+    table (one shared copy, or one per program); every call exact and every Lamport buffer at rest
+    after them."""
+    shape = replace(SHAPES["cpu"], bounded_copies=True, shared_copy_from=shared_from)
+    for bad in worlds(world).run(_job, 4 * world, 3, 24, 40, "random", 4, shape=shape, call_tokens=2,
+                                 bound_odd=True):
+        assert bad == []
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3))
 def test_shared_and_per_program_copies_alternate(worlds, world):
     """A one-kernel instance of 4 tokens of top-3 whose shape shares the routing copy from 12
     entries: calls without a bound (12 entries) share one copy, calls given ``tokens_bound=3`` (9)

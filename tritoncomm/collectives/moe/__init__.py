@@ -149,6 +149,11 @@ class MoEShape:
     #: travel as Lamport packets too, and it lays out each peer's row as it arrives instead of after
     #: its barrier (which it then has none of; the route kernel's barrier orders the calls).
     routed_packets: bool = False
+    #: The one-kernel dispatch's routing copies sized by the call's bound (``tokens_bound * top_k``,
+    #: rounded up to a power of two) instead of the instance's ``max_tokens * top_k``: fewer entries
+    #: for every program to hold, poll and count over in calls far below ``max_tokens``, one build
+    #: per size. Off: not yet measured on GPUs.
+    bounded_copies: bool = False
     #: Instances with more routing entries per rank (``max_tokens * top_k``) than this dispatch with
     #: ``moe_route_kernel`` and then the send kernel, which also lays out the peers' rows; others (not
     #: in one kernel) with the send and gather kernels, every send program holding the call's routing.
@@ -491,7 +496,8 @@ class MoEAllToAll:
                 capacity=self.capacity, local=self.local_experts, ids_off=self._ids_off, ids_half=self._ids_half,
                 wtab_off=self._wtab_off, wtab_half=self._wtab_half, copy_off=self._copy_off, copy_half=self._copy_half,
                 readers=self._readers if bound * self.top_k >= sh.shared_copy_from else None, bound=bound,
-                block_n=self._block_n, header=self._header, trace=self._traces[0] if self._traces else None,
+                block_n=min(pow2_at_least(bound * self.top_k), self._block_n) if sh.bounded_copies else self._block_n,
+                header=self._header, trace=self._traces[0] if self._traces else None,
                 block_x=self._block_x, block_h=sh.one_block_h or sh.send_block_h or sh.block_h, num_warps=sh.num_warps,
                 senders=sh.senders(), launch_opts=self._decode_opts if decode else self._launch_opts,
                 **self._one_args)

@@ -84,7 +84,9 @@ def epoch_commit_slots(epoch_ptr, epoch, slots):
     from ``program_epoch``) also stores the epoch for programs ``pid + grid, pid + 2 * grid, ...``
     below ``slots``, the ones a launch of ``grid`` programs leaves out, so that every program of a
     later launch of up to ``slots`` programs starts from the same epoch. Needs every slot at the same
-    epoch before the launch (every launch on the channel commits this way or covers all slots)."""
+    epoch before the launch (every launch on the channel commits this way or covers all slots).
+    Plain stores, as ``epoch_commit``: ordered for the next launch on the stream by the kernel
+    boundary, not for any reader of this launch (no other program reads these slots during it)."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     for slot in range(pid, slots, grid):

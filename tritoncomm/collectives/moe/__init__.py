@@ -152,7 +152,8 @@ class MoEShape:
     #: The one-kernel dispatch's routing copies sized by the call's bound (``tokens_bound * top_k``,
     #: rounded up to a power of two) instead of the instance's ``max_tokens * top_k``: fewer entries
     #: for every program to hold, poll and count over in calls far below ``max_tokens``, one build
-    #: per size. Off: not yet measured on GPUs.
+    #: per size (compiled at a size's first call: warm each size up before graph capture). Off: not
+    #: yet measured on GPUs.
     bounded_copies: bool = False
     #: Instances with more routing entries per rank (``max_tokens * top_k``) than this dispatch with
     #: ``moe_route_kernel`` and then the send kernel, which also lays out the peers' rows; others (not

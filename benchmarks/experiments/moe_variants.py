@@ -12,7 +12,8 @@ the send and gather kernels), ``no-regcap`` (no register cap keeping every progr
 ``packets=0``), ``bound`` (each call
 passes ``tokens_bound``, its token count: one kernel on instances sized for more; below
 ``DECODE_BELOW`` tokens with the decode shape, as by default), ``no-decode`` (such calls keep the
-instance's shape);
+instance's shape), ``decode_below=N`` (the constructor's switch for them); a field change other
+than the grid's (programs, columns, warps, roles) applies to the decode shape too;
 ``docs/moe.md`` names the
 checkout of its route-kernel variants. Each round times every variant in turn on the same inputs
 (``tools.timing.time_per_call_us``, graph mode), so drift between variants is spread over the
@@ -62,17 +63,31 @@ def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, 
         return None
     for change in sorted(c for c in changes if "=" in c):
         name, value = change.split("=")
+        if name == "decode_below":  # a constructor argument, not a shape field
+            continue
         if name not in known:
             return None
         shape = replace(shape, **{name: int(value)})
     extra = {}
+    ctor = inspect.signature(MoEAllToAll).parameters
     # bounded calls on large instances take the decode shape, as with the library's default shape
-    # (a shape given turns that off unless decode_shape is given too); "no-decode": the instance's
-    if "decode_shape" in inspect.signature(MoEAllToAll).parameters and m >= PREFILL_FROM \
+    # (a shape given turns that off unless decode_shape is given too), with the variant's field
+    # changes other than the launch grid's; "no-decode": the instance's shape
+    if "decode_shape" in ctor and m >= PREFILL_FROM \
             and shape.one_kernel and shape.programs >= sms and "no-decode" not in changes:
-        extra["decode_shape"] = replace(default_shape("cuda", 1, sms), packets=shape.packets)
+        ds = replace(default_shape("cuda", 1, sms), packets=shape.packets)
+        grid = {"programs", "block_h", "num_warps", "send_block_h", "one_block_h", "send_programs", "push_programs"}
+        for change in sorted(c for c in changes if "=" in c and c.split("=")[0] not in grid):
+            name, value = change.split("=")
+            if name in known:
+                ds = replace(ds, **{name: int(value)})
+        extra["decode_shape"] = ds
     elif "no-decode" in changes and "decode_shape" not in inspect.signature(MoEAllToAll).parameters:
         return None
+    for change in (c for c in changes if c.startswith("decode_below=")):
+        if "decode_below" not in ctor:
+            return None
+        extra["decode_below"] = int(change.split("=")[1])
     moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
                       capacity=_capacity(world, m, experts, k), shape=shape, fp8_dispatch=fp8, **extra)
     if "no-regcap" in changes:

@@ -11,7 +11,7 @@ the send and gather kernels), ``no-regcap`` (no register cap keeping every progr
 ``FIELD=VALUE`` (an int or bool field of ``MoEShape`` as an int, e.g. ``send_block_h=2048``,
 ``packets=0``), ``bound`` (each call
 passes ``tokens_bound``, its token count: one kernel on instances sized for more; below
-``DECODE_BELOW`` tokens with the decode shape, as by default), ``no-decode`` (such calls keep the
+``PREFILL_FROM`` tokens with the decode shape, as by default), ``no-decode`` (such calls keep the
 instance's shape), ``decode_below=N`` (the constructor's switch for them); a field change other
 than the grid's (programs, columns, warps, roles) applies to the decode shape too;
 ``docs/moe.md`` names the

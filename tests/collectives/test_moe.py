@@ -268,13 +268,16 @@ def test_decode_calls_on_large_instances_take_one_kernel(worlds, world, routing)
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
 @pytest.mark.parametrize("mode", ["latency", "throughput"])
-def test_decode_calls_on_large_instances_launch_narrower(worlds, world, mode):
-    """As above (routed), the calls given ``tokens_bound`` launching their dispatch and combine with
+@pytest.mark.parametrize("instance", ["routed", "one-kernel"])
+def test_decode_calls_on_large_instances_launch_narrower(worlds, world, mode, instance):
+    """As above (``routed``; ``one-kernel``: an instance of 40 tokens, whose every call takes one
+    kernel), the calls given ``tokens_bound`` launching their dispatch and combine with
     ``decode_shape``, 2 programs of the channels' 3 (one sending, one laying out), the others with
     all 3: every program of a wide launch must find the epoch (the tables' half) that the narrow one
     left, and every call is exact."""
     shape = replace(SHAPES["cpu"], programs=3, route_above=4)
-    for bad in worlds(world).run(_job, 4 * world, 3, 24, 400, "hot", 5, capacity=6, mode=mode, shape=shape,
+    tokens = 400 if instance == "routed" else 40
+    for bad in worlds(world).run(_job, 4 * world, 3, 24, tokens, "hot", 5, capacity=6, mode=mode, shape=shape,
                                  call_tokens=5, bound_odd=True, decode_shape=replace(SHAPES["cpu"], programs=2)):
         assert bad == []
 
@@ -293,9 +296,9 @@ def test_decode_calls_on_default_large_instances(worlds, world):
 @pytest.mark.parametrize("shared_from", [0, 1 << 20])
 def test_routing_copies_sized_by_the_bound(worlds, world, shared_from):
     """``MoEShape.bounded_copies`` on a one-kernel instance of 40 tokens of top-3: calls given
-    ``tokens_bound=2`` send copies of 8 entries, the others of 128, alternating on the same copy
-    table (one shared copy, or one per program); every call exact and every Lamport buffer at rest
-    after them."""
+    ``tokens_bound=2`` send copies of 32 entries (one per thread of a program), the others of 128,
+    alternating on the same copy table (one shared copy, or one per program); every call exact and
+    every Lamport buffer at rest after them."""
     shape = replace(SHAPES["cpu"], bounded_copies=True, shared_copy_from=shared_from)
     for bad in worlds(world).run(_job, 4 * world, 3, 24, 40, "random", 4, shape=shape, call_tokens=2,
                                  bound_odd=True):

@@ -42,9 +42,9 @@ launch: it starts while the previous one ends and waits for it (``pdl_wait``) be
 The launch shape follows the instance's size (``default_shape``: ``max_tokens`` against
 ``prefill_from``) unless ``shape`` is given; ``tune --op moe`` measures both switches
 (``tools/moetune.py``). On an instance sized from ``prefill_from`` on, calls whose ``tokens_bound``
-is below ``decode_below`` launch their one-kernel dispatch and their combine with ``decode_shape``
-(by default the shape a decode-sized instance gets: fewer, narrower programs), on the same buffers
-and channels.
+is below ``decode_below`` (by default ``prefill_from``) launch their one-kernel dispatch and their
+combine with ``decode_shape`` (by default the shape a decode-sized instance gets: fewer, narrower
+programs), on the same buffers and channels.
 
 No host synchronisation: routing stays on the device, so both calls can be captured in CUDA graphs
 and replayed with new routing. Other ids outside ``[0, num_experts)`` are dropped on the device and
@@ -78,15 +78,9 @@ from .route import launch_route, moe_route_kernel
 THROUGHPUT_FROM = 2048
 MODES = ("auto", "latency", "throughput")
 
-__all__ = ["DECODE_BELOW", "MODES", "ONE_KERNEL_ENTRIES", "PREFILL_FROM", "PUSH_SPLIT_ELEMS", "SHAPES",
+__all__ = ["MODES", "ONE_KERNEL_ENTRIES", "PREFILL_FROM", "PUSH_SPLIT_ELEMS", "SHAPES",
            "SHARED_COPY_FROM", "THROUGHPUT_FROM", "MoEAllToAll", "MoEHandle", "MoEShape", "default_shape"]
 
-
-#: ``MoEAllToAll``'s default ``decode_below``: calls with a ``tokens_bound`` below it on an instance
-#: with a ``decode_shape`` launch with that shape. At EP2 on two H100s (instances sized for 4096
-#: tokens, dispatch + combine in graphs, ``docs/moe.md``) the decode shape saved 1.1-1.6 µs at 1 and
-#: 8 tokens and lost 3.0 at 64 (DeepSeek-V3; Qwen3-MoE 0.1).
-DECODE_BELOW = 16
 
 #: Routing entries per rank from which the one-kernel dispatch shares one routing copy per rank
 #: (``MoEShape.shared_copy_from``). At EP2 on two H100s (DeepSeek-V3 and Qwen3-MoE, dispatch +
@@ -150,11 +144,13 @@ class MoEShape:
     #: its barrier (which it then has none of; the route kernel's barrier orders the calls).
     routed_packets: bool = False
     #: The one-kernel dispatch's routing copies sized by the call's bound (``tokens_bound * top_k``,
-    #: rounded up to a power of two) instead of the instance's ``max_tokens * top_k``: fewer entries
-    #: for every program to hold, poll and count over in calls far below ``max_tokens``, one build
-    #: per size (compiled at a size's first call: warm each size up before graph capture). Off: not
-    #: yet measured on GPUs.
-    bounded_copies: bool = False
+    #: rounded up to a power of two, at least one entry per thread of a program) instead of the
+    #: instance's ``max_tokens * top_k``: fewer entries for every program to hold, poll and count
+    #: over in calls far below ``max_tokens``. One build per width, compiled at the width's first
+    #: call: warm every bound up before graph capture, as engines do for each captured batch size.
+    #: At EP2 on two H100s (instances sized for 4096 tokens, dispatch + combine in graphs,
+    #: ``docs/moe.md``) it took DeepSeek-V3 from 11.4 / 12.1 to 8.7 / 9.6 µs at 1 / 8 tokens.
+    bounded_copies: bool = True
     #: Instances with more routing entries per rank (``max_tokens * top_k``) than this dispatch with
     #: ``moe_route_kernel`` and then the send kernel, which also lays out the peers' rows; others (not
     #: in one kernel) with the send and gather kernels, every send program holding the call's routing.
@@ -202,16 +198,21 @@ SHAPES = {"cuda": MoEShape(132, 1024, 64, 4, one_kernel=True),
 #: one-kernel dispatch takes: each of its programs holds a source's whole routing in registers.
 ONE_KERNEL_ENTRIES = 1024
 
-#: Instances sized for at least this many tokens per rank get the ``cuda-prefill`` shape. Measured at
-#: EP1 on one H200 (DeepSeek-V3, eager, GPU time by kernel, ``docs/moe.md``): at 128 and 4096 tokens
-#: two 8-warp programs per SM beat one 4-warp program (send + combine + gather 22.1 vs 26.0 µs and
-#: 414 vs 611 µs); at 8 tokens they lose (12.4 vs 10.3 µs). Its send takes 4096 columns per step
+#: Instances sized for at least this many tokens per rank get the ``cuda-prefill`` shape, and calls
+#: with a smaller ``tokens_bound`` on them the other one (``MoEAllToAll``'s ``decode_below``). At EP2
+#: on two H100s (dispatch + combine in graphs, ``docs/moe.md``) instances sized for 64 and 96 tokens
+#: were faster with it (DeepSeek-V3 17.8 vs 20.9 and 25.0 vs 36.2 µs, Qwen3-MoE 14.6 vs 15.0 and
+#: 17.1 vs 23.1), at 32 tokens not (Qwen3-MoE 13.7 vs 11.7; DeepSeek-V3 14.4 vs 14.7); bounded calls
+#: of 16 and 32 tokens on 4096-token instances were faster with the decode shape. Earlier at EP1 on
+#: one H200 (DeepSeek-V3, eager, GPU time by kernel): at 128 and 4096 tokens two 8-warp programs per
+#: SM beat one 4-warp program (send + combine + gather 22.1 vs 26.0 µs and 414 vs 611 µs); at 8
+#: tokens they lose (12.4 vs 10.3 µs). Its send takes 4096 columns per step
 #: (against 1024 at 4096 tokens: send 43 vs 70 µs), its combine and gather 2048 (at EP2 on two H100s,
 #: both phases against 4096: 128 tokens 32.7 vs 36.0 µs, 512 102.4 vs 104.5, 4096 658.7 vs 657.7,
 #: DeepSeek-V3), its one-kernel dispatch 2048 too (both phases at 128 tokens 31.1 vs 32.2 µs against
 #: 1024, DeepSeek-V3; 21.1 vs 21.7 Qwen3-MoE; 4096 slower). Both shapes route in blocks of 64 entries
 #: with superblocks of 16, in the gather kernel (``docs/moe.md``).
-PREFILL_FROM = 128
+PREFILL_FROM = 64
 
 
 def default_shape(backend: str, max_tokens: int, sms: int, prefill_from: int = PREFILL_FROM) -> MoEShape:
@@ -260,7 +261,7 @@ class MoEAllToAll:
     def __init__(self, comm: Communicator, *, max_tokens: int, hidden: int, num_experts: int, top_k: int,
                  dtype: torch.dtype = torch.bfloat16, capacity: int | None = None, fp8_dispatch: bool = False,
                  mode: str = "auto", throughput_from: int = THROUGHPUT_FROM, prefill_from: int = PREFILL_FROM,
-                 shape: MoEShape | None = None, decode_shape: MoEShape | None = None, decode_below: int = DECODE_BELOW,
+                 shape: MoEShape | None = None, decode_shape: MoEShape | None = None, decode_below: int | None = None,
                  name: str = "moe") -> None:
         w = comm.world
         for what, v in (("max_tokens", max_tokens), ("hidden", hidden), ("num_experts", num_experts),
@@ -277,6 +278,7 @@ class MoEAllToAll:
             raise InvalidInputError(f"MoEAllToAll: throughput_from must be an int >= 0, got {throughput_from!r}")
         if not isinstance(prefill_from, int) or prefill_from < 1:
             raise InvalidInputError(f"MoEAllToAll: prefill_from must be an int >= 1, got {prefill_from!r}")
+        decode_below = prefill_from if decode_below is None else decode_below
         if not isinstance(decode_below, int) or decode_below < 0:
             raise InvalidInputError(f"MoEAllToAll: decode_below must be an int >= 0, got {decode_below!r}")
         if dtype not in (torch.bfloat16, torch.float16):
@@ -321,7 +323,7 @@ class MoEAllToAll:
         self._one = sh.one_kernel and m * k <= ONE_KERNEL_ENTRIES  # every call in one kernel
         #: the launch shape of one-kernel calls with a bound below ``decode_below`` (``_decode_call``), if
         #: not the instance's
-        self.decode_shape = decode_shape if not self._one else None
+        self.decode_shape = decode_shape
         self._decode_below = decode_below
         #: the one-kernel dispatch's packet buffers (Lamport, at rest between calls): per half, the peers'
         #: rows (``_packet_rows`` per peer), their scales and weights; the copy table below too
@@ -497,7 +499,8 @@ class MoEAllToAll:
                 capacity=self.capacity, local=self.local_experts, ids_off=self._ids_off, ids_half=self._ids_half,
                 wtab_off=self._wtab_off, wtab_half=self._wtab_half, copy_off=self._copy_off, copy_half=self._copy_half,
                 readers=self._readers if bound * self.top_k >= sh.shared_copy_from else None, bound=bound,
-                block_n=min(pow2_at_least(bound * self.top_k), self._block_n) if sh.bounded_copies else self._block_n,
+                block_n=min(max(pow2_at_least(bound * self.top_k), 32 * sh.num_warps), self._block_n)
+                if sh.bounded_copies else self._block_n,
                 header=self._header, trace=self._traces[0] if self._traces else None,
                 block_x=self._block_x, block_h=sh.one_block_h or sh.send_block_h or sh.block_h, num_warps=sh.num_warps,
                 senders=sh.senders(), launch_opts=self._decode_opts if decode else self._launch_opts,

@@ -296,9 +296,9 @@ def test_decode_calls_on_default_large_instances(worlds, world):
 @pytest.mark.parametrize("shared_from", [0, 1 << 20])
 def test_routing_copies_sized_by_the_bound(worlds, world, shared_from):
     """``MoEShape.bounded_copies`` on a one-kernel instance of 40 tokens of top-3: calls given
-    ``tokens_bound=2`` send copies of 32 entries (one per thread of a program), the others of 128,
-    alternating on the same copy table (one shared copy, or one per program); every call exact and
-    every Lamport buffer at rest after them."""
+    ``tokens_bound=2`` send copies of 8 entries, the others of 128, alternating on the same copy
+    table (one shared copy, or one per program); every call exact and every Lamport buffer at rest
+    after them."""
     shape = replace(SHAPES["cpu"], bounded_copies=True, shared_copy_from=shared_from)
     for bad in worlds(world).run(_job, 4 * world, 3, 24, 40, "random", 4, shape=shape, call_tokens=2,
                                  bound_odd=True):

@@ -144,12 +144,12 @@ class MoEShape:
     #: its barrier (which it then has none of; the route kernel's barrier orders the calls).
     routed_packets: bool = False
     #: The one-kernel dispatch's routing copies sized by the call's bound (``tokens_bound * top_k``,
-    #: rounded up to a power of two, at least one entry per thread of a program) instead of the
-    #: instance's ``max_tokens * top_k``: fewer entries for every program to hold, poll and count
-    #: over in calls far below ``max_tokens``. One build per width, compiled at the width's first
-    #: call: warm every bound up before graph capture, as engines do for each captured batch size.
-    #: At EP2 on two H100s (instances sized for 4096 tokens, dispatch + combine in graphs,
-    #: ``docs/moe.md``) it took DeepSeek-V3 from 11.4 / 12.1 to 8.7 / 9.6 µs at 1 / 8 tokens.
+    #: rounded up to a power of two) instead of the instance's ``max_tokens * top_k``: fewer entries
+    #: for every program to hold, poll and count over in calls far below ``max_tokens``. One build
+    #: per width, compiled at the width's first call: warm every bound up before graph capture, as
+    #: engines do for each captured batch size. At EP2 on two H100s (instances sized for 4096 tokens,
+    #: dispatch + combine in graphs, ``docs/moe.md``) it took DeepSeek-V3 from 11.4 / 12.1 to 8.7 /
+    #: 9.6 µs at 1 / 8 tokens; widened to one entry per thread of a program (128), 9.4 / 10.0.
     bounded_copies: bool = True
     #: Instances with more routing entries per rank (``max_tokens * top_k``) than this dispatch with
     #: ``moe_route_kernel`` and then the send kernel, which also lays out the peers' rows; others (not
@@ -200,10 +200,12 @@ ONE_KERNEL_ENTRIES = 1024
 
 #: Instances sized for at least this many tokens per rank get the ``cuda-prefill`` shape, and calls
 #: with a smaller ``tokens_bound`` on them the other one (``MoEAllToAll``'s ``decode_below``). At EP2
-#: on two H100s (dispatch + combine in graphs, ``docs/moe.md``) instances sized for 64 and 96 tokens
-#: were faster with it (DeepSeek-V3 17.8 vs 20.9 and 25.0 vs 36.2 µs, Qwen3-MoE 14.6 vs 15.0 and
-#: 17.1 vs 23.1), at 32 tokens not (Qwen3-MoE 13.7 vs 11.7; DeepSeek-V3 14.4 vs 14.7); bounded calls
-#: of 16 and 32 tokens on 4096-token instances were faster with the decode shape. Earlier at EP1 on
+#: on two H100s (dispatch + combine in graphs, ``docs/moe.md``) instances sized for 48, 64 and 96
+#: tokens were as fast or faster with it (DeepSeek-V3 16.5 vs 19.8, 17.7 vs 21.4 and 24.9 vs 37.1
+#: µs; Qwen3-MoE 14.7 vs 14.7, 14.5 vs 14.9 and 17.1 vs 23.0), at 32 tokens not (Qwen3-MoE 13.7 vs
+#: 11.7; DeepSeek-V3 14.4 vs 14.7); bounded calls on 4096-token instances likewise (the prefill
+#: shape against the decode shape: DeepSeek-V3 16.6 vs 19.9 µs at 48 tokens; at 32 14.9 vs 14.7,
+#: Qwen3-MoE 13.9 vs 11.7). Earlier at EP1 on
 #: one H200 (DeepSeek-V3, eager, GPU time by kernel): at 128 and 4096 tokens two 8-warp programs per
 #: SM beat one 4-warp program (send + combine + gather 22.1 vs 26.0 µs and 414 vs 611 µs); at 8
 #: tokens they lose (12.4 vs 10.3 µs). Its send takes 4096 columns per step
@@ -212,7 +214,7 @@ ONE_KERNEL_ENTRIES = 1024
 #: DeepSeek-V3), its one-kernel dispatch 2048 too (both phases at 128 tokens 31.1 vs 32.2 µs against
 #: 1024, DeepSeek-V3; 21.1 vs 21.7 Qwen3-MoE; 4096 slower). Both shapes route in blocks of 64 entries
 #: with superblocks of 16, in the gather kernel (``docs/moe.md``).
-PREFILL_FROM = 64
+PREFILL_FROM = 48
 
 
 def default_shape(backend: str, max_tokens: int, sms: int, prefill_from: int = PREFILL_FROM) -> MoEShape:
@@ -499,8 +501,7 @@ class MoEAllToAll:
                 capacity=self.capacity, local=self.local_experts, ids_off=self._ids_off, ids_half=self._ids_half,
                 wtab_off=self._wtab_off, wtab_half=self._wtab_half, copy_off=self._copy_off, copy_half=self._copy_half,
                 readers=self._readers if bound * self.top_k >= sh.shared_copy_from else None, bound=bound,
-                block_n=min(max(pow2_at_least(bound * self.top_k), 32 * sh.num_warps), self._block_n)
-                if sh.bounded_copies else self._block_n,
+                block_n=min(pow2_at_least(bound * self.top_k), self._block_n) if sh.bounded_copies else self._block_n,
                 header=self._header, trace=self._traces[0] if self._traces else None,
                 block_x=self._block_x, block_h=sh.one_block_h or sh.send_block_h or sh.block_h, num_warps=sh.num_warps,
                 senders=sh.senders(), launch_opts=self._decode_opts if decode else self._launch_opts,

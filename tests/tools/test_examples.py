@@ -54,13 +54,15 @@ def test_layer_benchmarks_run_and_check_correctness(worlds):
 
 @pytest.mark.nccl  # the baselines run on the default group
 def test_moe_benchmark_runs_and_checks_correctness(worlds):
-    """bench --op moe end to end in the CPU world (tiny shape): ours checked, every baseline timed."""
+    """bench --op moe end to end in the CPU world (tiny shape): ours checked (the engine column's
+    bounded calls too: a 1-token call on the instance sized for 3), every baseline timed."""
     from tritoncomm.tools.moebench import format_moe, moe_rank
 
-    rep = worlds(2).run(moe_rank, ["tiny"], [3], timeout=900)[0]
-    assert len(rep["rows"]) == 6 and all(r["correct"] for r in rep["rows"]), format_moe(rep)
+    rep = worlds(2).run(moe_rank, ["tiny"], [1, 3], timeout=900)[0]
+    assert len(rep["rows"]) == 12 and all(r["correct"] for r in rep["rows"]), format_moe(rep)
     both = [r for r in rep["rows"] if r["op"] == "both" and r["dispatch_dtype"] == "bf16"]
-    assert all(r["tritoncomm_latency_us"] and r["tritoncomm_throughput_us"] for r in both), format_moe(rep)
+    assert all(r["tritoncomm_latency_us"] and r["tritoncomm_throughput_us"] and r["tritoncomm_engine_us"]
+               for r in both), format_moe(rep)
     for r in rep["rows"]:
         assert all(r[key] is not None for key in ("tritoncomm_us", "nccl_a2a_us", "nccl_agrs_us", "tc_agrs_us")), r
         assert r["nccl_a2a_us"] > 0, r  # each phase timed on its own, never a difference

@@ -4,9 +4,11 @@ For each shape and token count per rank (random top-k routing, a fresh draw on e
 
 * tritoncomm: ``dispatch``, ``dispatch + combine`` (the expert buffer as ``y``; ``combine`` is their
   difference), in CUDA graphs (32 calls per graph) and eager; bf16 and FP8 dispatch; with bf16, also
-  with each combine mode forced (``*_latency_us``, ``*_throughput_us``). Checked first
-  with identity experts: per-expert counts equal a torch count of the gathered routing, nothing
-  dropped, and ``combine(dispatch(x)) == x * sum_j w[t, j]`` within the dtype's rounding.
+  with each combine mode forced (``*_latency_us``, ``*_throughput_us``); and as engines call it
+  (``tritoncomm_engine_us``, bf16): one instance per shape sized for the run's largest token count,
+  each call given ``tokens_bound`` = its token count. Checked first with identity experts:
+  per-expert counts equal a torch count of the gathered routing, nothing dropped, and
+  ``combine(dispatch(x)) == x * sum_j w[t, j]`` within the dtype's rounding.
 * (a) ``nccl_a2a``: the counts (tokens per rank, entries per expert) exchanged and synced to the host
   once, then one ``all_to_all_single`` of each token once per destination rank with its ids and
   weights in the same row, laid out per expert by a stable sort; combine: each rank sums its
@@ -107,8 +109,9 @@ class _A2A:
         return torch.zeros(n, y.shape[1], device=y.device).index_add_(0, t_idx, back.float()).to(y.dtype)
 
 
-def _check_ours(ctx: RankContext, moe: MoEAllToAll, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> bool:
-    out, counts, h = moe.dispatch(x, ids, w)
+def _check_ours(ctx: RankContext, moe: MoEAllToAll, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor,
+                bound: int | None = None) -> bool:
+    out, counts, h = moe.dispatch(x, ids, w, tokens_bound=bound)
     vals = out if not moe.fp8 else \
         (out[0].float().view(*out[0].shape[:-1], -1, 128) * out[1][..., None]).view(out[0].shape).to(x.dtype)
     moe.expert_buffer().copy_(vals)
@@ -156,8 +159,9 @@ def _time(ctx: RankContext, fn, mode: str) -> float | None:
         return None
 
 
-def _case(ctx: RankContext, comm: Communicator, shape: str, t: int) -> list[dict[str, Any]]:
-    """The rows of one shape and token count (see the module docstring)."""
+def _case(ctx: RankContext, comm: Communicator, shape: str, t: int, engine: MoEAllToAll) -> list[dict[str, Any]]:
+    """The rows of one shape and token count (see the module docstring); ``engine``: the shape's
+    instance sized for the run's largest token count."""
     cuda = ctx.backend == "cuda"
     graph = "graph" if cuda else "eager"
     hidden, experts, k = MOE_SHAPES[shape]
@@ -182,6 +186,13 @@ def _case(ctx: RankContext, comm: Communicator, shape: str, t: int) -> list[dict
         times["both" + sfx] = _time(ctx, both, graph)
         times["both_eager" + sfx] = _time(ctx, both, "eager") if cuda and mode == "auto" else None
         moe.close()
+    ok &= _check_ours(ctx, engine, x, ids, w, bound=t)
+
+    def engine_both() -> None:
+        _, _, h = engine.dispatch(x, ids, w, tokens_bound=t)
+        engine.combine(engine.expert_buffer(), h)
+
+    times["both_engine"] = _time(ctx, engine_both, graph)
     a2a = _A2A(ctx, experts // ctx.world)
     ok &= _check_a2a(ctx, a2a, x, ids, w)
     times["a2a_dispatch"] = _time(ctx, lambda: a2a.dispatch(x, ids, w), "eager")
@@ -230,6 +241,7 @@ def _case(ctx: RankContext, comm: Communicator, shape: str, t: int) -> list[dict
             rows.append({"op": op, "dispatch_dtype": "fp8" if sfx else "bf16", "shape": shape, "tokens": t,
                          "hidden": hidden, "experts": experts, "top_k": k, "capacity": cap, "tritoncomm_us": us,
                          "tritoncomm_eager_us": m["both_eager" + sfx] if op == "both" else None,
+                         "tritoncomm_engine_us": m["both_engine"] if op == "both" and not sfx else None,
                          **forced,
                          "nccl_a2a_us": a, "nccl_agrs_us": b, "tc_agrs_us": c,
                          "gbps": payload / us / 1e3 if cuda and us and us > 0 else None, "correct": ok})
@@ -249,7 +261,15 @@ def moe_rank(ctx: RankContext, shapes: list[str] | None = None, tokens: list[int
     d_shapes, d_tokens = DEFAULTS[ctx.backend]
     cuda = ctx.backend == "cuda"
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=heap_bytes or ((6 << 30) if cuda else 64 << 20)))
-    rows = [r for shape in shapes or d_shapes for t in tokens or d_tokens for r in _case(ctx, comm, shape, t)]
+    tokens = tokens or d_tokens
+    rows = []
+    for shape in shapes or d_shapes:
+        hidden, experts, k = MOE_SHAPES[shape]
+        most = max(tokens)
+        engine = MoEAllToAll(comm, max_tokens=most, hidden=hidden, num_experts=experts, top_k=k,
+                             capacity=_capacity(ctx.world, most, experts, k))
+        rows += [r for t in tokens for r in _case(ctx, comm, shape, t, engine)]
+        engine.close()
     comm.close()
     if ctx.rank:
         return None
@@ -262,11 +282,12 @@ def moe_rank(ctx: RankContext, shapes: list[str] | None = None, tokens: list[int
 def format_moe(rep: dict[str, Any]) -> str:
     out = [f"MoE dispatch/combine, EP{rep['world']}, {rep['device']}, {rep['date']} ({rep['timing']})",
            f"{'shape':>12} {'tokens':>6} {'op':>8} {'wire':>4} {'tritoncomm':>10} {'GB/s':>6} {'latency':>8} "
-           f"{'thruput':>8} {'nccl a2a':>9} {'nccl ag/rs':>10} {'tc ag/rs':>9} ok"]
+           f"{'thruput':>8} {'engine':>7} {'nccl a2a':>9} {'nccl ag/rs':>10} {'tc ag/rs':>9} ok"]
     for r in rep["rows"]:
         out.append(f"{r['shape']:>12} {r['tokens']:>6} {r['op']:>8} {r['dispatch_dtype']:>4} "
                    f"{fmt(r['tritoncomm_us'], '10.1f')} {fmt(r['gbps'], '6.0f')} "
                    f"{fmt(r.get('tritoncomm_latency_us'), '8.1f')} {fmt(r.get('tritoncomm_throughput_us'), '8.1f')} "
+                   f"{fmt(r.get('tritoncomm_engine_us'), '7.1f')} "
                    f"{fmt(r['nccl_a2a_us'])} "
                    f"{fmt(r['nccl_agrs_us'], '10.1f')} {fmt(r['tc_agrs_us'])} {'yes' if r['correct'] else 'NO'}")
     return "\n".join(out)

@@ -293,6 +293,21 @@ def test_decode_calls_on_default_large_instances(worlds, world):
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
+@pytest.mark.parametrize("limit", [8, 2048])
+def test_one_kernel_entries_moves_the_one_kernel_limit(worlds, world, limit):
+    """``MoEShape.one_kernel_entries``: at 8, an instance of 40 tokens of top-3 dispatches calls
+    given ``tokens_bound=2`` (6 entries) in one kernel and the others in two; at 2048 one of 400
+    tokens dispatches every call in one kernel. Every call exact."""
+    if worlds(world).backend == "cuda" and limit > 1024:
+        pytest.skip("2048 entries in a program's registers: a CPU-world check of the bookkeeping")
+    shape = replace(SHAPES["cpu"], one_kernel_entries=limit)
+    tokens, most = (40, 2) if limit == 8 else (400, 5)
+    for bad in worlds(world).run(_job, 4 * world, 3, 24, tokens, "random", 4, capacity=12, shape=shape,
+                                 call_tokens=most, bound_odd=True):
+        assert bad == []
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3))
 @pytest.mark.parametrize("shared_from", [0, 1 << 20])
 def test_routing_copies_sized_by_the_bound(worlds, world, shared_from):
     """``MoEShape.bounded_copies`` on a one-kernel instance of 40 tokens of top-3: calls given

@@ -97,6 +97,10 @@ SHARED_COPY_FROM = 256
 #: twice that.
 PUSH_SPLIT_ELEMS = 1 << 16
 
+#: ``MoEShape.one_kernel_entries``'s default: the most routing entries per rank that the one-kernel
+#: dispatch takes.
+ONE_KERNEL_ENTRIES = 1024
+
 
 @dataclass(frozen=True)
 class MoEShape:
@@ -112,7 +116,7 @@ class MoEShape:
     #: kernel boundary (``docs/moe.md``).
     pdl: bool = True
     #: Dispatch in one kernel (``onekernel.py``) where ``max_tokens * top_k`` is at most
-    #: ``ONE_KERNEL_ENTRIES``, and on larger instances for calls whose ``tokens_bound * top_k`` is;
+    #: ``one_kernel_entries``, and on larger instances for calls whose ``tokens_bound * top_k`` is;
     #: with False, never.
     one_kernel: bool = False
     #: Columns per step of the one-kernel dispatch; 0: as the send's.
@@ -151,13 +155,18 @@ class MoEShape:
     #: dispatch + combine in graphs, ``docs/moe.md``) it took DeepSeek-V3 from 11.4 / 12.1 to 8.7 /
     #: 9.6 µs at 1 / 8 tokens; widened to one entry per thread of a program (128), 9.4 / 10.0.
     bounded_copies: bool = True
+    #: The most routing entries per rank (``max_tokens * top_k``, or ``tokens_bound * top_k`` for a
+    #: call) that the one-kernel dispatch takes: each of its programs holds a source's whole routing
+    #: in registers and compares every row's entries against it (``route.copy_slots``).
+    one_kernel_entries: int = ONE_KERNEL_ENTRIES
     #: Instances with more routing entries per rank (``max_tokens * top_k``) than this dispatch with
     #: ``moe_route_kernel`` and then the send kernel, which also lays out the peers' rows; others (not
     #: in one kernel) with the send and gather kernels, every send program holding the call's routing.
     route_above: int = 1024
 
     def __post_init__(self) -> None:
-        for name in ("block_h", "block_e", "send_block_h", "one_block_h", "super_blocks", "route_above"):
+        for name in ("block_h", "block_e", "send_block_h", "one_block_h", "super_blocks", "route_above",
+                     "one_kernel_entries"):
             v = getattr(self, name)
             lowest = 0 if name in ("send_block_h", "one_block_h") else 1  # 0: as the send / block_h
             if v < lowest or v & (v - 1):
@@ -193,10 +202,6 @@ class MoEShape:
 SHAPES = {"cuda": MoEShape(132, 1024, 64, 4, one_kernel=True),
           "cuda-prefill": MoEShape(264, 2048, 64, 8, send_block_h=4096, one_kernel=True, one_block_h=2048),
           "cpu": MoEShape(2, 64, 16, 1, one_kernel=True)}
-
-#: The most routing entries per rank (``max_tokens * top_k``, rounded up to a power of two) that the
-#: one-kernel dispatch takes: each of its programs holds a source's whole routing in registers.
-ONE_KERNEL_ENTRIES = 1024
 
 #: Instances sized for at least this many tokens per rank get the ``cuda-prefill`` shape, and calls
 #: with a smaller ``tokens_bound`` on them the other one (``MoEAllToAll``'s ``decode_below``). At EP2
@@ -322,7 +327,7 @@ class MoEAllToAll:
         # heap: two halves each (the send's epoch parity) of the receive buffer (peers' rows), its scales,
         # the tables of ids, weights and token counts; the expert buffer; the partials buffer
         peers = max(w - 1, 1)
-        self._one = sh.one_kernel and m * k <= ONE_KERNEL_ENTRIES  # every call in one kernel
+        self._one = sh.one_kernel and m * k <= sh.one_kernel_entries  # every call in one kernel
         #: the launch shape of one-kernel calls with a bound below ``decode_below`` (``_decode_call``), if
         #: not the instance's
         self.decode_shape = decode_shape
@@ -334,7 +339,8 @@ class MoEAllToAll:
         #: hold every row of a call, and the plain receive buffer is not needed
         self._routed_packets = sh.packets and sh.routed_packets and routed
         self._packets = (sh.one_kernel and sh.packets) or self._routed_packets
-        self._packet_rows = m if self._routed_packets else min(m, ONE_KERNEL_ENTRIES // k) if self._packets else 0
+        self._packet_rows = m if self._routed_packets else \
+            min(m, sh.one_kernel_entries // k) if self._packets else 0
         pr = peers * self._packet_rows
         self._precv = comm.empty((2, pr, hidden), wire) if self._packets else None
         self._psc = comm.empty((2, pr, hidden // 128), torch.float32) if self._packets and self.fp8 else None
@@ -351,7 +357,7 @@ class MoEAllToAll:
         supers = -(-self._hist_blocks // sh.super_blocks)
         #: the one-kernel dispatch (onekernel.py): per half, a copy of every source's routing per program;
         #: every call on small instances, calls with a small ``tokens_bound`` on the others
-        self._block_n = min(pow2_at_least(m * k), ONE_KERNEL_ENTRIES)
+        self._block_n = min(pow2_at_least(m * k), sh.one_kernel_entries)
         self._hist = None if self._one else \
             comm.empty((2, w * (self._hist_blocks + supers), self._block_x), torch.int32)
         # a copy per program (the shared copy, when a call takes it, is program 0's rows)
@@ -455,7 +461,7 @@ class MoEAllToAll:
         """Whether a call of at most ``bound`` tokens per rank (the same on every rank) launches with
         ``decode_shape``: a one-kernel call below ``decode_below`` on an instance that has one."""
         return (self.decode_shape is not None and bound < self._decode_below
-                and bound * self.top_k <= ONE_KERNEL_ENTRIES)
+                and bound * self.top_k <= self.shape.one_kernel_entries)
 
     def trace_stages(self, on: bool = True) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Turn stage stamps on (or off) for later calls: the one-kernel dispatch and the combine then
@@ -480,7 +486,7 @@ class MoEAllToAll:
                                                            torch.Tensor, MoEHandle]:
         """See the module docstring. Collective. ``tokens_bound``: a bound on every rank's token
         count in this call, **the same on every rank** (a decode step's batch, say); with
-        ``tokens_bound * top_k`` at most ``ONE_KERNEL_ENTRIES`` an instance sized for more tokens
+        ``tokens_bound * top_k`` at most ``MoEShape.one_kernel_entries`` an instance sized for more tokens
         dispatches in one kernel, as decode-sized ones always do."""
         n = self._check(x, topk_ids, topk_weights)
         if tokens_bound is not None and (not isinstance(tokens_bound, int) or not n <= tokens_bound <= self.max_tokens):
@@ -488,7 +494,7 @@ class MoEAllToAll:
                                     f"rank's tokens to max_tokens), got {tokens_bound!r}")
         self.comm.check()
         one = self._one or (self._copy is not None and tokens_bound is not None
-                            and tokens_bound * self.top_k <= ONE_KERNEL_ENTRIES)
+                            and tokens_bound * self.top_k <= self.shape.one_kernel_entries)
         bound = self.max_tokens if tokens_bound is None else tokens_bound  # the same on every rank
         decode = self._decode_call(bound)
         sh = self.decode_shape if decode else self.shape

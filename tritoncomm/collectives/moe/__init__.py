@@ -101,6 +101,12 @@ PUSH_SPLIT_ELEMS = 1 << 16
 #: dispatch takes.
 ONE_KERNEL_ENTRIES = 1024
 
+#: The prefill shape's ``one_kernel_entries`` (256 tokens of top-8). At EP2 on two H100s (dispatch +
+#: combine in graphs, ``docs/moe.md``) the one-kernel dispatch took instances sized for 256 tokens
+#: from 60.4 to 54.2 µs (DeepSeek-V3) and 44.2 to 34.3 (Qwen3-MoE) against the route and send
+#: kernels; at 512 tokens (4096 entries) it lost (100.1 -> 113.8, 68.0 -> 74.0).
+PREFILL_ONE_KERNEL_ENTRIES = 2048
+
 
 @dataclass(frozen=True)
 class MoEShape:
@@ -200,7 +206,8 @@ class MoEShape:
 #: Launch shapes by kind of instance; on GPUs ``programs`` is set from the SM count at construction
 #: (``default_shape``).
 SHAPES = {"cuda": MoEShape(132, 1024, 64, 4, one_kernel=True),
-          "cuda-prefill": MoEShape(264, 2048, 64, 8, send_block_h=4096, one_kernel=True, one_block_h=2048),
+          "cuda-prefill": MoEShape(264, 2048, 64, 8, send_block_h=4096, one_kernel=True, one_block_h=2048,
+                                   one_kernel_entries=PREFILL_ONE_KERNEL_ENTRIES),
           "cpu": MoEShape(2, 64, 16, 1, one_kernel=True)}
 
 #: Instances sized for at least this many tokens per rank get the ``cuda-prefill`` shape, and calls

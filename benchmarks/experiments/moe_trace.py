@@ -11,7 +11,7 @@ of a dispatch program on that rank (the global timer, one clock for all SMs), as
 median and latest program; the traced kernels are other builds than the default ones, and the
 per-call time printed beside them is theirs. In the CPU world (``--backend cpu``) the stamps are 0:
 a check that the script runs, not a measurement. Only instances dispatched in one kernel are traced
-(up to ``ONE_KERNEL_ENTRIES`` routing entries). With ``--send-programs`` / ``--push-programs``
+(up to the shape's ``one_kernel_entries`` routing entries). With ``--send-programs`` / ``--push-programs``
 (``MoEShape.send_programs``, ``push_programs``) each kernel's stages are given per group of programs:
 those that send (push) and those that lay out (sum).
 """

@@ -1,7 +1,7 @@
 """Where the one-kernel MoE dispatch and the combine spend their time: stage stamps inside the kernels.
 
     python3 benchmarks/experiments/moe_trace.py --world 2 --tokens 1,8,128 [--shape deepseek-v3] [--fp8]
-        [--send-programs N] [--push-programs N] [--json out.json]
+        [--send-programs N] [--push-programs N] [--max-tokens M] [--one-kernel-entries N] [--json out.json]
 
 Per token count: an instance sized for that many tokens per rank (its default launch shape), stage
 stamps on (``MoEAllToAll.trace_stages``), dispatch + combine timed in a CUDA graph of 16 calls
@@ -11,7 +11,10 @@ of a dispatch program on that rank (the global timer, one clock for all SMs), as
 median and latest program; the traced kernels are other builds than the default ones, and the
 per-call time printed beside them is theirs. In the CPU world (``--backend cpu``) the stamps are 0:
 a check that the script runs, not a measurement. Only instances dispatched in one kernel are traced
-(up to the shape's ``one_kernel_entries`` routing entries). With ``--send-programs`` / ``--push-programs``
+(up to the shape's ``one_kernel_entries`` routing entries; ``--one-kernel-entries`` sets it).
+With ``--max-tokens`` the instance is sized for ``M`` tokens and every call passes ``tokens_bound``
+(the engine path: below ``prefill_from`` tokens the calls launch with the decode shape, and only
+the programs launched are summarised). With ``--send-programs`` / ``--push-programs``
 (``MoEShape.send_programs``, ``push_programs``) each kernel's stages are given per group of programs:
 those that send (push) and those that lay out (sum).
 """
@@ -36,7 +39,8 @@ DISPATCH = ("started", "copies sent", "rows sent", "copy read", "laid out", "don
 COMBINE = ("started", "mode known", "pushed", "done")
 
 
-def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: int) -> dict:
+def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: int, max_tokens: int | None = None,
+          one_kernel_entries: int = 0) -> dict:
     hidden, experts, k = MOE_SHAPES[shape]
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=1 << 30 if ctx.backend == "cuda" else 64 << 20))
     out = {}
@@ -46,22 +50,33 @@ def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: 
         ids = torch.rand(t, experts, device=ctx.device, generator=gen).topk(k).indices
         w = torch.rand(t, k, device=ctx.device, generator=gen)
         sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count if ctx.device.type == "cuda" else 1
-        sh = replace(default_shape(ctx.backend, t, sms), send_programs=senders, push_programs=pushers)
-        moe = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k,
-                          capacity=_capacity(ctx.world, t, experts, k), fp8_dispatch=fp8, shape=sh)
+        m = max(max_tokens or t, t)
+        sh = replace(default_shape(ctx.backend, m, sms), send_programs=senders, push_programs=pushers)
+        if one_kernel_entries:
+            sh = replace(sh, one_kernel_entries=one_kernel_entries)
+        bound = {"tokens_bound": t} if m > t else {}
+        # the default decode shape for bounded calls, with the requested split (a shape given turns
+        # the default off)
+        small = replace(default_shape(ctx.backend, 1, sms), send_programs=senders, push_programs=pushers)
+        decode = {"decode_shape": small} if bound and small.programs <= sh.programs and small != sh else {}
+        moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
+                          capacity=_capacity(ctx.world, m, experts, k), fp8_dispatch=fp8, shape=sh, **decode)
         dispatch_trace, combine_trace = moe.trace_stages()
+        launched = moe.decode_shape if decode and moe._decode_call(t) else sh
 
-        def step(moe: MoEAllToAll = moe, x: torch.Tensor = x, ids: torch.Tensor = ids, w: torch.Tensor = w) -> None:
-            _, _, h = moe.dispatch(x, ids, w)
+        def step(moe: MoEAllToAll = moe, x: torch.Tensor = x, ids: torch.Tensor = ids, w: torch.Tensor = w,
+                 bound: dict = bound) -> None:
+            _, _, h = moe.dispatch(x, ids, w, **bound)
             moe.combine(moe.expert_buffer(), h)
 
         us = time_per_call_us(step, ctx.device, ctx.barrier, calls=16, replays=5)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
         d, c = dispatch_trace.cpu(), combine_trace.cpu()
+        d, c = d[:launched.programs], c[:launched.programs]  # the programs this launch has
         t0 = int(d[:, 0, 0].min())
-        out[str(t)] = {"us_per_call": us, "programs": d.shape[0], "senders": sh.senders(),
-                       "pushers": sh.pushers(t, hidden),
+        out[str(t)] = {"us_per_call": us, "programs": d.shape[0], "senders": launched.senders(),
+                       "pushers": launched.pushers(t, hidden), "max_tokens": m,
                        "dispatch_ns": (d[:, :, 0] - t0).tolist(), "combine_ns": (c[:, :, 0] - t0).tolist(),
                        "dispatch_cycles": d[:, :, 1].tolist(), "combine_cycles": c[:, :, 1].tolist()}
         moe.close()
@@ -93,18 +108,23 @@ def main() -> None:
                    help="MoEShape.send_programs (0: every program; -1: the default split)")
     p.add_argument("--push-programs", type=int, default=-1,
                    help="MoEShape.push_programs (0: every program; -1: the default split)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="size the instance for this many tokens; calls then pass tokens_bound")
+    p.add_argument("--one-kernel-entries", type=int, default=0, help="MoEShape.one_kernel_entries (0: the shape's)")
     p.add_argument("--json", default=None, help="write every program's stamps here")
     a = p.parse_args()
     tokens = [int(t) for t in a.tokens.split(",")]
     with LocalWorld(a.world, a.backend) as world:
-        reps = world.run(_rank, a.shape, tokens, a.fp8, a.send_programs, a.push_programs, timeout=600)
+        reps = world.run(_rank, a.shape, tokens, a.fp8, a.send_programs, a.push_programs, a.max_tokens,
+                         a.one_kernel_entries, timeout=600)
     dev = torch.cuda.get_device_name(0) if a.backend == "cuda" else "CPU world (stamps are 0)"
     print(f"{a.shape} EP{a.world} on {dev}, fp8 {a.fp8}: stage stamps of the last call of a graph of 16, µs since "
           f"the rank's first dispatch program started (earliest / median / latest program)")
     for t in tokens:
         for r, rep in enumerate(reps):
             one = rep[str(t)]
-            print(f"{t} tokens/rank, rank {r}: {one['us_per_call']:.2f} µs per traced call, {one['programs']} programs")
+            print(f"{t} tokens/rank (instance of {one['max_tokens']}), rank {r}: {one['us_per_call']:.2f} µs per "
+                  f"traced call, {one['programs']} programs")
             for kernel, names, key, split in (("dispatch", DISPATCH, "dispatch_ns", one["senders"]),
                                               ("combine", COMBINE, "combine_ns", one["pushers"])):
                 ns = torch.tensor(one[key])
@@ -113,7 +133,8 @@ def main() -> None:
                         print(_row(f"{kernel}{label} {name}", ns[part, i]))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"shape": a.shape, "world": a.world, "device": dev, "fp8": a.fp8,
+            json.dump({"shape": a.shape, "world": a.world, "device": dev, "fp8": a.fp8, "max_tokens": a.max_tokens,
+                       "one_kernel_entries": a.one_kernel_entries,
                        "send_programs": a.send_programs, "push_programs": a.push_programs, "ranks": reps}, f)
 
 

@@ -90,7 +90,7 @@ SHARED_COPY_FROM = 256
 
 
 #: The default role split (``MoEShape.send_programs``, ``push_programs``), measured at EP2 on two
-#: H100s (dispatch + combine in graphs, both shapes, ``docs/moe.md``). Half the one-kernel
+#: H100s (2026-11-26, dispatch + combine in graphs, both shapes, ``docs/moe.md``). Half the one-kernel
 #: dispatch's programs sending saved 0.5-1.5 µs from 1 to 64 tokens (132 programs). Half the
 #: combine's programs pushing saved a further 0.5-0.8 µs where ``tokens * hidden`` was at most 65536
 #: (up to 8 tokens of DeepSeek-V3, hidden 7168; 16 of Qwen3-MoE, 4096) and cost 0.4-0.8 µs at
@@ -101,8 +101,8 @@ PUSH_SPLIT_ELEMS = 1 << 16
 #: dispatch takes.
 ONE_KERNEL_ENTRIES = 1024
 
-#: The prefill shape's ``one_kernel_entries`` (256 tokens of top-8). At EP2 on two H100s (dispatch +
-#: combine in graphs, ``docs/moe.md``) the one-kernel dispatch took instances sized for 256 tokens
+#: The prefill shape's ``one_kernel_entries`` (256 tokens of top-8). At EP2 on two H100s (2026-11-26,
+#: dispatch + combine in graphs, ``docs/moe.md``) the one-kernel dispatch took instances sized for 256 tokens
 #: from 60.4 to 54.2 µs (DeepSeek-V3) and 44.2 to 34.3 (Qwen3-MoE) against the route and send
 #: kernels; at 512 tokens (4096 entries) it lost (100.1 -> 113.8, 68.0 -> 74.0).
 PREFILL_ONE_KERNEL_ENTRIES = 2048
@@ -157,7 +157,7 @@ class MoEShape:
     #: rounded up to a power of two) instead of the instance's ``max_tokens * top_k``: fewer entries
     #: for every program to hold, poll and count over in calls far below ``max_tokens``. One build
     #: per width, compiled at the width's first call: warm every bound up before graph capture, as
-    #: engines do for each captured batch size. At EP2 on two H100s (instances sized for 4096 tokens,
+    #: engines do for each captured batch size. At EP2 on two H100s (2026-11-26, 4096-token instances,
     #: dispatch + combine in graphs, ``docs/moe.md``) it took DeepSeek-V3 from 11.4 / 12.1 to 8.7 /
     #: 9.6 µs at 1 / 8 tokens; widened to one entry per thread of a program (128), 9.4 / 10.0.
     bounded_copies: bool = True
@@ -212,7 +212,7 @@ SHAPES = {"cuda": MoEShape(132, 1024, 64, 4, one_kernel=True),
 
 #: Instances sized for at least this many tokens per rank get the ``cuda-prefill`` shape, and calls
 #: with a smaller ``tokens_bound`` on them the other one (``MoEAllToAll``'s ``decode_below``). At EP2
-#: on two H100s (dispatch + combine in graphs, ``docs/moe.md``) instances sized for 48, 64 and 96
+#: on two H100s (2026-11-26, dispatch + combine in graphs, ``docs/moe.md``) instances sized for 48, 64 and 96
 #: tokens were as fast or faster with it (DeepSeek-V3 16.5 vs 19.8, 17.7 vs 21.4 and 24.9 vs 37.1
 #: µs; Qwen3-MoE 14.7 vs 14.7, 14.5 vs 14.9 and 17.1 vs 23.0), at 32 tokens not (Qwen3-MoE 13.7 vs
 #: 11.7; DeepSeek-V3 14.4 vs 14.7); bounded calls on 4096-token instances likewise (the prefill

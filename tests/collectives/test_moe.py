@@ -246,7 +246,7 @@ def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
     shape = replace(SHAPES["cpu"], one_kernel=False)
     if routing != "held":
         shape = replace(shape, route_above=4, block_e=4, super_blocks=2, routed_packets=routing == "routed-packets",
-                        copy_engine=3 if routing == "copy-engine" else 0)
+                        copy_engine=routing == "copy-engine")
     for bad in worlds(world).run(_job, 4 * world, 3, 40, 6, case, 3, capacity=4 if case == "hot" else None,
                                  mode="throughput", shape=shape):
         assert bad == []
@@ -427,7 +427,7 @@ PATHS = {"one-kernel": None, "shared-copy": replace(SHAPES["cpu"], shared_copy_f
          "held": replace(SHAPES["cpu"], one_kernel=False),
          "routed": replace(SHAPES["cpu"], one_kernel=False, route_above=4),
          "routed-packets": replace(SHAPES["cpu"], one_kernel=False, route_above=4, routed_packets=True),
-         "copy-engine": replace(SHAPES["cpu"], one_kernel=False, route_above=4, copy_engine=2)}
+         "copy-engine": replace(SHAPES["cpu"], one_kernel=False, route_above=4, copy_engine=True)}
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
@@ -541,7 +541,7 @@ def _gpu_shape(ctx, max_tokens: int, path: str) -> MoEShape:
     if path == "barrier":
         return replace(shape, packets=False)
     return shape if path == "one-kernel" else replace(shape, one_kernel=False, route_above=8,
-                                                      copy_engine=4 if path == "copy-engine" else 0)
+                                                      copy_engine=path == "copy-engine")
 
 
 def _graph_job(ctx, mode: str, path: str):

@@ -364,13 +364,12 @@ def _moe_ptx(kernel: str) -> str:
                **COMMON, "flags_off": "i64", **i64, **dict.fromkeys(("ids_off", "ids_half", "wtab_off", "wtab_half",
                                                                     "ntab_off", "ntab_half", "hist_off",
                                                                     "hist_half"), "i64"), "hist_blocks": "i32",
-               "header_ptr": "*i32", "pw_off": "i64", "pw_half": "i64", "ce_off": "i64", "route_epochs_off": "i64",
-               "ce_rows": "i32"}
+               "header_ptr": "*i32", "pw_off": "i64", "pw_half": "i64", "ce_off": "i64", "route_epochs_off": "i64"}
         fn, cx = dispatch.moe_send_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_H": 1024,
                                             "BLOCK_E": 64, "BLOCK_X": 256, "BLOCK_B": 16, "SUPER": 16, "FP8": False,
                                             "ROUTED": kernel != "send-held",
                                             "BLOCK_N": 1024 if kernel == "send-held" else 1, "BLOCK_W": 2,
-                                            "PACKETS": kernel == "send-packets", "CE": 4 if kernel == "send-ce" else 0}
+                                            "PACKETS": kernel == "send-packets", "CE": kernel == "send-ce"}
     elif kernel == "route":
         sig = {"ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32", "bad_ptr": "*i64", "n_tokens": "i32",
                "max_tokens": "i32", "num_experts": "i32", **COMMON,

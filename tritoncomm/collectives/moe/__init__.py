@@ -173,20 +173,17 @@ class MoEShape:
     #: since its previous row N at a time (``route.count_upto``: a histogram per step), so it counts
     #: each entry once.
     slot_chunk: int = 0
-    #: On instances that route (``route_above``), bf16 / fp16 dispatch, two or more ranks: N > 0
-    #: sends the rows to the peers by the copy engine (``channels.copyengine``) in N copies per peer
-    #: of ``ceil(max_tokens / N)`` rows, each followed by a flag, beside the send kernel, which lays
-    #: out this rank's own rows meanwhile and each copy's rows once its flag is in. Every row goes
-    #: to every peer (the kernel sends a row only to the peers that own one of its experts). 0: off.
-    copy_engine: int = 0
+    #: On instances that route (``route_above``), bf16 / fp16 dispatch, two or more ranks: the rows
+    #: go to the peers by the copy engine (``channels.copyengine``), beside the send kernel, which
+    #: lays out this rank's own rows meanwhile and the peers' once their copies are in; every row
+    #: goes to every peer (the kernel sends a row only to the peers that own one of its experts).
+    copy_engine: bool = False
     #: Instances with more routing entries per rank (``max_tokens * top_k``) than this dispatch with
     #: ``moe_route_kernel`` and then the send kernel, which also lays out the peers' rows; others (not
     #: in one kernel) with the send and gather kernels, every send program holding the call's routing.
     route_above: int = 1024
 
     def __post_init__(self) -> None:
-        if self.copy_engine < 0:
-            raise InvalidInputError(f"MoEShape: copy_engine must be at least 0, got {self.copy_engine}")
         for name in ("block_h", "block_e", "send_block_h", "one_block_h", "super_blocks", "route_above",
                      "one_kernel_entries", "slot_chunk"):
             v = getattr(self, name)
@@ -411,21 +408,18 @@ class MoEAllToAll:
         self._lpart_off = comm.heap_offset(self._lpart) if self._lpart is not None else 0
         if self._lpart is not None:
             lamport_fill(self._lpart)
-        #: the copy engine (``MoEShape.copy_engine``): its copies per peer and rows per copy; per peer, in
-        #: the order rank + 1, rank + 2, ..., the address of this rank's rows in its receive buffer (first
-        #: half) and of this rank's first flag there; the word copied into the flags, this rank's route
-        #: epoch (program 0's)
-        self._ce = CopyEngine(comm) if sh.copy_engine > 0 and routed and not self.fp8 and w > 1 else None
-        self._ce_copies = sh.copy_engine if self._ce else 0
-        self._ce_rows = -(-m // sh.copy_engine) if self._ce else 1
-        self._ce_flags = comm.empty(w * self._ce_copies, torch.int32) if self._ce else None
+        #: the copy engine's rows and flags (``MoEShape.copy_engine``): per peer, in the order rank + 1,
+        #: rank + 2, ..., the address of this rank's rows in its receive buffer (first half) and of this
+        #: rank's flag there; the word copied into the flags, this rank's route epoch (program 0's)
+        self._ce = CopyEngine(comm) if sh.copy_engine and routed and not self.fp8 and w > 1 else None
+        self._ce_flags = comm.empty(w, torch.int32) if self._ce else None
         self._ce_off = comm.heap_offset(self._ce_flags) if self._ce else 0
-        self._ce_row_bytes = hidden * wire.itemsize
         if self._ce:
             self._ce_flags.zero_()  # at rest (an epoch is never 0) before the channels below synchronise
             addrs = comm.heap.memory.peer_addrs
-            self._ce_targets = [(addrs[d] + self._recv_off + (self.rank - (self.rank > d)) * m * self._ce_row_bytes,
-                                 addrs[d] + self._ce_off + 4 * self.rank * self._ce_copies)
+            row_bytes = hidden * wire.itemsize
+            self._ce_targets = [(addrs[d] + self._recv_off + (self.rank - (self.rank > d)) * m * row_bytes,
+                                 addrs[d] + self._ce_off + 4 * self.rank)
                                 for d in ((self.rank + i) % w for i in range(1, w))]
         # The Lamport buffers are at rest before any peer writes them: creating a channel synchronises
         # the device and ends with a check that every rank passes (channels/channel.py).
@@ -567,19 +561,17 @@ class MoEAllToAll:
             launch_route(self._run_route, self.comm, self._route_ch, self._send_ch, topk_ids, self._bad,
                          num_experts=self.num_experts, **tables)
         ce = self._ce
-        if ce is not None:  # every row to every peer by the copy engine, each copy then the word that says so
+        if ce is not None:  # every row to every peer by the copy engine, then the word that says so
             ce.fork()
-            c, n = self._ce_rows, x.shape[0]
-            for k in range(-(-n // c)):  # the copies that hold rows: the peers wait for no other
-                for rows, flag in self._ce_targets:
-                    ce.copy_rows(rows + k * c * self._ce_row_bytes, x[k * c:(k + 1) * c])
-                    ce.copy_word(flag + 4 * k, self._ce_token)
+            for rows, flag in self._ce_targets:
+                ce.copy_rows(rows, x)
+                ce.copy_word(flag, self._ce_token)
         launch_send(self._run_send, self.comm, self._send_ch, x, topk_ids, topk_weights, self._weights, self._bad,
                     self._out, self._scales, self._slot_of, self._owner, self._row, self._counts,
                     self._bad_host.device_addr, num_experts=self.num_experts, capacity=self.capacity,
                     local=self.local_experts, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=self._held_block_n,
-                    header=self._header, ce_off=self._ce_off, copy_engine=self._ce_copies, ce_rows=self._ce_rows,
+                    header=self._header, ce_off=self._ce_off, copy_engine=ce is not None,
                     route_epochs_off=self._route_ch.epochs_off if routed else 0, **self._send_bufs, **tables)
         if ce is not None:
             ce.join()

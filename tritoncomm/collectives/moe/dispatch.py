@@ -62,6 +62,7 @@ from ...kernels import (
     pdl_wait,
     pow2_at_least,
     program_epoch,
+    wait,
 )
 from ...kernels.launcher import Launcher
 from .gather import finish_counts, lay_out_peers, store_slots
@@ -183,21 +184,20 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                     sc_out_ptr, slot_ptr, owner_ptr, row_ptr, counts_ptr, bad_host_addr, n_tokens, hidden,
                     max_tokens, num_experts, capacity, bases, rank, timeout, diag_addr, flags_off, epochs_off,
                     recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half,
-                    hist_off, hist_half, hist_blocks, header_ptr, pw_off, pw_half, ce_off, route_epochs_off, ce_rows,
+                    hist_off, hist_half, hist_blocks, header_ptr, pw_off, pw_half, ce_off, route_epochs_off,
                     WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                     BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
                     SUPER: tl.constexpr, FP8: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_W: tl.constexpr, PACKETS: tl.constexpr = False, CE: tl.constexpr = 0):
+                    BLOCK_W: tl.constexpr, PACKETS: tl.constexpr = False, CE: tl.constexpr = False):
     """See the module docstring. With ``PACKETS`` (``ROUTED`` only) the receive buffer (and its
     scales) and the weights table at ``pw_off`` are Lamport buffers at rest: the rows and weights go
     out as packets, to the peers that own one of the row's experts, and program ``pid`` lays out the
     peers' rows as they arrive (``place_packets``), without the barrier. With ``CE`` (``ROUTED``
-    only, ``MoEShape.copy_engine``) the rows go by the copy engine instead, in ``CE`` copies of
-    ``ce_rows`` rows per peer into the receive buffer's first half (the route kernel's barrier
-    orders the calls), each copy followed by the source's route epoch word into flag ``source * CE
-    + copy`` at ``ce_off`` of the peer's heap: after the barrier a program waits (bounded) for a
-    copy's flag to equal this rank's route epoch (``route_epochs_off``) before laying out its rows
-    (``gather.lay_out_peers``)."""
+    only, ``MoEShape.copy_engine``) the rows go by the copy engine instead, into the receive
+    buffer's first half (the route kernel's barrier orders the calls), each source's copies
+    followed by its route epoch word into flag ``source`` at ``ce_off`` of this rank's heap: after
+    the barrier every program waits (bounded) for every source's word to equal this rank's route
+    epoch (``route_epochs_off``) before laying out."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
@@ -243,10 +243,12 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                 tl.store(heap_ptr(bases, d, hist_base, tl.int32) + tl.cast(hrow, tl.int64) * BLOCK_X + xs, h)
     if not PACKETS:
         barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
-    if CE:  # a copy's rows are in once its flag holds the call's route epoch (the same on every rank)
-        ce_expected = tl.load(heap_ptr(bases, rank, route_epochs_off, tl.uint32))
-    else:
-        ce_expected = 0
+    if CE:  # every source's rows are in once its copies' last word, its route epoch, is
+        expected = tl.load(heap_ptr(bases, rank, route_epochs_off, tl.uint32))
+        flags = heap_ptr(bases, rank, ce_off, tl.uint32)
+        for s in tl.static_range(WORLD):
+            if s != rank:
+                wait(flags + s, expected, s, pid, rank, timeout, diag)
     if ROUTED:  # every rank's routing came before this kernel: program pid lays out what program pid was sent
         pw = heap_ptr(bases, rank, pw_off + half * pw_half, tl.float32)  # with PACKETS: the peers' weights
         totals = lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, heap_ptr(bases, rank, recv_base, DTYPE),
@@ -254,8 +256,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                                heap_ptr(bases, rank, ntab_off + half * ntab_half, tl.int32), hist, hist_blocks,
                                max_tokens, capacity, hidden, rank, pid, grid, pw,
                                heap_ptr(bases, rank, wtab_base, tl.float32), timeout, diag, WORLD, LOCAL, TOP_K,
-                               BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS,
-                               heap_ptr(bases, rank, ce_off, tl.uint32), ce_expected, ce_rows, CE)
+                               BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS)
         if pid == 0:
             finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, 0, LOCAL, BLOCK_X)
             ws = tl.arange(0, BLOCK_W)
@@ -273,14 +274,14 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
                 hist_half: int, hist_blocks: int, block_h: int, block_e: int, block_x: int, super_blocks: int,
                 routed: bool, block_n: int, num_warps: int, launch_opts: dict[str, bool | int],
                 header: torch.Tensor, pw_off: int = 0, pw_half: int = 0, packets: bool = False,
-                ce_off: int = 0, route_epochs_off: int = 0, copy_engine: int = 0, ce_rows: int = 1) -> None:
+                ce_off: int = 0, route_epochs_off: int = 0, copy_engine: bool = False) -> None:
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs): with
     ``routed`` after ``route.launch_route`` on the same grid (and then leaving ``header`` for
     ``combine``, ``header.py``), else holding the routing in blocks of ``block_n`` entries (at least
     the call's). With ``packets`` (routed only) ``recv_off``, ``sc_off`` and ``pw_off`` are the packet
     buffers (``MoEShape.routed_packets``). With ``copy_engine`` (routed only) the rows went by the
-    copy engine in that many copies of ``ce_rows`` rows (``MoEShape.copy_engine``): ``ce_off`` holds
-    the flags, ``route_epochs_off`` the route channel's epochs."""
+    copy engine (``MoEShape.copy_engine``): ``ce_off`` holds the flags, ``route_epochs_off`` the
+    route channel's epochs."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
@@ -288,7 +289,7 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
         bad, out, scales if fp8 else out, slot_of, owner, row, counts, bad_host_addr, x.shape[0], x.shape[1],
         max_tokens, num_experts, capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off,
         recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half, hist_off,
-        hist_half, hist_blocks, header, pw_off, pw_half, ce_off, route_epochs_off, ce_rows,
+        hist_half, hist_blocks, header, pw_off, pw_half, ce_off, route_epochs_off,
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_E=block_e,
         BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, FP8=fp8, ROUTED=routed,
         BLOCK_N=1 if routed else block_n, BLOCK_W=pow2_at_least(world), PACKETS=packets, CE=copy_engine,

@@ -39,7 +39,6 @@ from ...kernels import (
     pdl_launch_dependents,
     pdl_wait,
     pow2_at_least,
-    wait,
 )
 from ...kernels.launcher import Launcher
 from .header import store_header
@@ -74,12 +73,11 @@ def store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K: tl.constexp
 @triton.jit
 def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, recv_row, hidden,
                LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
-               FP8: tl.constexpr, CANON: tl.constexpr = False):
+               FP8: tl.constexpr):
     """One work item of a peer's row (entries ``e``, slots ``at``; ``i0`` its first entry in the
     tables; row ``recv_row`` of the receive buffer): the row's first item writes ``slot_of`` of the
     entries of this rank's experts; then the item's columns are read once and go into this rank's
-    kept slots (with ``CANON`` made ``lamport_canonical``: rows the copy engine brought are as the
-    caller gave them). Also called by the one-kernel dispatch."""
+    kept slots. Also called by the one-kernel dispatch."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
@@ -96,7 +94,7 @@ def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares,
             scale = 0.0
             if FP8:
                 scale = tl.load(sc + r64 * (hidden // 128) + c // 128 + groups, mask=c + groups * 128 < hidden)
-            elif CANON:
+            else:  # rows the copy engine brought are as the caller gave them (-0.0 included)
                 v = lamport_canonical(v)
             store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
 
@@ -168,16 +166,13 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
                   rank, pid, grid, pw, wtab, timeout, diag, WORLD: tl.constexpr, LOCAL: tl.constexpr,
                   TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr,
                   BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr,
-                  PACKETS: tl.constexpr, ce_flags=0, ce_expected=0, ce_rows=1, CE: tl.constexpr = 0):
+                  PACKETS: tl.constexpr):
     """Program ``pid``'s items of every peer's rows (module docstring), laid out from the receive
     buffer ``recv`` (scales ``sc``) with the slots from the tables ``ids``, ``ntab`` and ``hist``.
     Returns every source's entries per expert. Also called by the send kernel after its barrier when
     the route kernel ran (``dispatch.py``); with ``PACKETS`` (no barrier) ``recv``, ``sc`` and ``pw``
     are Lamport buffers, polled row by row (``place_packets``: the weights go from ``pw`` into
-    ``wtab``). With ``CE`` (``MoEShape.copy_engine``: that many copies per source, of ``ce_rows``
-    rows each) a source's rows came by the copy engine, each copy followed by its flag, flag
-    ``source * CE + copy`` at ``ce_flags``: before a row of a copy not yet waited for, the program
-    waits (bounded) until that flag reaches ``ce_expected``; the program's rows ascend."""
+    ``wtab``)."""
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     super_blocks = tl.cdiv(hist_blocks, SUPER)
@@ -192,13 +187,8 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
         mine = rows_sum(hist, WORLD * hist_blocks + s * super_blocks, tl.cdiv(tl.cdiv(n_s * TOP_K, BLOCK_E), SUPER),
                         BLOCK_B, BLOCK_X)
         shares = column_shares(n_s, hidden, grid, BLOCK_H)
-        waited = tl.full([], -1, tl.int32)  # with CE: the last copy of this source waited for
         for item in range(pid, n_s * shares, grid):
             t = item // shares
-            if CE:
-                if t // ce_rows > waited:
-                    waited = t // ce_rows
-                    wait(ce_flags + s * CE + waited, ce_expected, s, pid, rank, timeout, diag)
             i0 = (s * max_tokens + t) * TOP_K
             e = tl.load(ids + i0 + kk, mask=km, other=-1)
             at = row_slots(ids + s * max_tokens * TOP_K, hist, e, kk, t, n_s * TOP_K, earlier, s * hist_blocks,
@@ -209,7 +199,7 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
                               t, peer_row + t, hidden, timeout, diag, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
             else:
                 place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, peer_row + t,
-                           hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, CE > 0)
+                           hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
         earlier += mine
     return earlier
 

@@ -236,17 +236,16 @@ def test_instances_of_a_few_tokens_called_full(worlds, world, max_tokens):
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
 @pytest.mark.parametrize("case", ["hot", "unrouted"])
-@pytest.mark.parametrize("routing", ["held", "routed", "routed-packets", "copy-engine"])
+@pytest.mark.parametrize("routing", ["held", "routed", "routed-packets"])
 def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
     """The send + gather dispatch (``one_kernel=False``; the one-kernel dispatch is the CPU world's
     default) lays out, counts and combines exactly as the reference, capacity drops included: with
     every send program holding the call's routing, and (``routed``: instances of more than 4 entries)
     after the route kernel, with blocks of 4 entries in superblocks of 2 (``routed-packets``: its rows
-    as packets, laid out as they arrive; ``copy-engine``: its rows by the copy engine)."""
+    as packets, laid out as they arrive)."""
     shape = replace(SHAPES["cpu"], one_kernel=False)
     if routing != "held":
-        shape = replace(shape, route_above=4, block_e=4, super_blocks=2, routed_packets=routing == "routed-packets",
-                        copy_engine=routing == "copy-engine")
+        shape = replace(shape, route_above=4, block_e=4, super_blocks=2, routed_packets=routing == "routed-packets")
     for bad in worlds(world).run(_job, 4 * world, 3, 40, 6, case, 3, capacity=4 if case == "hot" else None,
                                  mode="throughput", shape=shape):
         assert bad == []
@@ -426,8 +425,7 @@ PATHS = {"one-kernel": None, "shared-copy": replace(SHAPES["cpu"], shared_copy_f
          "barrier": replace(SHAPES["cpu"], packets=False),
          "held": replace(SHAPES["cpu"], one_kernel=False),
          "routed": replace(SHAPES["cpu"], one_kernel=False, route_above=4),
-         "routed-packets": replace(SHAPES["cpu"], one_kernel=False, route_above=4, routed_packets=True),
-         "copy-engine": replace(SHAPES["cpu"], one_kernel=False, route_above=4, copy_engine=True)}
+         "routed-packets": replace(SHAPES["cpu"], one_kernel=False, route_above=4, routed_packets=True)}
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
@@ -533,15 +531,13 @@ def test_missing_peer_turns_into_timeout_error(worlds, path):
 
 def _gpu_shape(ctx, max_tokens: int, path: str) -> MoEShape:
     """The default launch shape (``one-kernel`` at these sizes), or the send and gather kernels with
-    the route kernel before the send (instances of more than 8 entries) (``routed``; ``copy-engine``:
-    its rows by the copy engine)."""
+    the route kernel before the send (instances of more than 8 entries) (``routed``)."""
     from tritoncomm.collectives.moe import default_shape
 
     shape = default_shape("cuda", max_tokens, torch.cuda.get_device_properties(ctx.device).multi_processor_count)
     if path == "barrier":
         return replace(shape, packets=False)
-    return shape if path == "one-kernel" else replace(shape, one_kernel=False, route_above=8,
-                                                      copy_engine=path == "copy-engine")
+    return shape if path == "one-kernel" else replace(shape, one_kernel=False, route_above=8)
 
 
 def _graph_job(ctx, mode: str, path: str):
@@ -593,7 +589,7 @@ def _graph_job(ctx, mode: str, path: str):
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", world_sizes(2))
 @pytest.mark.parametrize("mode", ["latency", "throughput"])
-@pytest.mark.parametrize("path", ["one-kernel", "barrier", "routed", "copy-engine"])
+@pytest.mark.parametrize("path", ["one-kernel", "barrier", "routed"])
 def test_cuda_graph_replays_with_new_routing(worlds, world, mode, path):
     for ok in worlds(world).run(_graph_job, mode, path):
         assert ok == [True] * 4, ok
@@ -650,7 +646,7 @@ def _straggler_job(ctx, calls: int, seed: int, path: str) -> list:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", world_sizes(2))
-@pytest.mark.parametrize("path", ["one-kernel", "barrier", "routed", "copy-engine"])
+@pytest.mark.parametrize("path", ["one-kernel", "barrier", "routed"])
 def test_stragglers_with_no_host_sync(worlds, world, path):
     for bad in worlds(world).run(_straggler_job, 200, 11, path, timeout=600):
         assert bad == []

@@ -355,7 +355,7 @@ def _moe_ptx(kernel: str) -> str:
     from tritoncomm.collectives.moe import combine, dispatch, gather, onekernel, route
 
     i64 = dict.fromkeys(("epochs_off", "recv_off", "recv_half", "sc_off", "sc_half"), "i64")
-    if kernel in ("send", "send-held", "send-packets", "send-ce"):
+    if kernel in ("send", "send-held", "send-packets"):
         sig = {"x_ptr": "*bf16", "x_stride": "i32", "ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32",
                "w_ptr": "*fp32", "w_s0": "i32", "w_s1": "i32", "wts_ptr": "*fp32", "bad_ptr": "*i64",
                "out_ptr": "*bf16", "sc_out_ptr": "*bf16", "slot_ptr": "*i32", "owner_ptr": "*i32", "row_ptr": "*i32",
@@ -364,12 +364,12 @@ def _moe_ptx(kernel: str) -> str:
                **COMMON, "flags_off": "i64", **i64, **dict.fromkeys(("ids_off", "ids_half", "wtab_off", "wtab_half",
                                                                     "ntab_off", "ntab_half", "hist_off",
                                                                     "hist_half"), "i64"), "hist_blocks": "i32",
-               "header_ptr": "*i32", "pw_off": "i64", "pw_half": "i64", "ce_off": "i64", "route_epochs_off": "i64"}
+               "header_ptr": "*i32", "pw_off": "i64", "pw_half": "i64"}
         fn, cx = dispatch.moe_send_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_H": 1024,
                                             "BLOCK_E": 64, "BLOCK_X": 256, "BLOCK_B": 16, "SUPER": 16, "FP8": False,
                                             "ROUTED": kernel != "send-held",
                                             "BLOCK_N": 1024 if kernel == "send-held" else 1, "BLOCK_W": 2,
-                                            "PACKETS": kernel == "send-packets", "CE": kernel == "send-ce"}
+                                            "PACKETS": kernel == "send-packets"}
     elif kernel == "route":
         sig = {"ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32", "bad_ptr": "*i64", "n_tokens": "i32",
                "max_tokens": "i32", "num_experts": "i32", **COMMON,
@@ -420,7 +420,7 @@ def test_moe_kernels_move_tokens_in_16_byte_vectors():
     """The send kernel's stores into peers' receive buffers, the gather's copies, the one-kernel
     dispatch's both, and the combine's loads of expert rows and stores (its output and pushed
     partials) are 16-byte vector accesses, with no 2-byte ones."""
-    for kernel in ("send", "send-held", "send-packets", "send-ce", "gather", "combine", "one", "one-packets"):
+    for kernel in ("send", "send-held", "send-packets", "gather", "combine", "one", "one-packets"):
         o = ops(_moe_ptx(kernel))
         assert o["st.global.v4.b32"] >= 1 and o["st.global.b16"] == 0, (kernel, o)
         assert o["ld.global.v4.b32"] >= 1 and o["ld.global.b16"] == 0, (kernel, o)
@@ -429,7 +429,7 @@ def test_moe_kernels_move_tokens_in_16_byte_vectors():
 def test_moe_kernels_wait_for_the_previous_kernel_before_memory():
     """Launched with PDL, every MoE kernel waits (``griddepcontrol.wait``) before its first load or
     store, and lets the next one start."""
-    for kernel in ("route", "send", "send-held", "send-ce", "gather", "combine", "one", "one-packets"):
+    for kernel in ("route", "send", "send-held", "gather", "combine", "one", "one-packets"):
         ptx = _moe_ptx(kernel)
         body = ptx[ptx.index("griddepcontrol.wait"):] if "griddepcontrol.wait" in ptx else ""
         assert body and "griddepcontrol.launch_dependents" in body, kernel
@@ -446,15 +446,6 @@ def test_moe_dispatch_with_packets_has_no_fence_and_polls_in_16_byte_vectors():
     assert {m for m in re.findall(r"\b\w+\.[\w.]*release[\w.]*", packets)} <= {"atom.global.sys.release.exch.b64"}
     assert re.search(r"ld\.volatile\.global\.v4\.b32", packets)
     assert re.search(r"\.release\.sys|fence\.(acq_rel|sc)\.sys|membar\.sys", barrier)
-
-
-def test_copy_engine_send_waits_with_acquire_and_stores_no_peer_rows():
-    """With ``CE`` the send kernel stores no token column into a peer (the copy engine does: fewer
-    16-byte stores than the kernel that sends them) and waits for the copies' flags with acquire
-    loads at system scope, besides its barrier's."""
-    ce, sm = _moe_ptx("send-ce"), _moe_ptx("send")
-    assert ops(ce)["st.global.v4.b32"] < ops(sm)["st.global.v4.b32"]
-    assert ce.count("ld.acquire.sys") > sm.count("ld.acquire.sys") >= 1
 
 
 def test_stage_stamps_are_compiled_only_into_traced_builds():

@@ -61,7 +61,6 @@ from dataclasses import dataclass, replace
 import torch
 
 from ...channels import Channel, Communicator
-from ...channels.copyengine import CopyEngine
 from ...channels.cuda_ipc import HostMappedWords
 from ...errors import InvalidInputError
 from ...kernels import lamport_fill, pow2_at_least
@@ -173,11 +172,6 @@ class MoEShape:
     #: since its previous row N at a time (``route.count_upto``: a histogram per step), so it counts
     #: each entry once.
     slot_chunk: int = 0
-    #: On instances that route (``route_above``), bf16 / fp16 dispatch, two or more ranks: the rows
-    #: go to the peers by the copy engine (``channels.copyengine``), beside the send kernel, which
-    #: lays out this rank's own rows meanwhile and the peers' once their copies are in; every row
-    #: goes to every peer (the kernel sends a row only to the peers that own one of its experts).
-    copy_engine: bool = False
     #: Instances with more routing entries per rank (``max_tokens * top_k``) than this dispatch with
     #: ``moe_route_kernel`` and then the send kernel, which also lays out the peers' rows; others (not
     #: in one kernel) with the send and gather kernels, every send program holding the call's routing.
@@ -408,26 +402,12 @@ class MoEAllToAll:
         self._lpart_off = comm.heap_offset(self._lpart) if self._lpart is not None else 0
         if self._lpart is not None:
             lamport_fill(self._lpart)
-        #: the copy engine's rows and flags (``MoEShape.copy_engine``): per peer, in the order rank + 1,
-        #: rank + 2, ..., the address of this rank's rows in its receive buffer (first half) and of this
-        #: rank's flag there; the word copied into the flags, this rank's route epoch (program 0's)
-        self._ce = CopyEngine(comm) if sh.copy_engine and routed and not self.fp8 and w > 1 else None
-        self._ce_flags = comm.empty(w, torch.int32) if self._ce else None
-        self._ce_off = comm.heap_offset(self._ce_flags) if self._ce else 0
-        if self._ce:
-            self._ce_flags.zero_()  # at rest (an epoch is never 0) before the channels below synchronise
-            addrs = comm.heap.memory.peer_addrs
-            row_bytes = hidden * wire.itemsize
-            self._ce_targets = [(addrs[d] + self._recv_off + (self.rank - (self.rank > d)) * m * row_bytes,
-                                 addrs[d] + self._ce_off + 4 * self.rank)
-                                for d in ((self.rank + i) % w for i in range(1, w))]
         # The Lamport buffers are at rest before any peer writes them: creating a channel synchronises
         # the device and ends with a check that every rank passes (channels/channel.py).
         programs = self.shape.programs
         self._send_ch = Channel(comm, f"{name}.send", programs=programs, barrier_slots=programs)
         self._comb_ch = Channel(comm, f"{name}.combine", programs=programs, barrier_slots=programs)
         self._route_ch = Channel(comm, f"{name}.route", programs=programs, barrier_slots=programs) if routed else None
-        self._ce_token = comm.heap.memory.peer_addrs[self.rank] + self._route_ch.epochs_off if self._ce else 0
         self._run_send = Launcher(moe_send_kernel, (programs,))
         self._run_combine = Launcher(moe_combine_kernel, (programs,))
         #: options of every kernel's launch (set once here: nothing is decided on the launch path)
@@ -560,21 +540,12 @@ class MoEAllToAll:
         if routed:
             launch_route(self._run_route, self.comm, self._route_ch, self._send_ch, topk_ids, self._bad,
                          num_experts=self.num_experts, **tables)
-        ce = self._ce
-        if ce is not None:  # every row to every peer by the copy engine, then the word that says so
-            ce.fork()
-            for rows, flag in self._ce_targets:
-                ce.copy_rows(rows, x)
-                ce.copy_word(flag, self._ce_token)
         launch_send(self._run_send, self.comm, self._send_ch, x, topk_ids, topk_weights, self._weights, self._bad,
                     self._out, self._scales, self._slot_of, self._owner, self._row, self._counts,
                     self._bad_host.device_addr, num_experts=self.num_experts, capacity=self.capacity,
                     local=self.local_experts, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=self._held_block_n,
-                    header=self._header, ce_off=self._ce_off, copy_engine=ce is not None,
-                    route_epochs_off=self._route_ch.epochs_off if routed else 0, **self._send_bufs, **tables)
-        if ce is not None:
-            ce.join()
+                    header=self._header, **self._send_bufs, **tables)
         if not routed:
             launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,
                           self._counts, self._bad, self._bad_host.device_addr, capacity=self.capacity,
@@ -614,7 +585,7 @@ class MoEAllToAll:
             if ch is not None:
                 ch.close()
         for t in (self._recv, self._ids, self._wtab, self._ntab, self._hist, self._copy, self._ybuf, self._sc,
-                  self._part, self._lpart, self._precv, self._psc, self._pw, self._ce_flags):
+                  self._part, self._lpart, self._precv, self._psc, self._pw):
             if t is not None:
                 self.comm.free(t)
         self._bad_host.close()

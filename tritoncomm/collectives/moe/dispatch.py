@@ -62,7 +62,6 @@ from ...kernels import (
     pdl_wait,
     pow2_at_least,
     program_epoch,
-    wait,
 )
 from ...kernels.launcher import Launcher
 from .gather import finish_counts, lay_out_peers, store_slots
@@ -92,8 +91,7 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
                DTYPE: tl.constexpr, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
                BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr, COUNT_BAD: tl.constexpr,
                FROM_ROUTING: tl.constexpr, IDS_SENT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr,
-               BLOCK_B: tl.constexpr, SUPER: tl.constexpr, PACKETS: tl.constexpr, CH: tl.constexpr,
-               PEER_COLS: tl.constexpr):
+               BLOCK_B: tl.constexpr, SUPER: tl.constexpr, PACKETS: tl.constexpr, CH: tl.constexpr):
     """Program ``pid``'s work items of this rank's ``n_tokens`` rows (module docstring): the routing
     to the peers with each row's first item, the columns to each peer that holds one of the row's
     experts (row ``(rank - (rank > d)) * peer_rows + t`` of its receive buffer) and into the row's
@@ -107,8 +105,7 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
     a weight at the fp32 sentinel as -0.0), so the bits never depend on the path. Also called by
     the one-kernel dispatch (``onekernel.py``). With ``FROM_ROUTING`` and ``CH`` the slots come from a
     running count of the rows before each item's (``route.count_upto``, ``CH`` entries per step: a
-    program's items ascend), not from a comparison with the whole ``routing``. Without
-    ``PEER_COLS`` (``MoEShape.copy_engine``) no column goes to a peer: the copy engine carries them."""
+    program's items ascend), not from a comparison with the whole ``routing``."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1  # scale groups per column block
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
@@ -154,7 +151,7 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
         tl.store(slot_ptr + row * TOP_K + kk, at, mask=fm & (owner == rank))
         tl.store(owner_ptr + t * TOP_K + kk, owner, mask=fm)
         tl.store(row_ptr + t * TOP_K + kk, at, mask=fm)
-        to_peers = (tl.sum(((owner >= 0) & (owner != rank)).to(tl.int32)) > 0) & PEER_COLS
+        to_peers = tl.sum(((owner >= 0) & (owner != rank)).to(tl.int32)) > 0
         if to_peers | (tl.sum((at >= 0).to(tl.int32)) > 0):
             lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
             for c in range(lo, hi, BLOCK_H):
@@ -166,16 +163,14 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
                 else:
                     v = lamport_canonical(v)
                 for d in tl.static_range(WORLD):
-                    if PEER_COLS:
-                        if (d != rank) & (tl.sum((owner == d).to(tl.int32)) > 0):
-                            # row (rank - (rank > d)) * peer_rows + t of d's buffer: peers only
-                            prow = tl.cast(rank - (rank > d).to(tl.int32), tl.int64) * peer_rows + t64
-                            dst = heap_ptr(bases, d, recv_base, DTYPE) + prow * hidden  # 16-byte vectors: hidden
-                            tl.store(dst + c + cols, v, mask=m)
-                            if FP8:
-                                sdst = heap_ptr(bases, d, sc_base + prow * (hidden // 128) * 4, tl.float32,
-                                                ALIGNED=False)
-                                tl.store(sdst + c // 128 + groups, scale, mask=c + groups * 128 < hidden)
+                    if (d != rank) & (tl.sum((owner == d).to(tl.int32)) > 0):
+                        # row (rank - (rank > d)) * peer_rows + t of d's buffer: peers only
+                        prow = tl.cast(rank - (rank > d).to(tl.int32), tl.int64) * peer_rows + t64
+                        dst = heap_ptr(bases, d, recv_base, DTYPE) + prow * hidden  # 16-byte vectors when hidden allows
+                        tl.store(dst + c + cols, v, mask=m)
+                        if FP8:
+                            sdst = heap_ptr(bases, d, sc_base + prow * (hidden // 128) * 4, tl.float32, ALIGNED=False)
+                            tl.store(sdst + c // 128 + groups, scale, mask=c + groups * 128 < hidden)
                 store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
 
 
@@ -184,29 +179,21 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                     sc_out_ptr, slot_ptr, owner_ptr, row_ptr, counts_ptr, bad_host_addr, n_tokens, hidden,
                     max_tokens, num_experts, capacity, bases, rank, timeout, diag_addr, flags_off, epochs_off,
                     recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half,
-                    hist_off, hist_half, hist_blocks, header_ptr, pw_off, pw_half, ce_off, route_epochs_off,
+                    hist_off, hist_half, hist_blocks, header_ptr, pw_off, pw_half,
                     WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                     BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
                     SUPER: tl.constexpr, FP8: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_W: tl.constexpr, PACKETS: tl.constexpr = False, CE: tl.constexpr = False):
+                    BLOCK_W: tl.constexpr, PACKETS: tl.constexpr = False):
     """See the module docstring. With ``PACKETS`` (``ROUTED`` only) the receive buffer (and its
     scales) and the weights table at ``pw_off`` are Lamport buffers at rest: the rows and weights go
     out as packets, to the peers that own one of the row's experts, and program ``pid`` lays out the
-    peers' rows as they arrive (``place_packets``), without the barrier. With ``CE`` (``ROUTED``
-    only, ``MoEShape.copy_engine``) the rows go by the copy engine instead, into the receive
-    buffer's first half (the route kernel's barrier orders the calls), each source's copies
-    followed by its route epoch word into flag ``source`` at ``ce_off`` of this rank's heap: after
-    the barrier every program waits (bounded) for every source's word to equal this rank's route
-    epoch (``route_epochs_off``) before laying out."""
+    peers' rows as they arrive (``place_packets``), without the barrier."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e, half = launch_epoch(bases, rank, epochs_off)
-    if CE:  # one half: a rank copies a call's rows only after the call's route barrier
-        recv_base = recv_off + half * 0
-    else:
-        recv_base = recv_off + half * recv_half
+    recv_base = recv_off + half * recv_half
     ids_base = ids_off + half * ids_half
     sc_base = sc_off + half * sc_half
     wtab_base = wtab_off + half * wtab_half
@@ -226,7 +213,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
                grid, recv_base, max_tokens, ids_base, pw_off + half * pw_half if PACKETS else wtab_base, sc_base,
                routing, nn, hist, hist_blocks, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, not ROUTED,
-               not ROUTED, ROUTED, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS, 0, not CE)
+               not ROUTED, ROUTED, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS, 0)
     if not ROUTED:  # this rank's histogram rows, counted here, to every rank
         xs = tl.arange(0, BLOCK_X)
         n_blocks = tl.cdiv(n_tokens * TOP_K, BLOCK_E)
@@ -243,12 +230,6 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                 tl.store(heap_ptr(bases, d, hist_base, tl.int32) + tl.cast(hrow, tl.int64) * BLOCK_X + xs, h)
     if not PACKETS:
         barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
-    if CE:  # every source's rows are in once its copies' last word, its route epoch, is
-        expected = tl.load(heap_ptr(bases, rank, route_epochs_off, tl.uint32))
-        flags = heap_ptr(bases, rank, ce_off, tl.uint32)
-        for s in tl.static_range(WORLD):
-            if s != rank:
-                wait(flags + s, expected, s, pid, rank, timeout, diag)
     if ROUTED:  # every rank's routing came before this kernel: program pid lays out what program pid was sent
         pw = heap_ptr(bases, rank, pw_off + half * pw_half, tl.float32)  # with PACKETS: the peers' weights
         totals = lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, heap_ptr(bases, rank, recv_base, DTYPE),
@@ -273,15 +254,12 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
                 wtab_half: int, ntab_off: int, ntab_half: int, sc_off: int, sc_half: int, hist_off: int,
                 hist_half: int, hist_blocks: int, block_h: int, block_e: int, block_x: int, super_blocks: int,
                 routed: bool, block_n: int, num_warps: int, launch_opts: dict[str, bool | int],
-                header: torch.Tensor, pw_off: int = 0, pw_half: int = 0, packets: bool = False,
-                ce_off: int = 0, route_epochs_off: int = 0, copy_engine: bool = False) -> None:
+                header: torch.Tensor, pw_off: int = 0, pw_half: int = 0, packets: bool = False) -> None:
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs): with
     ``routed`` after ``route.launch_route`` on the same grid (and then leaving ``header`` for
     ``combine``, ``header.py``), else holding the routing in blocks of ``block_n`` entries (at least
     the call's). With ``packets`` (routed only) ``recv_off``, ``sc_off`` and ``pw_off`` are the packet
-    buffers (``MoEShape.routed_packets``). With ``copy_engine`` (routed only) the rows went by the
-    copy engine (``MoEShape.copy_engine``): ``ce_off`` holds the flags, ``route_epochs_off`` the
-    route channel's epochs."""
+    buffers (``MoEShape.routed_packets``)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
@@ -289,9 +267,8 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
         bad, out, scales if fp8 else out, slot_of, owner, row, counts, bad_host_addr, x.shape[0], x.shape[1],
         max_tokens, num_experts, capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off,
         recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half, hist_off,
-        hist_half, hist_blocks, header, pw_off, pw_half, ce_off, route_epochs_off,
+        hist_half, hist_blocks, header, pw_off, pw_half,
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_E=block_e,
         BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, FP8=fp8, ROUTED=routed,
-        BLOCK_N=1 if routed else block_n, BLOCK_W=pow2_at_least(world), PACKETS=packets, CE=copy_engine,
-        num_warps=num_warps,
+        BLOCK_N=1 if routed else block_n, BLOCK_W=pow2_at_least(world), PACKETS=packets, num_warps=num_warps,
         **launch_opts)

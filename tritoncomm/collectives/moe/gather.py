@@ -31,7 +31,6 @@ import triton.language as tl
 
 from ...kernels import (
     heap_ptr,
-    lamport_canonical,
     lamport_poll,
     lamport_poll_from,
     lamport_reset,
@@ -94,8 +93,6 @@ def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares,
             scale = 0.0
             if FP8:
                 scale = tl.load(sc + r64 * (hidden // 128) + c // 128 + groups, mask=c + groups * 128 < hidden)
-            else:  # rows the copy engine brought are as the caller gave them (-0.0 included)
-                v = lamport_canonical(v)
             store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
 
 

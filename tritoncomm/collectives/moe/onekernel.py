@@ -179,7 +179,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
                slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank,
                send_pid, send_grid, recv_base, peer_rows, ids_off + half * ids_half, wsend, sc_base, mine, nn, 0, 0,
                DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, True, PACKETS, 1, BLOCK_X, 1, 1, PACKETS,
-               CH, True)
+               CH)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 2)
     # 3. program pid of every rank has stored its copy and its items (with packets: nothing to wait for)

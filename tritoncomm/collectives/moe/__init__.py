@@ -163,15 +163,8 @@ class MoEShape:
     bounded_copies: bool = True
     #: The most routing entries per rank (``max_tokens * top_k``, or ``tokens_bound * top_k`` for a
     #: call) that the one-kernel dispatch takes: each of its programs holds a source's whole routing
-    #: in registers.
+    #: in registers and compares every row's entries against it (``route.copy_slots``).
     one_kernel_entries: int = ONE_KERNEL_ENTRIES
-    #: How the one-kernel dispatch finds a row's slots. 0: it compares the row's entries with the
-    #: source's whole routing copy (``route.copy_slots``: ``top_k x copy width`` per row laid out,
-    #: so a program's work grows with its rows times the copy). N (a power of two): each program keeps
-    #: a running count per expert of the source's entries before its current row, adding the entries
-    #: since its previous row N at a time (``route.count_upto``: a histogram per step), so it counts
-    #: each entry once.
-    slot_chunk: int = 0
     #: Instances with more routing entries per rank (``max_tokens * top_k``) than this dispatch with
     #: ``moe_route_kernel`` and then the send kernel, which also lays out the peers' rows; others (not
     #: in one kernel) with the send and gather kernels, every send program holding the call's routing.
@@ -179,9 +172,9 @@ class MoEShape:
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_e", "send_block_h", "one_block_h", "super_blocks", "route_above",
-                     "one_kernel_entries", "slot_chunk"):
+                     "one_kernel_entries"):
             v = getattr(self, name)
-            lowest = 0 if name in ("send_block_h", "one_block_h", "slot_chunk") else 1  # 0: as the send / block_h
+            lowest = 0 if name in ("send_block_h", "one_block_h") else 1  # 0: as the send / block_h
             if v < lowest or v & (v - 1):
                 raise InvalidInputError(f"MoEShape: {name} must be a power of two, got {v}")
         if self.shared_copy_from < 0:
@@ -523,8 +516,8 @@ class MoEAllToAll:
                 block_n=min(pow2_at_least(bound * self.top_k), self._block_n) if sh.bounded_copies else self._block_n,
                 header=self._header, trace=self._traces[0] if self._traces else None,
                 block_x=self._block_x, block_h=sh.one_block_h or sh.send_block_h or sh.block_h, num_warps=sh.num_warps,
-                senders=sh.senders(), slot_chunk=sh.slot_chunk,
-                launch_opts=self._decode_opts if decode else self._launch_opts, **self._one_args)
+                senders=sh.senders(), launch_opts=self._decode_opts if decode else self._launch_opts,
+                **self._one_args)
         else:
             self._dispatch_two_kernels(x, topk_ids, topk_weights)
         self._call += 1

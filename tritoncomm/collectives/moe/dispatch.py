@@ -66,7 +66,7 @@ from ...kernels import (
 from ...kernels.launcher import Launcher
 from .gather import finish_counts, lay_out_peers, store_slots
 from .header import store_header
-from .route import count_entries, count_upto, expert_ids, own_slots, rows_per_load
+from .route import count_entries, expert_ids, own_slots, rows_per_load
 from .shares import column_shares, share_columns
 from .wire import to_fp8
 
@@ -91,7 +91,7 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
                DTYPE: tl.constexpr, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
                BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr, COUNT_BAD: tl.constexpr,
                FROM_ROUTING: tl.constexpr, IDS_SENT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr,
-               BLOCK_B: tl.constexpr, SUPER: tl.constexpr, PACKETS: tl.constexpr, CH: tl.constexpr):
+               BLOCK_B: tl.constexpr, SUPER: tl.constexpr, PACKETS: tl.constexpr):
     """Program ``pid``'s work items of this rank's ``n_tokens`` rows (module docstring): the routing
     to the peers with each row's first item, the columns to each peer that holds one of the row's
     experts (row ``(rank - (rank > d)) * peer_rows + t`` of its receive buffer) and into the row's
@@ -103,9 +103,7 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
     (``kernels/lamport.py``), and the weights go, with the row's first item, only to the peers that
     get the row. Every value sent or laid out is ``lamport_canonical`` on every path (-0.0 as +0.0;
     a weight at the fp32 sentinel as -0.0), so the bits never depend on the path. Also called by
-    the one-kernel dispatch (``onekernel.py``). With ``FROM_ROUTING`` and ``CH`` the slots come from a
-    running count of the rows before each item's (``route.count_upto``, ``CH`` entries per step: a
-    program's items ascend), not from a comparison with the whole ``routing``."""
+    the one-kernel dispatch (``onekernel.py``)."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1  # scale groups per column block
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
@@ -114,13 +112,8 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
     groups = tl.arange(0, G)
     shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
     own_ids = heap_ptr(bases, rank, ids_base, tl.int32) + tl.cast(rank * max_tokens, tl.int64) * TOP_K
-    run = tl.zeros([BLOCK_X], dtype=tl.int32)  # with CH: this rank's entries per expert before `done`
-    done = tl.full([], 0, tl.int32)
     for item in range(pid, n_tokens * shares, grid):
         t = item // shares
-        if FROM_ROUTING and CH > 0:
-            run = count_upto(run, done, t * TOP_K, ids_ptr, ids_s0, ids_s1, num_experts, False, TOP_K, CH, BLOCK_X)
-            done = t * TOP_K
         first = item % shares == 0  # the item that also sends the token's routing
         t64 = tl.cast(t, tl.int64)
         ids, bad = expert_ids(ids_ptr + t64 * ids_s0 + kk * ids_s1, km, num_experts)
@@ -146,8 +139,8 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
                 else:
                     tl.store(heap_ptr(bases, d, wtab_base + row * TOP_K * 4, tl.float32, ALIGNED=False) + kk, wt,
                              mask=fm)
-        at = own_slots(ids, kk, t, rank, capacity, routing, nn, own_ids, hist, n_tokens * TOP_K, hist_blocks, run,
-                       FROM_ROUTING, WORLD, LOCAL, TOP_K, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, CH)
+        at = own_slots(ids, kk, t, rank, capacity, routing, nn, own_ids, hist, n_tokens * TOP_K, hist_blocks,
+                       FROM_ROUTING, WORLD, LOCAL, TOP_K, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
         tl.store(slot_ptr + row * TOP_K + kk, at, mask=fm & (owner == rank))
         tl.store(owner_ptr + t * TOP_K + kk, owner, mask=fm)
         tl.store(row_ptr + t * TOP_K + kk, at, mask=fm)
@@ -213,7 +206,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
                grid, recv_base, max_tokens, ids_base, pw_off + half * pw_half if PACKETS else wtab_base, sc_base,
                routing, nn, hist, hist_blocks, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, not ROUTED,
-               not ROUTED, ROUTED, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS, 0)
+               not ROUTED, ROUTED, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS)
     if not ROUTED:  # this rank's histogram rows, counted here, to every rank
         xs = tl.arange(0, BLOCK_X)
         n_blocks = tl.cdiv(n_tokens * TOP_K, BLOCK_E)

@@ -28,8 +28,7 @@ kernels: the decode path's cost is mostly kernel boundaries and chains of depend
 4. for every peer ``s`` in the order ``rank + 1, rank + 2, ...`` (this rank's experts' slot order):
    counts the source's entries per expert from its copy (the sources before it give the offsets,
    this rank's own first), and for each of ``s``'s items ``pid, pid + grid, ...`` computes the
-   row's slots (``route.copy_slots``; with ``MoEShape.slot_chunk`` from a running count of the
-   source's entries before the row, ``route.count_upto``), writes ``slot_of`` and stores the row's columns from the
+   row's slots (``route.copy_slots``), writes ``slot_of`` and stores the row's columns from the
    receive buffer into each of its kept slots on this rank;
 5. program 0: this rank's experts' counts, the bad ids and the entries dropped on its experts into
    ``bad``, both counters into the host-mapped words, and ``combine``'s header (``header.py``).
@@ -84,7 +83,7 @@ from ...kernels.launcher import Launcher
 from .dispatch import launch_epoch, send_items
 from .gather import finish_counts, place_item, place_packets
 from .header import store_header
-from .route import copy_slots, count_upto, expert_ids, running_slots
+from .route import copy_slots, expert_ids
 from .shares import column_shares
 
 __all__ = ["DISPATCH_STAGES", "launch_dispatch_one_kernel", "moe_dispatch_one_kernel", "reset_shared_copies"]
@@ -120,7 +119,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
                             WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                             BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_X: tl.constexpr, FP8: tl.constexpr,
                             PACKETS: tl.constexpr, SHARED: tl.constexpr, BLOCK_W: tl.constexpr, TRACE: tl.constexpr,
-                            SENDERS: tl.constexpr = 0, CH: tl.constexpr = 0):
+                            SENDERS: tl.constexpr = 0):
     """See the module docstring. The copy table holds, per half, ``grid * WORLD`` rows of ``BLOCK_N``
     int32 (with ``SHARED``: the first ``WORLD``): the source's ids, then -2 up to ``bound * TOP_K``
     (``bound``: the call's bound on every rank's tokens, the same on every rank). The
@@ -132,10 +131,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     (``kernels.stamp``) ``DISPATCH_STAGES`` points into ``trace_ptr``: started, copies sent, rows
     sent, first peer's copy read, rows laid out, done. With ``SENDERS`` (packets only) programs ``[0,
     SENDERS)`` send the rows and the others lay out the peers' rows; every program still sends and
-    polls its routing copies. With ``CH`` (``MoEShape.slot_chunk``) a row's slots come from a running
-    count of its source's entries before it, ``CH`` entries per histogram (``route.count_upto``:
-    each program's items ascend, so it counts each entry before its last row once), instead of
-    comparing the row with the source's whole copy (``route.copy_slots``)."""
+    polls its routing copies."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     if SENDERS == 0:  # every program sends, then lays out
@@ -178,8 +174,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
                slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank,
                send_pid, send_grid, recv_base, peer_rows, ids_off + half * ids_half, wsend, sc_base, mine, nn, 0, 0,
-               DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, True, PACKETS, 1, BLOCK_X, 1, 1, PACKETS,
-               CH)
+               DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, True, PACKETS, 1, BLOCK_X, 1, 1, PACKETS)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 2)
     # 3. program pid of every rank has stored its copy and its items (with packets: nothing to wait for)
@@ -212,17 +207,10 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
                 stamp(trace_ptr, pid * _STAGES + 3)
         peer_row = (s - (s > rank).to(tl.int32)) * peer_rows
         shares = column_shares(n_s, hidden, lay_grid, BLOCK_H)
-        run = tl.zeros([BLOCK_X], dtype=tl.int32)  # with CH: the source's entries per expert before `done`
-        done = tl.full([], 0, tl.int32)
         for item in range(lay_pid, n_s * shares, lay_grid):
             t = item // shares
             ex = tl.load(src + t * TOP_K + kk, mask=km, other=-1, volatile=PACKETS)
-            if CH > 0:  # the items ascend: count only the rows since the last one
-                run = count_upto(run, done, t * TOP_K, src, 0, 0, 0, True, TOP_K, CH, BLOCK_X)
-                done = t * TOP_K
-                at = running_slots(run, ex, kk, earlier, capacity, LOCAL)
-            else:
-                at = copy_slots(ids_s, nn, ex, kk, t, earlier, capacity, LOCAL, TOP_K)
+            at = copy_slots(ids_s, nn, ex, kk, t, earlier, capacity, LOCAL, TOP_K)
             if PACKETS:
                 place_packets(out_ptr, sc_out_ptr, slot_ptr, ids_tab, wtab, recv, sc, pw, ex, at,
                               (s * max_tokens + t) * TOP_K, item, shares, rank, s, t, peer_row + t, hidden, timeout,
@@ -257,16 +245,14 @@ def launch_dispatch_one_kernel(run: Launcher, comm, channel, out: torch.Tensor, 
                                sc_half: int, copy_off: int, copy_half: int,
                                readers: torch.Tensor | None, bound: int, block_n: int, block_x: int, block_h: int,
                                packets: bool, num_warps: int, launch_opts: dict[str, bool | int],
-                               header: torch.Tensor, trace: torch.Tensor | None = None, senders: int = 0,
-                               slot_chunk: int = 0) -> None:
+                               header: torch.Tensor, trace: torch.Tensor | None = None, senders: int = 0) -> None:
     """Launch ``moe_dispatch_one_kernel`` through ``run`` (its launcher: a 1-D grid); with
     ``packets`` the receive buffer, its scales, ``pw_off`` and the copy table are Lamport buffers at
     rest; with ``readers`` (int32 ``[2]``, zero, and packets) the copy table holds one shared copy
     per source (``MoEShape.shared_copy_from``). ``bound``: the call's bound on every rank's tokens,
     the same on every rank (``tokens_bound``, else ``max_tokens``). ``trace``: int64 ``[programs,
     DISPATCH_STAGES, 2]`` for the stage stamps, or None. ``header``: what ``combine`` reads
-    (``header.py``). ``senders``: with packets, the programs that send (the others lay out); 0: all.
-    ``slot_chunk``: ``MoEShape.slot_chunk`` (at most ``block_n`` entries per step are counted)."""
+    (``header.py``). ``senders``: with packets, the programs that send (the others lay out); 0: all."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
@@ -278,4 +264,4 @@ def launch_dispatch_one_kernel(run: Launcher, comm, channel, out: torch.Tensor, 
         bad if trace is None else trace,
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_N=block_n,
         BLOCK_X=block_x, FP8=fp8, PACKETS=packets, SHARED=readers is not None, BLOCK_W=pow2_at_least(world),
-        TRACE=trace is not None, SENDERS=senders, CH=min(slot_chunk, block_n), num_warps=num_warps, **launch_opts)
+        TRACE=trace is not None, SENDERS=senders, num_warps=num_warps, **launch_opts)

@@ -40,8 +40,8 @@ import triton.language as tl
 from ...kernels import barrier, epoch_commit, epoch_next, heap_ptr, pdl_launch_dependents, pdl_wait, program_epoch
 from ...kernels.launcher import Launcher
 
-__all__ = ["copy_slots", "count_entries", "count_upto", "expert_ids", "launch_route", "moe_route_kernel",
-           "own_slots", "row_slots", "rows_per_load", "rows_sum", "running_slots"]
+__all__ = ["copy_slots", "count_entries", "expert_ids", "launch_route", "moe_route_kernel", "own_slots", "row_slots",
+           "rows_per_load", "rows_sum"]
 
 
 @triton.jit
@@ -119,47 +119,15 @@ def copy_slots(routing, nn, e, kk, t, earlier, capacity, LOCAL: tl.constexpr, TO
 
 
 @triton.jit
-def count_upto(run, done, upto, src, ids_s0, ids_s1, num_experts, FROM_COPY: tl.constexpr, TOP_K: tl.constexpr,
-               CH: tl.constexpr, BLOCK_X: tl.constexpr):
-    """``run``, a source's entries per expert among its positions ``[0, done)``, extended to ``[0,
-    upto)`` (``upto >= done``), ``CH`` positions per histogram: from a routing copy at ``src`` (int32
-    ids, ``FROM_COPY``; loaded volatile, as a Lamport buffer this program polled must be) or from the
-    caller's ids (``src`` with strides ``ids_s0`` / ``ids_s1``, through ``expert_ids``)."""
-    cc = tl.arange(0, CH)
-    for c in range(done, upto, CH):
-        p = c + cc
-        m = p < upto
-        if FROM_COPY:
-            v = tl.load(src + p, mask=m, other=-1, volatile=True)
-        else:
-            v, _ = expert_ids(src + (p // TOP_K).to(tl.int64) * ids_s0 + (p % TOP_K) * ids_s1, m, num_experts)
-        run += tl.histogram(v, BLOCK_X, mask=v >= 0)
-    return run
-
-
-@triton.jit
-def running_slots(run, e, kk, earlier, capacity, LOCAL: tl.constexpr):
-    """``copy_slots`` from a running count: ``run`` holds, per expert, the source's entries before
-    the row (``count_upto``); the row's own earlier entries ``j' < j`` are compared here."""
-    same = (e[None, :] == e[:, None]) & (kk[None, :] < kk[:, None])
-    slot = tl.gather(earlier + run, tl.maximum(e, 0), 0) + tl.sum(same.to(tl.int32), axis=1)
-    return tl.where((e >= 0) & (slot < capacity), (e % LOCAL) * capacity + slot, -1)
-
-
-@triton.jit
-def own_slots(e, kk, t, rank, capacity, routing, nn, ids, hist, n_entries, hist_blocks, run,
-              FROM_ROUTING: tl.constexpr, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
-              BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr,
-              CH: tl.constexpr):
+def own_slots(e, kk, t, rank, capacity, routing, nn, ids, hist, n_entries, hist_blocks, FROM_ROUTING: tl.constexpr,
+              WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
+              BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr):
     """The slots of this rank's own row ``t`` on its own experts (-1 for entries elsewhere, dropped
     or with no expert): its own entries come first, so no other rank's routing is needed. From the
-    routing in registers (``FROM_ROUTING``: ``copy_slots``; with ``CH``, ``running_slots`` from the
-    caller's running count ``run``) or from this rank's rows of the ids and histogram tables that
-    ``moe_route_kernel`` wrote (``row_slots``)."""
+    routing in registers (``FROM_ROUTING``: ``copy_slots``) or from this rank's rows of the ids and
+    histogram tables that ``moe_route_kernel`` wrote (``row_slots``)."""
     none = tl.zeros([BLOCK_X], dtype=tl.int32)
-    if FROM_ROUTING and CH > 0:
-        at = running_slots(run, e, kk, none, capacity, LOCAL)
-    elif FROM_ROUTING:
+    if FROM_ROUTING:
         at = copy_slots(routing, nn, e, kk, t, none, capacity, LOCAL, TOP_K)
     else:
         at = row_slots(ids, hist, e, kk, t, n_entries, none, rank * hist_blocks,

@@ -30,6 +30,8 @@ def _routing(g: torch.Generator, n: int, experts: int, k: int, local: int, case:
     if case == "unrouted" and n:  # some entries with no expert (-1), one token with none at all
         ids[torch.rand(n, k, generator=g) < 0.3] = -1
         ids[0] = -1
+    if case == "repeats" and n:  # an expert twice in a row (top-k never does this; the slots must still count it)
+        ids[::2, k - 1] = ids[::2, 0]
     return ids
 
 
@@ -316,6 +318,18 @@ def test_routing_copies_sized_by_the_bound(worlds, world, shared_from):
     after them."""
     shape = replace(SHAPES["cpu"], bounded_copies=True, shared_copy_from=shared_from)
     for bad in worlds(world).run(_job, 4 * world, 3, 24, 40, "random", 4, shape=shape, call_tokens=2,
+                                 bound_odd=True):
+        assert bad == []
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3))
+@pytest.mark.parametrize("path", ["one-kernel", "routed"])
+def test_an_expert_twice_in_a_row(worlds, world, path):
+    """Every other token names its first expert again as its last: each entry gets its own slot, in
+    ``(token, j)`` order, on the one-kernel and the routed dispatch, capacity drops included, every
+    other call bounded; every call exact."""
+    shape = None if path == "one-kernel" else replace(SHAPES["cpu"], one_kernel=False, route_above=4)
+    for bad in worlds(world).run(_job, 4 * world, 3, 24, 40, "repeats", 4, capacity=8, shape=shape, call_tokens=20,
                                  bound_odd=True):
         assert bad == []
 

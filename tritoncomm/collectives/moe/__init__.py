@@ -217,7 +217,7 @@ SHAPES = {"cuda": MoEShape(132, 1024, 64, 4, one_kernel=True),
 #: µs; Qwen3-MoE 14.7 vs 14.7, 14.5 vs 14.9 and 17.1 vs 23.0), at 32 tokens not (Qwen3-MoE 13.7 vs
 #: 11.7; DeepSeek-V3 14.4 vs 14.7); bounded calls on 4096-token instances likewise (the prefill
 #: shape against the decode shape: DeepSeek-V3 16.6 vs 19.9 µs at 48 tokens; at 32 14.9 vs 14.7,
-#: Qwen3-MoE 13.9 vs 11.7). Earlier at EP1 on one H200 (DeepSeek-V3, eager, GPU time by kernel): at
+#: Qwen3-MoE 13.9 vs 11.7). At EP1 on one H200 (2026-11-23, DeepSeek-V3, eager, GPU time by kernel): at
 #: 128 and 4096 tokens two 8-warp programs per SM beat one 4-warp program (send + combine + gather
 #: 22.1 vs 26.0 µs and 414 vs 611 µs); at 8 tokens they lose (12.4 vs 10.3 µs). Its send takes 4096
 #: columns per step (against 1024 at 4096 tokens: send 43 vs 70 µs), its combine and gather 2048 (at EP2 on two H100s,

@@ -61,13 +61,11 @@ def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, 
         shape = replace(shape, one_kernel="one-kernel" in changes)
     if "bound" in changes and "tokens_bound" not in inspect.signature(MoEAllToAll.dispatch).parameters:
         return None
-    for change in sorted(c for c in changes if "=" in c):
-        name, value = change.split("=")
-        if name == "decode_below":  # a constructor argument, not a shape field
-            continue
-        if name not in known:
-            return None
-        shape = replace(shape, **{name: int(value)})
+    # FIELD=VALUE changes of the shape (decode_below is a constructor argument, not a shape field)
+    set_fields = {n: int(v) for n, v in (c.split("=") for c in changes if "=" in c) if n != "decode_below"}
+    if not set_fields.keys() <= known:
+        return None
+    shape = replace(shape, **set_fields)
     extra = {}
     ctor = inspect.signature(MoEAllToAll).parameters
     # bounded calls on large instances take the decode shape, as with the library's default shape
@@ -75,14 +73,11 @@ def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, 
     # changes other than the launch grid's; "no-decode": the instance's shape
     if "decode_shape" in ctor and m >= PREFILL_FROM \
             and shape.one_kernel and shape.programs >= sms and "no-decode" not in changes:
-        ds = replace(default_shape("cuda", 1, sms), packets=shape.packets)
         grid = {"programs", "block_h", "num_warps", "send_block_h", "one_block_h", "send_programs", "push_programs"}
-        for change in sorted(c for c in changes if "=" in c and c.split("=")[0] not in grid):
-            name, value = change.split("=")
-            if name in known:
-                ds = replace(ds, **{name: int(value)})
-        extra["decode_shape"] = ds
-    elif "no-decode" in changes and "decode_shape" not in inspect.signature(MoEAllToAll).parameters:
+        extra["decode_shape"] = replace(default_shape("cuda", 1, sms),
+                                        **{"packets": shape.packets, **{n: v for n, v in set_fields.items()
+                                                                        if n not in grid}})
+    elif "no-decode" in changes and "decode_shape" not in ctor:
         return None
     for change in (c for c in changes if c.startswith("decode_below=")):
         if "decode_below" not in ctor:

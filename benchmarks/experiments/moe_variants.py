@@ -73,8 +73,7 @@ def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, 
     # changes other than the launch grid's; "no-decode": the instance's shape
     if "decode_shape" in ctor and m >= PREFILL_FROM \
             and shape.one_kernel and shape.programs >= sms and "no-decode" not in changes:
-        grid = {"programs", "block_h", "num_warps", "send_block_h", "one_block_h", "send_programs", "push_programs",
-                "routed_senders"}
+        grid = {"programs", "block_h", "num_warps", "send_block_h", "one_block_h", "send_programs", "push_programs"}
         extra["decode_shape"] = replace(default_shape("cuda", 1, sms),
                                         **{"packets": shape.packets, **{n: v for n, v in set_fields.items()
                                                                         if n not in grid}})

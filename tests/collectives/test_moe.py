@@ -236,37 +236,33 @@ def test_instances_of_a_few_tokens_called_full(worlds, world, max_tokens):
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
 @pytest.mark.parametrize("case", ["hot", "unrouted"])
-@pytest.mark.parametrize("routing", ["held", "routed", "routed-packets", "routed-split"])
+@pytest.mark.parametrize("routing", ["held", "routed", "routed-packets"])
 def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
     """The send + gather dispatch (``one_kernel=False``; the one-kernel dispatch is the CPU world's
     default) lays out, counts and combines exactly as the reference, capacity drops included: with
     every send program holding the call's routing, and (``routed``: instances of more than 4 entries)
     after the route kernel, with blocks of 4 entries in superblocks of 2 (``routed-packets``: its rows
-    as packets, laid out as they arrive; ``routed-split``: one program sending in runs of one item,
-    the other laying them out as each run is published)."""
+    as packets, laid out as they arrive)."""
     shape = replace(SHAPES["cpu"], one_kernel=False)
     if routing != "held":
-        shape = replace(shape, route_above=4, block_e=4, super_blocks=2, routed_packets=routing == "routed-packets",
-                        routed_senders=-1 if routing == "routed-split" else 0, run_items=1)
+        shape = replace(shape, route_above=4, block_e=4, super_blocks=2, routed_packets=routing == "routed-packets")
     for bad in worlds(world).run(_job, 4 * world, 3, 40, 6, case, 3, capacity=4 if case == "hot" else None,
                                  mode="throughput", shape=shape):
         assert bad == []
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
-@pytest.mark.parametrize("routing", ["held", "routed", "routed-packets", "routed-split"])
+@pytest.mark.parametrize("routing", ["held", "routed", "routed-packets"])
 def test_decode_calls_on_large_instances_take_one_kernel(worlds, world, routing):
     """An instance sized for more routing entries than one kernel holds (400 tokens of top-3), called
     with at most 5 tokens: calls given ``tokens_bound`` (every other one) dispatch in one kernel,
     the others through the send and gather (``held``) or route and send (``routed``; with
-    ``routed-packets`` both on the same packet buffers; ``routed-split`` with the send kernel's roles,
-    whose run flags take the send channel's epochs, which the one-kernel calls advance too) kernels,
-    on the same buffers; every call exact."""
+    ``routed-packets`` both on the same packet buffers) kernels, on the same buffers; every call
+    exact."""
     if routing == "held" and worlds(world).backend == "cuda":
         pytest.skip("a send program would hold 2048 routing entries: GPUs hold at most ONE_KERNEL_ENTRIES")
     shape = replace(SHAPES["cpu"], route_above=1 << 16) if routing == "held" else \
-        replace(SHAPES["cpu"], route_above=4, routed_packets=routing == "routed-packets",
-                routed_senders=-1 if routing == "routed-split" else 0)
+        replace(SHAPES["cpu"], route_above=4, routed_packets=routing == "routed-packets")
     for bad in worlds(world).run(_job, 4 * world, 3, 24, 400, "hot", 4, capacity=6, mode="throughput", shape=shape,
                                  call_tokens=5, bound_odd=True):
         assert bad == []
@@ -335,21 +331,6 @@ def test_an_expert_twice_in_a_row(worlds, world, path):
     shape = None if path == "one-kernel" else replace(SHAPES["cpu"], one_kernel=False, route_above=4)
     for bad in worlds(world).run(_job, 4 * world, 3, 24, 40, "repeats", 4, capacity=8, shape=shape, call_tokens=20,
                                  bound_odd=True):
-        assert bad == []
-
-
-@pytest.mark.parametrize("world", world_sizes(2, 3, 4))
-@pytest.mark.parametrize("roles", [(5, 2, 3), (5, 4, 1), (4, -1, 8)])
-def test_routed_roles_share_out_every_senders_runs(worlds, world, roles):
-    """The routed send kernel split into roles (``MoEShape.routed_senders``) with ``programs``,
-    ``senders`` and ``runs``: more laying-out programs than senders (some with none), one laying
-    out the runs of four senders, half and half with runs of one item; hidden 136 (three column
-    blocks, which few rows spread over the senders), token counts from 0 to 40 per rank; every call
-    exact."""
-    programs, senders, runs = roles
-    shape = replace(SHAPES["cpu"], programs=programs, one_kernel=False, route_above=4, block_e=4, super_blocks=2,
-                    routed_senders=senders, routed_runs=runs, run_items=1)
-    for bad in worlds(world).run(_job, 4 * world, 3, 136, 40, "random", 4, capacity=12, shape=shape):
         assert bad == []
 
 
@@ -435,15 +416,14 @@ def test_world8(worlds, world, mode):
 #: packets, at these sizes a routing copy per program, one program sending (in combine: pushing) and
 #: the other laying out (summing)), the same with one shared copy, the same with both programs
 #: sending then laying out (pushing then summing), one kernel with a
-#: barrier, the send and gather kernels, the route and send kernels (plain, with its rows as
-#: packets and no barrier, or split into a sending and a laying-out program and no barrier).
+#: barrier, the send and gather kernels, the route and send kernels (plain, or with its rows as
+#: packets and no barrier).
 PATHS = {"one-kernel": None, "shared-copy": replace(SHAPES["cpu"], shared_copy_from=0),
          "whole-roles": replace(SHAPES["cpu"], send_programs=0, push_programs=0),
          "barrier": replace(SHAPES["cpu"], packets=False),
          "held": replace(SHAPES["cpu"], one_kernel=False),
          "routed": replace(SHAPES["cpu"], one_kernel=False, route_above=4),
-         "routed-packets": replace(SHAPES["cpu"], one_kernel=False, route_above=4, routed_packets=True),
-         "routed-split": replace(SHAPES["cpu"], one_kernel=False, route_above=4, routed_senders=-1)}
+         "routed-packets": replace(SHAPES["cpu"], one_kernel=False, route_above=4, routed_packets=True)}
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
@@ -549,15 +529,12 @@ def test_missing_peer_turns_into_timeout_error(worlds, path):
 
 def _gpu_shape(ctx, max_tokens: int, path: str) -> MoEShape:
     """The default launch shape (``one-kernel`` at these sizes), or the send and gather kernels with
-    the route kernel before the send (instances of more than 8 entries) (``routed``; ``routed-split``:
-    the send kernel split into roles)."""
+    the route kernel before the send (instances of more than 8 entries) (``routed``)."""
     from tritoncomm.collectives.moe import default_shape
 
     shape = default_shape("cuda", max_tokens, torch.cuda.get_device_properties(ctx.device).multi_processor_count)
     if path == "barrier":
         return replace(shape, packets=False)
-    if path == "routed-split":
-        return replace(shape, one_kernel=False, route_above=8, routed_senders=-1)
     return shape if path == "one-kernel" else replace(shape, one_kernel=False, route_above=8)
 
 
@@ -610,7 +587,7 @@ def _graph_job(ctx, mode: str, path: str):
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", world_sizes(2))
 @pytest.mark.parametrize("mode", ["latency", "throughput"])
-@pytest.mark.parametrize("path", ["one-kernel", "barrier", "routed", "routed-split"])
+@pytest.mark.parametrize("path", ["one-kernel", "barrier", "routed"])
 def test_cuda_graph_replays_with_new_routing(worlds, world, mode, path):
     for ok in worlds(world).run(_graph_job, mode, path):
         assert ok == [True] * 4, ok
@@ -667,7 +644,7 @@ def _straggler_job(ctx, calls: int, seed: int, path: str) -> list:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", world_sizes(2))
-@pytest.mark.parametrize("path", ["one-kernel", "barrier", "routed", "routed-split"])
+@pytest.mark.parametrize("path", ["one-kernel", "barrier", "routed"])
 def test_stragglers_with_no_host_sync(worlds, world, path):
     for bad in worlds(world).run(_straggler_job, 200, 11, path, timeout=600):
         assert bad == []

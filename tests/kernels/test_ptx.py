@@ -355,7 +355,7 @@ def _moe_ptx(kernel: str) -> str:
     from tritoncomm.collectives.moe import combine, dispatch, gather, onekernel, route
 
     i64 = dict.fromkeys(("epochs_off", "recv_off", "recv_half", "sc_off", "sc_half"), "i64")
-    if kernel in ("send", "send-held", "send-packets", "send-split"):
+    if kernel in ("send", "send-held", "send-packets"):
         sig = {"x_ptr": "*bf16", "x_stride": "i32", "ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32",
                "w_ptr": "*fp32", "w_s0": "i32", "w_s1": "i32", "wts_ptr": "*fp32", "bad_ptr": "*i64",
                "out_ptr": "*bf16", "sc_out_ptr": "*bf16", "slot_ptr": "*i32", "owner_ptr": "*i32", "row_ptr": "*i32",
@@ -370,9 +370,6 @@ def _moe_ptx(kernel: str) -> str:
                                             "ROUTED": kernel != "send-held",
                                             "BLOCK_N": 1024 if kernel == "send-held" else 1, "BLOCK_W": 2,
                                             "PACKETS": kernel == "send-packets"}
-        if kernel == "send-split":
-            sig = dict(sig, senders="i32", runs_off="i64")
-            cx = dict(cx, RUNS=8, RUN_ITEMS=2)
     elif kernel == "route":
         sig = {"ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32", "bad_ptr": "*i64", "n_tokens": "i32",
                "max_tokens": "i32", "num_experts": "i32", **COMMON,
@@ -423,7 +420,7 @@ def test_moe_kernels_move_tokens_in_16_byte_vectors():
     """The send kernel's stores into peers' receive buffers, the gather's copies, the one-kernel
     dispatch's both, and the combine's loads of expert rows and stores (its output and pushed
     partials) are 16-byte vector accesses, with no 2-byte ones."""
-    for kernel in ("send", "send-held", "send-packets", "send-split", "gather", "combine", "one", "one-packets"):
+    for kernel in ("send", "send-held", "send-packets", "gather", "combine", "one", "one-packets"):
         o = ops(_moe_ptx(kernel))
         assert o["st.global.v4.b32"] >= 1 and o["st.global.b16"] == 0, (kernel, o)
         assert o["ld.global.v4.b32"] >= 1 and o["ld.global.b16"] == 0, (kernel, o)
@@ -432,22 +429,12 @@ def test_moe_kernels_move_tokens_in_16_byte_vectors():
 def test_moe_kernels_wait_for_the_previous_kernel_before_memory():
     """Launched with PDL, every MoE kernel waits (``griddepcontrol.wait``) before its first load or
     store, and lets the next one start."""
-    for kernel in ("route", "send", "send-held", "send-split", "gather", "combine", "one", "one-packets"):
+    for kernel in ("route", "send", "send-held", "gather", "combine", "one", "one-packets"):
         ptx = _moe_ptx(kernel)
         body = ptx[ptx.index("griddepcontrol.wait"):] if "griddepcontrol.wait" in ptx else ""
         assert body and "griddepcontrol.launch_dependents" in body, kernel
         head = ptx[:len(ptx) - len(body)]
         assert not re.search(r"\b(ld|st|atom|red)\.global", head), (kernel, "memory access before the wait")
-
-
-def test_moe_send_split_into_roles_publishes_runs_with_system_scope_release():
-    """The routed send kernel split into roles (``MoEShape.routed_senders``): senders publish each
-    run with a system-scope release store after a CTA barrier, and the laying-out programs wait on
-    each run's flag with system-scope acquire loads, bounded by the global timer."""
-    ptx = _moe_ptx("send-split")
-    o = ops(ptx)
-    assert o["st.release.sys.global.b32"] >= 1 and o["ld.acquire.sys.global.b32"] >= 1, o
-    assert "%globaltimer" in ptx and "bar.sync" in ptx
 
 
 def test_moe_dispatch_with_packets_has_no_fence_and_polls_in_16_byte_vectors():

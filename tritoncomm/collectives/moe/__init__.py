@@ -153,14 +153,6 @@ class MoEShape:
     #: travel as Lamport packets too, and it lays out each peer's row as it arrives instead of after
     #: its barrier (which it then has none of; the route kernel's barrier orders the calls).
     routed_packets: bool = False
-    #: On instances that route (``route_above``; not with ``routed_packets``): the send kernel's
-    #: first ``routed_senders`` programs send the rows (and lay out this rank's own), publishing each
-    #: of at most ``routed_runs`` runs of their items (of at least ``run_items`` items) with a flag,
-    #: and the others lay out the peers' rows run by run as they are published, without the send's
-    #: barrier; 0: every program sends, then lays out after the barrier; -1: half the programs send.
-    routed_senders: int = 0
-    routed_runs: int = 8
-    run_items: int = 2
     #: The one-kernel dispatch's routing copies sized by the call's bound (``tokens_bound * top_k``,
     #: rounded up to a power of two) instead of the instance's ``max_tokens * top_k``: fewer entries
     #: for every program to hold, poll and count over in calls far below ``max_tokens``. One build
@@ -193,13 +185,6 @@ class MoEShape:
             raise InvalidInputError(f"MoEShape: push_programs must be -1 or in [0, programs), got "
                                     f"{self.push_programs} of {self.programs} programs (push_split_elems "
                                     f"{self.push_split_elems})")
-        if not -1 <= self.routed_senders < self.programs or self.routed_runs < 1 or self.run_items < 1 \
-                or (self.routed_senders == -1 and self.programs < 2) or (self.routed_senders and self.routed_packets):
-            raise InvalidInputError(f"MoEShape: routed_senders must be -1 (two programs at least), 0 or in "
-                                    f"[1, programs), without routed_packets, and routed_runs and run_items at least "
-                                    f"1; got {self.routed_senders} of {self.programs} programs, "
-                                    f"{self.routed_runs} runs of {self.run_items} items, "
-                                    f"routed_packets={self.routed_packets}")
         if not -1 <= self.send_programs < self.programs or (self.send_programs > 0 and not self.packets):
             raise InvalidInputError(f"MoEShape: send_programs must be -1, 0, or with packets in [1, programs), got "
                                     f"{self.send_programs} of {self.programs} programs (packets={self.packets})")
@@ -209,10 +194,6 @@ class MoEShape:
         if self.send_programs >= 0:
             return self.send_programs
         return self.programs // 2 if self.packets else 0
-
-    def routed_split(self) -> int:
-        """The routed send kernel's sending programs (``routed_senders`` resolved; 0: no split)."""
-        return self.programs // 2 if self.routed_senders == -1 else self.routed_senders
 
     def pushers(self, bound: int, hidden: int) -> int:
         """The latency combine's pushing programs in a call of at most ``bound`` tokens per rank
@@ -420,13 +401,6 @@ class MoEAllToAll:
         self._send_ch = Channel(comm, f"{name}.send", programs=programs, barrier_slots=programs)
         self._comb_ch = Channel(comm, f"{name}.combine", programs=programs, barrier_slots=programs)
         self._route_ch = Channel(comm, f"{name}.route", programs=programs, barrier_slots=programs) if routed else None
-        #: the routed send kernel's roles (``MoEShape.routed_senders``): its senders' run flags, slot
-        #: ``sender * routed_runs + run``, lane the source rank; values are the send channel's epochs
-        split = sh.routed_split() if routed and not self._routed_packets else 0
-        self._runs_ch = Channel(comm, f"{name}.runs", programs=1, barrier_slots=programs * sh.routed_runs) \
-            if split else None
-        self._split = dict(senders=split, runs_off=self._runs_ch.flags_off, runs=sh.routed_runs,
-                           run_items=sh.run_items) if split else {}
         self._run_send = Launcher(moe_send_kernel, (programs,))
         self._run_combine = Launcher(moe_combine_kernel, (programs,))
         #: options of every kernel's launch (set once here: nothing is decided on the launch path)
@@ -564,7 +538,7 @@ class MoEAllToAll:
                     self._bad_host.device_addr, num_experts=self.num_experts, capacity=self.capacity,
                     local=self.local_experts, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=self._held_block_n,
-                    header=self._header, **self._send_bufs, **self._split, **tables)
+                    header=self._header, **self._send_bufs, **tables)
         if not routed:
             launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,
                           self._counts, self._bad, self._bad_host.device_addr, capacity=self.capacity,
@@ -600,7 +574,7 @@ class MoEAllToAll:
 
     def close(self) -> None:
         """Collective: release the heap memory and channels."""
-        for ch in (self._send_ch, self._comb_ch, self._route_ch, self._runs_ch):
+        for ch in (self._send_ch, self._comb_ch, self._route_ch):
             if ch is not None:
                 ch.close()
         for t in (self._recv, self._ids, self._wtab, self._ntab, self._hist, self._copy, self._ybuf, self._sc,

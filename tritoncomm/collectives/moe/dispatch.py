@@ -54,7 +54,6 @@ import triton.language as tl
 
 from ...kernels import (
     barrier,
-    barrier_arrive,
     epoch_commit,
     heap_ptr,
     lamport_canonical,
@@ -65,10 +64,10 @@ from ...kernels import (
     program_epoch,
 )
 from ...kernels.launcher import Launcher
-from .gather import finish_counts, lay_out_peers, lay_out_runs, store_slots
+from .gather import finish_counts, lay_out_peers, store_slots
 from .header import store_header
 from .route import count_entries, expert_ids, own_slots, rows_per_load
-from .shares import column_shares, run_length, share_columns
+from .shares import column_shares, share_columns
 from .wire import to_fp8
 
 __all__ = ["launch_epoch", "launch_send", "moe_send_kernel", "send_items"]
@@ -92,8 +91,7 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
                DTYPE: tl.constexpr, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
                BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr, COUNT_BAD: tl.constexpr,
                FROM_ROUTING: tl.constexpr, IDS_SENT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr,
-               BLOCK_B: tl.constexpr, SUPER: tl.constexpr, PACKETS: tl.constexpr, runs_off=0, epoch=0,
-               RUNS: tl.constexpr = 0, RUN_ITEMS: tl.constexpr = 1):
+               BLOCK_B: tl.constexpr, SUPER: tl.constexpr, PACKETS: tl.constexpr):
     """Program ``pid``'s work items of this rank's ``n_tokens`` rows (module docstring): the routing
     to the peers with each row's first item, the columns to each peer that holds one of the row's
     experts (row ``(rank - (rank > d)) * peer_rows + t`` of its receive buffer) and into the row's
@@ -104,11 +102,8 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
     one-kernel dispatch without a barrier) the receive buffer and ``wtab_base`` are Lamport buffers
     (``kernels/lamport.py``), and the weights go, with the row's first item, only to the peers that
     get the row. Every value sent or laid out is ``lamport_canonical`` on every path (-0.0 as +0.0;
-    a weight at the fp32 sentinel as -0.0), so the bits never depend on the path. With ``RUNS``
-    (``MoEShape.routed_senders``) the program's items form at most ``RUNS`` runs (``shares.run_length``),
-    and after each run it publishes its stores with ``epoch`` in flag slot ``pid * RUNS + run`` of
-    the flags at ``runs_off`` on every rank (``barrier_arrive``: lane ``rank``). Also called by the
-    one-kernel dispatch (``onekernel.py``)."""
+    a weight at the fp32 sentinel as -0.0), so the bits never depend on the path. Also called by
+    the one-kernel dispatch (``onekernel.py``)."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1  # scale groups per column block
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
@@ -117,15 +112,10 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
     groups = tl.arange(0, G)
     shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
     own_ids = heap_ptr(bases, rank, ids_base, tl.int32) + tl.cast(rank * max_tokens, tl.int64) * TOP_K
-    n_mine = tl.maximum(n_tokens * shares - pid + grid - 1, 0) // grid  # this program's items
-    run = run_length(n_mine, RUNS, RUN_ITEMS)
     for item in range(pid, n_tokens * shares, grid):
         t = item // shares
         first = item % shares == 0  # the item that also sends the token's routing
         t64 = tl.cast(t, tl.int64)
-        lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
-        # the item's first columns, in flight while its routing and slots are loaded
-        v0 = tl.load(x_ptr + t64 * x_stride + lo + cols, mask=lo + cols < hidden, other=0.0)
         ids, bad = expert_ids(ids_ptr + t64 * ids_s0 + kk * ids_s1, km, num_experts)
         if COUNT_BAD:
             n_bad = tl.sum(bad.to(tl.int32))
@@ -156,12 +146,10 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
         tl.store(row_ptr + t * TOP_K + kk, at, mask=fm)
         to_peers = tl.sum(((owner >= 0) & (owner != rank)).to(tl.int32)) > 0
         if to_peers | (tl.sum((at >= 0).to(tl.int32)) > 0):
+            lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
             for c in range(lo, hi, BLOCK_H):
                 m = c + cols < hidden
-                if c == lo:
-                    v = v0
-                else:
-                    v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
+                v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
                 scale = 0.0
                 if FP8:
                     v, scale = to_fp8(v)
@@ -177,10 +165,6 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
                             sdst = heap_ptr(bases, d, sc_base + prow * (hidden // 128) * 4, tl.float32, ALIGNED=False)
                             tl.store(sdst + c // 128 + groups, scale, mask=c + groups * 128 < hidden)
                 store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
-        if RUNS > 0:
-            k = (item - pid) // grid
-            if ((k + 1) % run == 0) | (k + 1 == n_mine):  # the run's stores are made: publish them
-                barrier_arrive(bases, rank, WORLD, runs_off, pid * RUNS + k // run, epoch)
 
 
 @triton.jit(do_not_specialize=["rank", "n_tokens", "ids_s0", "ids_s1", "w_s0", "w_s1"])  # one build for every call
@@ -192,15 +176,11 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                     WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                     BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
                     SUPER: tl.constexpr, FP8: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_W: tl.constexpr, PACKETS: tl.constexpr = False, senders=0, runs_off=0,
-                    RUNS: tl.constexpr = 0, RUN_ITEMS: tl.constexpr = 1):
+                    BLOCK_W: tl.constexpr, PACKETS: tl.constexpr = False):
     """See the module docstring. With ``PACKETS`` (``ROUTED`` only) the receive buffer (and its
     scales) and the weights table at ``pw_off`` are Lamport buffers at rest: the rows and weights go
     out as packets, to the peers that own one of the row's experts, and program ``pid`` lays out the
-    peers' rows as they arrive (``place_packets``), without the barrier. With ``RUNS`` (``ROUTED``
-    only, ``MoEShape.routed_senders``) programs ``[0, senders)`` send, publishing each run of their
-    items (``send_items``), and the others lay out the peers' rows run by run as each is published
-    (``lay_out_runs``), without the barrier."""
+    peers' rows as they arrive (``place_packets``), without the barrier."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
@@ -222,63 +202,40 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
         live = nn < n_tokens * TOP_K
         routing, _ = expert_ids(ids_ptr + (nn // TOP_K).to(tl.int64) * ids_s0 + (nn % TOP_K) * ids_s1, live,
                                 num_experts)
-    if RUNS > 0:  # ROUTED, every rank's routing came before this kernel: roles, and no barrier
-        if pid < senders:
-            send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr,
-                       sc_out_ptr, slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity,
-                       bases, rank, pid, senders, recv_base, max_tokens, ids_base, wtab_base, sc_base, 0, 0, hist,
-                       hist_blocks, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, False, True, BLOCK_E,
-                       BLOCK_X, BLOCK_B, SUPER, False, runs_off, e, RUNS, RUN_ITEMS)
-        else:
+    send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
+               slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
+               grid, recv_base, max_tokens, ids_base, pw_off + half * pw_half if PACKETS else wtab_base, sc_base,
+               routing, nn, hist, hist_blocks, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, not ROUTED,
+               not ROUTED, ROUTED, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS)
+    if not ROUTED:  # this rank's histogram rows, counted here, to every rank
+        xs = tl.arange(0, BLOCK_X)
+        n_blocks = tl.cdiv(n_tokens * TOP_K, BLOCK_E)
+        for u in range(grid - 1 - pid, n_blocks + tl.cdiv(n_blocks, SUPER), grid):  # the last programs: idle at decode
+            if u < n_blocks:
+                h = count_entries(ids_ptr, ids_s0, ids_s1, u * BLOCK_E, n_tokens * TOP_K, num_experts, BLOCK_E,
+                                  TOP_K, BLOCK_X)
+                hrow = rank * hist_blocks + u
+            else:
+                h = count_entries(ids_ptr, ids_s0, ids_s1, (u - n_blocks) * SUPER * BLOCK_E, n_tokens * TOP_K,
+                                  num_experts, SUPER * BLOCK_E, TOP_K, BLOCK_X)
+                hrow = WORLD * hist_blocks + rank * tl.cdiv(hist_blocks, SUPER) + u - n_blocks
+            for d in tl.static_range(WORLD):
+                tl.store(heap_ptr(bases, d, hist_base, tl.int32) + tl.cast(hrow, tl.int64) * BLOCK_X + xs, h)
+    if not PACKETS:
+        barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
+    if ROUTED:  # every rank's routing came before this kernel: program pid lays out what program pid was sent
+        pw = heap_ptr(bases, rank, pw_off + half * pw_half, tl.float32)  # with PACKETS: the peers' weights
+        totals = lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, heap_ptr(bases, rank, recv_base, DTYPE),
+                               heap_ptr(bases, rank, sc_base, tl.float32), heap_ptr(bases, rank, ids_base, tl.int32),
+                               heap_ptr(bases, rank, ntab_off + half * ntab_half, tl.int32), hist, hist_blocks,
+                               max_tokens, capacity, hidden, rank, pid, grid, pw,
+                               heap_ptr(bases, rank, wtab_base, tl.float32), timeout, diag, WORLD, LOCAL, TOP_K,
+                               BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS)
+        if pid == 0:
+            finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, 0, LOCAL, BLOCK_X)
+            ws = tl.arange(0, BLOCK_W)
             ntab = heap_ptr(bases, rank, ntab_off + half * ntab_half, tl.int32)
-            totals = lay_out_runs(out_ptr, sc_out_ptr, slot_ptr, heap_ptr(bases, rank, recv_base, DTYPE),
-                                  heap_ptr(bases, rank, sc_base, tl.float32), heap_ptr(bases, rank, ids_base, tl.int32),
-                                  ntab, hist, hist_blocks, max_tokens, capacity, hidden, rank, pid - senders,
-                                  grid - senders, senders, heap_ptr(bases, rank, runs_off, tl.uint32), e, timeout,
-                                  diag, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER,
-                                  RUNS, RUN_ITEMS)
-            if pid == senders:
-                finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, 0, LOCAL, BLOCK_X)
-                ws = tl.arange(0, BLOCK_W)
-                store_header(header_ptr, tl.load(ntab + ws, mask=ws < WORLD, other=0), half, BLOCK_W)
-    else:
-        send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr,
-                   sc_out_ptr, slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity,
-                   bases, rank, pid, grid, recv_base, max_tokens, ids_base,
-                   pw_off + half * pw_half if PACKETS else wtab_base, sc_base, routing, nn, hist, hist_blocks, DTYPE,
-                   WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, not ROUTED, not ROUTED, ROUTED, BLOCK_E, BLOCK_X,
-                   BLOCK_B, SUPER, PACKETS)
-        if not ROUTED:  # this rank's histogram rows, counted here, to every rank
-            xs = tl.arange(0, BLOCK_X)
-            n_blocks = tl.cdiv(n_tokens * TOP_K, BLOCK_E)
-            # the last programs, idle at decode
-            for u in range(grid - 1 - pid, n_blocks + tl.cdiv(n_blocks, SUPER), grid):
-                if u < n_blocks:
-                    h = count_entries(ids_ptr, ids_s0, ids_s1, u * BLOCK_E, n_tokens * TOP_K, num_experts, BLOCK_E,
-                                      TOP_K, BLOCK_X)
-                    hrow = rank * hist_blocks + u
-                else:
-                    h = count_entries(ids_ptr, ids_s0, ids_s1, (u - n_blocks) * SUPER * BLOCK_E, n_tokens * TOP_K,
-                                      num_experts, SUPER * BLOCK_E, TOP_K, BLOCK_X)
-                    hrow = WORLD * hist_blocks + rank * tl.cdiv(hist_blocks, SUPER) + u - n_blocks
-                for d in tl.static_range(WORLD):
-                    tl.store(heap_ptr(bases, d, hist_base, tl.int32) + tl.cast(hrow, tl.int64) * BLOCK_X + xs, h)
-        if not PACKETS:
-            barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
-        if ROUTED:  # every rank's routing came before this kernel: program pid lays out what program pid was sent
-            pw = heap_ptr(bases, rank, pw_off + half * pw_half, tl.float32)  # with PACKETS: the peers' weights
-            totals = lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, heap_ptr(bases, rank, recv_base, DTYPE),
-                                   heap_ptr(bases, rank, sc_base, tl.float32),
-                                   heap_ptr(bases, rank, ids_base, tl.int32),
-                                   heap_ptr(bases, rank, ntab_off + half * ntab_half, tl.int32), hist, hist_blocks,
-                                   max_tokens, capacity, hidden, rank, pid, grid, pw,
-                                   heap_ptr(bases, rank, wtab_base, tl.float32), timeout, diag, WORLD, LOCAL, TOP_K,
-                                   BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS)
-            if pid == 0:
-                finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, 0, LOCAL, BLOCK_X)
-                ws = tl.arange(0, BLOCK_W)
-                ntab = heap_ptr(bases, rank, ntab_off + half * ntab_half, tl.int32)
-                store_header(header_ptr, tl.load(ntab + ws, mask=ws < WORLD, other=0), half, BLOCK_W)
+            store_header(header_ptr, tl.load(ntab + ws, mask=ws < WORLD, other=0), half, BLOCK_W)
     epoch_commit(epoch_ptr, e)
 
 
@@ -290,15 +247,12 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
                 wtab_half: int, ntab_off: int, ntab_half: int, sc_off: int, sc_half: int, hist_off: int,
                 hist_half: int, hist_blocks: int, block_h: int, block_e: int, block_x: int, super_blocks: int,
                 routed: bool, block_n: int, num_warps: int, launch_opts: dict[str, bool | int],
-                header: torch.Tensor, pw_off: int = 0, pw_half: int = 0, packets: bool = False, senders: int = 0,
-                runs_off: int = 0, runs: int = 0, run_items: int = 1) -> None:
+                header: torch.Tensor, pw_off: int = 0, pw_half: int = 0, packets: bool = False) -> None:
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs): with
     ``routed`` after ``route.launch_route`` on the same grid (and then leaving ``header`` for
     ``combine``, ``header.py``), else holding the routing in blocks of ``block_n`` entries (at least
     the call's). With ``packets`` (routed only) ``recv_off``, ``sc_off`` and ``pw_off`` are the packet
-    buffers (``MoEShape.routed_packets``). With ``runs`` (routed only) programs ``[0, senders)`` send
-    and publish at most ``runs`` runs each into the flags at ``runs_off``, the others lay out
-    (``MoEShape.routed_senders``)."""
+    buffers (``MoEShape.routed_packets``)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
@@ -309,5 +263,5 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
         hist_half, hist_blocks, header, pw_off, pw_half,
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_E=block_e,
         BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, FP8=fp8, ROUTED=routed,
-        BLOCK_N=1 if routed else block_n, BLOCK_W=pow2_at_least(world), PACKETS=packets, senders=senders,
-        runs_off=runs_off, RUNS=runs, RUN_ITEMS=run_items, num_warps=num_warps, **launch_opts)
+        BLOCK_N=1 if routed else block_n, BLOCK_W=pow2_at_least(world), PACKETS=packets, num_warps=num_warps,
+        **launch_opts)

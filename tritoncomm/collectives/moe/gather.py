@@ -30,7 +30,6 @@ import triton
 import triton.language as tl
 
 from ...kernels import (
-    MAX_WORLD,
     heap_ptr,
     lamport_poll,
     lamport_poll_from,
@@ -39,15 +38,14 @@ from ...kernels import (
     pdl_launch_dependents,
     pdl_wait,
     pow2_at_least,
-    wait,
 )
 from ...kernels.launcher import Launcher
 from .header import store_header
 from .route import row_slots, rows_per_load, rows_sum
-from .shares import column_shares, pick, run_length, share_columns
+from .shares import column_shares, pick, share_columns
 
-__all__ = ["finish_counts", "item_head", "launch_gather", "lay_out_peers", "lay_out_runs", "moe_gather_kernel",
-           "place_item", "place_packets", "store_slots"]
+__all__ = ["finish_counts", "launch_gather", "lay_out_peers", "moe_gather_kernel", "place_item", "place_packets",
+           "store_slots"]
 
 
 @triton.jit
@@ -72,29 +70,13 @@ def store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K: tl.constexp
 
 
 @triton.jit
-def item_head(recv, e, item, shares, rank, recv_row, hidden, LOCAL: tl.constexpr, BLOCK_H: tl.constexpr,
-              FP8: tl.constexpr):
-    """The first column block of one work item of a peer's row (entries ``e``; row ``recv_row`` of
-    the receive buffer), loaded once the row's ids are known and before its slots are computed, so
-    that the load is in flight meanwhile (``place_item`` takes it); nothing is read for a row with
-    no entry on this rank (not sent here)."""
-    G: tl.constexpr = BLOCK_H // 128 if FP8 else 1
-    GW: tl.constexpr = 128 if FP8 else BLOCK_H
-    cols = (tl.arange(0, G) * GW)[:, None] + tl.arange(0, GW)[None, :]  # [G, GW]
-    here = tl.sum(((e >= 0) & (e // LOCAL == rank)).to(tl.int32), axis=0) > 0
-    lo, _ = share_columns(item % shares, shares, hidden, BLOCK_H)
-    return tl.load(recv + tl.cast(recv_row, tl.int64) * hidden + lo + cols, mask=(lo + cols < hidden) & here)
-
-
-@triton.jit
-def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, recv_row, hidden, head,
+def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, recv_row, hidden,
                LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
                FP8: tl.constexpr):
     """One work item of a peer's row (entries ``e``, slots ``at``; ``i0`` its first entry in the
-    tables; row ``recv_row`` of the receive buffer; ``head`` its first column block, ``item_head``):
-    the row's first item writes ``slot_of`` of the entries of this rank's experts; then the item's
-    columns are read once and go into this rank's kept slots. Also called by the one-kernel
-    dispatch."""
+    tables; row ``recv_row`` of the receive buffer): the row's first item writes ``slot_of`` of the
+    entries of this rank's experts; then the item's columns are read once and go into this rank's
+    kept slots. Also called by the one-kernel dispatch."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
@@ -107,10 +89,7 @@ def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares,
         lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
         r64 = tl.cast(recv_row, tl.int64)
         for c in range(lo, hi, BLOCK_H):
-            if c == lo:
-                v = head
-            else:
-                v = tl.load(recv + r64 * hidden + c + cols, mask=c + cols < hidden)
+            v = tl.load(recv + r64 * hidden + c + cols, mask=c + cols < hidden)
             scale = 0.0
             if FP8:
                 scale = tl.load(sc + r64 * (hidden // 128) + c // 128 + groups, mask=c + groups * 128 < hidden)
@@ -209,9 +188,6 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
             t = item // shares
             i0 = (s * max_tokens + t) * TOP_K
             e = tl.load(ids + i0 + kk, mask=km, other=-1)
-            head = 0.0
-            if not PACKETS:
-                head = item_head(recv, e, item, shares, rank, peer_row + t, hidden, LOCAL, BLOCK_H, FP8)
             at = row_slots(ids + s * max_tokens * TOP_K, hist, e, kk, t, n_s * TOP_K, earlier, s * hist_blocks,
                            WORLD * hist_blocks + s * super_blocks, capacity, LOCAL, TOP_K, BLOCK_E, BLOCK_X, BLOCK_B,
                            SUPER)
@@ -220,55 +196,7 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
                               t, peer_row + t, hidden, timeout, diag, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
             else:
                 place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, peer_row + t,
-                           hidden, head, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
-        earlier += mine
-    return earlier
-
-
-@triton.jit
-def lay_out_runs(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist_blocks, max_tokens, capacity, hidden,
-                 rank, q, layers, senders, runs, epoch, timeout, diag, WORLD: tl.constexpr, LOCAL: tl.constexpr,
-                 TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr,
-                 BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr,
-                 RUNS: tl.constexpr, RUN_ITEMS: tl.constexpr):
-    """``lay_out_peers`` for a send kernel split into roles (``MoEShape.routed_senders``): laying-out
-    program ``q`` of ``layers`` takes, from every peer in this rank's order, the items of sending
-    programs ``q, q + layers, ...`` of ``senders`` (which take items ``p, p + senders, ...`` of a
-    source's rows, ``send_items``), run by run: before a run's first item it waits until flag slot
-    ``p * RUNS + run``, lane ``s``, of ``runs`` (this rank's) reaches ``epoch``, which sender ``p``
-    of source ``s`` stores after the run's stores (``shares.run_length``). Returns every source's
-    entries per expert."""
-    kk = tl.arange(0, BLOCK_K)
-    km = kk < TOP_K
-    super_blocks = tl.cdiv(hist_blocks, SUPER)
-    # per expert, the entries of the sources before s in this rank's order: its own first
-    earlier = rows_sum(hist, WORLD * hist_blocks + rank * super_blocks,
-                       tl.cdiv(tl.cdiv(tl.load(ntab + rank) * TOP_K, BLOCK_E), SUPER), BLOCK_B, BLOCK_X)
-    for i in range(1, WORLD):
-        s = (rank + i) % WORLD
-        n_s = tl.load(ntab + s)
-        peer_row = (s - (s > rank).to(tl.int32)) * max_tokens  # the source's first row in the receive buffer
-        mine = rows_sum(hist, WORLD * hist_blocks + s * super_blocks, tl.cdiv(tl.cdiv(n_s * TOP_K, BLOCK_E), SUPER),
-                        BLOCK_B, BLOCK_X)
-        shares = column_shares(n_s, hidden, senders, BLOCK_H)
-        n_items = n_s * shares
-        for p in range(q, senders, layers):
-            n_p = tl.maximum(n_items - p + senders - 1, 0) // senders  # sender p's items
-            run = run_length(n_p, RUNS, RUN_ITEMS)
-            for k in range(0, n_p):
-                if k % run == 0:
-                    slot = p * RUNS + k // run
-                    wait(runs + slot * MAX_WORLD + s, epoch, s, slot, rank, timeout, diag)
-                item = p + k * senders
-                t = item // shares
-                i0 = (s * max_tokens + t) * TOP_K
-                e = tl.load(ids + i0 + kk, mask=km, other=-1)
-                head = item_head(recv, e, item, shares, rank, peer_row + t, hidden, LOCAL, BLOCK_H, FP8)
-                at = row_slots(ids + s * max_tokens * TOP_K, hist, e, kk, t, n_s * TOP_K, earlier, s * hist_blocks,
-                               WORLD * hist_blocks + s * super_blocks, capacity, LOCAL, TOP_K, BLOCK_E, BLOCK_X,
-                               BLOCK_B, SUPER)
-                place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, peer_row + t,
-                           hidden, head, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
+                           hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
         earlier += mine
     return earlier
 

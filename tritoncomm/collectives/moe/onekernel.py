@@ -81,7 +81,7 @@ from ...kernels import (
 )
 from ...kernels.launcher import Launcher
 from .dispatch import launch_epoch, send_items
-from .gather import finish_counts, item_head, place_item, place_packets
+from .gather import finish_counts, place_item, place_packets
 from .header import store_header
 from .route import copy_slots, expert_ids
 from .shares import column_shares
@@ -210,9 +210,6 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
         for item in range(lay_pid, n_s * shares, lay_grid):
             t = item // shares
             ex = tl.load(src + t * TOP_K + kk, mask=km, other=-1, volatile=PACKETS)
-            head = 0.0
-            if not PACKETS:
-                head = item_head(recv, ex, item, shares, rank, peer_row + t, hidden, LOCAL, BLOCK_H, FP8)
             at = copy_slots(ids_s, nn, ex, kk, t, earlier, capacity, LOCAL, TOP_K)
             if PACKETS:
                 place_packets(out_ptr, sc_out_ptr, slot_ptr, ids_tab, wtab, recv, sc, pw, ex, at,
@@ -220,7 +217,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
                               diag, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
             else:
                 place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ex, at, (s * max_tokens + t) * TOP_K, item,
-                           shares, rank, peer_row + t, hidden, head, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
+                           shares, rank, peer_row + t, hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
         if PACKETS and not SHARED:  # back at rest once every thread of the program has read its copy
             lamport_reset(src + nn, bounded)
         earlier += tl.histogram(ids_s, BLOCK_X, mask=ids_s >= 0)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["column_shares", "pick", "run_length", "share_columns"]
+__all__ = ["column_shares", "pick", "share_columns"]
 
 
 @triton.jit
@@ -45,12 +45,3 @@ def pick(v, kk, j):
     """Element ``j`` of the small vector ``v`` indexed by ``kk = tl.arange(0, len(v))`` (exact: one
     term plus zeros)."""
     return tl.sum(tl.where(kk == j, v, 0), axis=0)
-
-
-@triton.jit
-def run_length(n_items, RUNS: tl.constexpr, RUN_ITEMS: tl.constexpr):
-    """Items per published run of a sender's ``n_items`` (``MoEShape.routed_senders``): at least
-    ``RUN_ITEMS``, and few enough for at most ``RUNS`` runs. The sender (``dispatch.send_items``) and
-    the program that lays its items out (``gather.lay_out_runs``) compute it alike."""
-    R: tl.constexpr = RUNS if RUNS > 0 else 1
-    return tl.maximum(tl.cdiv(n_items, R), RUN_ITEMS)

@@ -419,11 +419,25 @@ def _moe_ptx(kernel: str) -> str:
 def test_moe_kernels_move_tokens_in_16_byte_vectors():
     """The send kernel's stores into peers' receive buffers, the gather's copies, the one-kernel
     dispatch's both, and the combine's loads of expert rows and stores (its output and pushed
-    partials) are 16-byte vector accesses, with no 2-byte ones."""
+    partials) are 16-byte vector accesses, with no 2-byte ones (cache hints or none)."""
     for kernel in ("send", "send-held", "send-packets", "gather", "combine", "one", "one-packets"):
-        o = ops(_moe_ptx(kernel))
-        assert o["st.global.v4.b32"] >= 1 and o["st.global.b16"] == 0, (kernel, o)
-        assert o["ld.global.v4.b32"] >= 1 and o["ld.global.b16"] == 0, (kernel, o)
+        ptx = _moe_ptx(kernel)
+        for op in ("st", "ld"):
+            accesses = re.findall(rf"\b{op}\.global(?:\.[\w:]+)*?\.(v4\.b32|b16)\b", ptx)
+            assert "v4.b32" in accesses and "b16" not in accesses, (kernel, op, sorted(set(accesses)))
+
+
+def test_moe_kernels_stream_what_they_touch_once():
+    """Cache hints (``collectives/moe/gather.py``): the rows laid out into the expert slots are
+    streaming 16-byte stores, and the tokens, the received rows and the expert outputs are loaded
+    evict-first."""
+    for kernel in ("send", "gather", "one", "one-packets", "combine"):
+        ptx = _moe_ptx(kernel)
+        o = ops(ptx)
+        if kernel != "combine":
+            assert o["st.global.cs.v4.b32"] >= 1, (kernel, o)
+        if kernel != "one-packets":  # its peers' rows are Lamport polls, volatile
+            assert re.search(r"ld\.global\.L1::evict_first[\w:.]*\.v4\.b32", ptx), kernel
 
 
 def test_moe_kernels_wait_for_the_previous_kernel_before_memory():

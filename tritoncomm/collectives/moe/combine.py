@@ -91,9 +91,10 @@ def _weighted_rows(ybuf, rows, wt, c, hidden, m, TOP_K: tl.constexpr, BLOCK_K: t
     summed = tl.zeros([BLOCK_H], dtype=tl.float32)
     for j in tl.static_range(TOP_K):
         on_me = pick(rows, kk, j) >= 0
-        # times hidden after the pick: 16-byte loads (a pick's result has no known divisibility)
-        y = tl.load(ybuf + pick(rows, kk, j).to(tl.int64) * hidden + c + cols, mask=m & on_me,
-                    other=0.0).to(tl.float32)
+        # times hidden after the pick: 16-byte loads (a pick's result has no known divisibility);
+        # evict-first: each expert row is read once (gather.py: cache hints)
+        y = tl.load(ybuf + pick(rows, kk, j).to(tl.int64) * hidden + c + cols, mask=m & on_me, other=0.0,
+                    eviction_policy="evict_first").to(tl.float32)
         summed += tl.where(on_me, pick(wt, kk, j) * y, 0.0)
     return summed
 

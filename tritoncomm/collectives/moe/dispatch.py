@@ -149,7 +149,8 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
             lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
             for c in range(lo, hi, BLOCK_H):
                 m = c + cols < hidden
-                v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
+                v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0,
+                            eviction_policy="evict_first")  # read once (gather.py: cache hints)
                 scale = 0.0
                 if FP8:
                     v, scale = to_fp8(v)

@@ -1,4 +1,4 @@
-"""Where the one-kernel MoE dispatch and the combine spend their time: stage stamps inside the kernels.
+"""Where the MoE dispatch and the combine spend their time: stage stamps inside the kernels.
 
     python3 benchmarks/experiments/moe_trace.py --world 2 --tokens 1,8,128 [--shape deepseek-v3] [--fp8]
         [--send-programs N] [--push-programs N] [--max-tokens M] [--one-kernel-entries N] [--json out.json]
@@ -10,8 +10,11 @@ dispatch followed a combine as in a decode loop. Each stage is given in µs sinc
 of a dispatch program on that rank (the global timer, one clock for all SMs), as the earliest,
 median and latest program; the traced kernels are other builds than the default ones, and the
 per-call time printed beside them is theirs. In the CPU world (``--backend cpu``) the stamps are 0:
-a check that the script runs, not a measurement. Only instances dispatched in one kernel are traced
-(up to the shape's ``one_kernel_entries`` routing entries; ``--one-kernel-entries`` sets it).
+a check that the script runs, not a measurement. Calls dispatched in one kernel (up to the shape's
+``one_kernel_entries`` routing entries; ``--one-kernel-entries`` sets it) or by the route and send
+kernels (larger instances: ``route.ROUTED_STAGES``, the route kernel's stages, then the send
+kernel's) are traced; the send and gather kernels (instances of at most ``route_above`` entries) are
+not.
 With ``--max-tokens`` the instance is sized for ``M`` tokens and every call passes ``tokens_bound``
 (the engine path: below ``prefill_from`` tokens the calls launch with the decode shape, and only
 the programs launched are summarised). With ``--send-programs`` / ``--push-programs``
@@ -36,6 +39,8 @@ from tritoncomm.tools.moebench import MOE_SHAPES, _capacity
 from tritoncomm.tools.timing import time_per_call_us
 
 DISPATCH = ("started", "copies sent", "rows sent", "copy read", "laid out", "done")
+ROUTED = ("route: started", "route: tables sent", "route: barrier passed", "send: started", "send: rows sent",
+          "send: barrier passed", "send: laid out")
 COMBINE = ("started", "mode known", "pushed", "done")
 
 
@@ -61,7 +66,7 @@ def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: 
         decode = {"decode_shape": small} if bound and small.programs <= sh.programs and small != sh else {}
         moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
                           capacity=_capacity(ctx.world, m, experts, k), fp8_dispatch=fp8, shape=sh, **decode)
-        dispatch_trace, combine_trace = moe.trace_stages()
+        dispatch_trace, combine_trace, routed_trace = moe.trace_stages()
         launched = moe.decode_shape if decode and moe._decode_call(t) else sh
 
         def step(moe: MoEAllToAll = moe, x: torch.Tensor = x, ids: torch.Tensor = ids, w: torch.Tensor = w,
@@ -72,11 +77,17 @@ def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: 
         us = time_per_call_us(step, ctx.device, ctx.barrier, calls=16, replays=5)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
-        d, c = dispatch_trace.cpu(), combine_trace.cpu()
+        d, c, r = dispatch_trace.cpu(), combine_trace.cpu(), routed_trace.cpu()
+        # the call took the route and send kernels: not one kernel, and more entries than route_above
+        one = sh.one_kernel and (m * k <= sh.one_kernel_entries or (m > t and t * k <= sh.one_kernel_entries))
+        routed = not one and m * k > sh.route_above
+        if routed:
+            d = r
         d, c = d[:launched.programs], c[:launched.programs]  # the programs this launch has
         t0 = int(d[:, 0, 0].min())
-        out[str(t)] = {"us_per_call": us, "programs": d.shape[0], "senders": launched.senders(),
-                       "pushers": launched.pushers(t, hidden), "max_tokens": m,
+        out[str(t)] = {"us_per_call": us, "programs": d.shape[0], "routed": routed,
+                       "senders": 0 if routed else launched.senders(), "pushers": launched.pushers(t, hidden),
+                       "max_tokens": m,
                        "dispatch_ns": (d[:, :, 0] - t0).tolist(), "combine_ns": (c[:, :, 0] - t0).tolist(),
                        "dispatch_cycles": d[:, :, 1].tolist(), "combine_cycles": c[:, :, 1].tolist()}
         moe.close()
@@ -125,7 +136,8 @@ def main() -> None:
             one = rep[str(t)]
             print(f"{t} tokens/rank (instance of {one['max_tokens']}), rank {r}: {one['us_per_call']:.2f} µs per "
                   f"traced call, {one['programs']} programs")
-            for kernel, names, key, split in (("dispatch", DISPATCH, "dispatch_ns", one["senders"]),
+            for kernel, names, key, split in (("dispatch", ROUTED if one["routed"] else DISPATCH, "dispatch_ns",
+                                               one["senders"]),
                                               ("combine", COMBINE, "combine_ns", one["pushers"])):
                 ns = torch.tensor(one[key])
                 for label, part in _groups(split, one["programs"]):

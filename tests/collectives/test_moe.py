@@ -334,6 +334,47 @@ def test_an_expert_twice_in_a_row(worlds, world, path):
         assert bad == []
 
 
+def _traced_job(ctx, path: str) -> list[bool]:
+    """The same calls on an instance with stage stamps on (``trace_stages``) and on one without:
+    the traced builds (other kernels) give the same bits, and the stamps' tensors have the stages'
+    shapes."""
+    from tritoncomm.collectives.moe.combine import COMBINE_STAGES
+    from tritoncomm.collectives.moe.onekernel import DISPATCH_STAGES
+    from tritoncomm.collectives.moe.route import ROUTED_STAGES
+
+    comm = make_comm(ctx, heap_bytes=64 << 20)
+    shape = replace(SHAPES["cpu"], one_kernel=path == "one-kernel", route_above=4)
+    got, checks = [], []
+    for traced in (False, True):
+        moe = MoEAllToAll(comm, max_tokens=6, hidden=40, num_experts=4 * ctx.world, top_k=2, shape=shape)
+        if traced:
+            stamps = moe.trace_stages()
+            checks.append([tuple(t.shape[1:]) for t in stamps] == [(DISPATCH_STAGES, 2), (COMBINE_STAGES, 2),
+                                                                   (ROUTED_STAGES, 2)])
+        calls = []
+        for rep in range(2):
+            g = torch.Generator().manual_seed(100 * rep + ctx.rank)
+            n = 6 - 2 * rep
+            x = torch.randn(n, 40, generator=g).to(torch.bfloat16).to(ctx.device)
+            ids = torch.rand(n, 4 * ctx.world, generator=g).topk(2).indices.to(ctx.device)
+            w = torch.rand(n, 2, generator=g).to(ctx.device)
+            xe, counts, h = moe.dispatch(x, ids, w)
+            moe.expert_buffer().copy_(xe)
+            calls.append((moe.combine(moe.expert_buffer(), h).clone(), counts.clone()))
+        got.append(calls)
+        moe.close()
+    comm.close()
+    checks += [torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(*got, strict=True)]
+    return checks
+
+
+@pytest.mark.parametrize("world", world_sizes(2))
+@pytest.mark.parametrize("path", ["one-kernel", "routed"])
+def test_traced_builds_give_the_same_results(worlds, world, path):
+    for checks in worlds(world).run(_traced_job, path):
+        assert checks == [True] * 3, checks
+
+
 @pytest.mark.parametrize("world", world_sizes(2, 3))
 def test_shared_and_per_program_copies_alternate(worlds, world):
     """A one-kernel instance of 4 tokens of top-3 whose shape shares the routing copy from 12

@@ -355,7 +355,7 @@ def _moe_ptx(kernel: str) -> str:
     from tritoncomm.collectives.moe import combine, dispatch, gather, onekernel, route
 
     i64 = dict.fromkeys(("epochs_off", "recv_off", "recv_half", "sc_off", "sc_half"), "i64")
-    if kernel in ("send", "send-held", "send-packets"):
+    if kernel in ("send", "send-held", "send-packets", "send-traced"):
         sig = {"x_ptr": "*bf16", "x_stride": "i32", "ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32",
                "w_ptr": "*fp32", "w_s0": "i32", "w_s1": "i32", "wts_ptr": "*fp32", "bad_ptr": "*i64",
                "out_ptr": "*bf16", "sc_out_ptr": "*bf16", "slot_ptr": "*i32", "owner_ptr": "*i32", "row_ptr": "*i32",
@@ -364,19 +364,20 @@ def _moe_ptx(kernel: str) -> str:
                **COMMON, "flags_off": "i64", **i64, **dict.fromkeys(("ids_off", "ids_half", "wtab_off", "wtab_half",
                                                                     "ntab_off", "ntab_half", "hist_off",
                                                                     "hist_half"), "i64"), "hist_blocks": "i32",
-               "header_ptr": "*i32", "pw_off": "i64", "pw_half": "i64"}
+               "header_ptr": "*i32", "pw_off": "i64", "pw_half": "i64", "trace_ptr": "*i64"}
         fn, cx = dispatch.moe_send_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_H": 1024,
                                             "BLOCK_E": 64, "BLOCK_X": 256, "BLOCK_B": 16, "SUPER": 16, "FP8": False,
                                             "ROUTED": kernel != "send-held",
                                             "BLOCK_N": 1024 if kernel == "send-held" else 1, "BLOCK_W": 2,
-                                            "PACKETS": kernel == "send-packets"}
-    elif kernel == "route":
+                                            "PACKETS": kernel == "send-packets", "TRACE": kernel == "send-traced"}
+    elif kernel in ("route", "route-traced"):
         sig = {"ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32", "bad_ptr": "*i64", "n_tokens": "i32",
                "max_tokens": "i32", "num_experts": "i32", **COMMON,
                **dict.fromkeys(("flags_off", "epochs_off", "send_epochs_off", "ids_off", "ids_half", "ntab_off",
                                 "ntab_half", "hist_off", "hist_half"), "i64"),
-               "hist_blocks": "i32"}
-        fn, cx = route.moe_route_kernel, {"WORLD": 2, "TOP_K": 8, "BLOCK_E": 64, "BLOCK_X": 256, "SUPER": 16}
+               "hist_blocks": "i32", "trace_ptr": "*i64"}
+        fn, cx = route.moe_route_kernel, {"WORLD": 2, "TOP_K": 8, "BLOCK_E": 64, "BLOCK_X": 256, "SUPER": 16,
+                                          "TRACE": kernel == "route-traced"}
     elif kernel == "gather":
         sig = {"out_ptr": "*bf16", "sc_out_ptr": "*bf16", "slot_ptr": "*i32", "counts_ptr": "*i32", "bad_ptr": "*i64",
                "bad_host_addr": "i64", "hidden": "i32", "max_tokens": "i32", "capacity": "i32", "hist_blocks": "i32",
@@ -465,8 +466,9 @@ def test_moe_dispatch_with_packets_has_no_fence_and_polls_in_16_byte_vectors():
 def test_stage_stamps_are_compiled_only_into_traced_builds():
     """``TRACE`` adds the stamps' SM-cycle reads (``kernels.stamp``); the build launched by default
     has none."""
-    traced, plain = _moe_ptx("one-packets-traced"), _moe_ptx("one-packets")
-    assert traced.count("%clock64") >= 6 and "%clock64" not in plain
+    for kernel, stages in (("one-packets", 6), ("send", 4), ("route", 3)):
+        traced, plain = _moe_ptx(f"{kernel}-traced"), _moe_ptx(kernel)
+        assert traced.count("%clock64") >= stages and "%clock64" not in plain, kernel
 
 
 def test_a_timeout_record_needs_no_barrier_and_a_reset_one():

@@ -69,7 +69,7 @@ from .combine import COMBINE_STAGES, launch_combine, moe_combine_kernel
 from .dispatch import launch_send, moe_send_kernel
 from .gather import launch_gather, moe_gather_kernel
 from .onekernel import DISPATCH_STAGES, launch_dispatch_one_kernel, moe_dispatch_one_kernel
-from .route import launch_route, moe_route_kernel
+from .route import ROUTED_STAGES, launch_route, moe_route_kernel
 
 #: ``combine``'s default switch from the latency to the throughput mode: total tokens over the ranks
 #: per call. Measured at EP2 on two H200s (``benchmarks/results/moe-h200-ep2.json``, both shapes): the
@@ -445,8 +445,8 @@ class MoEAllToAll:
         self._open_handle = -1
         #: what each dispatch leaves its combine (``header.py``): every rank's tokens, the tables' half
         self._header = torch.zeros(2 * pow2_at_least(w), dtype=torch.int32, device=dev)
-        #: stage stamps of the one-kernel dispatch and the combine (``trace_stages``), or None
-        self._traces: tuple[torch.Tensor, torch.Tensor] | None = None
+        #: stage stamps of the one-kernel dispatch, the combine and the routed dispatch (``trace_stages``), or None
+        self._traces: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     # -- what callers use ------------------------------------------------------------------------
     def expert_buffer(self) -> torch.Tensor:
@@ -469,17 +469,19 @@ class MoEAllToAll:
         return (self.decode_shape is not None and bound < self._decode_below
                 and bound * self.top_k <= self.shape.one_kernel_entries)
 
-    def trace_stages(self, on: bool = True) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Turn stage stamps on (or off) for later calls: the one-kernel dispatch and the combine then
-        store, per program, a (global timer ns, SM cycles) pair at each of their stages
-        (``kernels.stamp``; ``onekernel.DISPATCH_STAGES``, ``combine.COMBINE_STAGES``) into the two
-        int64 tensors returned, ``[programs, stages, 2]``, overwritten by every call. For finding
-        where the time goes (``benchmarks/experiments/moe_trace.py``); the traced kernels are other
-        builds. Not for the launch path: it allocates."""
-        programs = self.shape.programs
-        self._traces = (torch.zeros(programs, DISPATCH_STAGES, 2, dtype=torch.int64, device=self.comm.device),
-                        torch.zeros(programs, COMBINE_STAGES, 2, dtype=torch.int64, device=self.comm.device)) \
-            if on else None
+    def trace_stages(self, on: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Turn stage stamps on (or off) for later calls: the one-kernel dispatch, the combine and the
+        route and send kernels (the routed dispatch: ``route.ROUTED_STAGES``, the route kernel's
+        then the send kernel's) then store, per program, a (global timer ns, SM cycles) pair at each
+        of their stages (``kernels.stamp``; ``onekernel.DISPATCH_STAGES``,
+        ``combine.COMBINE_STAGES``) into the three int64 tensors returned, ``[programs, stages,
+        2]``, overwritten by every call that takes that path. For finding where the time goes
+        (``benchmarks/experiments/moe_trace.py``); the traced kernels are other builds. Not for
+        the launch path: it allocates."""
+        programs, dev = self.shape.programs, self.comm.device
+        self._traces = (torch.zeros(programs, DISPATCH_STAGES, 2, dtype=torch.int64, device=dev),
+                        torch.zeros(programs, COMBINE_STAGES, 2, dtype=torch.int64, device=dev),
+                        torch.zeros(programs, ROUTED_STAGES, 2, dtype=torch.int64, device=dev)) if on else None
         return self._traces
 
     def dropped(self) -> int:
@@ -530,15 +532,16 @@ class MoEAllToAll:
         sh = self.shape
         tables = self._tables
         routed = self._route_ch is not None  # the same on every rank: the launches pair across ranks
+        trace = self._traces[2] if self._traces and routed else None
         if routed:
             launch_route(self._run_route, self.comm, self._route_ch, self._send_ch, topk_ids, self._bad,
-                         num_experts=self.num_experts, **tables)
+                         num_experts=self.num_experts, trace=trace, **tables)
         launch_send(self._run_send, self.comm, self._send_ch, x, topk_ids, topk_weights, self._weights, self._bad,
                     self._out, self._scales, self._slot_of, self._owner, self._row, self._counts,
                     self._bad_host.device_addr, num_experts=self.num_experts, capacity=self.capacity,
                     local=self.local_experts, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=self._held_block_n,
-                    header=self._header, **self._send_bufs, **tables)
+                    header=self._header, trace=trace, **self._send_bufs, **tables)
         if not routed:
             launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,
                           self._counts, self._bad, self._bad_host.device_addr, capacity=self.capacity,

@@ -62,15 +62,18 @@ from ...kernels import (
     pdl_wait,
     pow2_at_least,
     program_epoch,
+    stamp,
 )
 from ...kernels.launcher import Launcher
 from .gather import finish_counts, lay_out_peers, store_slots
 from .header import store_header
-from .route import count_entries, expert_ids, own_slots, rows_per_load
+from .route import ROUTED_STAGES, count_entries, expert_ids, own_slots, rows_per_load
 from .shares import column_shares, share_columns
 from .wire import to_fp8
 
 __all__ = ["launch_epoch", "launch_send", "moe_send_kernel", "send_items"]
+
+_STAGES = tl.constexpr(ROUTED_STAGES)
 
 
 @triton.jit
@@ -173,20 +176,23 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                     sc_out_ptr, slot_ptr, owner_ptr, row_ptr, counts_ptr, bad_host_addr, n_tokens, hidden,
                     max_tokens, num_experts, capacity, bases, rank, timeout, diag_addr, flags_off, epochs_off,
                     recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half,
-                    hist_off, hist_half, hist_blocks, header_ptr, pw_off, pw_half,
+                    hist_off, hist_half, hist_blocks, header_ptr, pw_off, pw_half, trace_ptr,
                     WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                     BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
                     SUPER: tl.constexpr, FP8: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_W: tl.constexpr, PACKETS: tl.constexpr = False):
+                    BLOCK_W: tl.constexpr, PACKETS: tl.constexpr = False, TRACE: tl.constexpr = False):
     """See the module docstring. With ``PACKETS`` (``ROUTED`` only) the receive buffer (and its
     scales) and the weights table at ``pw_off`` are Lamport buffers at rest: the rows and weights go
     out as packets, to the peers that own one of the row's experts, and program ``pid`` lays out the
-    peers' rows as they arrive (``place_packets``), without the barrier."""
+    peers' rows as they arrive (``place_packets``), without the barrier. With ``TRACE`` (``ROUTED``)
+    each program stamps (``kernels.stamp``) stages 3-6 of ``route.ROUTED_STAGES`` into ``trace_ptr``."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e, half = launch_epoch(bases, rank, epochs_off)
+    if TRACE:
+        stamp(trace_ptr, pid * _STAGES + 3)
     recv_base = recv_off + half * recv_half
     ids_base = ids_off + half * ids_half
     sc_base = sc_off + half * sc_half
@@ -222,8 +228,12 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                 hrow = WORLD * hist_blocks + rank * tl.cdiv(hist_blocks, SUPER) + u - n_blocks
             for d in tl.static_range(WORLD):
                 tl.store(heap_ptr(bases, d, hist_base, tl.int32) + tl.cast(hrow, tl.int64) * BLOCK_X + xs, h)
+    if TRACE:
+        stamp(trace_ptr, pid * _STAGES + 4)
     if not PACKETS:
         barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
+    if TRACE:
+        stamp(trace_ptr, pid * _STAGES + 5)
     if ROUTED:  # every rank's routing came before this kernel: program pid lays out what program pid was sent
         pw = heap_ptr(bases, rank, pw_off + half * pw_half, tl.float32)  # with PACKETS: the peers' weights
         totals = lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, heap_ptr(bases, rank, recv_base, DTYPE),
@@ -237,6 +247,8 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
             ws = tl.arange(0, BLOCK_W)
             ntab = heap_ptr(bases, rank, ntab_off + half * ntab_half, tl.int32)
             store_header(header_ptr, tl.load(ntab + ws, mask=ws < WORLD, other=0), half, BLOCK_W)
+    if TRACE:
+        stamp(trace_ptr, pid * _STAGES + 6)
     epoch_commit(epoch_ptr, e)
 
 
@@ -248,12 +260,14 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
                 wtab_half: int, ntab_off: int, ntab_half: int, sc_off: int, sc_half: int, hist_off: int,
                 hist_half: int, hist_blocks: int, block_h: int, block_e: int, block_x: int, super_blocks: int,
                 routed: bool, block_n: int, num_warps: int, launch_opts: dict[str, bool | int],
-                header: torch.Tensor, pw_off: int = 0, pw_half: int = 0, packets: bool = False) -> None:
+                header: torch.Tensor, pw_off: int = 0, pw_half: int = 0, packets: bool = False,
+                trace: torch.Tensor | None = None) -> None:
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs): with
     ``routed`` after ``route.launch_route`` on the same grid (and then leaving ``header`` for
     ``combine``, ``header.py``), else holding the routing in blocks of ``block_n`` entries (at least
     the call's). With ``packets`` (routed only) ``recv_off``, ``sc_off`` and ``pw_off`` are the packet
-    buffers (``MoEShape.routed_packets``)."""
+    buffers (``MoEShape.routed_packets``). ``trace`` (routed only): int64 ``[programs,
+    route.ROUTED_STAGES, 2]`` for the stage stamps, or None."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
@@ -261,8 +275,9 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
         bad, out, scales if fp8 else out, slot_of, owner, row, counts, bad_host_addr, x.shape[0], x.shape[1],
         max_tokens, num_experts, capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off,
         recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half, hist_off,
-        hist_half, hist_blocks, header, pw_off, pw_half,
+        hist_half, hist_blocks, header, pw_off, pw_half, bad if trace is None else trace,
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_E=block_e,
         BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, FP8=fp8, ROUTED=routed,
-        BLOCK_N=1 if routed else block_n, BLOCK_W=pow2_at_least(world), PACKETS=packets, num_warps=num_warps,
+        BLOCK_N=1 if routed else block_n, BLOCK_W=pow2_at_least(world), PACKETS=packets, TRACE=trace is not None,
+        num_warps=num_warps,
         **launch_opts)

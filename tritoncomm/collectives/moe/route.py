@@ -37,11 +37,20 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import barrier, epoch_commit, epoch_next, heap_ptr, pdl_launch_dependents, pdl_wait, program_epoch
+from ...kernels import (
+    barrier,
+    epoch_commit,
+    epoch_next,
+    heap_ptr,
+    pdl_launch_dependents,
+    pdl_wait,
+    program_epoch,
+    stamp,
+)
 from ...kernels.launcher import Launcher
 
-__all__ = ["copy_slots", "count_entries", "expert_ids", "launch_route", "moe_route_kernel", "own_slots", "row_slots",
-           "rows_per_load", "rows_sum"]
+__all__ = ["ROUTED_STAGES", "copy_slots", "count_entries", "expert_ids", "launch_route", "moe_route_kernel",
+           "own_slots", "row_slots", "rows_per_load", "rows_sum"]
 
 
 @triton.jit
@@ -51,6 +60,13 @@ def expert_ids(ptr, mask, num_experts):
     raw = tl.load(ptr, mask=mask, other=-1)
     bad = mask & (raw != -1) & ((raw < 0) | (raw >= num_experts))
     return tl.where(bad, -1, raw).to(tl.int32), bad
+
+
+#: Stage stamps per program of the traced routed dispatch (``TRACE``): the route kernel's started,
+#: tables sent and barrier passed (0-2), the send kernel's started, rows sent, barrier passed and
+#: laid out (3-6).
+ROUTED_STAGES = 7
+_STAGES = tl.constexpr(ROUTED_STAGES)
 
 
 def rows_per_load(block_x: int) -> int:
@@ -149,8 +165,8 @@ def count_entries(ids_ptr, ids_s0, ids_s1, first, n_entries, num_experts, N: tl.
 @triton.jit(do_not_specialize=["rank", "n_tokens", "ids_s0", "ids_s1"])
 def moe_route_kernel(ids_ptr, ids_s0, ids_s1, bad_ptr, n_tokens, max_tokens, num_experts, bases, rank, timeout,
                      diag_addr, flags_off, epochs_off, send_epochs_off, ids_off, ids_half, ntab_off, ntab_half,
-                     hist_off, hist_half, hist_blocks, WORLD: tl.constexpr, TOP_K: tl.constexpr,
-                     BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, SUPER: tl.constexpr):
+                     hist_off, hist_half, hist_blocks, trace_ptr, WORLD: tl.constexpr, TOP_K: tl.constexpr,
+                     BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, SUPER: tl.constexpr, TRACE: tl.constexpr = False):
     """This rank's routing counted and sent before the send kernel (module docstring), into the
     half of the coming send's epoch (read from the send channel's counter of program ``pid``, not
     committed): program 0 stores ``n_tokens`` into every rank's count table; program ``pid`` takes the
@@ -161,12 +177,15 @@ def moe_route_kernel(ids_ptr, ids_s0, ids_s1, bad_ptr, n_tokens, max_tokens, num
     every rank's routing is in its tables (each peer program stored its part before arriving at the
     slot its counterpart waited on). The half it writes in a peer was last read by that peer's
     dispatch and combine two launches back; this rank starts only after passing the previous
-    dispatch's barrier, which the peer reaches only after those kernels have ended."""
+    dispatch's barrier, which the peer reaches only after those kernels have ended. With ``TRACE``
+    each program stamps (``kernels.stamp``) stages 0-2 of ``ROUTED_STAGES`` into ``trace_ptr``."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     pdl_wait()  # launched with PDL: the previous kernel has ended
     pdl_launch_dependents()
+    if TRACE:
+        stamp(trace_ptr, pid * _STAGES)
     epoch_ptr, ep = program_epoch(bases, rank, epochs_off)
     half = (epoch_next(heap_ptr(bases, rank, send_epochs_off, tl.uint32) + pid) & 1).to(tl.int64)
     row0 = tl.cast(rank * max_tokens, tl.int64) * TOP_K
@@ -196,18 +215,24 @@ def moe_route_kernel(ids_ptr, ids_s0, ids_s1, bad_ptr, n_tokens, max_tokens, num
         for d in tl.static_range(WORLD):
             tl.store(heap_ptr(bases, d, hist_off + half * hist_half, tl.int32) + tl.cast(hrow, tl.int64) * BLOCK_X + xs,
                      h)
+    if TRACE:
+        stamp(trace_ptr, pid * _STAGES + 1)
     barrier(bases, rank, WORLD, flags_off, pid, ep, timeout, diag)
+    if TRACE:
+        stamp(trace_ptr, pid * _STAGES + 2)
     epoch_commit(epoch_ptr, ep)
 
 
 def launch_route(run: Launcher, comm, channel, send_channel, ids: torch.Tensor, bad: torch.Tensor, *,
                  max_tokens: int, num_experts: int, ids_off: int, ids_half: int, ntab_off: int, ntab_half: int,
                  hist_off: int, hist_half: int, hist_blocks: int, block_e: int, block_x: int, super_blocks: int,
-                 num_warps: int, launch_opts: dict[str, bool | int]) -> None:
+                 num_warps: int, launch_opts: dict[str, bool | int], trace: torch.Tensor | None = None) -> None:
     """Launch ``moe_route_kernel`` through ``run`` (its launcher: the send kernel's grid; ``channel``
-    its own barrier slots, ``send_channel`` the send kernel's, whose coming epoch picks the half)."""
+    its own barrier slots, ``send_channel`` the send kernel's, whose coming epoch picks the half).
+    ``trace``: int64 ``[programs, ROUTED_STAGES, 2]`` for the stage stamps, or None."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     run(ids, ids.stride(0), ids.stride(1), bad, ids.shape[0], max_tokens, num_experts, bases, rank, timeout, diag,
         channel.flags_off, channel.epochs_off, send_channel.epochs_off, ids_off, ids_half, ntab_off, ntab_half,
-        hist_off, hist_half, hist_blocks, WORLD=world, TOP_K=ids.shape[1], BLOCK_E=block_e, BLOCK_X=block_x,
-        SUPER=super_blocks, num_warps=num_warps, **launch_opts)
+        hist_off, hist_half, hist_blocks, bad if trace is None else trace, WORLD=world, TOP_K=ids.shape[1],
+        BLOCK_E=block_e, BLOCK_X=block_x, SUPER=super_blocks, TRACE=trace is not None, num_warps=num_warps,
+        **launch_opts)

@@ -153,6 +153,11 @@ class MoEShape:
     #: travel as Lamport packets too, and it lays out each peer's row as it arrives instead of after
     #: its barrier (which it then has none of; the route kernel's barrier orders the calls).
     routed_packets: bool = False
+    #: On instances that route: the route kernel ends with a barrier of its own. Without it the send
+    #: kernel's barrier covers the routing too (each peer's send program arrives after its route kernel
+    #: has ended), so the rows go out as soon as this rank's routing is stored. Routed packets need it
+    #: (their send kernel has no barrier).
+    route_barrier: bool = True
     #: The one-kernel dispatch's routing copies sized by the call's bound (``tokens_bound * top_k``,
     #: rounded up to a power of two) instead of the instance's ``max_tokens * top_k``: fewer entries
     #: for every program to hold, poll and count over in calls far below ``max_tokens``. One build
@@ -177,6 +182,8 @@ class MoEShape:
             lowest = 0 if name in ("send_block_h", "one_block_h") else 1  # 0: as the send / block_h
             if v < lowest or v & (v - 1):
                 raise InvalidInputError(f"MoEShape: {name} must be a power of two, got {v}")
+        if self.routed_packets and not self.route_barrier:
+            raise InvalidInputError("MoEShape: routed_packets needs route_barrier (its send kernel has no barrier)")
         if self.shared_copy_from < 0:
             raise InvalidInputError(f"MoEShape: shared_copy_from must be at least 0, got {self.shared_copy_from}")
         if self.programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):
@@ -535,7 +542,8 @@ class MoEAllToAll:
         trace = self._traces[2] if self._traces and routed else None
         if routed:
             launch_route(self._run_route, self.comm, self._route_ch, self._send_ch, topk_ids, self._bad,
-                         num_experts=self.num_experts, trace=trace, **tables)
+                         num_experts=self.num_experts, barrier=sh.route_barrier or self._routed_packets, trace=trace,
+                         **tables)
         launch_send(self._run_send, self.comm, self._send_ch, x, topk_ids, topk_weights, self._weights, self._bad,
                     self._out, self._scales, self._slot_of, self._owner, self._row, self._counts,
                     self._bad_host.device_addr, num_experts=self.num_experts, capacity=self.capacity,

@@ -166,19 +166,23 @@ def count_entries(ids_ptr, ids_s0, ids_s1, first, n_entries, num_experts, N: tl.
 def moe_route_kernel(ids_ptr, ids_s0, ids_s1, bad_ptr, n_tokens, max_tokens, num_experts, bases, rank, timeout,
                      diag_addr, flags_off, epochs_off, send_epochs_off, ids_off, ids_half, ntab_off, ntab_half,
                      hist_off, hist_half, hist_blocks, trace_ptr, WORLD: tl.constexpr, TOP_K: tl.constexpr,
-                     BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, SUPER: tl.constexpr, TRACE: tl.constexpr = False):
+                     BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, SUPER: tl.constexpr, TRACE: tl.constexpr = False,
+                     BARRIER: tl.constexpr = True):
     """This rank's routing counted and sent before the send kernel (module docstring), into the
     half of the coming send's epoch (read from the send channel's counter of program ``pid``, not
     committed): program 0 stores ``n_tokens`` into every rank's count table; program ``pid`` takes the
     tasks ``pid, pid + grid, ...`` of the ``n_blocks`` blocks (the block's ids as int32 into row
     ``rank * max_tokens * TOP_K + p`` of every rank's ids table, its ids out of range added to
     ``bad[0]``, its histogram into every rank's histogram table) and then of the superblocks (their
-    histograms); then barrier slot ``pid`` of its own channel. Once the kernel has ended on a rank,
-    every rank's routing is in its tables (each peer program stored its part before arriving at the
-    slot its counterpart waited on). The half it writes in a peer was last read by that peer's
-    dispatch and combine two launches back; this rank starts only after passing the previous
-    dispatch's barrier, which the peer reaches only after those kernels have ended. With ``TRACE``
-    each program stamps (``kernels.stamp``) stages 0-2 of ``ROUTED_STAGES`` into ``trace_ptr``."""
+    histograms); then, with ``BARRIER``, barrier slot ``pid`` of its own channel. Once the kernel has
+    ended on a rank, every rank's routing is in its tables (each peer program stored its part before
+    arriving at the slot its counterpart waited on). Without ``BARRIER`` that holds once the send
+    kernel's barrier is passed: a peer's send program arrives only after the peer's route kernel
+    has ended (``pdl_wait``: its stores performed), so the rank's own rows may go out first. The
+    half it writes in a peer was last read by that peer's dispatch and combine two launches back;
+    this rank starts only after passing the previous dispatch's send barrier, which the peer reaches
+    only after those kernels have ended. With ``TRACE`` each program stamps (``kernels.stamp``)
+    stages 0-2 of ``ROUTED_STAGES`` into ``trace_ptr``."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     diag = diag_addr.to(tl.pointer_type(tl.int64))
@@ -217,7 +221,8 @@ def moe_route_kernel(ids_ptr, ids_s0, ids_s1, bad_ptr, n_tokens, max_tokens, num
                      h)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 1)
-    barrier(bases, rank, WORLD, flags_off, pid, ep, timeout, diag)
+    if BARRIER:
+        barrier(bases, rank, WORLD, flags_off, pid, ep, timeout, diag)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 2)
     epoch_commit(epoch_ptr, ep)
@@ -226,13 +231,16 @@ def moe_route_kernel(ids_ptr, ids_s0, ids_s1, bad_ptr, n_tokens, max_tokens, num
 def launch_route(run: Launcher, comm, channel, send_channel, ids: torch.Tensor, bad: torch.Tensor, *,
                  max_tokens: int, num_experts: int, ids_off: int, ids_half: int, ntab_off: int, ntab_half: int,
                  hist_off: int, hist_half: int, hist_blocks: int, block_e: int, block_x: int, super_blocks: int,
-                 num_warps: int, launch_opts: dict[str, bool | int], trace: torch.Tensor | None = None) -> None:
+                 num_warps: int, launch_opts: dict[str, bool | int], barrier: bool = True,
+                 trace: torch.Tensor | None = None) -> None:
     """Launch ``moe_route_kernel`` through ``run`` (its launcher: the send kernel's grid; ``channel``
-    its own barrier slots, ``send_channel`` the send kernel's, whose coming epoch picks the half).
+    its own barrier slots, ``send_channel`` the send kernel's, whose coming epoch picks the half);
+    ``barrier``: end with the route channel's barrier (else the send kernel's covers the routing).
     ``trace``: int64 ``[programs, ROUTED_STAGES, 2]`` for the stage stamps, or None."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     run(ids, ids.stride(0), ids.stride(1), bad, ids.shape[0], max_tokens, num_experts, bases, rank, timeout, diag,
         channel.flags_off, channel.epochs_off, send_channel.epochs_off, ids_off, ids_half, ntab_off, ntab_half,
         hist_off, hist_half, hist_blocks, bad if trace is None else trace, WORLD=world, TOP_K=ids.shape[1],
-        BLOCK_E=block_e, BLOCK_X=block_x, SUPER=super_blocks, TRACE=trace is not None, num_warps=num_warps,
+        BLOCK_E=block_e, BLOCK_X=block_x, SUPER=super_blocks, TRACE=trace is not None, BARRIER=barrier,
+        num_warps=num_warps,
         **launch_opts)

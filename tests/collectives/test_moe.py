@@ -236,17 +236,17 @@ def test_instances_of_a_few_tokens_called_full(worlds, world, max_tokens):
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
 @pytest.mark.parametrize("case", ["hot", "unrouted"])
-@pytest.mark.parametrize("routing", ["held", "routed", "routed-packets", "routed-no-barrier"])
+@pytest.mark.parametrize("routing", ["held", "routed", "routed-packets", "routed-barrier"])
 def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
     """The send + gather dispatch (``one_kernel=False``; the one-kernel dispatch is the CPU world's
     default) lays out, counts and combines exactly as the reference, capacity drops included: with
     every send program holding the call's routing, and (``routed``: instances of more than 4 entries)
     after the route kernel, with blocks of 4 entries in superblocks of 2 (``routed-packets``: its rows
-    as packets, laid out as they arrive; ``routed-no-barrier``: the route kernel without its barrier)."""
+    as packets, laid out as they arrive; ``routed-barrier``: the route kernel with a barrier of its own)."""
     shape = replace(SHAPES["cpu"], one_kernel=False)
     if routing != "held":
         shape = replace(shape, route_above=4, block_e=4, super_blocks=2, routed_packets=routing == "routed-packets",
-                        route_barrier=routing != "routed-no-barrier")
+                        route_barrier=routing == "routed-barrier")
     for bad in worlds(world).run(_job, 4 * world, 3, 40, 6, case, 3, capacity=4 if case == "hot" else None,
                                  mode="throughput", shape=shape):
         assert bad == []

@@ -153,11 +153,14 @@ class MoEShape:
     #: travel as Lamport packets too, and it lays out each peer's row as it arrives instead of after
     #: its barrier (which it then has none of; the route kernel's barrier orders the calls).
     routed_packets: bool = False
-    #: On instances that route: the route kernel ends with a barrier of its own. Without it the send
-    #: kernel's barrier covers the routing too (each peer's send program arrives after its route kernel
-    #: has ended), so the rows go out as soon as this rank's routing is stored. Routed packets need it
-    #: (their send kernel has no barrier).
-    route_barrier: bool = True
+    #: On instances that route: the route kernel ends with a barrier of its own. Without it (the
+    #: default) the send kernel's barrier covers the routing too (each peer's send program arrives
+    #: after the peer's route kernel has ended), so the rows go out as soon as this rank's routing is
+    #: stored. Routed packets always keep it (their send kernel has no barrier). At EP2 on two H100s
+    #: (2026-11-27, dispatch + combine in graphs, ``docs/moe.md``) leaving it out took DeepSeek-V3 from
+    #: 92.2 to 87.6 µs at 512 tokens per rank and 600.2 to 595.8 at 4096, Qwen3-MoE from 64.4 to 59.8
+    #: and 355.0 to 351.1.
+    route_barrier: bool = False
     #: The one-kernel dispatch's routing copies sized by the call's bound (``tokens_bound * top_k``,
     #: rounded up to a power of two) instead of the instance's ``max_tokens * top_k``: fewer entries
     #: for every program to hold, poll and count over in calls far below ``max_tokens``. One build
@@ -182,8 +185,6 @@ class MoEShape:
             lowest = 0 if name in ("send_block_h", "one_block_h") else 1  # 0: as the send / block_h
             if v < lowest or v & (v - 1):
                 raise InvalidInputError(f"MoEShape: {name} must be a power of two, got {v}")
-        if self.routed_packets and not self.route_barrier:
-            raise InvalidInputError("MoEShape: routed_packets needs route_barrier (its send kernel has no barrier)")
         if self.shared_copy_from < 0:
             raise InvalidInputError(f"MoEShape: shared_copy_from must be at least 0, got {self.shared_copy_from}")
         if self.programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):

@@ -14,10 +14,10 @@ peers' rows wait for a barrier.
 hist_blocks + block``), and of every superblock of ``SUPER`` blocks (row ``world * hist_blocks +
 source * super_blocks + superblock``). On instances of more than ``MoEShape.route_above`` entries
 ``moe_route_kernel`` runs before the send: it stores this rank's token count, its routing as int32
-and its histogram rows into every rank's tables, then a barrier, so that after it every rank holds
-every rank's routing; on smaller ones the send kernel counts and sends the rows. So nothing scans
-for its place: ``row_slots`` gives entry ``p = t * TOP_K + j`` of source ``s``, of expert ``e``, in
-block ``b = t * TOP_K // BLOCK_E``, the slot
+and its histogram rows into every rank's tables, so that after the send kernel's barrier (or, with
+``MoEShape.route_barrier``, its own) every rank holds every rank's routing; on smaller ones the send
+kernel counts and sends the rows. So nothing scans for its place: ``row_slots`` gives entry ``p = t *
+TOP_K + j`` of source ``s``, of expert ``e``, in block ``b = t * TOP_K // BLOCK_E``, the slot
 
     (entries of ``e`` in the sources before ``s`` in ``e``'s owner's order: their superblock rows,
     summed once per source by the caller, ``rows_sum``)

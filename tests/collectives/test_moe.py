@@ -253,17 +253,6 @@ def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
-@pytest.mark.parametrize("own_early", [0, 5])
-def test_throughput_combine_sums_own_tokens_after_the_barrier(worlds, world, own_early):
-    """``MoEShape.own_early``: the throughput combine sums none (0), or the first 5/16, of this rank's
-    own tokens' items before its barrier and the rest after it, with the peers' partials: every call
-    exact, so the bits do not depend on where a token's own partial was summed."""
-    shape = replace(SHAPES["cpu"], one_kernel=False, route_above=4, own_early=own_early)
-    for bad in worlds(world).run(_job, 4 * world, 3, 40, 6, "random", 3, mode="throughput", shape=shape):
-        assert bad == []
-
-
-@pytest.mark.parametrize("world", world_sizes(2, 3))
 @pytest.mark.parametrize("routing", ["held", "routed", "routed-packets"])
 def test_decode_calls_on_large_instances_take_one_kernel(worlds, world, routing):
     """An instance sized for more routing entries than one kernel holds (400 tokens of top-3), called

@@ -149,10 +149,6 @@ class MoEShape:
     #: The largest ``tokens_bound * hidden`` (``max_tokens`` for calls without a bound) whose
     #: combine splits its programs when ``push_programs`` is -1.
     push_split_elems: int = PUSH_SPLIT_ELEMS
-    #: In the throughput combine, the sixteenths of this rank's own tokens whose partial is summed
-    #: before the barrier (while the pushes cross the links; stored into ``out`` and read back) rather
-    #: than after it (summed with the peers' partials in one pass): 16, all; 0, none.
-    own_early: int = 16
     #: With packets, on instances that route (``route_above``): the send kernel's rows and weights
     #: travel as Lamport packets too, and it lays out each peer's row as it arrives instead of after
     #: its barrier (which it then has none of; the route kernel's barrier orders the calls).
@@ -193,8 +189,6 @@ class MoEShape:
             raise InvalidInputError(f"MoEShape: shared_copy_from must be at least 0, got {self.shared_copy_from}")
         if self.programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):
             raise InvalidInputError(f"MoEShape: bad programs or warps in {self}")
-        if not 0 <= self.own_early <= 16:
-            raise InvalidInputError(f"MoEShape: own_early must be in [0, 16], got {self.own_early}")
         if not -1 <= self.push_programs < self.programs or self.push_split_elems < 0:
             raise InvalidInputError(f"MoEShape: push_programs must be -1 or in [0, programs), got "
                                     f"{self.push_programs} of {self.programs} programs (push_split_elems "
@@ -587,8 +581,7 @@ class MoEAllToAll:
                        ids_half=self._ids_half, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                        part_off=self._part_off, lpart_off=self._lpart_off, block_h=sh.block_h,
                        num_warps=sh.num_warps, launch_opts=self._decode_opts if decode else self._launch_opts,
-                       trace=self._traces[1] if self._traces else None, pushers=sh.pushers(handle.bound, self.hidden),
-                       own_early=sh.own_early)
+                       trace=self._traces[1] if self._traces else None, pushers=sh.pushers(handle.bound, self.hidden))
         return out[:handle.n_tokens]
 
     def close(self) -> None:

@@ -102,14 +102,14 @@ def _weighted_rows(ybuf, rows, wt, c, hidden, m, TOP_K: tl.constexpr, BLOCK_K: t
 @triton.jit
 def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off,
                 part_off, lpart_off, from_partials, pid, grid, timeout, diag, WORLD: tl.constexpr, TOP_K: tl.constexpr,
-                BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, OWN_EARLY: tl.constexpr):
+                BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
     """Both modes, last: every token's partials in rank order. This rank's own partial is summed here
     from its expert buffer (latency mode) or read back from ``out`` (throughput mode: ``_own_item``
-    stored it there, for the first ``OWN_EARLY`` sixteenths of the items; the others' is summed here);
-    a peer's is polled from the Lamport buffer and reset (latency mode) or read from the partials
-    buffer after the barrier (throughput mode). The work items are (token, share of its column
-    blocks) (``column_shares``); an item's routing is loaded once, so each column block waits on one
-    round of loads. Each mode has a loop of its own, compiled apart from the other's waits."""
+    stored it there); a peer's is polled from the Lamport buffer and reset (latency mode) or read
+    from the partials buffer after the barrier (throughput mode). The work items are (token, share
+    of its column blocks) (``column_shares``); an item's routing is loaded once, so each column
+    block waits on one round of loads. Each mode has a loop of its own, compiled apart from the
+    other's waits."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     cols = tl.arange(0, BLOCK_H)
     kk = tl.arange(0, BLOCK_K)
@@ -119,27 +119,13 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
     lpart = heap_ptr(bases, rank, lpart_off, DTYPE)
     shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
     if from_partials:
-        early = n_tokens * shares * OWN_EARLY // 16  # items whose own partial _own_item left in out
         for item in range(pid, n_tokens * shares, grid):
             t = item // shares
             owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
-            late = item >= early
-            if OWN_EARLY < 16:  # (a constexpr branch: with 16 the loop is built as it always was)
-                row = tl.load(row_ptr + t * TOP_K + kk, mask=km & late, other=-1)  # -1 unless kept here
-                wt = tl.load(w_ptr + t * TOP_K + kk, mask=km & late, other=0.0)
             lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
             for c in range(lo, hi, BLOCK_H):
                 m = c + cols < hidden
-                if OWN_EARLY < 16:
-                    if late:
-                        own = _partial(_weighted_rows(ybuf, row, wt, c, hidden, m, TOP_K, BLOCK_K, BLOCK_H),
-                                       DTYPE).to(tl.float32)
-                    else:
-                        own = tl.load(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, mask=m,
-                                      other=0.0).to(tl.float32)
-                else:
-                    own = tl.load(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, mask=m,
-                                  other=0.0).to(tl.float32)
+                own = tl.load(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, mask=m, other=0.0).to(tl.float32)
                 acc = tl.zeros([BLOCK_H], dtype=tl.float32)
                 for r in tl.static_range(WORLD):
                     peer = (r != rank) & (tl.sum((owner == r).to(tl.int32), axis=0) > 0)
@@ -225,13 +211,13 @@ def _own_item(out_ptr, w_ptr, row_ptr, ybuf, n_tokens, hidden, item, grid, TOP_K
 def _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, bases, rank,
                    ybuf_off, ids, wtab, sizes, part_off, pid, grid, DTYPE: tl.constexpr, WORLD: tl.constexpr,
                    LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
-                   BLOCK_W: tl.constexpr, OWN_EARLY: tl.constexpr):
+                   BLOCK_W: tl.constexpr):
     """Throughput mode, before the barrier: this rank's partial of every token received from a peer,
-    pushed to the token's home (peers in the order ``rank + 1, rank + 2, ...``), and of the first
-    ``OWN_EARLY`` sixteenths of its own tokens' items, kept in ``out``. The own items alternate with
-    the first peer's, so that the local sums run while the pushes cross the links."""
+    pushed to the token's home (peers in the order ``rank + 1, rank + 2, ...``), and of its own
+    tokens, kept in ``out``. The own items alternate with the first peer's, so that the local sums
+    run while the pushes cross the links."""
     ybuf = heap_ptr(bases, rank, ybuf_off, DTYPE)
-    own_items = n_tokens * column_shares(n_tokens, hidden, grid, BLOCK_H) * OWN_EARLY // 16  # the rest: after
+    own_items = n_tokens * column_shares(n_tokens, hidden, grid, BLOCK_H)
     for i in range(1, WORLD):
         s = (rank + i) % WORLD
         n_s = size_of(sizes, s, BLOCK_W)
@@ -272,8 +258,7 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
                        ybuf_off, ids_off, ids_half, wtab_off, wtab_half, part_off, lpart_off, trace_ptr,
                        WORLD: tl.constexpr,
                        LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr,
-                       BLOCK_H: tl.constexpr, TRACE: tl.constexpr, PUSHERS: tl.constexpr = 0,
-                       OWN_EARLY: tl.constexpr = 16):
+                       BLOCK_H: tl.constexpr, TRACE: tl.constexpr, PUSHERS: tl.constexpr = 0):
     """``out[t]`` for ``t < n_tokens`` (see the module docstring). With ``TRACE`` each program
     stamps (``kernels.stamp``) ``COMBINE_STAGES`` points into ``trace_ptr``: started, mode known,
     partials pushed (throughput: and the barrier passed), done. With ``PUSHERS``, in the latency mode
@@ -305,7 +290,7 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
     if from_partials:
         _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, bases, rank,
                        ybuf_off, ids, wtab, sizes, part_off, pid, grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H,
-                       BLOCK_W, OWN_EARLY)
+                       BLOCK_W)
         # every peer's partial of my tokens is here
         barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     else:
@@ -315,7 +300,7 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
         stamp(trace_ptr, pid * _STAGES + 2)
     _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off,
                 part_off, lpart_off, from_partials, tl.where(from_partials, pid, sum_pid),
-                tl.where(from_partials, grid, sum_grid), timeout, diag, WORLD, TOP_K, BLOCK_K, BLOCK_H, OWN_EARLY)
+                tl.where(from_partials, grid, sum_grid), timeout, diag, WORLD, TOP_K, BLOCK_K, BLOCK_H)
     epoch_commit_slots(epoch_ptr, e, epoch_slots)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 3)
@@ -325,17 +310,15 @@ def launch_combine(run: Launcher, comm, channel, header: torch.Tensor, out: torc
                    owner: torch.Tensor, row: torch.Tensor, slot_of: torch.Tensor, n_tokens: int, *, max_tokens: int,
                    throughput_from: int, lamport_rows: int, local: int, ybuf_off: int, ids_off: int, ids_half: int,
                    wtab_off: int, wtab_half: int, part_off: int, lpart_off: int, block_h: int, num_warps: int,
-                   launch_opts: dict[str, bool | int], trace: torch.Tensor | None = None, pushers: int = 0,
-                   own_early: int = 16) -> None:
+                   launch_opts: dict[str, bool | int], trace: torch.Tensor | None = None, pushers: int = 0) -> None:
     """Launch ``moe_combine_kernel`` through ``run`` (its launcher, one program per SM on GPUs), after
     the dispatch that left ``header`` (``header.py``); ``trace``: int64 ``[programs,
     COMBINE_STAGES, 2]`` for the stage stamps, or None; ``pushers``: in the latency mode the
-    programs that push (the others sum); 0: all; ``own_early``: in the throughput mode, the sixteenths
-    of this rank's own items summed before the barrier (``MoEShape.own_early``)."""
+    programs that push (the others sum); 0: all."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     run(out, w, owner, row, slot_of, n_tokens, out.shape[-1], max_tokens, throughput_from, lamport_rows, bases, rank,
         timeout, diag, channel.flags_off, channel.epochs_off, channel.programs, header, ybuf_off, ids_off, ids_half,
         wtab_off, wtab_half, part_off, lpart_off, w if trace is None else trace, WORLD=world,
         LOCAL=local, TOP_K=w.shape[-1], BLOCK_K=pow2_at_least(w.shape[-1]), BLOCK_W=pow2_at_least(world),
-        BLOCK_H=block_h, TRACE=trace is not None, PUSHERS=pushers, OWN_EARLY=own_early, num_warps=num_warps,
-        enable_fp_fusion=False, **launch_opts)
+        BLOCK_H=block_h, TRACE=trace is not None, PUSHERS=pushers, num_warps=num_warps, enable_fp_fusion=False,
+        **launch_opts)

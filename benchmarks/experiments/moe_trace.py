@@ -1,7 +1,8 @@
 """Where the MoE dispatch and the combine spend their time: stage stamps inside the kernels.
 
     python3 benchmarks/experiments/moe_trace.py --world 2 --tokens 1,8,128 [--shape deepseek-v3] [--fp8]
-        [--send-programs N] [--push-programs N] [--max-tokens M] [--one-kernel-entries N] [--json out.json]
+        [--send-programs N] [--push-programs N] [--max-tokens M] [--one-kernel-entries N] [--heap-gb G]
+        [--json out.json]
 
 Per token count: an instance sized for that many tokens per rank (its default launch shape), stage
 stamps on (``MoEAllToAll.trace_stages``), dispatch + combine timed in a CUDA graph of 16 calls
@@ -45,9 +46,10 @@ COMBINE = ("started", "mode known", "pushed", "done")
 
 
 def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: int, max_tokens: int | None = None,
-          one_kernel_entries: int = 0) -> dict:
+          one_kernel_entries: int = 0, heap_gb: float = 1.0) -> dict:
     hidden, experts, k = MOE_SHAPES[shape]
-    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=1 << 30 if ctx.backend == "cuda" else 64 << 20))
+    heap = int(heap_gb * (1 << 30)) if ctx.backend == "cuda" else 64 << 20
+    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=heap))
     out = {}
     for t in tokens:
         gen = torch.Generator(device=ctx.device).manual_seed(1000 * t + ctx.rank)
@@ -122,12 +124,13 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=None,
                    help="size the instance for this many tokens; calls then pass tokens_bound")
     p.add_argument("--one-kernel-entries", type=int, default=0, help="MoEShape.one_kernel_entries (0: the shape's)")
+    p.add_argument("--heap-gb", type=float, default=1.0, help="symmetric heap per rank (GiB; 8 for 4096 tokens)")
     p.add_argument("--json", default=None, help="write every program's stamps here")
     a = p.parse_args()
     tokens = [int(t) for t in a.tokens.split(",")]
     with LocalWorld(a.world, a.backend) as world:
         reps = world.run(_rank, a.shape, tokens, a.fp8, a.send_programs, a.push_programs, a.max_tokens,
-                         a.one_kernel_entries, timeout=600)
+                         a.one_kernel_entries, a.heap_gb, timeout=600)
     dev = torch.cuda.get_device_name(0) if a.backend == "cuda" else "CPU world (stamps are 0)"
     print(f"{a.shape} EP{a.world} on {dev}, fp8 {a.fp8}: stage stamps of the last call of a graph of 16, µs since "
           f"the rank's first dispatch program started (earliest / median / latest program)")

@@ -236,32 +236,18 @@ def test_instances_of_a_few_tokens_called_full(worlds, world, max_tokens):
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
 @pytest.mark.parametrize("case", ["hot", "unrouted"])
-@pytest.mark.parametrize("routing", ["held", "routed", "routed-packets", "routed-barrier", "routed-interleave"])
+@pytest.mark.parametrize("routing", ["held", "routed", "routed-packets", "routed-barrier"])
 def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
     """The send + gather dispatch (``one_kernel=False``; the one-kernel dispatch is the CPU world's
     default) lays out, counts and combines exactly as the reference, capacity drops included: with
     every send program holding the call's routing, and (``routed``: instances of more than 4 entries)
     after the route kernel, with blocks of 4 entries in superblocks of 2 (``routed-packets``: its rows
-    as packets, laid out as they arrive; ``routed-barrier``: the route kernel with a barrier of its own;
-    ``routed-interleave``: the send kernel laying out the peers' first halves while it sends)."""
+    as packets, laid out as they arrive; ``routed-barrier``: the route kernel with a barrier of its own)."""
     shape = replace(SHAPES["cpu"], one_kernel=False)
     if routing != "held":
         shape = replace(shape, route_above=4, block_e=4, super_blocks=2, routed_packets=routing == "routed-packets",
-                        route_barrier=routing == "routed-barrier", interleave=routing == "routed-interleave")
+                        route_barrier=routing == "routed-barrier")
     for bad in worlds(world).run(_job, 4 * world, 3, 40, 6, case, 3, capacity=4 if case == "hot" else None,
-                                 mode="throughput", shape=shape):
-        assert bad == []
-
-
-@pytest.mark.parametrize("world", world_sizes(2, 3))
-@pytest.mark.parametrize("fp8", [False, True])
-def test_interleaved_send_kernel_matches_reference(worlds, world, fp8):
-    """``MoEShape.interleave`` with enough rows that every program sends a first half, a second half
-    interleaved with the peers' first halves, and lays out the rest after its barrier (up to 30
-    tokens per rank over 2 programs; one rank with none in the first call): exact, capacity drops
-    included, FP8 too."""
-    shape = replace(SHAPES["cpu"], one_kernel=False, route_above=4, block_e=4, super_blocks=2, interleave=True)
-    for bad in worlds(world).run(_job, 4 * world, 3, 256 if fp8 else 40, 30, "hot", 3, capacity=20, fp8=fp8,
                                  mode="throughput", shape=shape):
         assert bad == []
 

@@ -355,7 +355,7 @@ def _moe_ptx(kernel: str) -> str:
     from tritoncomm.collectives.moe import combine, dispatch, gather, onekernel, route
 
     i64 = dict.fromkeys(("epochs_off", "recv_off", "recv_half", "sc_off", "sc_half"), "i64")
-    if kernel in ("send", "send-held", "send-packets", "send-traced", "send-interleave"):
+    if kernel in ("send", "send-held", "send-packets", "send-traced"):
         sig = {"x_ptr": "*bf16", "x_stride": "i32", "ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32",
                "w_ptr": "*fp32", "w_s0": "i32", "w_s1": "i32", "wts_ptr": "*fp32", "bad_ptr": "*i64",
                "out_ptr": "*bf16", "sc_out_ptr": "*bf16", "slot_ptr": "*i32", "owner_ptr": "*i32", "row_ptr": "*i32",
@@ -369,8 +369,7 @@ def _moe_ptx(kernel: str) -> str:
                                             "BLOCK_E": 64, "BLOCK_X": 256, "BLOCK_B": 16, "SUPER": 16, "FP8": False,
                                             "ROUTED": kernel != "send-held",
                                             "BLOCK_N": 1024 if kernel == "send-held" else 1, "BLOCK_W": 2,
-                                            "PACKETS": kernel == "send-packets", "TRACE": kernel == "send-traced",
-                                            "INTERLEAVE": kernel == "send-interleave"}
+                                            "PACKETS": kernel == "send-packets", "TRACE": kernel == "send-traced"}
     elif kernel in ("route", "route-traced"):
         sig = {"ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32", "bad_ptr": "*i64", "n_tokens": "i32",
                "max_tokens": "i32", "num_experts": "i32", **COMMON,
@@ -422,7 +421,7 @@ def test_moe_kernels_move_tokens_in_16_byte_vectors():
     """The send kernel's stores into peers' receive buffers, the gather's copies, the one-kernel
     dispatch's both, and the combine's loads of expert rows and stores (its output and pushed
     partials) are 16-byte vector accesses, with no 2-byte ones (cache hints or none)."""
-    for kernel in ("send", "send-held", "send-packets", "send-interleave", "gather", "combine", "one", "one-packets"):
+    for kernel in ("send", "send-held", "send-packets", "gather", "combine", "one", "one-packets"):
         ptx = _moe_ptx(kernel)
         for op in ("st", "ld"):
             accesses = re.findall(rf"\b{op}\.global(?:\.[\w:]+)*?\.(v4\.b32|b16)\b", ptx)
@@ -445,7 +444,7 @@ def test_moe_kernels_stream_what_they_touch_once():
 def test_moe_kernels_wait_for_the_previous_kernel_before_memory():
     """Launched with PDL, every MoE kernel waits (``griddepcontrol.wait``) before its first load or
     store, and lets the next one start."""
-    for kernel in ("route", "send", "send-held", "send-interleave", "gather", "combine", "one", "one-packets"):
+    for kernel in ("route", "send", "send-held", "gather", "combine", "one", "one-packets"):
         ptx = _moe_ptx(kernel)
         body = ptx[ptx.index("griddepcontrol.wait"):] if "griddepcontrol.wait" in ptx else ""
         assert body and "griddepcontrol.launch_dependents" in body, kernel

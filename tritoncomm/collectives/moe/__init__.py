@@ -161,10 +161,6 @@ class MoEShape:
     #: 92.2 to 87.6 µs at 512 tokens per rank and 600.2 to 595.8 at 4096, Qwen3-MoE from 64.4 to 59.8
     #: and 355.0 to 351.1.
     route_barrier: bool = False
-    #: On instances that route, without routed packets: each send program lays out the first half of
-    #: the rows each peer's counterpart sent it while it sends its own second half (one more barrier
-    #: slot per program, at the half), and the rest after its barrier.
-    interleave: bool = False
     #: The one-kernel dispatch's routing copies sized by the call's bound (``tokens_bound * top_k``,
     #: rounded up to a power of two) instead of the instance's ``max_tokens * top_k``: fewer entries
     #: for every program to hold, poll and count over in calls far below ``max_tokens``. One build
@@ -410,10 +406,7 @@ class MoEAllToAll:
         # The Lamport buffers are at rest before any peer writes them: creating a channel synchronises
         # the device and ends with a check that every rank passes (channels/channel.py).
         programs = self.shape.programs
-        #: the routed send kernel interleaves sends and layout (``MoEShape.interleave``): a half slot per program
-        self._interleave = sh.interleave and routed and not self._routed_packets
-        self._send_ch = Channel(comm, f"{name}.send", programs=programs,
-                                barrier_slots=2 * programs if self._interleave else programs)
+        self._send_ch = Channel(comm, f"{name}.send", programs=programs, barrier_slots=programs)
         self._comb_ch = Channel(comm, f"{name}.combine", programs=programs, barrier_slots=programs)
         self._route_ch = Channel(comm, f"{name}.route", programs=programs, barrier_slots=programs) if routed else None
         self._run_send = Launcher(moe_send_kernel, (programs,))
@@ -557,7 +550,7 @@ class MoEAllToAll:
                     self._bad_host.device_addr, num_experts=self.num_experts, capacity=self.capacity,
                     local=self.local_experts, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=self._held_block_n,
-                    header=self._header, trace=trace, interleave=self._interleave, **self._send_bufs, **tables)
+                    header=self._header, trace=trace, **self._send_bufs, **tables)
         if not routed:
             launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,
                           self._counts, self._bad, self._bad_host.device_addr, capacity=self.capacity,

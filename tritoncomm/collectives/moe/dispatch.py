@@ -54,8 +54,6 @@ import triton.language as tl
 
 from ...kernels import (
     barrier,
-    barrier_arrive,
-    barrier_wait,
     epoch_commit,
     heap_ptr,
     lamport_canonical,
@@ -67,9 +65,9 @@ from ...kernels import (
     stamp,
 )
 from ...kernels.launcher import Launcher
-from .gather import finish_counts, lay_out_items, lay_out_peers, store_slots
+from .gather import finish_counts, lay_out_peers, store_slots
 from .header import store_header
-from .route import ROUTED_STAGES, count_entries, expert_ids, own_slots, rows_per_load, rows_sum
+from .route import ROUTED_STAGES, count_entries, expert_ids, own_slots, rows_per_load
 from .shares import column_shares, share_columns
 from .wire import to_fp8
 
@@ -92,13 +90,12 @@ def launch_epoch(bases, rank, epochs_off):
 @triton.jit
 def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
                slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
-               grid, recv_base, peer_rows, ids_base, wtab_base, sc_base, routing, nn, hist, hist_blocks, k_lo, k_hi,
+               grid, recv_base, peer_rows, ids_base, wtab_base, sc_base, routing, nn, hist, hist_blocks,
                DTYPE: tl.constexpr, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
                BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr, COUNT_BAD: tl.constexpr,
                FROM_ROUTING: tl.constexpr, IDS_SENT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr,
                BLOCK_B: tl.constexpr, SUPER: tl.constexpr, PACKETS: tl.constexpr):
-    """Program ``pid``'s work items ``pid + k * grid``, ``k_lo <= k < k_hi`` (``k_hi = -1``: all
-    from ``k_lo``), of this rank's ``n_tokens`` rows (module docstring): the routing
+    """Program ``pid``'s work items of this rank's ``n_tokens`` rows (module docstring): the routing
     to the peers with each row's first item, the columns to each peer that holds one of the row's
     experts (row ``(rank - (rank > d)) * peer_rows + t`` of its receive buffer) and into the row's
     slots on this rank (``route.own_slots``: from ``routing`` / ``nn`` with ``FROM_ROUTING``, else
@@ -118,8 +115,7 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
     groups = tl.arange(0, G)
     shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
     own_ids = heap_ptr(bases, rank, ids_base, tl.int32) + tl.cast(rank * max_tokens, tl.int64) * TOP_K
-    items = n_tokens * shares
-    for item in range(pid + k_lo * grid, tl.where(k_hi < 0, items, tl.minimum(items, pid + k_hi * grid)), grid):
+    for item in range(pid, n_tokens * shares, grid):
         t = item // shares
         first = item % shares == 0  # the item that also sends the token's routing
         t64 = tl.cast(t, tl.int64)
@@ -175,82 +171,6 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
                 store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
 
 
-@triton.jit
-def _interleaved(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
-                 slot_ptr, owner_ptr, row_ptr, counts_ptr, bad_host_addr, n_tokens, hidden, max_tokens, num_experts,
-                 capacity, bases, rank, timeout, diag, flags_off, e, half, recv_base, ids_base, wtab_base, sc_base,
-                 ntab_base, hist, hist_blocks, header_ptr, pid, grid, DTYPE: tl.constexpr, WORLD: tl.constexpr,
-                 LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
-                 FP8: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
-                 SUPER: tl.constexpr, BLOCK_W: tl.constexpr):
-    """The routed send kernel's work with the layout interleaved (``MoEShape.interleave``): program
-    ``pid`` sends the first half of its ``K`` items (``k < ceil(K / 2)``), arrives at barrier slot
-    ``grid + pid`` (the half slot: every row it sent so far is published), then sends the second
-    half one item at a time, each followed by one item of the first half of what each peer's program
-    ``pid`` sent it (after waiting on the half slot, once, after its first such item: the peers'
-    first halves and routing are then visible), peer by peer in this rank's order; then barrier
-    slot ``pid`` and the rest of the peers' rows. Both sides split a source's items alike, so the
-    first half a program lays out is the one its counterpart published. Ends as the plain kernel:
-    program 0 writes the counts, the problem counters and the header."""
-    super_blocks = tl.cdiv(hist_blocks, SUPER)
-    ntab = heap_ptr(bases, rank, ntab_base, tl.int32)
-    recv = heap_ptr(bases, rank, recv_base, DTYPE)
-    sc = heap_ptr(bases, rank, sc_base, tl.float32)
-    ids = heap_ptr(bases, rank, ids_base, tl.int32)
-    items = n_tokens * column_shares(n_tokens, hidden, grid, BLOCK_H)
-    n_mine = tl.maximum(tl.cdiv(items - pid, grid), 0)  # this program's items
-    k1 = (n_mine + 1) // 2
-    send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
-               slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
-               grid, recv_base, max_tokens, ids_base, wtab_base, sc_base, 0, 0, hist, hist_blocks, 0, k1, DTYPE,
-               WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, False, True, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, False)
-    barrier_arrive(bases, rank, WORLD, flags_off, grid + pid, e)
-    # one item more, then the wait: its rows go out while the peers' first halves come in
-    send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
-               slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
-               grid, recv_base, max_tokens, ids_base, wtab_base, sc_base, 0, 0, hist, hist_blocks, k1, k1 + 1, DTYPE,
-               WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, False, True, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, False)
-    barrier_wait(bases, rank, WORLD, flags_off, grid + pid, e, timeout, diag)
-    own = rows_sum(hist, WORLD * hist_blocks + rank * super_blocks,
-                   tl.cdiv(tl.cdiv(tl.load(ntab + rank) * TOP_K, BLOCK_E), SUPER), BLOCK_B, BLOCK_X)
-    earlier = own
-    rest = n_mine - k1 - 1  # second-half items still to send, spread over the peers
-    for i in range(1, WORLD):
-        s = (rank + i) % WORLD
-        n_s = tl.load(ntab + s)
-        mine = rows_sum(hist, WORLD * hist_blocks + s * super_blocks, tl.cdiv(tl.cdiv(n_s * TOP_K, BLOCK_E), SUPER),
-                        BLOCK_B, BLOCK_X)
-        half_s = (tl.maximum(tl.cdiv(n_s * column_shares(n_s, hidden, grid, BLOCK_H) - pid, grid), 0) + 1) // 2
-        a = k1 + 1 + tl.maximum(rest, 0) * (i - 1) // (WORLD - 1)
-        b = k1 + 1 + tl.maximum(rest, 0) * i // (WORLD - 1)
-        for j in range(0, tl.maximum(b - a, half_s)):
-            send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr,
-                       sc_out_ptr, slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity,
-                       bases, rank, pid, grid, recv_base, max_tokens, ids_base, wtab_base, sc_base, 0, 0, hist,
-                       hist_blocks, a + j, tl.minimum(a + j + 1, b), DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8,
-                       False, False, True, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, False)
-            lay_out_items(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, hist, hist_blocks, max_tokens, capacity,
-                          hidden, rank, s, n_s, earlier, pid, grid, j, tl.minimum(j + 1, half_s), 0, 0, timeout, diag,
-                          WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, False)
-        earlier += mine
-    barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
-    earlier = own
-    for i in range(1, WORLD):
-        s = (rank + i) % WORLD
-        n_s = tl.load(ntab + s)
-        mine = rows_sum(hist, WORLD * hist_blocks + s * super_blocks, tl.cdiv(tl.cdiv(n_s * TOP_K, BLOCK_E), SUPER),
-                        BLOCK_B, BLOCK_X)
-        half_s = (tl.maximum(tl.cdiv(n_s * column_shares(n_s, hidden, grid, BLOCK_H) - pid, grid), 0) + 1) // 2
-        lay_out_items(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, hist, hist_blocks, max_tokens, capacity, hidden,
-                      rank, s, n_s, earlier, pid, grid, half_s, -1, 0, 0, timeout, diag, WORLD, LOCAL, TOP_K, BLOCK_K,
-                      BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, False)
-        earlier += mine
-    if pid == 0:
-        finish_counts(counts_ptr, bad_ptr, bad_host_addr, earlier, capacity, rank, 0, LOCAL, BLOCK_X)
-        ws = tl.arange(0, BLOCK_W)
-        store_header(header_ptr, tl.load(ntab + ws, mask=ws < WORLD, other=0), half, BLOCK_W)
-
-
 @triton.jit(do_not_specialize=["rank", "n_tokens", "ids_s0", "ids_s1", "w_s0", "w_s1"])  # one build for every call
 def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr,
                     sc_out_ptr, slot_ptr, owner_ptr, row_ptr, counts_ptr, bad_host_addr, n_tokens, hidden,
@@ -260,15 +180,12 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                     WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                     BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
                     SUPER: tl.constexpr, FP8: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_W: tl.constexpr, PACKETS: tl.constexpr = False, TRACE: tl.constexpr = False,
-                    INTERLEAVE: tl.constexpr = False):
+                    BLOCK_W: tl.constexpr, PACKETS: tl.constexpr = False, TRACE: tl.constexpr = False):
     """See the module docstring. With ``PACKETS`` (``ROUTED`` only) the receive buffer (and its
     scales) and the weights table at ``pw_off`` are Lamport buffers at rest: the rows and weights go
     out as packets, to the peers that own one of the row's experts, and program ``pid`` lays out the
     peers' rows as they arrive (``place_packets``), without the barrier. With ``TRACE`` (``ROUTED``)
-    each program stamps (``kernels.stamp``) stages 3-6 of ``route.ROUTED_STAGES`` into ``trace_ptr``.
-    With ``INTERLEAVE`` (``ROUTED``, not ``PACKETS``; ``_interleaved``) program ``pid`` lays out the
-    first half of the rows each peer's program ``pid`` sent it while it sends its own second half."""
+    each program stamps (``kernels.stamp``) stages 3-6 of ``route.ROUTED_STAGES`` into ``trace_ptr``."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
@@ -292,20 +209,11 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
         live = nn < n_tokens * TOP_K
         routing, _ = expert_ids(ids_ptr + (nn // TOP_K).to(tl.int64) * ids_s0 + (nn % TOP_K) * ids_s1, live,
                                 num_experts)
-    if INTERLEAVE:
-        _interleaved(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr,
-                     sc_out_ptr, slot_ptr, owner_ptr, row_ptr, counts_ptr, bad_host_addr, n_tokens, hidden,
-                     max_tokens, num_experts, capacity, bases, rank, timeout, diag, flags_off, e, half, recv_base,
-                     ids_base, wtab_base, sc_base, ntab_off + half * ntab_half, hist, hist_blocks, header_ptr, pid,
-                     grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER,
-                     BLOCK_W)
-    else:
-        send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr,
-                   sc_out_ptr, slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity,
-                   bases, rank, pid, grid, recv_base, max_tokens, ids_base,
-                   pw_off + half * pw_half if PACKETS else wtab_base, sc_base, routing, nn, hist, hist_blocks, 0, -1,
-                   DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, not ROUTED, not ROUTED, ROUTED, BLOCK_E,
-                   BLOCK_X, BLOCK_B, SUPER, PACKETS)
+    send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
+               slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
+               grid, recv_base, max_tokens, ids_base, pw_off + half * pw_half if PACKETS else wtab_base, sc_base,
+               routing, nn, hist, hist_blocks, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, not ROUTED,
+               not ROUTED, ROUTED, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS)
     if not ROUTED:  # this rank's histogram rows, counted here, to every rank
         xs = tl.arange(0, BLOCK_X)
         n_blocks = tl.cdiv(n_tokens * TOP_K, BLOCK_E)
@@ -322,11 +230,11 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                 tl.store(heap_ptr(bases, d, hist_base, tl.int32) + tl.cast(hrow, tl.int64) * BLOCK_X + xs, h)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 4)
-    if (not PACKETS) & (not INTERLEAVE):
+    if not PACKETS:
         barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 5)
-    if ROUTED & (not INTERLEAVE):  # program pid lays out what program pid of each peer sent it
+    if ROUTED:  # every rank's routing came before this kernel: program pid lays out what program pid was sent
         pw = heap_ptr(bases, rank, pw_off + half * pw_half, tl.float32)  # with PACKETS: the peers' weights
         totals = lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, heap_ptr(bases, rank, recv_base, DTYPE),
                                heap_ptr(bases, rank, sc_base, tl.float32), heap_ptr(bases, rank, ids_base, tl.int32),
@@ -353,14 +261,13 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
                 hist_half: int, hist_blocks: int, block_h: int, block_e: int, block_x: int, super_blocks: int,
                 routed: bool, block_n: int, num_warps: int, launch_opts: dict[str, bool | int],
                 header: torch.Tensor, pw_off: int = 0, pw_half: int = 0, packets: bool = False,
-                trace: torch.Tensor | None = None, interleave: bool = False) -> None:
+                trace: torch.Tensor | None = None) -> None:
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs): with
     ``routed`` after ``route.launch_route`` on the same grid (and then leaving ``header`` for
     ``combine``, ``header.py``), else holding the routing in blocks of ``block_n`` entries (at least
     the call's). With ``packets`` (routed only) ``recv_off``, ``sc_off`` and ``pw_off`` are the packet
     buffers (``MoEShape.routed_packets``). ``trace`` (routed only): int64 ``[programs,
-    route.ROUTED_STAGES, 2]`` for the stage stamps, or None. ``interleave`` (routed, plain buffers):
-    ``MoEShape.interleave``; the channel then has two barrier slots per program."""
+    route.ROUTED_STAGES, 2]`` for the stage stamps, or None."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
@@ -372,6 +279,5 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_E=block_e,
         BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, FP8=fp8, ROUTED=routed,
         BLOCK_N=1 if routed else block_n, BLOCK_W=pow2_at_least(world), PACKETS=packets, TRACE=trace is not None,
-        INTERLEAVE=interleave,
         num_warps=num_warps,
         **launch_opts)

@@ -52,8 +52,8 @@ from .header import store_header
 from .route import row_slots, rows_per_load, rows_sum
 from .shares import column_shares, pick, share_columns
 
-__all__ = ["finish_counts", "launch_gather", "lay_out_items", "lay_out_peers", "moe_gather_kernel", "place_item",
-           "place_packets", "store_slots"]
+__all__ = ["finish_counts", "launch_gather", "lay_out_peers", "moe_gather_kernel", "place_item", "place_packets",
+           "store_slots"]
 
 
 @triton.jit
@@ -179,6 +179,8 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
     the route kernel ran (``dispatch.py``); with ``PACKETS`` (no barrier) ``recv``, ``sc`` and ``pw``
     are Lamport buffers, polled row by row (``place_packets``: the weights go from ``pw`` into
     ``wtab``)."""
+    kk = tl.arange(0, BLOCK_K)
+    km = kk < TOP_K
     super_blocks = tl.cdiv(hist_blocks, SUPER)
     # per expert, the entries of the sources before s in this rank's order: its own first
     earlier = rows_sum(hist, WORLD * hist_blocks + rank * super_blocks,
@@ -186,44 +188,26 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
     for i in range(1, WORLD):
         s = (rank + i) % WORLD
         n_s = tl.load(ntab + s)
+        peer_row = (s - (s > rank).to(tl.int32)) * max_tokens  # the source's first row in the receive buffer
         # the source's entries per expert (issued before the rows: needed after them)
         mine = rows_sum(hist, WORLD * hist_blocks + s * super_blocks, tl.cdiv(tl.cdiv(n_s * TOP_K, BLOCK_E), SUPER),
                         BLOCK_B, BLOCK_X)
-        lay_out_items(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, hist, hist_blocks, max_tokens, capacity, hidden,
-                      rank, s, n_s, earlier, pid, grid, 0, -1, pw, wtab, timeout, diag, WORLD, LOCAL, TOP_K,
-                      BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS)
+        shares = column_shares(n_s, hidden, grid, BLOCK_H)
+        for item in range(pid, n_s * shares, grid):
+            t = item // shares
+            i0 = (s * max_tokens + t) * TOP_K
+            e = tl.load(ids + i0 + kk, mask=km, other=-1)
+            at = row_slots(ids + s * max_tokens * TOP_K, hist, e, kk, t, n_s * TOP_K, earlier, s * hist_blocks,
+                           WORLD * hist_blocks + s * super_blocks, capacity, LOCAL, TOP_K, BLOCK_E, BLOCK_X, BLOCK_B,
+                           SUPER)
+            if PACKETS:
+                place_packets(out_ptr, sc_out_ptr, slot_ptr, ids, wtab, recv, sc, pw, e, at, i0, item, shares, rank, s,
+                              t, peer_row + t, hidden, timeout, diag, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
+            else:
+                place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, peer_row + t,
+                           hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
         earlier += mine
     return earlier
-
-
-@triton.jit
-def lay_out_items(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, hist, hist_blocks, max_tokens, capacity, hidden, rank,
-                  s, n_s, earlier, pid, grid, k_lo, k_hi, pw, wtab, timeout, diag, WORLD: tl.constexpr,
-                  LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
-                  FP8: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
-                  SUPER: tl.constexpr, PACKETS: tl.constexpr):
-    """``lay_out_peers`` for one source ``s`` (``n_s`` rows; ``earlier``: per expert, the entries of
-    the sources before it in this rank's order) and program ``pid``'s items ``k_lo <= k < k_hi`` of
-    it (``k_hi = -1``: all from ``k_lo``), item ``pid + k * grid``."""
-    kk = tl.arange(0, BLOCK_K)
-    km = kk < TOP_K
-    super_blocks = tl.cdiv(hist_blocks, SUPER)
-    peer_row = (s - (s > rank).to(tl.int32)) * max_tokens  # the source's first row in the receive buffer
-    shares = column_shares(n_s, hidden, grid, BLOCK_H)
-    items = n_s * shares
-    for item in range(pid + k_lo * grid, tl.where(k_hi < 0, items, tl.minimum(items, pid + k_hi * grid)), grid):
-        t = item // shares
-        i0 = (s * max_tokens + t) * TOP_K
-        e = tl.load(ids + i0 + kk, mask=km, other=-1)
-        at = row_slots(ids + s * max_tokens * TOP_K, hist, e, kk, t, n_s * TOP_K, earlier, s * hist_blocks,
-                       WORLD * hist_blocks + s * super_blocks, capacity, LOCAL, TOP_K, BLOCK_E, BLOCK_X, BLOCK_B,
-                       SUPER)
-        if PACKETS:
-            place_packets(out_ptr, sc_out_ptr, slot_ptr, ids, wtab, recv, sc, pw, e, at, i0, item, shares, rank, s,
-                          t, peer_row + t, hidden, timeout, diag, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
-        else:
-            place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, peer_row + t,
-                       hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
 
 
 @triton.jit(do_not_specialize=["rank"])

@@ -69,7 +69,7 @@ def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: 
         moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
                           capacity=_capacity(ctx.world, m, experts, k), fp8_dispatch=fp8, shape=sh, **decode)
         dispatch_trace, combine_trace, routed_trace = moe.trace_stages()
-        launched = moe.decode_shape if decode and moe._decode_call(t) else sh
+        path, launched = moe.dispatch_path(t if bound else None)
 
         def step(moe: MoEAllToAll = moe, x: torch.Tensor = x, ids: torch.Tensor = ids, w: torch.Tensor = w,
                  bound: dict = bound) -> None:
@@ -80,9 +80,7 @@ def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: 
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
         d, c, r = dispatch_trace.cpu(), combine_trace.cpu(), routed_trace.cpu()
-        # the call took the route and send kernels: not one kernel, and more entries than route_above
-        one = sh.one_kernel and (m * k <= sh.one_kernel_entries or (m > t and t * k <= sh.one_kernel_entries))
-        routed = not one and m * k > sh.route_above
+        routed = path == "routed"
         if routed:
             d = r
         d, c = d[:launched.programs], c[:launched.programs]  # the programs this launch has

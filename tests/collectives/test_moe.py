@@ -252,6 +252,35 @@ def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
         assert bad == []
 
 
+def _paths(ctx):
+    comm = make_comm(ctx, heap_bytes=64 << 20)
+    small = replace(SHAPES["cpu"], programs=1)
+    got = []
+    for tokens, shape, decode in ((4, None, None), (400, replace(SHAPES["cpu"], route_above=4), small),
+                                  (400, replace(SHAPES["cpu"], route_above=1 << 16), small),
+                                  (400, replace(SHAPES["cpu"], one_kernel=False, route_above=4), None)):
+        moe = MoEAllToAll(comm, max_tokens=tokens, hidden=40, num_experts=4 * ctx.world, top_k=3, shape=shape,
+                          decode_shape=decode, decode_below=8)
+        got.append([(path, sh is moe.decode_shape) for path, sh in (moe.dispatch_path(), moe.dispatch_path(5),
+                                                                     moe.dispatch_path(300), moe.dispatch_path(350))])
+        moe.close()
+    comm.close()
+    return got
+
+
+@pytest.mark.parametrize("world", world_sizes(2))
+def test_dispatch_path_names_the_kernels_a_call_launches(worlds, world):
+    """``MoEAllToAll.dispatch_path`` (no bound; a bound of 5 tokens, of 300 and of 350, top-3, at most
+    1024 entries in one kernel in the CPU world): a decode-sized instance always one kernel; a large
+    routed one the route and send kernels, but one kernel with the decode shape for 5 tokens and with
+    its own for 300; a large one under ``route_above`` the send and gather kernels likewise; with
+    ``one_kernel=False`` never one kernel."""
+    one = [("one-kernel", True), ("one-kernel", False)]
+    for got in worlds(world).run(_paths):
+        assert got == [[("one-kernel", False)] * 4, [("routed", False), *one, ("routed", False)],
+                       [("send-gather", False), *one, ("send-gather", False)], [("routed", False)] * 4]
+
+
 @pytest.mark.parametrize("world", world_sizes(2, 3))
 @pytest.mark.parametrize("routing", ["held", "routed", "routed-packets"])
 def test_decode_calls_on_large_instances_take_one_kernel(worlds, world, routing):

@@ -471,6 +471,16 @@ class MoEAllToAll:
                          one_block_h=sh.one_block_h and max(sh.one_block_h, 128))
         return replace(sh, block_e=max(sh.block_e, pow2_at_least(top_k)))
 
+    def dispatch_path(self, tokens_bound: int | None = None) -> tuple[str, MoEShape]:
+        """The kernels a dispatch given ``tokens_bound`` launches and their launch shape (the same on
+        every rank for the same bound): ``"one-kernel"`` (``onekernel.py``), ``"routed"`` (the route
+        and send kernels) or ``"send-gather"`` (the send and gather kernels)."""
+        if self._one or (self._copy is not None and tokens_bound is not None
+                         and tokens_bound * self.top_k <= self.shape.one_kernel_entries):
+            bound = self.max_tokens if tokens_bound is None else tokens_bound
+            return "one-kernel", self.decode_shape if self._decode_call(bound) else self.shape
+        return ("routed" if self._route_ch is not None else "send-gather"), self.shape
+
     def _decode_call(self, bound: int) -> bool:
         """Whether a call of at most ``bound`` tokens per rank (the same on every rank) launches with
         ``decode_shape``: a one-kernel call below ``decode_below`` on an instance that has one."""
@@ -509,12 +519,10 @@ class MoEAllToAll:
             raise InvalidInputError(f"moe dispatch: tokens_bound must be an int in [{n}, {self.max_tokens}] (this "
                                     f"rank's tokens to max_tokens), got {tokens_bound!r}")
         self.comm.check()
-        one = self._one or (self._copy is not None and tokens_bound is not None
-                            and tokens_bound * self.top_k <= self.shape.one_kernel_entries)
+        path, sh = self.dispatch_path(tokens_bound)
         bound = self.max_tokens if tokens_bound is None else tokens_bound  # the same on every rank
-        decode = self._decode_call(bound)
-        sh = self.decode_shape if decode else self.shape
-        if one:
+        decode = sh is not self.shape
+        if path == "one-kernel":
             launch_dispatch_one_kernel(
                 self._run_one_decode if decode else self._run_one, self.comm, self._send_ch, self._out,
                 self._scales, x, topk_ids, topk_weights,

@@ -9,6 +9,7 @@ import torch.distributed as dist
 import tritoncomm as tc
 from tritoncomm.collectives import Choice, SelectionTable
 
+from ..conftest import BACKEND
 from ..helpers import check_close, make_comm, reference_sum, same_on_all_ranks, warm_up_for_capture, world_sizes
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -136,8 +137,10 @@ def _job_repeated(ctx, calls, dtype):
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 4))
-def test_allreduce_100_repeated_calls(worlds, world):
-    for bad in worlds(world).run(_job_repeated, 100, torch.bfloat16):
+def test_allreduce_repeated_calls(worlds, world):
+    """100 calls (50 at world 4 in the CPU world, where four ranks share CI's two cores)."""
+    calls = 50 if world >= 4 and BACKEND != "cuda" else 100
+    for bad in worlds(world).run(_job_repeated, calls, torch.bfloat16):
         assert bad == []
 
 

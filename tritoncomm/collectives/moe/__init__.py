@@ -408,7 +408,10 @@ class MoEAllToAll:
         programs = self.shape.programs
         self._send_ch = Channel(comm, f"{name}.send", programs=programs, barrier_slots=programs)
         self._comb_ch = Channel(comm, f"{name}.combine", programs=programs, barrier_slots=programs)
-        self._route_ch = Channel(comm, f"{name}.route", programs=programs, barrier_slots=programs) if routed else None
+        #: the route kernel ends with a barrier of its own (``MoEShape.route_barrier``; routed packets need it)
+        self._route_barrier = sh.route_barrier or self._routed_packets
+        self._route_ch = Channel(comm, f"{name}.route", programs=programs,
+                                 barrier_slots=programs if self._route_barrier else 0) if routed else None
         self._run_send = Launcher(moe_send_kernel, (programs,))
         self._run_combine = Launcher(moe_combine_kernel, (programs,))
         #: options of every kernel's launch (set once here: nothing is decided on the launch path)
@@ -551,7 +554,7 @@ class MoEAllToAll:
         trace = self._traces[2] if self._traces and routed else None
         if routed:
             launch_route(self._run_route, self.comm, self._route_ch, self._send_ch, topk_ids, self._bad,
-                         num_experts=self.num_experts, barrier=sh.route_barrier or self._routed_packets, trace=trace,
+                         num_experts=self.num_experts, barrier=self._route_barrier, trace=trace,
                          **tables)
         launch_send(self._run_send, self.comm, self._send_ch, x, topk_ids, topk_weights, self._weights, self._bad,
                     self._out, self._scales, self._slot_of, self._owner, self._row, self._counts,

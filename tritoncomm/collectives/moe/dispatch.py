@@ -4,11 +4,15 @@ holds one of its experts, and lays out its own tokens on its own experts meanwhi
 On instances of more than ``MoEShape.route_above`` routing entries (``ROUTED``),
 ``moe_route_kernel`` (``route.py``) runs first and leaves every rank's count, routing (int32) and
 histogram rows (blocks of ``BLOCK_E`` entries and superblocks of ``SUPER`` blocks) in every rank's
-tables; after its barrier slot, program ``pid`` of the send kernel then lays out the peers' rows
-that program ``pid`` of each peer sent it (``gather.lay_out_peers``: both sides split a source's
-rows alike), so a program that finishes its sends early lays out while others still send, and no
-kernel follows. On smaller instances every send program loads the call's whole routing, the send
-kernel counts and sends the histogram rows itself, and the gather kernel lays out the peers' rows.
+tables. Program ``pid`` of the send kernel passes its barrier slot only after program ``pid`` of
+every peer has arrived there, which a peer's program does after its own stores and after the
+peer's route kernel has ended (``pdl_wait``: that kernel's stores performed), so past the slot the
+peers' rows and routing are visible (``MoEShape.route_barrier`` adds a slot of the route kernel's
+own, not needed for this). Then program ``pid`` lays out the peers' rows that program ``pid`` of
+each peer sent it (``gather.lay_out_peers``: both sides split a source's rows alike), so a
+program that finishes its sends early lays out while others still send, and no kernel follows. On
+smaller instances every send program loads the call's whole routing, the send kernel counts and
+sends the histogram rows itself, and the gather kernel lays out the peers' rows.
 
 ``moe_send_kernel``: program 0 stores the token count ``n_tokens`` into entry ``rank`` of every
 rank's count table (unless the route kernel did); program ``pid`` takes the work items ``pid, pid +

@@ -63,8 +63,8 @@ def expert_ids(ptr, mask, num_experts):
 
 
 #: Stage stamps per program of the traced routed dispatch (``TRACE``): the route kernel's started,
-#: tables sent and barrier passed (0-2), the send kernel's started, rows sent, barrier passed and
-#: laid out (3-6).
+#: tables sent and barrier passed (0-2; without its barrier, stage 2 follows stage 1 at once), the
+#: send kernel's started, rows sent, barrier passed and laid out (3-6).
 ROUTED_STAGES = 7
 _STAGES = tl.constexpr(ROUTED_STAGES)
 
@@ -190,7 +190,8 @@ def moe_route_kernel(ids_ptr, ids_s0, ids_s1, bad_ptr, n_tokens, max_tokens, num
     pdl_launch_dependents()
     if TRACE:
         stamp(trace_ptr, pid * _STAGES)
-    epoch_ptr, ep = program_epoch(bases, rank, epochs_off)
+    if BARRIER:  # the route channel's epoch: only its barrier uses it
+        epoch_ptr, ep = program_epoch(bases, rank, epochs_off)
     half = (epoch_next(heap_ptr(bases, rank, send_epochs_off, tl.uint32) + pid) & 1).to(tl.int64)
     row0 = tl.cast(rank * max_tokens, tl.int64) * TOP_K
     if pid == 0:
@@ -225,7 +226,8 @@ def moe_route_kernel(ids_ptr, ids_s0, ids_s1, bad_ptr, n_tokens, max_tokens, num
         barrier(bases, rank, WORLD, flags_off, pid, ep, timeout, diag)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 2)
-    epoch_commit(epoch_ptr, ep)
+    if BARRIER:
+        epoch_commit(epoch_ptr, ep)
 
 
 def launch_route(run: Launcher, comm, channel, send_channel, ids: torch.Tensor, bad: torch.Tensor, *,
@@ -235,7 +237,8 @@ def launch_route(run: Launcher, comm, channel, send_channel, ids: torch.Tensor, 
                  trace: torch.Tensor | None = None) -> None:
     """Launch ``moe_route_kernel`` through ``run`` (its launcher: the send kernel's grid; ``channel``
     its own barrier slots, ``send_channel`` the send kernel's, whose coming epoch picks the half);
-    ``barrier``: end with the route channel's barrier (else the send kernel's covers the routing).
+    ``barrier``: end with the route channel's barrier (else the send kernel's covers the routing, and
+    the route channel needs no barrier slots).
     ``trace``: int64 ``[programs, ROUTED_STAGES, 2]`` for the stage stamps, or None."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     run(ids, ids.stride(0), ids.stride(1), bad, ids.shape[0], max_tokens, num_experts, bases, rank, timeout, diag,

@@ -80,7 +80,7 @@ def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: 
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
         d, c, r = dispatch_trace.cpu(), combine_trace.cpu(), routed_trace.cpu()
-        routed = path == "routed"
+        routed = path.startswith("routed")
         if routed:
             d = r
         d, c = d[:launched.programs], c[:launched.programs]  # the programs this launch has

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tritoncomm.collectives.moe import SHAPES, MoEAllToAll, MoEShape
+from tritoncomm.collectives.moe import NEVER, SHAPES, MoEAllToAll, MoEShape
 from tritoncomm.errors import CommTimeoutError, InvalidInputError
 
 from ..helpers import make_comm, warm_up_for_capture, world_sizes
@@ -236,19 +236,32 @@ def test_instances_of_a_few_tokens_called_full(worlds, world, max_tokens):
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
 @pytest.mark.parametrize("case", ["hot", "unrouted"])
-@pytest.mark.parametrize("routing", ["held", "routed", "routed-packets", "routed-barrier"])
+@pytest.mark.parametrize("routing", ["held", "routed", "routed-packets", "routed-barrier", "routed-direct"])
 def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
     """The send + gather dispatch (``one_kernel=False``; the one-kernel dispatch is the CPU world's
     default) lays out, counts and combines exactly as the reference, capacity drops included: with
     every send program holding the call's routing, and (``routed``: instances of more than 4 entries)
     after the route kernel, with blocks of 4 entries in superblocks of 2 (``routed-packets``: its rows
-    as packets, laid out as they arrive; ``routed-barrier``: the route kernel with a barrier of its own)."""
+    as packets, laid out as they arrive; ``routed-barrier``: the route kernel with a barrier of its own;
+    ``routed-direct``: the rows sent into their first kept slot on each peer)."""
     shape = replace(SHAPES["cpu"], one_kernel=False)
     if routing != "held":
         shape = replace(shape, route_above=4, block_e=4, super_blocks=2, routed_packets=routing == "routed-packets",
-                        route_barrier=routing == "routed-barrier")
+                        route_barrier=routing == "routed-barrier", direct_from=0 if routing == "routed-direct" else
+                        NEVER)
     for bad in worlds(world).run(_job, 4 * world, 3, 40, 6, case, 3, capacity=4 if case == "hot" else None,
                                  mode="throughput", shape=shape):
+        assert bad == []
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3))
+def test_direct_rows_with_fp8_scales(worlds, world):
+    """Rows sent into their first kept slot on each peer (``MoEShape.direct_from``) with FP8 dispatch:
+    the values and their scales arrive in that slot and are copied into the row's other slots, with
+    capacity drops (hot experts), every call exact."""
+    shape = replace(SHAPES["cpu"], one_kernel=False, route_above=4, block_e=4, super_blocks=2, direct_from=0)
+    for bad in worlds(world).run(_job, 4 * world, 3, 128, 6, "hot", 3, capacity=4, fp8=True, mode="throughput",
+                                 shape=shape):
         assert bad == []
 
 
@@ -258,7 +271,8 @@ def _paths(ctx):
     got = []
     for tokens, shape, decode in ((4, None, None), (400, replace(SHAPES["cpu"], route_above=4), small),
                                   (400, replace(SHAPES["cpu"], route_above=1 << 16), small),
-                                  (400, replace(SHAPES["cpu"], one_kernel=False, route_above=4), None)):
+                                  (400, replace(SHAPES["cpu"], one_kernel=False, route_above=4), None),
+                                  (400, replace(SHAPES["cpu"], route_above=4, direct_from=340), small)):
         moe = MoEAllToAll(comm, max_tokens=tokens, hidden=40, num_experts=4 * ctx.world, top_k=3, shape=shape,
                           decode_shape=decode, decode_below=8)
         got.append([(path, sh is moe.decode_shape) for path, sh in (moe.dispatch_path(), moe.dispatch_path(5),
@@ -274,25 +288,29 @@ def test_dispatch_path_names_the_kernels_a_call_launches(worlds, world):
     1024 entries in one kernel in the CPU world): a decode-sized instance always one kernel; a large
     routed one the route and send kernels, but one kernel with the decode shape for 5 tokens and with
     its own for 300; a large one under ``route_above`` the send and gather kernels likewise; with
-    ``one_kernel=False`` never one kernel."""
+    ``one_kernel=False`` never one kernel; with ``direct_from`` 340 the routed calls of at least 340
+    tokens (no bound: 400) into the peers' slots."""
     one = [("one-kernel", True), ("one-kernel", False)]
     for got in worlds(world).run(_paths):
         assert got == [[("one-kernel", False)] * 4, [("routed", False), *one, ("routed", False)],
-                       [("send-gather", False), *one, ("send-gather", False)], [("routed", False)] * 4]
+                       [("send-gather", False), *one, ("send-gather", False)], [("routed", False)] * 4,
+                       [("routed-direct", False), *one, ("routed-direct", False)]]
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
-@pytest.mark.parametrize("routing", ["held", "routed", "routed-packets"])
+@pytest.mark.parametrize("routing", ["held", "routed", "routed-packets", "routed-direct"])
 def test_decode_calls_on_large_instances_take_one_kernel(worlds, world, routing):
     """An instance sized for more routing entries than one kernel holds (400 tokens of top-3), called
     with at most 5 tokens: calls given ``tokens_bound`` (every other one) dispatch in one kernel,
     the others through the send and gather (``held``) or route and send (``routed``; with
-    ``routed-packets`` both on the same packet buffers) kernels, on the same buffers; every call
-    exact."""
+    ``routed-packets`` both on the same packet buffers; with ``routed-direct`` into the peers'
+    expert slots, between one-kernel calls that lay out the same buffer) kernels, on the same
+    buffers; every call exact."""
     if routing == "held" and worlds(world).backend == "cuda":
         pytest.skip("a send program would hold 2048 routing entries: GPUs hold at most ONE_KERNEL_ENTRIES")
     shape = replace(SHAPES["cpu"], route_above=1 << 16) if routing == "held" else \
-        replace(SHAPES["cpu"], route_above=4, routed_packets=routing == "routed-packets")
+        replace(SHAPES["cpu"], route_above=4, routed_packets=routing == "routed-packets",
+                direct_from=0 if routing == "routed-direct" else NEVER)
     for bad in worlds(world).run(_job, 4 * world, 3, 24, 400, "hot", 4, capacity=6, mode="throughput", shape=shape,
                                  call_tokens=5, bound_odd=True):
         assert bad == []

@@ -355,7 +355,7 @@ def _moe_ptx(kernel: str) -> str:
     from tritoncomm.collectives.moe import combine, dispatch, gather, onekernel, route
 
     i64 = dict.fromkeys(("epochs_off", "recv_off", "recv_half", "sc_off", "sc_half"), "i64")
-    if kernel in ("send", "send-held", "send-packets", "send-traced"):
+    if kernel in ("send", "send-held", "send-packets", "send-traced", "send-direct"):
         sig = {"x_ptr": "*bf16", "x_stride": "i32", "ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32",
                "w_ptr": "*fp32", "w_s0": "i32", "w_s1": "i32", "wts_ptr": "*fp32", "bad_ptr": "*i64",
                "out_ptr": "*bf16", "sc_out_ptr": "*bf16", "slot_ptr": "*i32", "owner_ptr": "*i32", "row_ptr": "*i32",
@@ -364,12 +364,14 @@ def _moe_ptx(kernel: str) -> str:
                **COMMON, "flags_off": "i64", **i64, **dict.fromkeys(("ids_off", "ids_half", "wtab_off", "wtab_half",
                                                                     "ntab_off", "ntab_half", "hist_off",
                                                                     "hist_half"), "i64"), "hist_blocks": "i32",
-               "header_ptr": "*i32", "pw_off": "i64", "pw_half": "i64", "trace_ptr": "*i64"}
+               "header_ptr": "*i32", "pw_off": "i64", "pw_half": "i64", "out_off": "i64", "sc_out_off": "i64",
+               "trace_ptr": "*i64"}
         fn, cx = dispatch.moe_send_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_H": 1024,
                                             "BLOCK_E": 64, "BLOCK_X": 256, "BLOCK_B": 16, "SUPER": 16, "FP8": False,
                                             "ROUTED": kernel != "send-held",
                                             "BLOCK_N": 1024 if kernel == "send-held" else 1, "BLOCK_W": 2,
-                                            "PACKETS": kernel == "send-packets", "TRACE": kernel == "send-traced"}
+                                            "PACKETS": kernel == "send-packets", "TRACE": kernel == "send-traced",
+                                            "DIRECT": kernel == "send-direct"}
     elif kernel in ("route", "route-traced"):
         sig = {"ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32", "bad_ptr": "*i64", "n_tokens": "i32",
                "max_tokens": "i32", "num_experts": "i32", **COMMON,
@@ -420,8 +422,9 @@ def _moe_ptx(kernel: str) -> str:
 def test_moe_kernels_move_tokens_in_16_byte_vectors():
     """The send kernel's stores into peers' receive buffers, the gather's copies, the one-kernel
     dispatch's both, and the combine's loads of expert rows and stores (its output and pushed
-    partials) are 16-byte vector accesses, with no 2-byte ones (cache hints or none)."""
-    for kernel in ("send", "send-held", "send-packets", "gather", "combine", "one", "one-packets"):
+    partials) are 16-byte vector accesses, with no 2-byte ones (cache hints or none), also where the
+    send kernel stores rows into the peers' expert slots (``send-direct``)."""
+    for kernel in ("send", "send-held", "send-packets", "send-direct", "gather", "combine", "one", "one-packets"):
         ptx = _moe_ptx(kernel)
         for op in ("st", "ld"):
             accesses = re.findall(rf"\b{op}\.global(?:\.[\w:]+)*?\.(v4\.b32|b16)\b", ptx)
@@ -432,7 +435,7 @@ def test_moe_kernels_stream_what_they_touch_once():
     """Cache hints (``collectives/moe/gather.py``): the rows laid out into the expert slots are
     streaming 16-byte stores, and the tokens, the received rows and the expert outputs are loaded
     evict-first."""
-    for kernel in ("send", "gather", "one", "one-packets", "combine"):
+    for kernel in ("send", "send-direct", "gather", "one", "one-packets", "combine"):
         ptx = _moe_ptx(kernel)
         o = ops(ptx)
         if kernel != "combine":
@@ -444,7 +447,7 @@ def test_moe_kernels_stream_what_they_touch_once():
 def test_moe_kernels_wait_for_the_previous_kernel_before_memory():
     """Launched with PDL, every MoE kernel waits (``griddepcontrol.wait``) before its first load or
     store, and lets the next one start."""
-    for kernel in ("route", "send", "send-held", "gather", "combine", "one", "one-packets"):
+    for kernel in ("route", "send", "send-held", "send-direct", "gather", "combine", "one", "one-packets"):
         ptx = _moe_ptx(kernel)
         body = ptx[ptx.index("griddepcontrol.wait"):] if "griddepcontrol.wait" in ptx else ""
         assert body and "griddepcontrol.launch_dependents" in body, kernel

@@ -78,7 +78,7 @@ from .route import ROUTED_STAGES, launch_route, moe_route_kernel
 THROUGHPUT_FROM = 2048
 MODES = ("auto", "latency", "throughput")
 
-__all__ = ["MODES", "ONE_KERNEL_ENTRIES", "PREFILL_FROM", "PUSH_SPLIT_ELEMS", "SHAPES",
+__all__ = ["DIRECT_FROM", "MODES", "NEVER", "ONE_KERNEL_ENTRIES", "PREFILL_FROM", "PUSH_SPLIT_ELEMS", "SHAPES",
            "SHARED_COPY_FROM", "THROUGHPUT_FROM", "MoEAllToAll", "MoEHandle", "MoEShape", "default_shape"]
 
 
@@ -96,6 +96,12 @@ SHARED_COPY_FROM = 256
 #: (up to 8 tokens of DeepSeek-V3, hidden 7168; 16 of Qwen3-MoE, 4096) and cost 0.4-0.8 µs at
 #: twice that.
 PUSH_SPLIT_ELEMS = 1 << 16
+
+#: A token count no call reaches (``MoEShape.direct_from``: never).
+NEVER = 1 << 31
+
+#: ``MoEShape.direct_from``'s default.
+DIRECT_FROM = NEVER
 
 #: ``MoEShape.one_kernel_entries``'s default: the most routing entries per rank that the one-kernel
 #: dispatch takes.
@@ -161,6 +167,12 @@ class MoEShape:
     #: 92.2 to 87.6 µs at 512 tokens per rank and 600.2 to 595.8 at 4096, Qwen3-MoE from 64.4 to 59.8
     #: and 355.0 to 351.1.
     route_barrier: bool = False
+    #: On instances that route, without routed packets: calls of at least ``direct_from`` tokens per
+    #: rank (their ``tokens_bound``, else ``max_tokens``) end the route kernel with its barrier, then
+    #: send each row straight into its first kept slot on each peer that keeps one (the expert buffer
+    #: is then in the heap), so the peer copies it into its other slots only: one write of the row
+    #: less per peer than through the receive buffer. ``NEVER``: no call.
+    direct_from: int = DIRECT_FROM
     #: The one-kernel dispatch's routing copies sized by the call's bound (``tokens_bound * top_k``,
     #: rounded up to a power of two) instead of the instance's ``max_tokens * top_k``: fewer entries
     #: for every program to hold, poll and count over in calls far below ``max_tokens``. One build
@@ -185,6 +197,8 @@ class MoEShape:
             lowest = 0 if name in ("send_block_h", "one_block_h") else 1  # 0: as the send / block_h
             if v < lowest or v & (v - 1):
                 raise InvalidInputError(f"MoEShape: {name} must be a power of two, got {v}")
+        if self.direct_from < 0:
+            raise InvalidInputError(f"MoEShape: direct_from must be at least 0, got {self.direct_from}")
         if self.shared_copy_from < 0:
             raise InvalidInputError(f"MoEShape: shared_copy_from must be at least 0, got {self.shared_copy_from}")
         if self.programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):
@@ -352,6 +366,8 @@ class MoEAllToAll:
         #: the routed calls' rows as packets too (``MoEShape.routed_packets``): the packet buffers then
         #: hold every row of a call, and the plain receive buffer is not needed
         self._routed_packets = sh.packets and sh.routed_packets and routed
+        #: some calls send their rows straight into the peers' expert slots (``MoEShape.direct_from``)
+        self._direct = routed and not self._routed_packets and sh.direct_from <= max_tokens
         self._packets = (sh.one_kernel and sh.packets) or self._routed_packets
         self._packet_rows = m if self._routed_packets else \
             min(m, sh.one_kernel_entries // k) if self._packets else 0
@@ -411,7 +427,8 @@ class MoEAllToAll:
         #: the route kernel ends with a barrier of its own (``MoEShape.route_barrier``; routed packets need it)
         self._route_barrier = sh.route_barrier or self._routed_packets
         self._route_ch = Channel(comm, f"{name}.route", programs=programs,
-                                 barrier_slots=programs if self._route_barrier else 0) if routed else None
+                                 barrier_slots=programs if self._route_barrier or self._direct else 0) \
+            if routed else None
         self._run_send = Launcher(moe_send_kernel, (programs,))
         self._run_combine = Launcher(moe_combine_kernel, (programs,))
         #: options of every kernel's launch (set once here: nothing is decided on the launch path)
@@ -445,9 +462,14 @@ class MoEAllToAll:
         self._slot_of = torch.empty(w * m * k, **i32)  # per entry of a local expert: its expert-buffer row or -1
         self._weights = torch.empty(m, k, dtype=torch.float32, device=dev)
         self._counts = torch.empty(self.local_experts, **i32)
-        self._out = torch.empty(self.local_experts, self.capacity, hidden, dtype=wire, device=dev)
-        self._scales = torch.empty(self.local_experts, self.capacity, hidden // 128, dtype=torch.float32,
-                                   device=dev) if self.fp8 else None
+        #: the expert buffer (dispatch's result) and its scales: in the heap where peers store into it
+        xe = (self.local_experts, self.capacity, hidden)
+        self._out = comm.empty(xe, wire) if self._direct else torch.empty(xe, dtype=wire, device=dev)
+        xs = (*xe[:2], hidden // 128)
+        self._scales = (comm.empty(xs, torch.float32) if self._direct else
+                        torch.empty(xs, dtype=torch.float32, device=dev)) if self.fp8 else None
+        self._direct_offs = (comm.heap_offset(self._out), comm.heap_offset(self._scales) if self.fp8 else 0) \
+            if self._direct else None
         self._combined = torch.empty(m, hidden, dtype=dtype, device=dev)
         self._bad = torch.zeros(2, dtype=torch.int64, device=dev)  # ids out of range, entries dropped on own experts
         self._bad_host = HostMappedWords(2, comm.backend == "cuda")  # _bad as of the last gather kernel
@@ -477,12 +499,16 @@ class MoEAllToAll:
     def dispatch_path(self, tokens_bound: int | None = None) -> tuple[str, MoEShape]:
         """The kernels a dispatch given ``tokens_bound`` launches and their launch shape (the same on
         every rank for the same bound): ``"one-kernel"`` (``onekernel.py``), ``"routed"`` (the route
-        and send kernels) or ``"send-gather"`` (the send and gather kernels)."""
+        and send kernels), ``"routed-direct"`` (the same, the rows sent into the peers' slots:
+        ``MoEShape.direct_from``) or ``"send-gather"`` (the send and gather kernels)."""
         if self._one or (self._copy is not None and tokens_bound is not None
                          and tokens_bound * self.top_k <= self.shape.one_kernel_entries):
             bound = self.max_tokens if tokens_bound is None else tokens_bound
             return "one-kernel", self.decode_shape if self._decode_call(bound) else self.shape
-        return ("routed" if self._route_ch is not None else "send-gather"), self.shape
+        if self._route_ch is None:
+            return "send-gather", self.shape
+        bound = self.max_tokens if tokens_bound is None else tokens_bound
+        return ("routed-direct" if self._direct and bound >= self.shape.direct_from else "routed"), self.shape
 
     def _decode_call(self, bound: int) -> bool:
         """Whether a call of at most ``bound`` tokens per rank (the same on every rank) launches with
@@ -540,28 +566,31 @@ class MoEAllToAll:
                 senders=sh.senders(), launch_opts=self._decode_opts if decode else self._launch_opts,
                 **self._one_args)
         else:
-            self._dispatch_two_kernels(x, topk_ids, topk_weights)
+            self._dispatch_two_kernels(x, topk_ids, topk_weights, path == "routed-direct")
         self._call += 1
         self._open_handle = self._call
         return (self._out, self._scales) if self.fp8 else self._out, self._counts, MoEHandle(n, self._call, bound)
 
-    def _dispatch_two_kernels(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
-        """The route and send kernels, or (instances of at most ``route_above`` entries) the send and
-        gather kernels (``route.py``, ``dispatch.py``, ``gather.py``)."""
+    def _dispatch_two_kernels(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                              direct: bool) -> None:
+        """The route and send kernels (``direct``: the rows into the peers' slots), or (instances of
+        at most ``route_above`` entries) the send and gather kernels (``route.py``, ``dispatch.py``,
+        ``gather.py``)."""
         sh = self.shape
         tables = self._tables
         routed = self._route_ch is not None  # the same on every rank: the launches pair across ranks
         trace = self._traces[2] if self._traces and routed else None
         if routed:
             launch_route(self._run_route, self.comm, self._route_ch, self._send_ch, topk_ids, self._bad,
-                         num_experts=self.num_experts, barrier=self._route_barrier, trace=trace,
+                         num_experts=self.num_experts, barrier=self._route_barrier or direct, trace=trace,
                          **tables)
         launch_send(self._run_send, self.comm, self._send_ch, x, topk_ids, topk_weights, self._weights, self._bad,
                     self._out, self._scales, self._slot_of, self._owner, self._row, self._counts,
                     self._bad_host.device_addr, num_experts=self.num_experts, capacity=self.capacity,
                     local=self.local_experts, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=self._held_block_n,
-                    header=self._header, trace=trace, **self._send_bufs, **tables)
+                    header=self._header, trace=trace, direct=self._direct_offs if direct else None,
+                    **self._send_bufs, **tables)
         if not routed:
             launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,
                           self._counts, self._bad, self._bad_host.device_addr, capacity=self.capacity,
@@ -601,7 +630,8 @@ class MoEAllToAll:
             if ch is not None:
                 ch.close()
         for t in (self._recv, self._ids, self._wtab, self._ntab, self._hist, self._copy, self._ybuf, self._sc,
-                  self._part, self._lpart, self._precv, self._psc, self._pw):
+                  self._part, self._lpart, self._precv, self._psc, self._pw,
+                  *((self._out, self._scales) if self._direct else ())):
             if t is not None:
                 self.comm.free(t)
         self._bad_host.close()

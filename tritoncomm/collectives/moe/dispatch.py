@@ -71,8 +71,8 @@ from ...kernels import (
 from ...kernels.launcher import Launcher
 from .gather import finish_counts, lay_out_peers, store_slots
 from .header import store_header
-from .route import ROUTED_STAGES, count_entries, expert_ids, own_slots, rows_per_load
-from .shares import column_shares, share_columns
+from .route import ROUTED_STAGES, count_entries, direct_earlier, expert_ids, own_slots, row_slots, rows_per_load
+from .shares import column_shares, pick, share_columns
 from .wire import to_fp8
 
 __all__ = ["launch_epoch", "launch_send", "moe_send_kernel", "send_items"]
@@ -98,7 +98,8 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
                DTYPE: tl.constexpr, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
                BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr, COUNT_BAD: tl.constexpr,
                FROM_ROUTING: tl.constexpr, IDS_SENT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr,
-               BLOCK_B: tl.constexpr, SUPER: tl.constexpr, PACKETS: tl.constexpr):
+               BLOCK_B: tl.constexpr, SUPER: tl.constexpr, PACKETS: tl.constexpr, out_off, sc_out_off, earlier,
+               DIRECT: tl.constexpr):
     """Program ``pid``'s work items of this rank's ``n_tokens`` rows (module docstring): the routing
     to the peers with each row's first item, the columns to each peer that holds one of the row's
     experts (row ``(rank - (rank > d)) * peer_rows + t`` of its receive buffer) and into the row's
@@ -110,7 +111,11 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
     (``kernels/lamport.py``), and the weights go, with the row's first item, only to the peers that
     get the row. Every value sent or laid out is ``lamport_canonical`` on every path (-0.0 as +0.0;
     a weight at the fp32 sentinel as -0.0), so the bits never depend on the path. Also called by
-    the one-kernel dispatch (``onekernel.py``)."""
+    the one-kernel dispatch (``onekernel.py``). With ``DIRECT`` (after the route kernel and its
+    barrier) a row goes to each peer ``d`` straight into its first kept slot there (row ``at`` of the
+    expert buffer at heap offset ``out_off``, its scales at ``sc_out_off``; ``route.row_slots`` with
+    ``earlier``: per expert, the entries of the sources before this rank in its owner's order), and
+    to no peer where it keeps no slot."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1  # scale groups per column block
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
@@ -146,12 +151,19 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
                 else:
                     tl.store(heap_ptr(bases, d, wtab_base + row * TOP_K * 4, tl.float32, ALIGNED=False) + kk, wt,
                              mask=fm)
-        at = own_slots(ids, kk, t, rank, capacity, routing, nn, own_ids, hist, n_tokens * TOP_K, hist_blocks,
-                       FROM_ROUTING, WORLD, LOCAL, TOP_K, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
+        if DIRECT:  # every entry's slot on its owner (own entries: no earlier source)
+            at_all = row_slots(own_ids, hist, ids, kk, t, n_tokens * TOP_K, earlier, rank * hist_blocks,
+                               WORLD * hist_blocks + rank * tl.cdiv(hist_blocks, SUPER), capacity, LOCAL, TOP_K,
+                               BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
+            at = tl.where(owner == rank, at_all, -1)
+        else:
+            at = own_slots(ids, kk, t, rank, capacity, routing, nn, own_ids, hist, n_tokens * TOP_K, hist_blocks,
+                           FROM_ROUTING, WORLD, LOCAL, TOP_K, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
+            at_all = tl.where(owner >= 0, 0, -1)  # a peer gets the row wherever it has an entry
         tl.store(slot_ptr + row * TOP_K + kk, at, mask=fm & (owner == rank))
         tl.store(owner_ptr + t * TOP_K + kk, owner, mask=fm)
         tl.store(row_ptr + t * TOP_K + kk, at, mask=fm)
-        to_peers = tl.sum(((owner >= 0) & (owner != rank)).to(tl.int32)) > 0
+        to_peers = tl.sum(((owner >= 0) & (owner != rank) & (at_all >= 0)).to(tl.int32)) > 0
         if to_peers | (tl.sum((at >= 0).to(tl.int32)) > 0):
             lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
             for c in range(lo, hi, BLOCK_H):
@@ -164,13 +176,19 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
                 else:
                     v = lamport_canonical(v)
                 for d in tl.static_range(WORLD):
-                    if (d != rank) & (tl.sum((owner == d).to(tl.int32)) > 0):
-                        # row (rank - (rank > d)) * peer_rows + t of d's buffer: peers only
-                        prow = tl.cast(rank - (rank > d).to(tl.int32), tl.int64) * peer_rows + t64
-                        dst = heap_ptr(bases, d, recv_base, DTYPE) + prow * hidden  # 16-byte vectors when hidden allows
+                    kept_d = (owner == d) & (at_all >= 0)
+                    if (d != rank) & (tl.sum(kept_d.to(tl.int32)) > 0):
+                        if DIRECT:  # d's first kept slot (j order), times hidden after the pick: 16-byte vectors
+                            prow = pick(at_all, kk, tl.min(tl.where(kept_d, kk, BLOCK_K))).to(tl.int64)
+                            dst = heap_ptr(bases, d, out_off, DTYPE) + prow * hidden
+                            sdst = heap_ptr(bases, d, sc_out_off, tl.float32) + prow * (hidden // 128)
+                        else:  # row (rank - (rank > d)) * peer_rows + t of d's buffer: peers only
+                            prow = tl.cast(rank - (rank > d).to(tl.int32), tl.int64) * peer_rows + t64
+                            dst = heap_ptr(bases, d, recv_base, DTYPE) + prow * hidden  # 16-byte vectors
+                            sdst = heap_ptr(bases, d, sc_base + prow * (hidden // 128) * 4, tl.float32,
+                                            ALIGNED=False)
                         tl.store(dst + c + cols, v, mask=m)
                         if FP8:
-                            sdst = heap_ptr(bases, d, sc_base + prow * (hidden // 128) * 4, tl.float32, ALIGNED=False)
                             tl.store(sdst + c // 128 + groups, scale, mask=c + groups * 128 < hidden)
                 store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
 
@@ -180,16 +198,21 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                     sc_out_ptr, slot_ptr, owner_ptr, row_ptr, counts_ptr, bad_host_addr, n_tokens, hidden,
                     max_tokens, num_experts, capacity, bases, rank, timeout, diag_addr, flags_off, epochs_off,
                     recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half,
-                    hist_off, hist_half, hist_blocks, header_ptr, pw_off, pw_half, trace_ptr,
+                    hist_off, hist_half, hist_blocks, header_ptr, pw_off, pw_half, out_off, sc_out_off, trace_ptr,
                     WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                     BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
                     SUPER: tl.constexpr, FP8: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_W: tl.constexpr, PACKETS: tl.constexpr = False, TRACE: tl.constexpr = False):
+                    BLOCK_W: tl.constexpr, PACKETS: tl.constexpr = False, TRACE: tl.constexpr = False,
+                    DIRECT: tl.constexpr = False):
     """See the module docstring. With ``PACKETS`` (``ROUTED`` only) the receive buffer (and its
     scales) and the weights table at ``pw_off`` are Lamport buffers at rest: the rows and weights go
     out as packets, to the peers that own one of the row's experts, and program ``pid`` lays out the
     peers' rows as they arrive (``place_packets``), without the barrier. With ``TRACE`` (``ROUTED``)
-    each program stamps (``kernels.stamp``) stages 3-6 of ``route.ROUTED_STAGES`` into ``trace_ptr``."""
+    each program stamps (``kernels.stamp``) stages 3-6 of ``route.ROUTED_STAGES`` into ``trace_ptr``.
+    With ``DIRECT`` (``ROUTED``, after the route kernel's own barrier: every rank's routing is in
+    place and every peer's stream is past its previous dispatch's readers) each row goes straight
+    into its first kept slot on each peer's expert buffer (heap offsets ``out_off``, ``sc_out_off``),
+    and the layout copies it from there into the row's other slots."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
@@ -213,11 +236,17 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
         live = nn < n_tokens * TOP_K
         routing, _ = expert_ids(ids_ptr + (nn // TOP_K).to(tl.int64) * ids_s0 + (nn % TOP_K) * ids_s1, live,
                                 num_experts)
+    ntab = heap_ptr(bases, rank, ntab_off + half * ntab_half, tl.int32)
+    if DIRECT:  # per expert, the entries its owner places before this rank's
+        earlier = direct_earlier(hist, ntab, rank, hist_blocks, WORLD, LOCAL, TOP_K, BLOCK_E, BLOCK_X, BLOCK_B,
+                                 SUPER)
+    else:
+        earlier = 0
     send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
                slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
                grid, recv_base, max_tokens, ids_base, pw_off + half * pw_half if PACKETS else wtab_base, sc_base,
                routing, nn, hist, hist_blocks, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, not ROUTED,
-               not ROUTED, ROUTED, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS)
+               not ROUTED, ROUTED, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS, out_off, sc_out_off, earlier, DIRECT)
     if not ROUTED:  # this rank's histogram rows, counted here, to every rank
         xs = tl.arange(0, BLOCK_X)
         n_blocks = tl.cdiv(n_tokens * TOP_K, BLOCK_E)
@@ -242,14 +271,12 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
         pw = heap_ptr(bases, rank, pw_off + half * pw_half, tl.float32)  # with PACKETS: the peers' weights
         totals = lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, heap_ptr(bases, rank, recv_base, DTYPE),
                                heap_ptr(bases, rank, sc_base, tl.float32), heap_ptr(bases, rank, ids_base, tl.int32),
-                               heap_ptr(bases, rank, ntab_off + half * ntab_half, tl.int32), hist, hist_blocks,
-                               max_tokens, capacity, hidden, rank, pid, grid, pw,
+                               ntab, hist, hist_blocks, max_tokens, capacity, hidden, rank, pid, grid, pw,
                                heap_ptr(bases, rank, wtab_base, tl.float32), timeout, diag, WORLD, LOCAL, TOP_K,
-                               BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS)
+                               BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS, DIRECT)
         if pid == 0:
             finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, 0, LOCAL, BLOCK_X)
             ws = tl.arange(0, BLOCK_W)
-            ntab = heap_ptr(bases, rank, ntab_off + half * ntab_half, tl.int32)
             store_header(header_ptr, tl.load(ntab + ws, mask=ws < WORLD, other=0), half, BLOCK_W)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 6)
@@ -265,13 +292,15 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
                 hist_half: int, hist_blocks: int, block_h: int, block_e: int, block_x: int, super_blocks: int,
                 routed: bool, block_n: int, num_warps: int, launch_opts: dict[str, bool | int],
                 header: torch.Tensor, pw_off: int = 0, pw_half: int = 0, packets: bool = False,
-                trace: torch.Tensor | None = None) -> None:
+                trace: torch.Tensor | None = None, direct: tuple[int, int] | None = None) -> None:
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs): with
     ``routed`` after ``route.launch_route`` on the same grid (and then leaving ``header`` for
     ``combine``, ``header.py``), else holding the routing in blocks of ``block_n`` entries (at least
     the call's). With ``packets`` (routed only) ``recv_off``, ``sc_off`` and ``pw_off`` are the packet
     buffers (``MoEShape.routed_packets``). ``trace`` (routed only): int64 ``[programs,
-    route.ROUTED_STAGES, 2]`` for the stage stamps, or None."""
+    route.ROUTED_STAGES, 2]`` for the stage stamps, or None. ``direct`` (routed, after the route
+    kernel with its barrier): the heap offsets of ``out`` and ``scales`` (0 without FP8), into which
+    the rows then go on the peers, or None."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
@@ -279,9 +308,10 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
         bad, out, scales if fp8 else out, slot_of, owner, row, counts, bad_host_addr, x.shape[0], x.shape[1],
         max_tokens, num_experts, capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off,
         recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half, hist_off,
-        hist_half, hist_blocks, header, pw_off, pw_half, bad if trace is None else trace,
+        hist_half, hist_blocks, header, pw_off, pw_half, *(direct or (0, 0)), bad if trace is None else trace,
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_E=block_e,
         BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, FP8=fp8, ROUTED=routed,
         BLOCK_N=1 if routed else block_n, BLOCK_W=pow2_at_least(world), PACKETS=packets, TRACE=trace is not None,
+        DIRECT=direct is not None,
         num_warps=num_warps,
         **launch_opts)

@@ -79,13 +79,14 @@ def store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K: tl.constexp
 
 
 @triton.jit
-def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, recv_row, hidden,
+def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, recv_row, hidden, skip,
                LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
                FP8: tl.constexpr):
     """One work item of a peer's row (entries ``e``, slots ``at``; ``i0`` its first entry in the
-    tables; row ``recv_row`` of the receive buffer): the row's first item writes ``slot_of`` of the
-    entries of this rank's experts; then the item's columns are read once and go into this rank's
-    kept slots. Also called by the one-kernel dispatch."""
+    tables; row ``recv_row`` of ``recv``, the receive buffer or, for rows sent straight into their
+    first slot, the expert buffer): the row's first item writes ``slot_of`` of the entries of this
+    rank's experts; then the item's columns are read once and go into this rank's kept slots but
+    entry ``skip``'s (-1: none; the slot the row came in). Also called by the one-kernel dispatch."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
@@ -93,7 +94,7 @@ def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares,
     groups = tl.arange(0, G)
     on_me = (e >= 0) & (e // LOCAL == rank)  # entries of this rank's experts
     tl.store(slot_ptr + i0 + kk, at, mask=(kk < TOP_K) & (item % shares == 0) & on_me)
-    at = tl.where(on_me, at, -1)
+    at = tl.where(on_me & (kk != skip), at, -1)
     if tl.sum((at >= 0).to(tl.int32), axis=0) > 0:
         lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
         r64 = tl.cast(recv_row, tl.int64)
@@ -172,9 +173,11 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
                   rank, pid, grid, pw, wtab, timeout, diag, WORLD: tl.constexpr, LOCAL: tl.constexpr,
                   TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr,
                   BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr,
-                  PACKETS: tl.constexpr):
+                  PACKETS: tl.constexpr, DIRECT: tl.constexpr = False):
     """Program ``pid``'s items of every peer's rows (module docstring), laid out from the receive
-    buffer ``recv`` (scales ``sc``) with the slots from the tables ``ids``, ``ntab`` and ``hist``.
+    buffer ``recv`` (scales ``sc``) with the slots from the tables ``ids``, ``ntab`` and ``hist``;
+    with ``DIRECT`` from the row's first kept slot on this rank (in ``j`` order), where the source
+    stored it, into its other slots.
     Returns every source's entries per expert. Also called by the send kernel after its barrier when
     the route kernel ran (``dispatch.py``); with ``PACKETS`` (no barrier) ``recv``, ``sc`` and ``pw``
     are Lamport buffers, polled row by row (``place_packets``: the weights go from ``pw`` into
@@ -203,9 +206,14 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
             if PACKETS:
                 place_packets(out_ptr, sc_out_ptr, slot_ptr, ids, wtab, recv, sc, pw, e, at, i0, item, shares, rank, s,
                               t, peer_row + t, hidden, timeout, diag, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
+            elif DIRECT:  # the row came into its first kept slot here
+                kept = (e >= 0) & (e // LOCAL == rank) & (at >= 0)
+                j0 = tl.min(tl.where(kept, kk, BLOCK_K))
+                place_item(out_ptr, sc_out_ptr, slot_ptr, out_ptr, sc_out_ptr, e, at, i0, item, shares, rank,
+                           pick(at, kk, j0), hidden, j0, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
             else:
                 place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, peer_row + t,
-                           hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
+                           hidden, -1, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
         earlier += mine
     return earlier
 

@@ -174,7 +174,8 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
                slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank,
                send_pid, send_grid, recv_base, peer_rows, ids_off + half * ids_half, wsend, sc_base, mine, nn, 0, 0,
-               DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, True, PACKETS, 1, BLOCK_X, 1, 1, PACKETS)
+               DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, True, PACKETS, 1, BLOCK_X, 1, 1, PACKETS,
+               0, 0, 0, False)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 2)
     # 3. program pid of every rank has stored its copy and its items (with packets: nothing to wait for)
@@ -217,7 +218,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
                               diag, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
             else:
                 place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ex, at, (s * max_tokens + t) * TOP_K, item,
-                           shares, rank, peer_row + t, hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
+                           shares, rank, peer_row + t, hidden, -1, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
         if PACKETS and not SHARED:  # back at rest once every thread of the program has read its copy
             lamport_reset(src + nn, bounded)
         earlier += tl.histogram(ids_s, BLOCK_X, mask=ids_s >= 0)

@@ -49,8 +49,8 @@ from ...kernels import (
 )
 from ...kernels.launcher import Launcher
 
-__all__ = ["ROUTED_STAGES", "copy_slots", "count_entries", "expert_ids", "launch_route", "moe_route_kernel",
-           "own_slots", "row_slots", "rows_per_load", "rows_sum"]
+__all__ = ["ROUTED_STAGES", "copy_slots", "count_entries", "direct_earlier", "expert_ids", "launch_route",
+           "moe_route_kernel", "own_slots", "row_slots", "rows_per_load", "rows_sum"]
 
 
 @triton.jit
@@ -122,6 +122,27 @@ def row_slots(ids, hist, e, kk, t, n_entries, earlier, block_row0, super_row0, c
     slot += tl.sum(((win[None, :] == e[:, None]) & (pos[None, :] < (p0 + kk)[:, None])).to(tl.int32), axis=1)
     keep = (e >= 0) & (slot < capacity)
     return tl.where(keep, (e % LOCAL) * capacity + slot, -1)
+
+
+@triton.jit
+def direct_earlier(hist, ntab, rank, hist_blocks, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
+                   BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr):
+    """Per expert ``x`` of every rank ``o = x // LOCAL``, the entries of ``x`` in the sources before
+    this rank in ``o``'s order (``o, o + 1, ..., rank - 1``; none for this rank's own experts): the
+    ``earlier`` of ``row_slots`` for every owner at once, from every source's superblock rows and
+    count (``ntab``). Used by the send kernel to place its rows in their peers' slots."""
+    xs = tl.arange(0, BLOCK_X)
+    o = xs // LOCAL
+    super_blocks = tl.cdiv(hist_blocks, SUPER)
+    acc = tl.zeros([BLOCK_X], dtype=tl.int32)
+    for s in tl.static_range(WORLD):
+        if s != rank:
+            n_s = tl.load(ntab + s)
+            mine = rows_sum(hist, WORLD * hist_blocks + s * super_blocks, tl.cdiv(tl.cdiv(n_s * TOP_K, BLOCK_E), SUPER),
+                            BLOCK_B, BLOCK_X)
+            # s comes before this rank in o's order
+            acc += tl.where((s - o + WORLD) % WORLD < (rank - o + WORLD) % WORLD, mine, 0)
+    return acc
 
 
 @triton.jit

@@ -34,6 +34,13 @@ over programs). For each row
 all in the half given by the launch's epoch parity. The rank's own rows are thus read once, for the
 peers and for its own experts, and their HBM stores run while the peers' rows cross the links.
 
+**Direct rows** (``DIRECT``: calls of at least ``MoEShape.direct_from_elems`` tokens times hidden).
+The route kernel ends with its barrier, so every rank's routing and histograms are in place and
+every peer's stream is past its previous dispatch's readers of the expert buffer. Each row then
+goes, instead of into the receive buffer, into its first kept slot (``j`` order) on each peer that
+keeps one (``route.direct_earlier`` gives every owner's earlier sources), and the peer's layout
+after the barrier copies it from there into its other slots only.
+
 With ``FP8`` the token is sent as e4m3 with one fp32 scale per 128 values (``wire.to_fp8``), the
 scales into the scale table's row (and beside the own slots).
 

@@ -15,8 +15,8 @@ call, ``top_k`` experts per token, at most ``capacity`` entries per expert and c
   this rank's own tokens on its own experts meanwhile, and after its barrier slot lays out the
   peers' tokens (in large calls, ``MoEShape.direct_from_elems``, each token goes straight into its
   first slot on the peer, which copies it into its other slots); on the smaller ones the send
-  kernel carries the routing and ``moe_gather_kernel`` lays out the peers' tokens. The slots are the same on every rank, computed without talking
-  (``route.py``: the entries ``(source rank, token, j)`` of expert ``e`` get slots ``0, 1, ...`` in
+  kernel carries the routing and ``moe_gather_kernel`` lays out the peers' tokens. The slots are
+  the same on every rank, computed without talking (``route.py``: the entries ``(source rank, token, j)`` of expert ``e`` get slots ``0, 1, ...`` in
   the order of their sources relative to ``e``'s owner, its own first, then of ``(token, j)``;
   entries past ``capacity`` are dropped); each row is read once and stored once per kept entry into
   ``[local_experts, capacity, hidden]``.

@@ -16,10 +16,10 @@ call, ``top_k`` experts per token, at most ``capacity`` entries per expert and c
   peers' tokens (in large calls, ``MoEShape.direct_from_elems``, each token goes straight into its
   first slot on the peer, which copies it into its other slots); on the smaller ones the send
   kernel carries the routing and ``moe_gather_kernel`` lays out the peers' tokens. The slots are
-  the same on every rank, computed without talking (``route.py``: the entries ``(source rank, token, j)`` of expert ``e`` get slots ``0, 1, ...`` in
-  the order of their sources relative to ``e``'s owner, its own first, then of ``(token, j)``;
-  entries past ``capacity`` are dropped); each row is read once and stored once per kept entry into
-  ``[local_experts, capacity, hidden]``.
+  the same on every rank, computed without talking (``route.py``: the entries ``(source rank,
+  token, j)`` of expert ``e`` get slots ``0, 1, ...`` in the order of their sources relative to
+  ``e``'s owner, its own first, then of ``(token, j)``; entries past ``capacity`` are dropped);
+  each row is read once and stored once per kept entry into ``[local_experts, capacity, hidden]``.
   Returns that tensor (rows past ``counts[e]`` are undefined), ``counts`` (int32, on the device)
   and a handle for ``combine``. An expert id of -1 means "no expert". With ``fp8_dispatch`` tokens
   travel as e4m3 with one fp32 scale per 128 values (``scale = max(amax, 1e-12) / 448``, computed

@@ -46,7 +46,7 @@ COMBINE = ("started", "mode known", "pushed", "done")
 
 
 def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: int, max_tokens: int | None = None,
-          one_kernel_entries: int = 0, heap_gb: float = 1.0, direct_from_elems: int | None = None) -> dict:
+          one_kernel_entries: int = 0, heap_gb: float = 1.0, direct_from_bytes: int | None = None) -> dict:
     hidden, experts, k = MOE_SHAPES[shape]
     heap = int(heap_gb * (1 << 30)) if ctx.backend == "cuda" else 64 << 20
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=heap))
@@ -61,8 +61,8 @@ def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: 
         sh = replace(default_shape(ctx.backend, m, sms), send_programs=senders, push_programs=pushers)
         if one_kernel_entries:
             sh = replace(sh, one_kernel_entries=one_kernel_entries)
-        if direct_from_elems is not None:
-            sh = replace(sh, direct_from_elems=direct_from_elems)
+        if direct_from_bytes is not None:
+            sh = replace(sh, direct_from_bytes=direct_from_bytes)
         bound = {"tokens_bound": t} if m > t else {}
         # the default decode shape for bounded calls, with the requested split (a shape given turns
         # the default off)
@@ -125,14 +125,14 @@ def main() -> None:
                    help="size the instance for this many tokens; calls then pass tokens_bound")
     p.add_argument("--one-kernel-entries", type=int, default=0, help="MoEShape.one_kernel_entries (0: the shape's)")
     p.add_argument("--heap-gb", type=float, default=1.0, help="symmetric heap per rank (GiB; 8 for 4096 tokens)")
-    p.add_argument("--direct-from-elems", type=int, default=None,
-                   help="MoEShape.direct_from_elems (default: the shape's)")
+    p.add_argument("--direct-from-bytes", type=int, default=None,
+                   help="MoEShape.direct_from_bytes (default: the shape's)")
     p.add_argument("--json", default=None, help="write every program's stamps here")
     a = p.parse_args()
     tokens = [int(t) for t in a.tokens.split(",")]
     with LocalWorld(a.world, a.backend) as world:
         reps = world.run(_rank, a.shape, tokens, a.fp8, a.send_programs, a.push_programs, a.max_tokens,
-                         a.one_kernel_entries, a.heap_gb, a.direct_from_elems, timeout=600)
+                         a.one_kernel_entries, a.heap_gb, a.direct_from_bytes, timeout=600)
     dev = torch.cuda.get_device_name(0) if a.backend == "cuda" else "CPU world (stamps are 0)"
     print(f"{a.shape} EP{a.world} on {dev}, fp8 {a.fp8}: stage stamps of the last call of a graph of 16, µs since "
           f"the rank's first dispatch program started (earliest / median / latest program)")
@@ -151,7 +151,7 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"shape": a.shape, "world": a.world, "device": dev, "fp8": a.fp8, "max_tokens": a.max_tokens,
-                       "one_kernel_entries": a.one_kernel_entries, "direct_from_elems": a.direct_from_elems,
+                       "one_kernel_entries": a.one_kernel_entries, "direct_from_bytes": a.direct_from_bytes,
                        "send_programs": a.send_programs, "push_programs": a.push_programs, "ranks": reps}, f)
 
 

@@ -248,7 +248,7 @@ def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
     if routing != "held":
         shape = replace(shape, route_above=4, block_e=4, super_blocks=2, routed_packets=routing == "routed-packets",
                         route_barrier=routing == "routed-barrier",
-                        direct_from_elems=0 if routing == "routed-direct" else NEVER)
+                        direct_from_bytes=0 if routing == "routed-direct" else NEVER)
     for bad in worlds(world).run(_job, 4 * world, 3, 40, 6, case, 3, capacity=4 if case == "hot" else None,
                                  mode="throughput", shape=shape):
         assert bad == []
@@ -256,10 +256,10 @@ def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
 def test_direct_rows_with_fp8_scales(worlds, world):
-    """Rows sent into their first kept slot on each peer (``MoEShape.direct_from_elems``) with FP8
+    """Rows sent into their first kept slot on each peer (``MoEShape.direct_from_bytes``) with FP8
     dispatch: the values and their scales arrive in that slot and are copied into the row's other slots, with
     capacity drops (hot experts), every call exact."""
-    shape = replace(SHAPES["cpu"], one_kernel=False, route_above=4, block_e=4, super_blocks=2, direct_from_elems=0)
+    shape = replace(SHAPES["cpu"], one_kernel=False, route_above=4, block_e=4, super_blocks=2, direct_from_bytes=0)
     for bad in worlds(world).run(_job, 4 * world, 3, 128, 6, "hot", 3, capacity=4, fp8=True, mode="throughput",
                                  shape=shape):
         assert bad == []
@@ -272,7 +272,7 @@ def _paths(ctx):
     for tokens, shape, decode in ((4, None, None), (400, replace(SHAPES["cpu"], route_above=4), small),
                                   (400, replace(SHAPES["cpu"], route_above=1 << 16), small),
                                   (400, replace(SHAPES["cpu"], one_kernel=False, route_above=4), None),
-                                  (400, replace(SHAPES["cpu"], route_above=4, direct_from_elems=340 * 40), small)):
+                                  (400, replace(SHAPES["cpu"], route_above=4, direct_from_bytes=340 * 40 * 2), small)):
         moe = MoEAllToAll(comm, max_tokens=tokens, hidden=40, num_experts=4 * ctx.world, top_k=3, shape=shape,
                           decode_shape=decode, decode_below=8)
         got.append([(path, sh is moe.decode_shape) for path, sh in (moe.dispatch_path(), moe.dispatch_path(5),
@@ -288,7 +288,7 @@ def test_dispatch_path_names_the_kernels_a_call_launches(worlds, world):
     1024 entries in one kernel in the CPU world): a decode-sized instance always one kernel; a large
     routed one the route and send kernels, but one kernel with the decode shape for 5 tokens and with
     its own for 300; a large one under ``route_above`` the send and gather kernels likewise; with
-    ``one_kernel=False`` never one kernel; with ``direct_from_elems`` 340 x 40 the routed calls of at least 340
+    ``one_kernel=False`` never one kernel; with ``direct_from_bytes`` 340 x 40 x 2 the routed calls of at least 340
     tokens (no bound: 400) into the peers' slots."""
     one = [("one-kernel", True), ("one-kernel", False)]
     for got in worlds(world).run(_paths):
@@ -310,7 +310,7 @@ def test_decode_calls_on_large_instances_take_one_kernel(worlds, world, routing)
         pytest.skip("a send program would hold 2048 routing entries: GPUs hold at most ONE_KERNEL_ENTRIES")
     shape = replace(SHAPES["cpu"], route_above=1 << 16) if routing == "held" else \
         replace(SHAPES["cpu"], route_above=4, routed_packets=routing == "routed-packets",
-                direct_from_elems=0 if routing == "routed-direct" else NEVER)
+                direct_from_bytes=0 if routing == "routed-direct" else NEVER)
     for bad in worlds(world).run(_job, 4 * world, 3, 24, 400, "hot", 4, capacity=6, mode="throughput", shape=shape,
                                  call_tokens=5, bound_odd=True):
         assert bad == []

@@ -13,7 +13,7 @@ call, ``top_k`` experts per token, at most ``capacity`` entries per expert and c
   prefill-sized instances ``moe_route_kernel`` sends this rank's routing to every rank, then
   ``moe_send_kernel`` sends each token once to each rank that holds one of its experts, lays out
   this rank's own tokens on its own experts meanwhile, and after its barrier slot lays out the
-  peers' tokens (in large calls, ``MoEShape.direct_from_elems``, each token goes straight into its
+  peers' tokens (in large calls, ``MoEShape.direct_from_bytes``, each token goes straight into its
   first slot on the peer, which copies it into its other slots); on the smaller ones the send
   kernel carries the routing and ``moe_gather_kernel`` lays out the peers' tokens. The slots are
   the same on every rank, computed without talking (``route.py``: the entries ``(source rank,
@@ -79,7 +79,7 @@ from .route import ROUTED_STAGES, launch_route, moe_route_kernel
 THROUGHPUT_FROM = 2048
 MODES = ("auto", "latency", "throughput")
 
-__all__ = ["DIRECT_FROM_ELEMS", "MODES", "NEVER", "ONE_KERNEL_ENTRIES", "PREFILL_FROM", "PUSH_SPLIT_ELEMS", "SHAPES",
+__all__ = ["DIRECT_FROM_BYTES", "MODES", "NEVER", "ONE_KERNEL_ENTRIES", "PREFILL_FROM", "PUSH_SPLIT_ELEMS", "SHAPES",
            "SHARED_COPY_FROM", "THROUGHPUT_FROM", "MoEAllToAll", "MoEHandle", "MoEShape", "default_shape"]
 
 
@@ -98,16 +98,17 @@ SHARED_COPY_FROM = 256
 #: twice that.
 PUSH_SPLIT_ELEMS = 1 << 16
 
-#: A count no call reaches (``MoEShape.direct_from_elems``: never).
+#: A count no call reaches (``MoEShape.direct_from_bytes``: never).
 NEVER = 1 << 62
 
-#: ``MoEShape.direct_from_elems``'s default, in tokens per rank times hidden. At EP2 and EP4 on H100s
-#: (2026-11-27, dispatch + combine in graphs, against the route kernel's barrier alone and against
-#: the default then, ``docs/moe.md``) the direct rows took DeepSeek-V3 at 4096 tokens per rank (29.4 M
-#: elements) from 596.1 to 587.2 µs (EP2) and 1283.0 to 1251.7 (EP4), and lost where the barrier
-#: costs more than the write saves: Qwen3-MoE at 4096 (16.8 M) 351.5 -> 359.1 and 772.6 -> 777.7, both
-#: shapes at 512 (3.7 M, 2.1 M). The switch lies between.
-DIRECT_FROM_ELEMS = 3 << 23
+#: ``MoEShape.direct_from_bytes``'s default: rows of a call per rank, in bytes on the wire. On H100s
+#: (2026-11-27, dispatch + combine in graphs, ``docs/moe.md``) the direct rows took DeepSeek-V3 in
+#: bf16 at 4096 tokens per rank (58.7 MB) from 596.1 to 587.2 µs at EP2 and 1283.0 to 1251.7 at EP4,
+#: and lost where the barrier they need costs more than the writes they save: Qwen3-MoE at 4096
+#: (33.5 MB) 351.5 -> 359.1 and 772.6 -> 777.7, both shapes at 512 tokens (at most 7.3 MB), and the
+#: DeepSeek-V3 FP8 dispatch at 4096 (29.4 MB) at EP2, 217.9 -> 231.7 µs (two runs of the bench).
+#: The switch lies between.
+DIRECT_FROM_BYTES = 3 << 24
 
 #: ``MoEShape.one_kernel_entries``'s default: the most routing entries per rank that the one-kernel
 #: dispatch takes.
@@ -173,13 +174,14 @@ class MoEShape:
     #: 92.2 to 87.6 µs at 512 tokens per rank and 600.2 to 595.8 at 4096, Qwen3-MoE from 64.4 to 59.8
     #: and 355.0 to 351.1.
     route_barrier: bool = False
-    #: On instances that route, without routed packets: calls whose token bound times hidden (the
-    #: bound: ``tokens_bound``, else ``max_tokens``) is at least ``direct_from_elems`` end the route
-    #: kernel with its barrier, then send each row straight into its first kept slot on each peer
-    #: that keeps one, so that the peer copies it into its other slots only: one HBM write of the row
-    #: less per peer than through the receive buffer, for a barrier more. The expert buffer of an
-    #: instance that can take it is in the heap. ``NEVER``: no call.
-    direct_from_elems: int = DIRECT_FROM_ELEMS
+    #: On instances that route, without routed packets: calls whose rows come to at least
+    #: ``direct_from_bytes`` per rank (token bound times hidden times the wire's element size, the
+    #: bound being ``tokens_bound``, else ``max_tokens``) end the route kernel with its barrier, then
+    #: send each row straight into its first kept slot on each peer that keeps one, so that the peer
+    #: copies it into its other slots only: one HBM write of the row less per peer than through the
+    #: receive buffer, for a barrier more. The expert buffer of an instance that can take it is in the
+    #: heap. ``NEVER``: no call.
+    direct_from_bytes: int = DIRECT_FROM_BYTES
     #: The one-kernel dispatch's routing copies sized by the call's bound (``tokens_bound * top_k``,
     #: rounded up to a power of two) instead of the instance's ``max_tokens * top_k``: fewer entries
     #: for every program to hold, poll and count over in calls far below ``max_tokens``. One build
@@ -204,8 +206,8 @@ class MoEShape:
             lowest = 0 if name in ("send_block_h", "one_block_h") else 1  # 0: as the send / block_h
             if v < lowest or v & (v - 1):
                 raise InvalidInputError(f"MoEShape: {name} must be a power of two, got {v}")
-        if self.direct_from_elems < 0:
-            raise InvalidInputError(f"MoEShape: direct_from_elems must be at least 0, got {self.direct_from_elems}")
+        if self.direct_from_bytes < 0:
+            raise InvalidInputError(f"MoEShape: direct_from_bytes must be at least 0, got {self.direct_from_bytes}")
         if self.shared_copy_from < 0:
             raise InvalidInputError(f"MoEShape: shared_copy_from must be at least 0, got {self.shared_copy_from}")
         if self.programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):
@@ -373,8 +375,10 @@ class MoEAllToAll:
         #: the routed calls' rows as packets too (``MoEShape.routed_packets``): the packet buffers then
         #: hold every row of a call, and the plain receive buffer is not needed
         self._routed_packets = sh.packets and sh.routed_packets and routed
-        #: some calls send their rows straight into the peers' expert slots (``direct_from_elems``)
-        self._direct = routed and not self._routed_packets and sh.direct_from_elems <= max_tokens * hidden
+        #: bytes per token row on the wire
+        self._row_bytes = hidden * (1 if self.fp8 else dtype.itemsize)
+        #: some calls send their rows straight into the peers' expert slots (``direct_from_bytes``)
+        self._direct = routed and not self._routed_packets and sh.direct_from_bytes <= max_tokens * self._row_bytes
         self._packets = (sh.one_kernel and sh.packets) or self._routed_packets
         self._packet_rows = m if self._routed_packets else \
             min(m, sh.one_kernel_entries // k) if self._packets else 0
@@ -507,7 +511,7 @@ class MoEAllToAll:
         """The kernels a dispatch given ``tokens_bound`` launches and their launch shape (the same on
         every rank for the same bound): ``"one-kernel"`` (``onekernel.py``), ``"routed"`` (the route
         and send kernels), ``"routed-direct"`` (the same, the rows sent into the peers' slots:
-        ``MoEShape.direct_from_elems``) or ``"send-gather"`` (the send and gather kernels)."""
+        ``MoEShape.direct_from_bytes``) or ``"send-gather"`` (the send and gather kernels)."""
         if self._one or (self._copy is not None and tokens_bound is not None
                          and tokens_bound * self.top_k <= self.shape.one_kernel_entries):
             bound = self.max_tokens if tokens_bound is None else tokens_bound
@@ -515,7 +519,7 @@ class MoEAllToAll:
         if self._route_ch is None:
             return "send-gather", self.shape
         bound = self.max_tokens if tokens_bound is None else tokens_bound
-        direct = self._direct and bound * self.hidden >= self.shape.direct_from_elems
+        direct = self._direct and bound * self._row_bytes >= self.shape.direct_from_bytes
         return ("routed-direct" if direct else "routed"), self.shape
 
     def _decode_call(self, bound: int) -> bool:

@@ -34,7 +34,7 @@ over programs). For each row
 all in the half given by the launch's epoch parity. The rank's own rows are thus read once, for the
 peers and for its own experts, and their HBM stores run while the peers' rows cross the links.
 
-**Direct rows** (``DIRECT``: calls of at least ``MoEShape.direct_from_bytes`` tokens times hidden).
+**Direct rows** (``DIRECT``: calls whose rows come to at least ``MoEShape.direct_from_bytes``).
 The route kernel ends with its barrier, so every rank's routing and histograms are in place and
 every peer's stream is past its previous dispatch's readers of the expert buffer. Each row then
 goes, instead of into the receive buffer, into its first kept slot (``j`` order) on each peer that

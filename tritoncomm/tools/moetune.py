@@ -29,16 +29,13 @@ import torch
 
 from ..channels import Communicator
 from ..collectives import MoEAllToAll
-from ..collectives.moe import default_shape
+from ..collectives.moe import NEVER, default_shape
 from ..config import CommConfig
 from ..launch import RankContext
 from .moebench import DEFAULTS, MOE_SHAPES, _capacity, _measure
 from .report import device_name, max_over_ranks
 
 __all__ = ["NEVER", "moe_tune_rank", "options", "switch_point"]
-
-#: A switch that is never reached (a count no call carries).
-NEVER = 1 << 31
 
 
 def switch_point(counts: list[int], wins: list[bool]) -> int | None:

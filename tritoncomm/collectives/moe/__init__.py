@@ -98,7 +98,8 @@ SHARED_COPY_FROM = 256
 #: twice that.
 PUSH_SPLIT_ELEMS = 1 << 16
 
-#: A count no call reaches (``MoEShape.direct_from_bytes``: never).
+#: A switch no call reaches (a count no call carries: ``direct_from_bytes``, and the tune's
+#: ``prefill_from`` and ``throughput_from``).
 NEVER = 1 << 62
 
 #: ``MoEShape.direct_from_bytes``'s default: rows of a call per rank, in bytes on the wire. On H100s

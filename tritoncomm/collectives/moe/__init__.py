@@ -170,8 +170,9 @@ class MoEShape:
     #: On instances that route: the route kernel ends with a barrier of its own. Without it (the
     #: default) the send kernel's barrier covers the routing too (each peer's send program arrives
     #: after the peer's route kernel has ended), so the rows go out as soon as this rank's routing is
-    #: stored. Routed packets always keep it (their send kernel has no barrier). At EP2 on two H100s
-    #: (2026-11-27, dispatch + combine in graphs, ``docs/moe.md``) leaving it out took DeepSeek-V3 from
+    #: stored. Routed packets always keep it (their send kernel has no barrier), and so do calls
+    #: with direct rows (``direct_from_bytes``). At EP2 on two H100s (2026-11-27, dispatch +
+    #: combine in graphs, ``docs/moe.md``) leaving it out took DeepSeek-V3 from
     #: 92.2 to 87.6 µs at 512 tokens per rank and 600.2 to 595.8 at 4096, Qwen3-MoE from 64.4 to 59.8
     #: and 355.0 to 351.1.
     route_barrier: bool = False

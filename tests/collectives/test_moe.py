@@ -297,6 +297,29 @@ def test_dispatch_path_names_the_kernels_a_call_launches(worlds, world):
                        [("routed-direct", False), *one, ("routed-direct", False)]]
 
 
+def _direct_paths(ctx):
+    comm = make_comm(ctx, heap_bytes=64 << 20)
+    shape = replace(SHAPES["cpu"], route_above=4, direct_from_bytes=400 * 128 + 1)
+    got = []
+    for fp8 in (False, True):
+        moe = MoEAllToAll(comm, max_tokens=400, hidden=128, num_experts=4 * ctx.world, top_k=3, shape=shape,
+                          fp8_dispatch=fp8)
+        got.append((moe.dispatch_path()[0], moe.dispatch_path(399)[0], comm.heap_offset(moe._out) is not None))
+        moe.close()
+    comm.close()
+    return got
+
+
+@pytest.mark.parametrize("world", world_sizes(2))
+def test_direct_switch_counts_bytes_on_the_wire(worlds, world):
+    """``direct_from_bytes`` counts a call's rows in bytes on the wire: 400 tokens of hidden 128 are
+    102400 bytes in bf16 and 51200 with FP8 dispatch, so a switch at 51201 sends the bf16 rows
+    straight into the peers' slots (and puts that instance's expert buffer in the heap), not the
+    FP8 ones; a bound of 399 tokens is 102144 bytes, still direct in bf16."""
+    for got in worlds(world).run(_direct_paths):
+        assert got == [("routed-direct", "routed-direct", True), ("routed", "routed", False)]
+
+
 @pytest.mark.parametrize("world", world_sizes(2, 3))
 @pytest.mark.parametrize("routing", ["held", "routed", "routed-packets", "routed-direct"])
 def test_decode_calls_on_large_instances_take_one_kernel(worlds, world, routing):

@@ -12,7 +12,8 @@ the send and gather kernels), ``no-regcap`` (no register cap keeping every progr
 ``packets=0``), ``bound`` (each call
 passes ``tokens_bound``, its token count: one kernel on instances sized for more; below
 ``PREFILL_FROM`` tokens with the decode shape, as by default), ``no-decode`` (such calls keep the
-instance's shape), ``decode_below=N`` (the constructor's switch for them); a field change other
+instance's shape), ``decode_below=N`` (the constructor's switch for them), ``mode=latency`` or
+``mode=throughput`` and ``throughput_from=N`` (the constructor's combine mode and switch); a field change other
 than the grid's (programs, columns, warps, roles) applies to the decode shape too;
 ``docs/moe.md`` names the
 checkout of its route-kernel variants. Each round times every variant in turn on the same inputs
@@ -62,7 +63,8 @@ def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, 
     if "bound" in changes and "tokens_bound" not in inspect.signature(MoEAllToAll.dispatch).parameters:
         return None
     # FIELD=VALUE changes of the shape (decode_below is a constructor argument, not a shape field)
-    set_fields = {n: int(v) for n, v in (c.split("=") for c in changes if "=" in c) if n != "decode_below"}
+    ctor_args = ("decode_below", "mode", "throughput_from")
+    set_fields = {n: int(v) for n, v in (c.split("=") for c in changes if "=" in c) if n not in ctor_args}
     if not set_fields.keys() <= known:
         return None
     shape = replace(shape, **set_fields)
@@ -83,6 +85,11 @@ def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, 
         if "decode_below" not in ctor:
             return None
         extra["decode_below"] = int(change.split("=")[1])
+    for change in (c for c in changes if c.startswith(("mode=", "throughput_from="))):
+        name, value = change.split("=")
+        if name not in ctor:
+            return None
+        extra[name] = value if name == "mode" else int(value)
     moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
                       capacity=_capacity(world, m, experts, k), shape=shape, fp8_dispatch=fp8, **extra)
     if "no-regcap" in changes:

@@ -459,11 +459,14 @@ def test_shared_and_per_program_copies_alternate(worlds, world):
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
-def test_auto_mode_switches_per_call_on_total_tokens(worlds, world):
+@pytest.mark.parametrize("throughput_block_h", [0, 8, 32])
+def test_auto_mode_switches_per_call_on_total_tokens(worlds, world, throughput_block_h):
     """Token counts drawn per rank and call (4 at most), the switch just below every rank's maximum:
-    calls of both modes interleave on the same buffers, every one exact."""
+    calls of both modes interleave on the same buffers, every one exact, with the throughput mode
+    stepping as many columns as the latency mode (16), fewer, or more than a row (hidden 24)."""
+    shape = replace(SHAPES["cpu"], block_h=16, throughput_block_h=throughput_block_h)
     for bad in worlds(world).run(_job, 2 * world, 2, 24, 4, "unrouted", 6, throughput_from=4 * world - 1,
-                                 both_modes=True):
+                                 both_modes=True, shape=shape):
         assert bad == []
 
 
@@ -489,13 +492,15 @@ def test_fp8_dispatch_scales_per_128_values(worlds, world):
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
-@pytest.mark.parametrize("mode,fp8", [("latency", False), ("throughput", False), ("throughput", True)])
-def test_rows_split_over_programs_by_column_blocks(worlds, world, mode, fp8):
+@pytest.mark.parametrize("mode,fp8,wide", [("latency", False, False), ("throughput", False, False),
+                                           ("throughput", True, False), ("throughput", False, True)])
+def test_rows_split_over_programs_by_column_blocks(worlds, world, mode, fp8, wide):
     """More programs than rows: rows' column blocks spread over programs (send, gather, both combine
     modes), for every token count from 0 to 6; the last block partial; the send's block twice the
-    others'; routing in blocks of 4 entries (3 per row: rows straddle blocks), superblocks of 2."""
+    others'; routing in blocks of 4 entries (3 per row: rows straddle blocks), superblocks of 2;
+    ``wide``: the throughput combine's blocks twice the others' too."""
     shape = MoEShape(programs=6, block_h=128 if fp8 else 16, block_e=4, num_warps=1, super_blocks=2,
-                     send_block_h=256 if fp8 else 32)
+                     send_block_h=256 if fp8 else 32, throughput_block_h=32 if wide else 0)
     hidden = 384 if fp8 else 40
     for bad in worlds(world).run(_job, 4 * world, 3, hidden, 6, "unrouted", 4, torch.bfloat16, None, torch.int64,
                                  torch.float32, fp8, mode, shape=shape):

@@ -412,7 +412,8 @@ def _moe_ptx(kernel: str) -> str:
                                "i64"),
                "trace_ptr": "*i64"}
         fn, cx = combine.moe_combine_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_W": 2,
-                                              "BLOCK_H": 1024, "TRACE": False}
+                                              "BLOCK_H": 1024, "TRACE": False,
+                                              "BLOCK_HT": 4096 if kernel == "combine-wide" else 0}
     # as launched: tensors and hidden (7168) divisible by 16; the counts and rank are not
     sized = ("hidden", "capacity", "max_tokens", "num_experts", "x_stride")
     aligned = {k for k, v in sig.items() if v.startswith("*") or k in sized or k.endswith(("_off", "_half"))}
@@ -423,8 +424,10 @@ def test_moe_kernels_move_tokens_in_16_byte_vectors():
     """The send kernel's stores into peers' receive buffers, the gather's copies, the one-kernel
     dispatch's both, and the combine's loads of expert rows and stores (its output and pushed
     partials) are 16-byte vector accesses, with no 2-byte ones (cache hints or none), also where the
-    send kernel stores rows into the peers' expert slots (``send-direct``)."""
-    for kernel in ("send", "send-held", "send-packets", "send-direct", "gather", "combine", "one", "one-packets"):
+    send kernel stores rows into the peers' expert slots (``send-direct``), and where the throughput
+    combine steps more columns than the latency one (``combine-wide``)."""
+    for kernel in ("send", "send-held", "send-packets", "send-direct", "gather", "combine", "combine-wide", "one",
+                   "one-packets"):
         ptx = _moe_ptx(kernel)
         for op in ("st", "ld"):
             accesses = re.findall(rf"\b{op}\.global(?:\.[\w:]+)*?\.(v4\.b32|b16)\b", ptx)
@@ -435,10 +438,10 @@ def test_moe_kernels_stream_what_they_touch_once():
     """Cache hints (``collectives/moe/gather.py``): the rows laid out into the expert slots are
     streaming 16-byte stores, and the tokens, the received rows and the expert outputs are loaded
     evict-first."""
-    for kernel in ("send", "send-direct", "gather", "one", "one-packets", "combine"):
+    for kernel in ("send", "send-direct", "gather", "one", "one-packets", "combine", "combine-wide"):
         ptx = _moe_ptx(kernel)
         o = ops(ptx)
-        if kernel != "combine":
+        if not kernel.startswith("combine"):
             assert o["st.global.cs.v4.b32"] >= 1, (kernel, o)
         if kernel != "one-packets":  # its peers' rows are Lamport polls, volatile
             assert re.search(r"ld\.global\.L1::evict_first[\w:.]*\.v4\.b32", ptx), kernel

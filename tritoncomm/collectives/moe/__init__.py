@@ -200,12 +200,17 @@ class MoEShape:
     #: ``moe_route_kernel`` and then the send kernel, which also lays out the peers' rows; others (not
     #: in one kernel) with the send and gather kernels, every send program holding the call's routing.
     route_above: int = 1024
+    #: Columns per step of the throughput combine; 0: ``block_h``. At EP2 on two H100s
+    #: (2026-11-27, dispatch + combine in graphs, ``docs/moe.md``) 4096 instead of 2048 took
+    #: DeepSeek-V3 from 587.5 to 580.5 µs at 4096 tokens per rank and 300.3 to 296.4 at 2048,
+    #: Qwen3-MoE from 352.0 to 346.9 at 4096; in the latency combine (128 and 512 tokens) 4096 lost.
+    throughput_block_h: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("block_h", "block_e", "send_block_h", "one_block_h", "super_blocks", "route_above",
-                     "one_kernel_entries"):
+        for name in ("block_h", "block_e", "send_block_h", "one_block_h", "throughput_block_h", "super_blocks",
+                     "route_above", "one_kernel_entries"):
             v = getattr(self, name)
-            lowest = 0 if name in ("send_block_h", "one_block_h") else 1  # 0: as the send / block_h
+            lowest = 0 if name in ("send_block_h", "one_block_h", "throughput_block_h") else 1  # 0: as block_h
             if v < lowest or v & (v - 1):
                 raise InvalidInputError(f"MoEShape: {name} must be a power of two, got {v}")
         if self.direct_from_bytes < 0:
@@ -239,7 +244,8 @@ class MoEShape:
 #: Launch shapes by kind of instance; on GPUs ``programs`` is set from the SM count at construction
 #: (``default_shape``).
 SHAPES = {"cuda": MoEShape(132, 1024, 64, 4, one_kernel=True),
-          "cuda-prefill": MoEShape(264, 2048, 64, 8, send_block_h=4096, one_kernel=True, one_block_h=2048,
+          "cuda-prefill": MoEShape(264, 2048, 64, 8, send_block_h=4096, throughput_block_h=4096, one_kernel=True,
+                                   one_block_h=2048,
                                    one_kernel_entries=PREFILL_ONE_KERNEL_ENTRIES),
           "cpu": MoEShape(2, 64, 16, 1, one_kernel=True)}
 
@@ -635,7 +641,8 @@ class MoEAllToAll:
                        ids_half=self._ids_half, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                        part_off=self._part_off, lpart_off=self._lpart_off, block_h=sh.block_h,
                        num_warps=sh.num_warps, launch_opts=self._decode_opts if decode else self._launch_opts,
-                       trace=self._traces[1] if self._traces else None, pushers=sh.pushers(handle.bound, self.hidden))
+                       trace=self._traces[1] if self._traces else None, pushers=sh.pushers(handle.bound, self.hidden),
+                       throughput_block_h=sh.throughput_block_h)
         return out[:handle.n_tokens]
 
     def close(self) -> None:

@@ -102,38 +102,40 @@ def _weighted_rows(ybuf, rows, wt, c, hidden, m, TOP_K: tl.constexpr, BLOCK_K: t
 @triton.jit
 def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off,
                 part_off, lpart_off, from_partials, pid, grid, timeout, diag, WORLD: tl.constexpr, TOP_K: tl.constexpr,
-                BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
+                BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HT: tl.constexpr):
     """Both modes, last: every token's partials in rank order. This rank's own partial is summed here
     from its expert buffer (latency mode) or read back from ``out`` (throughput mode: ``_own_item``
     stored it there); a peer's is polled from the Lamport buffer and reset (latency mode) or read
     from the partials buffer after the barrier (throughput mode). The work items are (token, share
     of its column blocks) (``column_shares``); an item's routing is loaded once, so each column
     block waits on one round of loads. Each mode has a loop of its own, compiled apart from the
-    other's waits."""
+    other's waits, and its own columns per step (``BLOCK_HT`` in the throughput mode)."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
-    cols = tl.arange(0, BLOCK_H)
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     ybuf = heap_ptr(bases, rank, ybuf_off, DTYPE)
     part = heap_ptr(bases, rank, part_off, DTYPE)
     lpart = heap_ptr(bases, rank, lpart_off, DTYPE)
-    shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
     if from_partials:
-        for item in range(pid, n_tokens * shares, grid):
-            t = item // shares
+        wide = tl.arange(0, BLOCK_HT)
+        wshares = column_shares(n_tokens, hidden, grid, BLOCK_HT)
+        for item in range(pid, n_tokens * wshares, grid):
+            t = item // wshares
             owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
-            lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
-            for c in range(lo, hi, BLOCK_H):
-                m = c + cols < hidden
-                own = tl.load(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, mask=m, other=0.0).to(tl.float32)
-                acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+            lo, hi = share_columns(item % wshares, wshares, hidden, BLOCK_HT)
+            for c in range(lo, hi, BLOCK_HT):
+                m = c + wide < hidden
+                own = tl.load(out_ptr + tl.cast(t, tl.int64) * hidden + c + wide, mask=m, other=0.0).to(tl.float32)
+                acc = tl.zeros([BLOCK_HT], dtype=tl.float32)
                 for r in tl.static_range(WORLD):
                     peer = (r != rank) & (tl.sum((owner == r).to(tl.int32), axis=0) > 0)
-                    got = tl.load(part + tl.cast(r * max_tokens + t, tl.int64) * hidden + c + cols, mask=m & peer,
+                    got = tl.load(part + tl.cast(r * max_tokens + t, tl.int64) * hidden + c + wide, mask=m & peer,
                                   other=0.0).to(tl.float32)
                     acc += tl.where(r == rank, own, got)
-                tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, round_to(acc, DTYPE), mask=m)
+                tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + wide, round_to(acc, DTYPE), mask=m)
     else:
+        cols = tl.arange(0, BLOCK_H)
+        shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
         for item in range(pid, n_tokens * shares, grid):
             t = item // shares
             owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
@@ -258,12 +260,15 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
                        ybuf_off, ids_off, ids_half, wtab_off, wtab_half, part_off, lpart_off, trace_ptr,
                        WORLD: tl.constexpr,
                        LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr,
-                       BLOCK_H: tl.constexpr, TRACE: tl.constexpr, PUSHERS: tl.constexpr = 0):
+                       BLOCK_H: tl.constexpr, TRACE: tl.constexpr, PUSHERS: tl.constexpr = 0,
+                       BLOCK_HT: tl.constexpr = 0):
     """``out[t]`` for ``t < n_tokens`` (see the module docstring). With ``TRACE`` each program
     stamps (``kernels.stamp``) ``COMBINE_STAGES`` points into ``trace_ptr``: started, mode known,
     partials pushed (throughput: and the barrier passed), done. With ``PUSHERS``, in the latency mode
     programs ``[0, PUSHERS)`` push and the others sum (nothing pairs programs there); the throughput
-    mode's barrier pairs program ``pid`` across ranks, so there every program does both."""
+    mode's barrier pairs program ``pid`` across ranks, so there every program does both. The
+    throughput mode steps ``BLOCK_HT`` columns at a time (0: ``BLOCK_H``), the same on every rank."""
+    BLOCK_T: tl.constexpr = BLOCK_HT if BLOCK_HT > 0 else BLOCK_H
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     if PUSHERS == 0:
@@ -289,7 +294,7 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
     wtab = heap_ptr(bases, rank, wtab_off + parity * wtab_half, tl.float32)
     if from_partials:
         _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, bases, rank,
-                       ybuf_off, ids, wtab, sizes, part_off, pid, grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H,
+                       ybuf_off, ids, wtab, sizes, part_off, pid, grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_T,
                        BLOCK_W)
         # every peer's partial of my tokens is here
         barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
@@ -300,7 +305,7 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
         stamp(trace_ptr, pid * _STAGES + 2)
     _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off,
                 part_off, lpart_off, from_partials, tl.where(from_partials, pid, sum_pid),
-                tl.where(from_partials, grid, sum_grid), timeout, diag, WORLD, TOP_K, BLOCK_K, BLOCK_H)
+                tl.where(from_partials, grid, sum_grid), timeout, diag, WORLD, TOP_K, BLOCK_K, BLOCK_H, BLOCK_T)
     epoch_commit_slots(epoch_ptr, e, epoch_slots)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 3)
@@ -310,15 +315,18 @@ def launch_combine(run: Launcher, comm, channel, header: torch.Tensor, out: torc
                    owner: torch.Tensor, row: torch.Tensor, slot_of: torch.Tensor, n_tokens: int, *, max_tokens: int,
                    throughput_from: int, lamport_rows: int, local: int, ybuf_off: int, ids_off: int, ids_half: int,
                    wtab_off: int, wtab_half: int, part_off: int, lpart_off: int, block_h: int, num_warps: int,
-                   launch_opts: dict[str, bool | int], trace: torch.Tensor | None = None, pushers: int = 0) -> None:
+                   launch_opts: dict[str, bool | int], trace: torch.Tensor | None = None, pushers: int = 0,
+                   throughput_block_h: int = 0) -> None:
     """Launch ``moe_combine_kernel`` through ``run`` (its launcher, one program per SM on GPUs), after
     the dispatch that left ``header`` (``header.py``); ``trace``: int64 ``[programs,
     COMBINE_STAGES, 2]`` for the stage stamps, or None; ``pushers``: in the latency mode the
-    programs that push (the others sum); 0: all."""
+    programs that push (the others sum); 0: all; ``throughput_block_h``: the throughput mode's
+    columns per step (0: ``block_h``)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     run(out, w, owner, row, slot_of, n_tokens, out.shape[-1], max_tokens, throughput_from, lamport_rows, bases, rank,
         timeout, diag, channel.flags_off, channel.epochs_off, channel.programs, header, ybuf_off, ids_off, ids_half,
         wtab_off, wtab_half, part_off, lpart_off, w if trace is None else trace, WORLD=world,
         LOCAL=local, TOP_K=w.shape[-1], BLOCK_K=pow2_at_least(w.shape[-1]), BLOCK_W=pow2_at_least(world),
-        BLOCK_H=block_h, TRACE=trace is not None, PUSHERS=pushers, num_warps=num_warps, enable_fp_fusion=False,
+        BLOCK_H=block_h, TRACE=trace is not None, PUSHERS=pushers, BLOCK_HT=throughput_block_h,
+        num_warps=num_warps, enable_fp_fusion=False,
         **launch_opts)

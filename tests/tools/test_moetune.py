@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tritoncomm.collectives.moe import PREFILL_FROM, THROUGHPUT_FROM, MoEAllToAll
+from tritoncomm.collectives.moe import PREFILL_FROM, MoEAllToAll, default_throughput_from
 from tritoncomm.tools.moetune import NEVER, moe_tune_rank, options, switch_point
 
 from ..helpers import make_comm
@@ -47,4 +47,4 @@ def test_moe_tune_reports_both_switches_and_they_apply(worlds):
     assert opts == {"prefill_from": r["prefill_from"], "throughput_from": r["throughput_from"]}
     assert options(rep, world=4, hidden=256, num_experts=16, top_k=4) == {}  # not tuned: the defaults stand
     assert sum(worlds(2).run(_apply, opts)) == 24  # every entry routed: 2 ranks x 3 tokens x 4 experts
-    assert PREFILL_FROM < NEVER and THROUGHPUT_FROM < NEVER
+    assert PREFILL_FROM < NEVER and default_throughput_from(2, 256) < NEVER

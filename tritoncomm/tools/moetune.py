@@ -114,7 +114,7 @@ def moe_tune_rank(ctx: RankContext, shapes: list[str] | None = None,
 def options(report: dict[str, Any], *, world: int, hidden: int, num_experts: int, top_k: int) -> dict[str, int]:
     """``MoEAllToAll`` keyword options from a ``tune --op moe`` report (its ``moe`` list) for this
     problem: ``prefill_from`` and ``throughput_from``; the defaults (``PREFILL_FROM`` and
-    ``THROUGHPUT_FROM``) stand when the report has no entry for it."""
+    ``default_throughput_from``) stand when the report has no entry for it."""
     for r in report.get("moe", []):
         if (r["world"], r["hidden"], r["experts"], r["top_k"]) == (world, hidden, num_experts, top_k):
             return {"prefill_from": r["prefill_from"], "throughput_from": r["throughput_from"]}

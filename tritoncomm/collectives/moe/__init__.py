@@ -31,7 +31,8 @@ call, ``top_k`` experts per token, at most ``capacity`` entries per expert and c
   (``combine.py`` states it exactly), so the bits never depend on arrival order nor on the mode.
   Each owner sums its experts' outputs per token and pushes one row per token home, in one of two
   modes chosen on the device per call from the total token count over the ranks: latency (below
-  ``throughput_from``: Lamport packets, no barrier) and throughput (bulk stores, then a barrier).
+  ``throughput_from``: Lamport packets, no barrier) and throughput (bulk stores, then a barrier);
+  by default ``throughput_from = default_throughput_from(world, hidden)``.
   ``mode="latency"`` or ``"throughput"`` fixes the mode; ``"latency"`` (and ``"auto"`` at world 1,
   where it always chooses latency) spares the partials buffer (``world * max_tokens * hidden``
   elements of the heap), ``"throughput"`` the Lamport buffer (``world * min(max_tokens,
@@ -72,15 +73,21 @@ from .gather import launch_gather, moe_gather_kernel
 from .onekernel import DISPATCH_STAGES, launch_dispatch_one_kernel, moe_dispatch_one_kernel
 from .route import ROUTED_STAGES, launch_route, moe_route_kernel
 
-#: ``combine``'s default switch from the latency to the throughput mode: total tokens over the ranks
-#: per call. Measured at EP2 on two H200s (``benchmarks/results/moe-h200-ep2.json``, both shapes): the
-#: latency mode is faster at 256 and 1024 tokens in all, the throughput mode at 8192; the switch sits
-#: between (``tune --op moe`` finds it for a deployment).
-THROUGHPUT_FROM = 2048
+#: ``combine``'s default switch from the latency to the throughput mode, in elements of partials a
+#: rank receives per call, ``total tokens * hidden * (world - 1) / world`` (``default_throughput_from``
+#: turns it into total tokens over the ranks, the kernel's switch). The latency mode's packets cost
+#: their polls and resets per element received; the throughput mode a barrier per call. On H100s
+#: (2026-11-27, dispatch + combine in graphs, ``docs/moe.md``) the throughput mode won from 2.75 M
+#: elements (DeepSeek-V3 at 128 tokens per rank at EP4: 65.5 against 68.8 µs; 3.7 M: DeepSeek-V3 at
+#: 512 at EP2, 84.9 against 86.8) and lost at 2.1 M (Qwen3-MoE at 512 at EP2: 60.3 against 59.5) and
+#: below; the switch lies between. Measured at EP2 and EP4 only: ``tune --op moe`` finds it for a
+#: deployment.
+THROUGHPUT_FROM_ELEMS = 9 << 18
 MODES = ("auto", "latency", "throughput")
 
 __all__ = ["DIRECT_FROM_BYTES", "MODES", "NEVER", "ONE_KERNEL_ENTRIES", "PREFILL_FROM", "PUSH_SPLIT_ELEMS", "SHAPES",
-           "SHARED_COPY_FROM", "THROUGHPUT_FROM", "MoEAllToAll", "MoEHandle", "MoEShape", "default_shape"]
+           "SHARED_COPY_FROM", "THROUGHPUT_FROM_ELEMS", "MoEAllToAll", "MoEHandle", "MoEShape",
+           "default_shape", "default_throughput_from"]
 
 
 #: Routing entries per rank from which the one-kernel dispatch shares one routing copy per rank
@@ -296,6 +303,14 @@ def _launch_options(comm: Communicator, shape: MoEShape) -> dict[str, bool | int
     return opts
 
 
+def default_throughput_from(world: int, hidden: int) -> int:
+    """``combine``'s default switch for ``world`` ranks and rows of ``hidden``, in total tokens over
+    the ranks per call: the fewest with ``THROUGHPUT_FROM_ELEMS`` elements of partials per rank."""
+    if world < 2:
+        return 1  # unused: at world 1 the automatic mode is the latency mode
+    return -(-THROUGHPUT_FROM_ELEMS * world // ((world - 1) * hidden))
+
+
 @dataclass(frozen=True)
 class MoEHandle:
     """What ``combine`` needs from its ``dispatch``: the token count, the call it came from, and the
@@ -312,7 +327,7 @@ class MoEAllToAll:
 
     def __init__(self, comm: Communicator, *, max_tokens: int, hidden: int, num_experts: int, top_k: int,
                  dtype: torch.dtype = torch.bfloat16, capacity: int | None = None, fp8_dispatch: bool = False,
-                 mode: str = "auto", throughput_from: int = THROUGHPUT_FROM, prefill_from: int = PREFILL_FROM,
+                 mode: str = "auto", throughput_from: int | None = None, prefill_from: int = PREFILL_FROM,
                  shape: MoEShape | None = None, decode_shape: MoEShape | None = None, decode_below: int | None = None,
                  name: str = "moe") -> None:
         w = comm.world
@@ -326,6 +341,8 @@ class MoEAllToAll:
             raise InvalidInputError(f"MoEAllToAll: top_k {top_k} exceeds {num_experts} experts")
         if mode not in MODES:
             raise InvalidInputError(f"MoEAllToAll: mode must be one of {MODES}, got {mode!r}")
+        if throughput_from is None:
+            throughput_from = default_throughput_from(w, hidden)
         if not isinstance(throughput_from, int) or throughput_from < 0:
             raise InvalidInputError(f"MoEAllToAll: throughput_from must be an int >= 0, got {throughput_from!r}")
         if not isinstance(prefill_from, int) or prefill_from < 1:

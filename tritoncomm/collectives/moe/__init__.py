@@ -77,11 +77,11 @@ from .route import ROUTED_STAGES, launch_route, moe_route_kernel
 #: rank receives per call, ``total tokens * hidden * (world - 1) / world`` (``default_throughput_from``
 #: turns it into total tokens over the ranks, the kernel's switch). The latency mode's packets cost
 #: their polls and resets per element received; the throughput mode a barrier per call. On H100s
-#: (2026-11-27, dispatch + combine in graphs, ``docs/moe.md``) the throughput mode won from 2.75 M
-#: elements (DeepSeek-V3 at 128 tokens per rank at EP4: 65.5 against 68.8 µs; 3.7 M: DeepSeek-V3 at
-#: 512 at EP2, 84.9 against 86.8) and lost at 2.1 M (Qwen3-MoE at 512 at EP2: 60.3 against 59.5) and
-#: below; the switch lies between. Measured at EP2 and EP4 only: ``tune --op moe`` finds it for a
-#: deployment.
+#: (2026-11-27, dispatch + combine in graphs, ``docs/moe.md``) the throughput mode won from 2.6 M
+#: elements (Qwen3-MoE at 640 tokens per rank at EP2: 71.4 against 72.8 µs; DeepSeek-V3 at 128 at
+#: EP4, 2.75 M: 65.1 against 68.5) and lost at 2.1 M (Qwen3-MoE at 512 at EP2: 60.5 against 59.7)
+#: and below; the switch lies between. Measured at EP2 and EP4 only: ``tune --op moe`` finds it for
+#: a deployment.
 THROUGHPUT_FROM_ELEMS = 9 << 18
 MODES = ("auto", "latency", "throughput")
 

@@ -646,13 +646,16 @@ def test_missing_peer_turns_into_timeout_error(worlds, path):
 
 def _gpu_shape(ctx, max_tokens: int, path: str) -> MoEShape:
     """The default launch shape (``one-kernel`` at these sizes), or the send and gather kernels with
-    the route kernel before the send (instances of more than 8 entries) (``routed``)."""
+    the route kernel before the send (instances of more than 8 entries) (``routed``; ``routed-direct``:
+    every call's rows sent into their first kept slot on each peer)."""
     from tritoncomm.collectives.moe import default_shape
 
     shape = default_shape("cuda", max_tokens, torch.cuda.get_device_properties(ctx.device).multi_processor_count)
     if path == "barrier":
         return replace(shape, packets=False)
-    return shape if path == "one-kernel" else replace(shape, one_kernel=False, route_above=8)
+    if path == "one-kernel":
+        return shape
+    return replace(shape, one_kernel=False, route_above=8, direct_from_bytes=0 if path == "routed-direct" else NEVER)
 
 
 def _graph_job(ctx, mode: str, path: str):
@@ -704,7 +707,7 @@ def _graph_job(ctx, mode: str, path: str):
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", world_sizes(2))
 @pytest.mark.parametrize("mode", ["latency", "throughput"])
-@pytest.mark.parametrize("path", ["one-kernel", "barrier", "routed"])
+@pytest.mark.parametrize("path", ["one-kernel", "barrier", "routed", "routed-direct"])
 def test_cuda_graph_replays_with_new_routing(worlds, world, mode, path):
     for ok in worlds(world).run(_graph_job, mode, path):
         assert ok == [True] * 4, ok
@@ -761,7 +764,7 @@ def _straggler_job(ctx, calls: int, seed: int, path: str) -> list:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", world_sizes(2))
-@pytest.mark.parametrize("path", ["one-kernel", "barrier", "routed"])
+@pytest.mark.parametrize("path", ["one-kernel", "barrier", "routed", "routed-direct"])
 def test_stragglers_with_no_host_sync(worlds, world, path):
     for bad in worlds(world).run(_straggler_job, 200, 11, path, timeout=600):
         assert bad == []

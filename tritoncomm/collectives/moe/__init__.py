@@ -208,9 +208,10 @@ class MoEShape:
     #: in one kernel) with the send and gather kernels, every send program holding the call's routing.
     route_above: int = 1024
     #: Columns per step of the throughput combine; 0: ``block_h``. At EP2 on two H100s
-    #: (2026-11-27, dispatch + combine in graphs, ``docs/moe.md``) 4096 instead of 2048 took
-    #: DeepSeek-V3 from 587.5 to 580.5 µs at 4096 tokens per rank and 300.3 to 296.4 at 2048,
-    #: Qwen3-MoE from 352.0 to 346.9 at 4096; in the latency combine (128 and 512 tokens) 4096 lost.
+    #: (2026-11-27, dispatch + combine in graphs, ``docs/moe.md``) 4096 instead of 2048, the latency
+    #: combine keeping 2048, took DeepSeek-V3 from 586.8 to 557.4 µs at 4096 tokens per rank and
+    #: 300.6 to 284.1 at 2048, Qwen3-MoE from 353.3 to 340.5 at 4096; 8192 lost (645.3, 463.9).
+    #: ``block_h`` at 4096 (both modes) gained a quarter of that and lost in the latency mode.
     throughput_block_h: int = 0
 
     def __post_init__(self) -> None:
@@ -266,10 +267,11 @@ SHAPES = {"cuda": MoEShape(132, 1024, 64, 4, one_kernel=True),
 #: Qwen3-MoE 13.9 vs 11.7). At EP1 on one H200 (2026-11-23, DeepSeek-V3, eager, GPU time by kernel): at
 #: 128 and 4096 tokens two 8-warp programs per SM beat one 4-warp program (send + combine + gather
 #: 22.1 vs 26.0 µs and 414 vs 611 µs); at 8 tokens they lose (12.4 vs 10.3 µs). Its send takes 4096
-#: columns per step (against 1024 at 4096 tokens: send 43 vs 70 µs), its combine and gather 2048 (at EP2 on two H100s,
-#: both phases against 4096: 128 tokens 32.7 vs 36.0 µs, 512 102.4 vs 104.5, 4096 658.7 vs 657.7,
-#: DeepSeek-V3), its one-kernel dispatch 2048 too (both phases at 128 tokens 31.1 vs 32.2 µs against
-#: 1024, DeepSeek-V3; 21.1 vs 21.7 Qwen3-MoE; 4096 slower). Both shapes route in blocks of 64 entries
+#: columns per step (against 1024 at 4096 tokens: send 43 vs 70 µs), its latency combine and gather
+#: 2048 (at EP2 on two H100s, both phases against 4096: 128 tokens 32.7 vs 36.0 µs, 512 102.4 vs
+#: 104.5, DeepSeek-V3), its throughput combine 4096 (``MoEShape.throughput_block_h``), its
+#: one-kernel dispatch 2048 too (both phases at 128 tokens 31.1 vs 32.2 µs against 1024,
+#: DeepSeek-V3; 21.1 vs 21.7 Qwen3-MoE; 4096 slower). Both shapes route in blocks of 64 entries
 #: with superblocks of 16, in the gather kernel (``docs/moe.md``).
 PREFILL_FROM = 48
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import tempfile
 from collections import Counter
 
 import pytest
@@ -17,6 +18,12 @@ pytestmark = pytest.mark.skipif(interpreting(), reason="PTX checks need compiled
 
 
 def compile_ptx(fn, sig: dict[str, str], constexprs: dict[str, int], aligned: set[str], num_warps: int = 4) -> str:
+    return compile_sm90(fn, sig, constexprs, aligned, {"num_warps": num_warps}).asm["ptx"]
+
+
+def compile_sm90(fn, sig: dict[str, str], constexprs: dict[str, int], aligned: set[str], options: dict):
+    """The kernel compiled for sm_90 with ``options`` (``num_warps``, ``maxnreg``, ...), as launched:
+    ``aligned`` arguments divisible by 16."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -28,7 +35,7 @@ def compile_ptx(fn, sig: dict[str, str], constexprs: dict[str, int], aligned: se
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     full = dict(sig, **{k: "constexpr" for k in constexprs})
     src = ASTSource(fn=fn, signature=full, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps}).asm["ptx"]
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def ops(ptx: str) -> Counter:
@@ -352,6 +359,11 @@ def test_rank_zero_and_one_get_the_same_specialisation():
 
 
 def _moe_ptx(kernel: str) -> str:
+    return _moe_build(kernel, {"num_warps": 4}, {}).asm["ptx"]
+
+
+def _moe_build(kernel: str, options: dict, overrides: dict[str, int]):
+    """A MoE kernel compiled for sm_90 with ``options``, its constexprs changed by ``overrides``."""
     from tritoncomm.collectives.moe import combine, dispatch, gather, onekernel, route
 
     i64 = dict.fromkeys(("epochs_off", "recv_off", "recv_half", "sc_off", "sc_half"), "i64")
@@ -417,7 +429,7 @@ def _moe_ptx(kernel: str) -> str:
     # as launched: tensors and hidden (7168) divisible by 16; the counts and rank are not
     sized = ("hidden", "capacity", "max_tokens", "num_experts", "x_stride")
     aligned = {k for k, v in sig.items() if v.startswith("*") or k in sized or k.endswith(("_off", "_half"))}
-    return compile_ptx(fn, sig, cx, aligned)
+    return compile_sm90(fn, sig, {**cx, **overrides}, aligned, options)
 
 
 def test_moe_kernels_move_tokens_in_16_byte_vectors():
@@ -432,6 +444,35 @@ def test_moe_kernels_move_tokens_in_16_byte_vectors():
         for op in ("st", "ld"):
             accesses = re.findall(rf"\b{op}\.global(?:\.[\w:]+)*?\.(v4\.b32|b16)\b", ptx)
             assert "v4.b32" in accesses and "b16" not in accesses, (kernel, op, sorted(set(accesses)))
+
+
+def test_moe_prefill_combine_fits_its_register_cap():
+    """The prefill shape's combine, as launched (its warps, its columns per step in each mode, the
+    register cap that keeps two programs per SM resident: ``collectives/moe/__init__.py``,
+    ``_launch_options``), spills at most 8 bytes per thread. With 4096 columns in the latency mode
+    as well it spilled 148 (a 112-byte stack frame), and the throughput mode's 4096 columns then
+    gained a quarter of what they gain with 2048 in the latency mode (``docs/moe.md``)."""
+    import os
+    import subprocess
+
+    from tritoncomm.collectives.moe import SHAPES
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        pytest.skip("no cuobjdump in this triton")
+    sh = SHAPES["cuda-prefill"]
+    cap = 65536 // (2 * sh.num_warps * 32)  # two programs per SM (the prefill shape's grid)
+    built = _moe_build("combine", {"num_warps": sh.num_warps, "maxnreg": cap, "enable_fp_fusion": False},
+                       {"BLOCK_H": sh.block_h, "BLOCK_HT": sh.throughput_block_h})
+    cubin = tempfile.NamedTemporaryFile(suffix=".cubin", delete=False)
+    try:
+        cubin.write(built.asm["cubin"])
+        cubin.close()
+        usage = subprocess.run([tool, "-res-usage", cubin.name], capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(cubin.name)
+    regs, stack = (int(re.search(rf"\b{what}:(\d+)", usage).group(1)) for what in ("REG", "STACK"))
+    assert regs <= cap and stack <= 8, usage
 
 
 def test_moe_kernels_stream_what_they_touch_once():

@@ -449,19 +449,20 @@ def test_moe_kernels_move_tokens_in_16_byte_vectors():
 def test_moe_prefill_combine_fits_its_register_cap():
     """The prefill shape's combine, as launched (its warps, its columns per step in each mode, the
     register cap that keeps two programs per SM resident: ``collectives/moe/__init__.py``,
-    ``_launch_options``), spills at most 8 bytes per thread. With 4096 columns in the latency mode
-    as well it spilled 148 (a 112-byte stack frame), and the throughput mode's 4096 columns then
-    gained a quarter of what they gain with 2048 in the latency mode (``docs/moe.md``)."""
+    ``register_cap``), has a stack frame (where spills go) of at most 8 bytes per thread. With 4096
+    columns in the latency mode as well it spilled 148 bytes into a 112-byte frame, and the
+    throughput mode's 4096 columns then gained a quarter of what they gain with 2048 in the latency
+    mode (``docs/moe.md``)."""
     import os
     import subprocess
 
-    from tritoncomm.collectives.moe import SHAPES
+    from tritoncomm.collectives.moe import SHAPES, register_cap
 
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     if not os.path.exists(tool):
         pytest.skip("no cuobjdump in this triton")
     sh = SHAPES["cuda-prefill"]
-    cap = 65536 // (2 * sh.num_warps * 32)  # two programs per SM (the prefill shape's grid)
+    cap = register_cap(sh, sh.programs // 2)  # two programs per SM (the prefill shape's grid)
     built = _moe_build("combine", {"num_warps": sh.num_warps, "maxnreg": cap, "enable_fp_fusion": False},
                        {"BLOCK_H": sh.block_h, "BLOCK_HT": sh.throughput_block_h})
     cubin = tempfile.NamedTemporaryFile(suffix=".cubin", delete=False)

@@ -87,7 +87,7 @@ MODES = ("auto", "latency", "throughput")
 
 __all__ = ["DIRECT_FROM_BYTES", "MODES", "NEVER", "ONE_KERNEL_ENTRIES", "PREFILL_FROM", "PUSH_SPLIT_ELEMS", "SHAPES",
            "SHARED_COPY_FROM", "THROUGHPUT_FROM_ELEMS", "MoEAllToAll", "MoEHandle", "MoEShape",
-           "default_shape", "default_throughput_from"]
+           "default_shape", "default_throughput_from", "register_cap"]
 
 
 #: Routing entries per rank from which the one-kernel dispatch shares one routing copy per rank
@@ -298,11 +298,18 @@ def _launch_options(comm: Communicator, shape: MoEShape) -> dict[str, bool | int
         return {}
     props = torch.cuda.get_device_properties(comm.device)
     opts: dict[str, bool | int] = {"launch_pdl": True} if shape.pdl and props.major >= 9 else {}
-    per_sm = -(-shape.programs // props.multi_processor_count)
-    cap = getattr(props, "regs_per_multiprocessor", 65536) // (per_sm * shape.num_warps * 32)
-    if cap < 255:
-        opts["maxnreg"] = max(cap // 8 * 8, 32)
+    cap = register_cap(shape, props.multi_processor_count, getattr(props, "regs_per_multiprocessor", 65536))
+    if cap is not None:
+        opts["maxnreg"] = cap
     return opts
+
+
+def register_cap(shape: MoEShape, sms: int, regs_per_sm: int = 65536) -> int | None:
+    """Registers per thread that keep all of ``shape``'s programs resident on ``sms`` SMs at once
+    (``maxnreg``, a multiple of 8, at least 32), or None where no cap is needed."""
+    per_sm = -(-shape.programs // sms)
+    cap = regs_per_sm // (per_sm * shape.num_warps * 32)
+    return max(cap // 8 * 8, 32) if cap < 255 else None
 
 
 def default_throughput_from(world: int, hidden: int) -> int:

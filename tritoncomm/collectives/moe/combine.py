@@ -116,7 +116,7 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
     ybuf = heap_ptr(bases, rank, ybuf_off, DTYPE)
     part = heap_ptr(bases, rank, part_off, DTYPE)
     lpart = heap_ptr(bases, rank, lpart_off, DTYPE)
-    if from_partials:
+    if from_partials:  # names of its own: the branches' widths differ, and Triton merges shared names
         wide = tl.arange(0, BLOCK_HT)
         wshares = column_shares(n_tokens, hidden, grid, BLOCK_HT)
         for item in range(pid, n_tokens * wshares, grid):

@@ -508,14 +508,17 @@ def test_rows_split_over_programs_by_column_blocks(worlds, world, mode, fp8, wid
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
-@pytest.mark.parametrize("senders,fp8,shared_from", [(2, False, 1 << 20), (5, False, 0), (3, True, 1 << 20)])
-def test_one_kernel_with_sending_and_layout_programs_apart(worlds, world, senders, fp8, shared_from):
+@pytest.mark.parametrize("senders,fp8,shared_from,lookahead", [(2, False, 1 << 20, True), (5, False, 0, True),
+                                                                (3, True, 1 << 20, True), (3, True, 0, False)])
+def test_one_kernel_with_sending_and_layout_programs_apart(worlds, world, senders, fp8, shared_from, lookahead):
     """The one-kernel dispatch with its first ``senders`` of 6 programs sending and the others laying
     out (``MoEShape.send_programs``), and the latency combine with its first ``6 - senders`` pushing
-    and the others summing (``push_programs``): rows split over either group by column blocks, token
-    counts drawn from 0 to 6, with a routing copy per program or one shared copy."""
+    and the others summing (``push_programs``): rows split over either group by column blocks (three
+    per row: loads one block ahead, ``MoEShape.lookahead``, or not), token counts drawn from 0 to 6,
+    with a routing copy per program or one shared copy."""
     shape = MoEShape(programs=6, block_h=128 if fp8 else 16, block_e=4, num_warps=1, one_kernel=True,
-                     send_programs=senders, shared_copy_from=shared_from, push_programs=6 - senders)
+                     send_programs=senders, shared_copy_from=shared_from, push_programs=6 - senders,
+                     lookahead=lookahead)
     hidden = 384 if fp8 else 40
     for bad in worlds(world).run(_job, 4 * world, 3, hidden, 6, "unrouted", 4, torch.bfloat16, None, torch.int64,
                                  torch.float32, fp8, "latency", shape=shape):

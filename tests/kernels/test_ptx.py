@@ -414,7 +414,8 @@ def _moe_build(kernel: str, options: dict, overrides: dict[str, int]):
         fn, cx = onekernel.moe_dispatch_one_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8,
                                                      "BLOCK_H": 1024, "BLOCK_N": 1024, "BLOCK_X": 256, "FP8": False,
                                                      "PACKETS": kernel != "one", "SHARED": kernel != "one",
-                                                     "BLOCK_W": 2, "TRACE": kernel == "one-packets-traced"}
+                                                     "BLOCK_W": 2, "TRACE": kernel == "one-packets-traced",
+                                                     "LOOKAHEAD": True}
     else:
         sig = {"out_ptr": "*bf16", "w_ptr": "*fp32", "owner_ptr": "*i32", "row_ptr": "*i32", "slot_ptr": "*i32",
                "n_tokens": "i32", "hidden": "i32", "max_tokens": "i32", "throughput_from": "i32",

@@ -106,7 +106,7 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
                BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr, COUNT_BAD: tl.constexpr,
                FROM_ROUTING: tl.constexpr, IDS_SENT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr,
                BLOCK_B: tl.constexpr, SUPER: tl.constexpr, PACKETS: tl.constexpr, out_off, sc_out_off, earlier,
-               DIRECT: tl.constexpr):
+               DIRECT: tl.constexpr, LOOKAHEAD: tl.constexpr = False):
     """Program ``pid``'s work items of this rank's ``n_tokens`` rows (module docstring): the routing
     to the peers with each row's first item, the columns to each peer that holds one of the row's
     experts (row ``(rank - (rank > d)) * peer_rows + t`` of its receive buffer) and into the row's
@@ -122,7 +122,9 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
     barrier) a row goes to each peer ``d`` straight into its first kept slot there (row ``at`` of the
     expert buffer at heap offset ``out_off``, its scales at ``sc_out_off``; ``route.row_slots`` with
     ``earlier``: per expert, the entries of the sources before this rank in its owner's order), and
-    to no peer where it keeps no slot."""
+    to no peer where it keeps no slot. With ``LOOKAHEAD`` an item's first column block is loaded
+    before its routing, and each next block before the stores of the one before it: two rounds of
+    loads in flight instead of one."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1  # scale groups per column block
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
@@ -135,6 +137,10 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
         t = item // shares
         first = item % shares == 0  # the item that also sends the token's routing
         t64 = tl.cast(t, tl.int64)
+        if LOOKAHEAD:  # the first block's loads in flight with the routing's
+            lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
+            ahead = tl.load(x_ptr + t64 * x_stride + lo + cols, mask=lo + cols < hidden, other=0.0,
+                            eviction_policy="evict_first")
         ids, bad = expert_ids(ids_ptr + t64 * ids_s0 + kk * ids_s1, km, num_experts)
         if COUNT_BAD:
             n_bad = tl.sum(bad.to(tl.int32))
@@ -175,8 +181,14 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
             lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
             for c in range(lo, hi, BLOCK_H):
                 m = c + cols < hidden
-                v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0,
-                            eviction_policy="evict_first")  # read once (gather.py: cache hints)
+                if LOOKAHEAD:  # this block's loads were issued before; the next block's go now
+                    v = ahead
+                    nxt = c + BLOCK_H
+                    ahead = tl.load(x_ptr + t64 * x_stride + nxt + cols, mask=(nxt + cols < hidden) & (nxt < hi),
+                                    other=0.0, eviction_policy="evict_first")
+                else:
+                    v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0,
+                                eviction_policy="evict_first")  # read once (gather.py: cache hints)
                 scale = 0.0
                 if FP8:
                     v, scale = to_fp8(v)

@@ -109,15 +109,16 @@ def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares,
 @triton.jit
 def place_packets(out_ptr, sc_out_ptr, slot_ptr, ids_tab, wtab, recv, sc, pw, e, at, i0, item, shares, rank, s, t,
                   recv_row, hidden, timeout, diag, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
-                  BLOCK_H: tl.constexpr, FP8: tl.constexpr):
+                  BLOCK_H: tl.constexpr, FP8: tl.constexpr, LOOKAHEAD: tl.constexpr = False):
     """``place_item`` for packets: one work item of source ``s``'s row ``t`` (entries ``e``, slots
     ``at``, ``i0`` its first entry in the tables; row ``recv_row`` of the packet buffers). The row's
     first item writes the source's ids and, for this rank's experts, ``slot_of``; if the row has an
     entry on this rank (kept or not: the sender does not know which are dropped) the first item
     polls its weights into ``wtab``, and the item polls its columns, stores them into the kept
     slots and resets every packet it read. The first look at the columns is issued before the weights
-    are polled (two waits, one after the other, never in one loop: ``kernels/lamport.py``). Called by
-    the one-kernel dispatch and, with routed packets, the send kernel."""
+    are polled (two waits, one after the other, never in one loop: ``kernels/lamport.py``); with
+    ``LOOKAHEAD`` each next block's first look is issued before this block's stores (a look, not a
+    wait). Called by the one-kernel dispatch and, with routed packets, the send kernel."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
@@ -140,9 +141,13 @@ def place_packets(out_ptr, sc_out_ptr, slot_ptr, ids_tab, wtab, recv, sc, pw, e,
         at = tl.where(on_me, at, -1)
         for c in range(lo, hi, BLOCK_H):
             m = c + cols < hidden
-            if c != lo:
-                v, miss = lamport_try(row + c + cols, m)
+            if not LOOKAHEAD:
+                if c != lo:
+                    v, miss = lamport_try(row + c + cols, m)
             v = lamport_poll_from(v, miss, row + c + cols, m, s, t, rank, timeout, diag)
+            if LOOKAHEAD:  # the next block's first look, in flight during this block's stores
+                nxt = c + BLOCK_H
+                v_next, miss = lamport_try(row + nxt + cols, (nxt + cols < hidden) & (nxt < hi))
             scale = 0.0
             if FP8:
                 gm = c + groups * 128 < hidden
@@ -150,6 +155,8 @@ def place_packets(out_ptr, sc_out_ptr, slot_ptr, ids_tab, wtab, recv, sc, pw, e,
                 lamport_reset(sc + r64 * (hidden // 128) + c // 128 + groups, gm)
             store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
             lamport_reset(row + c + cols, m)
+            if LOOKAHEAD:
+                v = v_next
 
 
 @triton.jit

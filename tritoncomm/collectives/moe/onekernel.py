@@ -119,7 +119,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
                             WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                             BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_X: tl.constexpr, FP8: tl.constexpr,
                             PACKETS: tl.constexpr, SHARED: tl.constexpr, BLOCK_W: tl.constexpr, TRACE: tl.constexpr,
-                            SENDERS: tl.constexpr = 0):
+                            SENDERS: tl.constexpr = 0, LOOKAHEAD: tl.constexpr = False):
     """See the module docstring. The copy table holds, per half, ``grid * WORLD`` rows of ``BLOCK_N``
     int32 (with ``SHARED``: the first ``WORLD``): the source's ids, then -2 up to ``bound * TOP_K``
     (``bound``: the call's bound on every rank's tokens, the same on every rank). The
@@ -131,7 +131,8 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     (``kernels.stamp``) ``DISPATCH_STAGES`` points into ``trace_ptr``: started, copies sent, rows
     sent, first peer's copy read, rows laid out, done. With ``SENDERS`` (packets only) programs ``[0,
     SENDERS)`` send the rows and the others lay out the peers' rows; every program still sends and
-    polls its routing copies."""
+    polls its routing copies. ``LOOKAHEAD`` (``MoEShape.lookahead``): the sends' and the packet
+    layout's loads one column block ahead (``send_items``, ``place_packets``)."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     if SENDERS == 0:  # every program sends, then lays out
@@ -175,7 +176,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
                slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank,
                send_pid, send_grid, recv_base, peer_rows, ids_off + half * ids_half, wsend, sc_base, mine, nn, 0, 0,
                DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, True, PACKETS, 1, BLOCK_X, 1, 1, PACKETS,
-               0, 0, 0, False)
+               0, 0, 0, False, LOOKAHEAD)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 2)
     # 3. program pid of every rank has stored its copy and its items (with packets: nothing to wait for)
@@ -215,7 +216,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
             if PACKETS:
                 place_packets(out_ptr, sc_out_ptr, slot_ptr, ids_tab, wtab, recv, sc, pw, ex, at,
                               (s * max_tokens + t) * TOP_K, item, shares, rank, s, t, peer_row + t, hidden, timeout,
-                              diag, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
+                              diag, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, LOOKAHEAD)
             else:
                 place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ex, at, (s * max_tokens + t) * TOP_K, item,
                            shares, rank, peer_row + t, hidden, -1, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
@@ -246,14 +247,16 @@ def launch_dispatch_one_kernel(run: Launcher, comm, channel, out: torch.Tensor, 
                                sc_half: int, copy_off: int, copy_half: int,
                                readers: torch.Tensor | None, bound: int, block_n: int, block_x: int, block_h: int,
                                packets: bool, num_warps: int, launch_opts: dict[str, bool | int],
-                               header: torch.Tensor, trace: torch.Tensor | None = None, senders: int = 0) -> None:
+                               header: torch.Tensor, trace: torch.Tensor | None = None, senders: int = 0,
+                               lookahead: bool = False) -> None:
     """Launch ``moe_dispatch_one_kernel`` through ``run`` (its launcher: a 1-D grid); with
     ``packets`` the receive buffer, its scales, ``pw_off`` and the copy table are Lamport buffers at
     rest; with ``readers`` (int32 ``[2]``, zero, and packets) the copy table holds one shared copy
     per source (``MoEShape.shared_copy_from``). ``bound``: the call's bound on every rank's tokens,
     the same on every rank (``tokens_bound``, else ``max_tokens``). ``trace``: int64 ``[programs,
     DISPATCH_STAGES, 2]`` for the stage stamps, or None. ``header``: what ``combine`` reads
-    (``header.py``). ``senders``: with packets, the programs that send (the others lay out); 0: all."""
+    (``header.py``). ``senders``: with packets, the programs that send (the others lay out); 0: all.
+    ``lookahead``: loads one column block ahead."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
@@ -265,4 +268,4 @@ def launch_dispatch_one_kernel(run: Launcher, comm, channel, out: torch.Tensor, 
         bad if trace is None else trace,
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_N=block_n,
         BLOCK_X=block_x, FP8=fp8, PACKETS=packets, SHARED=readers is not None, BLOCK_W=pow2_at_least(world),
-        TRACE=trace is not None, SENDERS=senders, num_warps=num_warps, **launch_opts)
+        TRACE=trace is not None, SENDERS=senders, LOOKAHEAD=bool(lookahead), num_warps=num_warps, **launch_opts)

@@ -22,6 +22,17 @@ def world_sizes(*default: int) -> tuple[int, ...]:
     return only_worlds() or default
 
 
+def dealt(variants: list, *default: int) -> list[tuple]:
+    """``(world, *variant)`` rows for ``pytest.mark.parametrize``: with ``TRITONCOMM_TEST_WORLDS`` set,
+    every variant at each of those sizes; else the variants dealt over ``default`` in turn (the
+    first to the first size, the second to the second, ...), so that each variant runs once and
+    each size runs some of them. A variant that is not a tuple is one value."""
+    rows = [v if isinstance(v, tuple) else (v,) for v in variants]
+    if only_worlds():
+        return [(w, *v) for w in only_worlds() for v in rows]
+    return [(default[i % len(default)], *v) for i, v in enumerate(rows)]
+
+
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 

@@ -10,7 +10,7 @@ import tritoncomm as tc
 from tritoncomm.collectives import Choice, SelectionTable
 
 from ..conftest import BACKEND
-from ..helpers import check_close, make_comm, reference_sum, same_on_all_ranks, warm_up_for_capture, world_sizes
+from ..helpers import check_close, dealt, make_comm, reference_sum, same_on_all_ranks, warm_up_for_capture, world_sizes
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 ALGOS = list(tc.collectives.ALGORITHMS)
@@ -51,10 +51,11 @@ def _job_sizes(ctx, algo, dtype, sizes, inplace, programs=None):
     return rows
 
 
-@pytest.mark.parametrize("world", world_sizes(2, 3, 4))
+@pytest.mark.parametrize("world,dtype", [(w, torch.bfloat16) for w in world_sizes(2, 3, 4)]
+                         + dealt([torch.float16, torch.float32], 3, 4))
 @pytest.mark.parametrize("algo", ALGOS)
-@pytest.mark.parametrize("dtype", DTYPES)
 def test_allreduce_matches_torch_distributed(worlds, world, algo, dtype):
+    """Every algorithm against torch.distributed: bf16 at world 2, 3 and 4, fp16 at 3, fp32 at 4."""
     sizes = [1, 2, 3, 127, 1001, 4099, 20011 if algo in ("ll", "lamport") else 65537]
     for rows in worlds(world).run(_job_sizes, algo, dtype, sizes, False):
         for n, _err, identical in rows:
@@ -138,8 +139,8 @@ def _job_repeated(ctx, calls, dtype):
 
 @pytest.mark.parametrize("world", world_sizes(2, 4))
 def test_allreduce_repeated_calls(worlds, world):
-    """100 calls (50 at world 4 in the CPU world, where four ranks share CI's two cores)."""
-    calls = 50 if world >= 4 and BACKEND != "cuda" else 100
+    """100 calls on GPUs; in the CPU world (CI) 60 at world 2 and 30 at world 4."""
+    calls = 100 if BACKEND == "cuda" else 60 if world < 4 else 30
     for bad in worlds(world).run(_job_repeated, calls, torch.bfloat16):
         assert bad == []
 
@@ -449,7 +450,7 @@ def _job_twoshot_rounds(ctx, sizes):
     return bad
 
 
-@pytest.mark.parametrize("world", world_sizes(2, 3, 4))
+@pytest.mark.parametrize("world", world_sizes(2, 3))
 def test_twoshot_rounds_match_one_round(worlds, world):
     for bad in worlds(world).run(_job_twoshot_rounds, [40000, 4099, 7]):
         assert bad == []

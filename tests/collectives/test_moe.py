@@ -14,7 +14,7 @@ import torch
 from tritoncomm.collectives.moe import NEVER, SHAPES, MoEAllToAll, MoEShape
 from tritoncomm.errors import CommTimeoutError, InvalidInputError
 
-from ..helpers import make_comm, warm_up_for_capture, world_sizes
+from ..helpers import dealt, make_comm, warm_up_for_capture, world_sizes
 from ..integrations.enginetest import gathered
 
 
@@ -216,27 +216,32 @@ def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, rep
     return bad
 
 
-@pytest.mark.parametrize("world", world_sizes(2, 3, 4))
-@pytest.mark.parametrize("case", ["random", "one-rank", "hot", "unrouted"])
-@pytest.mark.parametrize("mode", ["latency", "throughput"])
+@pytest.mark.parametrize("world,case,mode", [(w, "random", m) for w in world_sizes(2, 3, 4)
+                                              for m in ("latency", "throughput")]
+                         + dealt([(c, m) for c in ("one-rank", "hot", "unrouted") for m in ("latency", "throughput")],
+                                 4, 3, 2))
 def test_dispatch_combine_match_reference(worlds, world, case, mode):
+    """Random routing in both modes at world 2, 3 and 4; the other cases (a token's experts all on
+    one rank, an expert that every token routes to, experts that receive nothing) each once, over
+    the three sizes."""
     experts = max(2 * world, 4) if case != "hot" else 4 * world
     for bad in worlds(world).run(_job, experts, 3, 40, 6, case, 3, mode=mode):
         assert bad == []
 
 
 @pytest.mark.parametrize("world", world_sizes(2))
-@pytest.mark.parametrize("max_tokens", [1, 2, 4])
+@pytest.mark.parametrize("max_tokens", [1, 4])
 def test_instances_of_a_few_tokens_called_full(worlds, world, max_tokens):
     """The instances ``tune --op moe`` measures (``max_tokens`` = the tokens of every call, hidden 256,
-    16 experts, top-4), in the latency mode, called again and again with every token on every rank."""
-    for bad in worlds(world).run(_job, 16, 4, 256, max_tokens, "random", 12, mode="latency", full=True):
+    16 experts, top-4), in the latency mode, called five times (each Lamport half used again) with
+    every token on every rank."""
+    for bad in worlds(world).run(_job, 16, 4, 256, max_tokens, "random", 5, mode="latency", full=True):
         assert bad == []
 
 
-@pytest.mark.parametrize("world", world_sizes(2, 3))
-@pytest.mark.parametrize("case", ["hot", "unrouted"])
-@pytest.mark.parametrize("routing", ["held", "routed", "routed-packets", "routed-barrier", "routed-direct"])
+@pytest.mark.parametrize("world,case,routing", dealt([(c, r) for r in ("held", "routed", "routed-packets",
+                                                                        "routed-barrier", "routed-direct")
+                                                        for c in ("hot", "unrouted")], 3, 2))
 def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
     """The send + gather dispatch (``one_kernel=False``; the one-kernel dispatch is the CPU world's
     default) lays out, counts and combines exactly as the reference, capacity drops included: with
@@ -320,8 +325,7 @@ def test_direct_switch_counts_bytes_on_the_wire(worlds, world):
         assert got == [("routed-direct", "routed-direct", True), ("routed", "routed", False)]
 
 
-@pytest.mark.parametrize("world", world_sizes(2, 3))
-@pytest.mark.parametrize("routing", ["held", "routed", "routed-packets", "routed-direct"])
+@pytest.mark.parametrize("world,routing", dealt(["held", "routed", "routed-direct", "routed-packets"], 3, 2))
 def test_decode_calls_on_large_instances_take_one_kernel(worlds, world, routing):
     """An instance sized for more routing entries than one kernel holds (400 tokens of top-3), called
     with at most 5 tokens: calls given ``tokens_bound`` (every other one) dispatch in one kernel,
@@ -339,9 +343,9 @@ def test_decode_calls_on_large_instances_take_one_kernel(worlds, world, routing)
         assert bad == []
 
 
-@pytest.mark.parametrize("world", world_sizes(2, 3))
-@pytest.mark.parametrize("mode", ["latency", "throughput"])
-@pytest.mark.parametrize("instance", ["routed", "one-kernel"])
+@pytest.mark.parametrize("world,mode,instance", dealt([("latency", "routed"), ("throughput", "routed"),
+                                                        ("throughput", "one-kernel"), ("latency", "one-kernel")],
+                                                       3, 2))
 def test_decode_calls_on_large_instances_launch_narrower(worlds, world, mode, instance):
     """As above (``routed``; ``one-kernel``: an instance of 40 tokens, whose every call takes one
     kernel), the calls given ``tokens_bound`` launching their dispatch and combine with
@@ -355,7 +359,7 @@ def test_decode_calls_on_large_instances_launch_narrower(worlds, world, mode, in
         assert bad == []
 
 
-@pytest.mark.parametrize("world", world_sizes(2, 3))
+@pytest.mark.parametrize("world", world_sizes(2))
 def test_decode_calls_on_default_large_instances(worlds, world):
     """An instance with the default shapes sized for 160 tokens of top-8 (on GPUs the prefill shape;
     calls given ``tokens_bound`` take the default ``decode_shape``), called with at most 5 tokens,
@@ -365,8 +369,7 @@ def test_decode_calls_on_default_large_instances(worlds, world):
         assert bad == []
 
 
-@pytest.mark.parametrize("world", world_sizes(2, 3))
-@pytest.mark.parametrize("limit", [8, 2048])
+@pytest.mark.parametrize("world,limit", dealt([8, 2048], 3, 2))
 def test_one_kernel_entries_moves_the_one_kernel_limit(worlds, world, limit):
     """``MoEShape.one_kernel_entries``: at 8, an instance of 40 tokens of top-3 dispatches calls
     given ``tokens_bound=2`` (6 entries) in one kernel and the others in two; at 2048 one of 400
@@ -380,8 +383,7 @@ def test_one_kernel_entries_moves_the_one_kernel_limit(worlds, world, limit):
         assert bad == []
 
 
-@pytest.mark.parametrize("world", world_sizes(2, 3))
-@pytest.mark.parametrize("shared_from", [0, 1 << 20])
+@pytest.mark.parametrize("world,shared_from", dealt([0, 1 << 20], 3, 2))
 def test_routing_copies_sized_by_the_bound(worlds, world, shared_from):
     """``MoEShape.bounded_copies`` on a one-kernel instance of 40 tokens of top-3: calls given
     ``tokens_bound=2`` send copies of 8 entries, the others of 128, alternating on the same copy
@@ -393,8 +395,7 @@ def test_routing_copies_sized_by_the_bound(worlds, world, shared_from):
         assert bad == []
 
 
-@pytest.mark.parametrize("world", world_sizes(2, 3))
-@pytest.mark.parametrize("path", ["one-kernel", "routed"])
+@pytest.mark.parametrize("world,path", dealt(["one-kernel", "routed"], 3, 2))
 def test_an_expert_twice_in_a_row(worlds, world, path):
     """Every other token names its first expert again as its last: each entry gets its own slot, in
     ``(token, j)`` order, on the one-kernel and the routed dispatch, capacity drops included, every
@@ -458,8 +459,7 @@ def test_shared_and_per_program_copies_alternate(worlds, world):
         assert bad == []
 
 
-@pytest.mark.parametrize("world", world_sizes(2, 3))
-@pytest.mark.parametrize("throughput_block_h", [0, 8, 32])
+@pytest.mark.parametrize("world,throughput_block_h", dealt([0, 8, 32], 3, 2))
 def test_auto_mode_switches_per_call_on_total_tokens(worlds, world, throughput_block_h):
     """Token counts drawn per rank and call (4 at most), the switch just below every rank's maximum:
     calls of both modes interleave on the same buffers, every one exact, with the throughput mode
@@ -491,9 +491,9 @@ def test_fp8_dispatch_scales_per_128_values(worlds, world):
         assert bad == []
 
 
-@pytest.mark.parametrize("world", world_sizes(2, 3))
-@pytest.mark.parametrize("mode,fp8,wide", [("latency", False, False), ("throughput", False, False),
-                                           ("throughput", True, False), ("throughput", False, True)])
+@pytest.mark.parametrize("world,mode,fp8,wide", dealt([("latency", False, False), ("throughput", False, False),
+                                                       ("throughput", True, False), ("throughput", False, True)],
+                                                      3, 2))
 def test_rows_split_over_programs_by_column_blocks(worlds, world, mode, fp8, wide):
     """More programs than rows: rows' column blocks spread over programs (send, gather, both combine
     modes), for every token count from 0 to 6; the last block partial; the send's block twice the
@@ -507,9 +507,10 @@ def test_rows_split_over_programs_by_column_blocks(worlds, world, mode, fp8, wid
         assert bad == []
 
 
-@pytest.mark.parametrize("world", world_sizes(2, 3))
-@pytest.mark.parametrize("senders,fp8,shared_from,lookahead", [(2, False, 1 << 20, True), (5, False, 0, True),
-                                                                (3, True, 1 << 20, True), (3, True, 0, False)])
+@pytest.mark.parametrize("world,senders,fp8,shared_from,lookahead", dealt([(2, False, 1 << 20, True),
+                                                                            (5, False, 0, True),
+                                                                            (3, True, 0, False),
+                                                                            (3, True, 1 << 20, True)], 3, 2))
 def test_one_kernel_with_sending_and_layout_programs_apart(worlds, world, senders, fp8, shared_from, lookahead):
     """The one-kernel dispatch with its first ``senders`` of 6 programs sending and the others laying
     out (``MoEShape.send_programs``), and the latency combine with its first ``6 - senders`` pushing
@@ -546,9 +547,7 @@ PATHS = {"one-kernel": None, "shared-copy": replace(SHAPES["cpu"], shared_copy_f
          "routed-packets": replace(SHAPES["cpu"], one_kernel=False, route_above=4, routed_packets=True)}
 
 
-@pytest.mark.parametrize("world", world_sizes(2, 3))
-@pytest.mark.parametrize("path", sorted(PATHS))
-@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("world,path,fp8", dealt([(p, f) for p in sorted(PATHS) for f in (False, True)], 3, 2))
 def test_sentinel_values_in_the_data(worlds, world, path, fp8):
     """The Lamport sentinels' values in the tokens and weights (-0.0 in a third of the columns,
     subnormals, -0.0 weights, weights at the fp32 sentinel word): every dispatch path delivers -0.0
@@ -637,7 +636,7 @@ def _missing_peer(ctx, path: str):
     return err
 
 
-@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("path", ["barrier", "held", "one-kernel", "routed"])  # each kind of wait
 def test_missing_peer_turns_into_timeout_error(worlds, path):
     err, _ = worlds(2).run(_missing_peer, path, timeout=300)
     assert err is not None, "no CommTimeoutError on rank 0"

@@ -450,7 +450,7 @@ def _job_twoshot_rounds(ctx, sizes):
     return bad
 
 
-@pytest.mark.parametrize("world", world_sizes(2, 3))
+@pytest.mark.parametrize("world", world_sizes(3))
 def test_twoshot_rounds_match_one_round(worlds, world):
     for bad in worlds(world).run(_job_twoshot_rounds, [40000, 4099, 7]):
         assert bad == []

@@ -137,8 +137,8 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
         t = item // shares
         first = item % shares == 0  # the item that also sends the token's routing
         t64 = tl.cast(t, tl.int64)
+        lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
         if LOOKAHEAD:  # the first block's loads in flight with the routing's
-            lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
             ahead = tl.load(x_ptr + t64 * x_stride + lo + cols, mask=lo + cols < hidden, other=0.0,
                             eviction_policy="evict_first")
         ids, bad = expert_ids(ids_ptr + t64 * ids_s0 + kk * ids_s1, km, num_experts)
@@ -178,10 +178,9 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
         tl.store(row_ptr + t * TOP_K + kk, at, mask=fm)
         to_peers = tl.sum(((owner >= 0) & (owner != rank) & (at_all >= 0)).to(tl.int32)) > 0
         if to_peers | (tl.sum((at >= 0).to(tl.int32)) > 0):
-            lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
             for c in range(lo, hi, BLOCK_H):
                 m = c + cols < hidden
-                if LOOKAHEAD:  # this block's loads were issued before; the next block's go now
+                if LOOKAHEAD:  # this block's loads were issued one step up; the next block's go out here
                     v = ahead
                     nxt = c + BLOCK_H
                     ahead = tl.load(x_ptr + t64 * x_stride + nxt + cols, mask=(nxt + cols < hidden) & (nxt < hi),

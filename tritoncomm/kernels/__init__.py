@@ -68,6 +68,11 @@ from .signals import (
 )
 from .trace import stamp
 
+if interpreting():  # the CPU world: helper calls run on their launch's patch of the language
+    from .interpreter import skip_repatching
+
+    skip_repatching()
+
 __all__ = [
     "DIAG_WORDS", "INTERPRET", "KIND_NAMES", "LAMPORT_SENTINEL8", "LAMPORT_SENTINEL16", "MAX_WORLD", "Launcher",
     "already_failed", "assume_multiple",

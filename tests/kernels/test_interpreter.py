@@ -1,0 +1,93 @@
+"""The CPU world's interpreter with the repeated patch skipped (``tritoncomm/kernels/interpreter.py``):
+kernels that call helpers give the same bits as under Triton's own interpreter, the language is
+restored after every launch, and the helper calls no longer patch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from tritoncomm.kernels import round_to
+
+from ..conftest import BACKEND
+
+
+@triton.jit
+def _plus_half(v):
+    return v + 0.5
+
+
+@triton.jit
+def _scaled(v, s):
+    return _plus_half(v) * s
+
+
+@triton.jit
+def _chain_kernel(x, out, n, BLOCK: tl.constexpr):
+    """Helpers called from helpers, in a loop: several helper calls per step."""
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        m = offs < n
+        v = tl.load(x + offs, mask=m)
+        v = round_to(_scaled(v, 3.0), tl.bfloat16).to(tl.float32)
+        tl.store(out + offs, _plus_half(v), mask=m)
+
+
+def _language() -> dict[tuple[str, str], object]:
+    """Every attribute of the modules and class the interpreter patches, by identity."""
+    return {(owner.__name__, name): value for owner in (tl, tl.core, tl.math, tl.tensor)
+            for name, value in vars(owner).items()}
+
+
+def _both_ways(ctx) -> list[str]:
+    from triton.runtime import interpreter
+
+    from tritoncomm.kernels.interpreter import skipping_repatching
+
+    bad: list[str] = []
+    if not skipping_repatching():
+        return ["the rank's interpreter does not skip the repeated patch"]
+    skipper = interpreter._patch_lang
+    builtins_patched = []
+    patch_builtin = interpreter._patch_builtin
+
+    def counting(*args, **kwargs):
+        builtins_patched.append(1)
+        return patch_builtin(*args, **kwargs)
+
+    g = torch.Generator().manual_seed(7 + ctx.rank)
+    x = torch.randn(1000, generator=g)
+    want = (((x + 0.5) * 3.0).to(torch.bfloat16).float() + 0.5)
+    _chain_kernel[(1,)](x, torch.empty_like(x), 1, BLOCK=64)  # a first launch sets a few attributes for good
+    before = _language()
+    got, counts = {}, {}
+    interpreter._patch_builtin = counting
+    try:
+        for way, patch in (("skipping", skipper), ("triton", skipper.__wrapped__)):
+            interpreter._patch_lang = patch
+            builtins_patched.clear()
+            out = torch.full_like(x, float("nan"))
+            _chain_kernel[(2,)](x, out, x.numel(), BLOCK=64)
+            got[way], counts[way] = out, len(builtins_patched)
+            if _language() != before:
+                bad.append(f"{way}: the language is not restored after the launch")
+    finally:
+        interpreter._patch_lang = skipper
+        interpreter._patch_builtin = patch_builtin
+    for way, out in got.items():
+        if not torch.equal(out, want):
+            bad.append(f"{way}: wrong result")
+    if not torch.equal(got["skipping"].view(torch.int32), got["triton"].view(torch.int32)):
+        bad.append("the two ways differ")
+    # two launches' worth of patching (one per program) against one per helper call besides
+    if not 0 < 10 * counts["skipping"] <= counts["triton"]:
+        bad.append(f"module patches: {counts}")
+    return bad
+
+
+@pytest.mark.skipif(BACKEND != "cpu", reason="the interpreter runs in the CPU world")
+def test_helpers_run_on_the_launchs_patch(worlds):
+    for bad in worlds(2).run(_both_ways):
+        assert bad == []

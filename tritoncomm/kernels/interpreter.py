@@ -1,0 +1,78 @@
+"""The CPU world's interpreter without a repeated set-up: ``skip_repatching``.
+
+Triton's interpreter (``TRITON_INTERPRET=1``) runs a kernel by *patching* ``triton.language``:
+every builtin of ``tl``, ``tl.core``, ``tl.tensor`` and ``tl.math`` is wrapped to call its numpy
+builder, when a launch starts, and restored when it ends. Triton 3.6 also patches on every call of a
+``@triton.jit`` helper made from inside a kernel, though the language is patched already: the call
+walks every member of those modules again (``inspect.getmembers``), finds no builtin left to wrap,
+and re-installs the same tensor and core hooks. Our kernels call small helpers (the primitives) in
+loops, so the repeats are a large share of the CPU world's time (40% of a MoE dispatch and combine
+at world 2, ``docs/design.md``).
+
+Rules:
+
+* A call of a helper patches only when some language module it sees (``tl``, ``tl.core`` in its
+  globals) is not patched yet; a module counts as patched while its ``load`` is not a builtin,
+  which holds exactly between a launch's patch and its restore (every builtin is wrapped together).
+  So a helper called inside a kernel runs on the launch's patch, and the language after a launch is
+  what it was before, as in Triton's own order.
+* Nothing else changes: a launch patches and restores as before, and the kernels' results are the
+  same bits (``tests/kernels/test_interpreter.py`` runs kernels both ways).
+* Installed once per process where the interpreter runs our kernels (``tritoncomm.kernels`` at
+  import, when interpreting); Triton's own function stays reachable as ``__wrapped__``. Where
+  Triton's internals differ from those this was written against, nothing is installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import triton.language as tl
+
+__all__ = ["skip_repatching", "skipping_repatching"]
+
+_MARK = "_tritoncomm_skips_repatching"
+
+
+def _language_modules(fn: Any) -> list[Any]:
+    """The language modules Triton's ``_patch_lang`` would patch for ``fn``: those in its globals."""
+    return [v for v in fn.__globals__.values() if v is tl or v is tl.core]
+
+
+def _patched(module: Any) -> bool:
+    return not tl.core.is_builtin(getattr(module, "load", None))
+
+
+def skipping_repatching() -> bool:
+    """True when this process's interpreter skips the repeated patch (``skip_repatching`` ran)."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover - Triton without an interpreter
+        return False
+    return getattr(interpreter._patch_lang, _MARK, False)
+
+
+def skip_repatching() -> bool:
+    """Make the interpreter's helper calls skip patching an already patched language (module
+    docstring). Idempotent; returns whether it is in place."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover - Triton without an interpreter
+        return False
+    original = getattr(interpreter, "_patch_lang", None)
+    scope_type = getattr(interpreter, "_LangPatchScope", None)
+    if original is None or scope_type is None or not hasattr(scope_type, "restore"):
+        return False  # pragma: no cover - other Triton versions
+    if getattr(original, _MARK, False):
+        return True
+
+    def _patch_lang(fn: Any) -> Any:
+        langs = _language_modules(fn)
+        if langs and all(_patched(m) for m in langs):
+            return scope_type()  # nothing patched, nothing to restore
+        return original(fn)
+
+    setattr(_patch_lang, _MARK, True)
+    _patch_lang.__wrapped__ = original  # type: ignore[attr-defined]
+    interpreter._patch_lang = _patch_lang
+    return True

@@ -7,7 +7,7 @@ builder, when a launch starts, and restored when it ends. Triton 3.6 also patche
 walks every member of those modules again (``inspect.getmembers``), finds no builtin left to wrap,
 and re-installs the same tensor and core hooks. Our kernels call small helpers (the primitives) in
 loops, so the repeats are a large share of the CPU world's time (40% of a MoE dispatch and combine
-at world 2, ``docs/design.md``).
+at world 2, ``docs/algorithms.md``).
 
 Rules:
 

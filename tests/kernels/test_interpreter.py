@@ -1,6 +1,7 @@
-"""The CPU world's interpreter with the repeated patch skipped (``tritoncomm/kernels/interpreter.py``):
+"""The CPU world's interpreter without work that changes nothing (``tritoncomm/kernels/interpreter.py``):
 kernels that call helpers give the same bits as under Triton's own interpreter, the language is
-restored after every launch, and the helper calls no longer patch."""
+restored after every launch, and the helper calls no longer patch; int32 arithmetic that overflows
+gives the same bits with Triton's overflow checks and without them, which assert nothing there."""
 
 from __future__ import annotations
 
@@ -12,6 +13,17 @@ import triton.language as tl
 from tritoncomm.kernels import round_to
 
 from ..conftest import BACKEND
+
+
+@triton.jit
+def _int_kernel(a, b, out, BLOCK: tl.constexpr):
+    """int32 sums, differences and products, some of which overflow."""
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(a + offs)
+    y = tl.load(b + offs)
+    tl.store(out + offs, x + y)
+    tl.store(out + BLOCK + offs, x - y)
+    tl.store(out + 2 * BLOCK + offs, x * y)
 
 
 @triton.jit
@@ -90,4 +102,47 @@ def _both_ways(ctx) -> list[str]:
 @pytest.mark.skipif(BACKEND != "cpu", reason="the interpreter runs in the CPU world")
 def test_helpers_run_on_the_launchs_patch(worlds):
     for bad in worlds(2).run(_both_ways):
+        assert bad == []
+
+
+def _overflow_both_ways(ctx) -> list[str]:
+    from dataclasses import replace
+
+    from triton.runtime import interpreter
+
+    bad: list[str] = []
+    builder = interpreter.interpreter_builder
+    ours = builder.options
+    if ours.sanitize_overflow or ours.debug:
+        bad.append(f"the rank's interpreter options: {ours}")
+    big = 2**31 - 1
+    a = torch.tensor([big, -big - 1, 7, big, 1 << 20, -5, 0, 12345], dtype=torch.int32)
+    b = torch.tensor([1, -1, -9, big, 1 << 12, 3, -big - 1, -54321], dtype=torch.int32)
+    want = torch.cat([(a.long() + b.long()), (a.long() - b.long()), (a.long() * b.long())])
+    want = ((want + 2**31) % 2**32 - 2**31).int()  # wrapped to int32, as a GPU computes it
+    got = {}
+    try:
+        for way, options in (("unchecked", ours), ("triton", replace(ours, sanitize_overflow=True))):
+            builder.options = options
+            out = torch.full((3 * a.numel(),), -7, dtype=torch.int32)
+            _int_kernel[(1,)](a, b, out, BLOCK=a.numel())  # Triton's checks raise nothing: debug is off
+            got[way] = out
+        builder.options = replace(ours, sanitize_overflow=True, debug=True)  # only then do the checks assert
+        try:
+            _int_kernel[(1,)](a, b, torch.empty(3 * a.numel(), dtype=torch.int32), BLOCK=a.numel())
+            bad.append("with debug on, Triton's checks did not see the overflow")
+        except Exception as e:  # the interpreter wraps the assertion
+            if "overflow" not in str(e):
+                bad.append(f"with debug on: {e!r}")
+    finally:
+        builder.options = ours
+    for way, out in got.items():
+        if not torch.equal(out, want):
+            bad.append(f"{way}: {out.tolist()} != {want.tolist()}")
+    return bad
+
+
+@pytest.mark.skipif(BACKEND != "cpu", reason="the interpreter runs in the CPU world")
+def test_overflow_checks_assert_nothing_in_the_interpreter(worlds):
+    for bad in worlds(2).run(_overflow_both_ways):
         assert bad == []

@@ -68,10 +68,11 @@ from .signals import (
 )
 from .trace import stamp
 
-if interpreting():  # the CPU world: helper calls run on their launch's patch of the language
-    from .interpreter import skip_repatching
+if interpreting():  # the CPU world: no repeated patch of the language, no overflow check that asserts nothing
+    from .interpreter import skip_dead_overflow_checks, skip_repatching
 
     skip_repatching()
+    skip_dead_overflow_checks()
 
 __all__ = [
     "DIAG_WORDS", "INTERPRET", "KIND_NAMES", "LAMPORT_SENTINEL8", "LAMPORT_SENTINEL16", "MAX_WORLD", "Launcher",

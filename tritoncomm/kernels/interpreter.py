@@ -1,35 +1,40 @@
-"""The CPU world's interpreter without a repeated set-up: ``skip_repatching``.
+"""The CPU world's interpreter without work that changes nothing: ``skip_repatching`` and
+``skip_dead_overflow_checks``, both installed by ``tritoncomm.kernels`` at import when interpreting.
 
-Triton's interpreter (``TRITON_INTERPRET=1``) runs a kernel by *patching* ``triton.language``:
-every builtin of ``tl``, ``tl.core``, ``tl.tensor`` and ``tl.math`` is wrapped to call its numpy
-builder, when a launch starts, and restored when it ends. Triton 3.6 also patches on every call of a
-``@triton.jit`` helper made from inside a kernel, though the language is patched already: the call
-walks every member of those modules again (``inspect.getmembers``), finds no builtin left to wrap,
-and re-installs the same tensor and core hooks. Our kernels call small helpers (the primitives) in
-loops, so the repeats are a large share of the CPU world's time (40% of a MoE dispatch and combine
-at world 2, ``docs/algorithms.md``).
-
-Rules:
+**Repatching.** Triton's interpreter (``TRITON_INTERPRET=1``) runs a kernel by *patching*
+``triton.language``: every builtin of ``tl``, ``tl.core``, ``tl.tensor`` and ``tl.math`` is wrapped
+to call its numpy builder when a launch starts, and restored when it ends. Triton 3.6 also patches on
+every call of a ``@triton.jit`` helper made from inside a kernel, though the language is patched
+already: the call walks every member of those modules again (``inspect.getmembers``), finds no
+builtin left to wrap, and re-installs the same tensor and core hooks. Our kernels call small helpers
+(the primitives) in loops, so the repeats were 40% of a MoE dispatch and combine at world 2.
 
 * A call of a helper patches only when some language module it sees (``tl``, ``tl.core`` in its
   globals) is not patched yet; a module counts as patched while its ``load`` is not a builtin,
   which holds exactly between a launch's patch and its restore (every builtin is wrapped together).
   So a helper called inside a kernel runs on the launch's patch, and the language after a launch is
-  what it was before, as in Triton's own order.
-* Nothing else changes: a launch patches and restores as before, and the kernels' results are the
-  same bits (``tests/kernels/test_interpreter.py`` runs kernels both ways).
-* Installed once per process where the interpreter runs our kernels (``tritoncomm.kernels`` at
-  import, when interpreting); Triton's own function stays reachable as ``__wrapped__``. Where
-  Triton's internals differ from those this was written against, nothing is installed.
+  what it was before, as in Triton's own order. Triton's function stays reachable as ``__wrapped__``.
+
+**Overflow checks that assert nothing.** With ``sanitize_overflow`` (on by default in Triton's
+options) every int32 add, sub and mul is done again in int64 and compared with the int32 range, and
+the comparison goes to ``device_assert``, which emits nothing unless the options' ``debug`` is on.
+The interpreter's options never turn ``debug`` on, so each of those checks computes a condition
+that nothing reads: about 45% of an all-reduce's time in the CPU world. Where ``debug`` is off, the
+interpreter's options get ``sanitize_overflow=False``: the same values, the same (absent) asserts.
+
+Both leave every result the same bits (``tests/kernels/test_interpreter.py`` runs kernels both ways;
+``docs/algorithms.md`` has the times). Where Triton's internals differ from those this was written
+against, nothing is installed.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import triton.language as tl
 
-__all__ = ["skip_repatching", "skipping_repatching"]
+__all__ = ["skip_dead_overflow_checks", "skip_repatching", "skipping_repatching"]
 
 _MARK = "_tritoncomm_skips_repatching"
 
@@ -75,4 +80,20 @@ def skip_repatching() -> bool:
     setattr(_patch_lang, _MARK, True)
     _patch_lang.__wrapped__ = original  # type: ignore[attr-defined]
     interpreter._patch_lang = _patch_lang
+    return True
+
+
+def skip_dead_overflow_checks() -> bool:
+    """Turn the interpreter's ``sanitize_overflow`` off where its ``debug`` is off (module
+    docstring); returns whether the checks are now skipped."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover - Triton without an interpreter
+        return False
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if options is None or getattr(options, "debug", True) or not hasattr(options, "sanitize_overflow"):
+        return False  # pragma: no cover - other Triton versions, or asserts wanted
+    if options.sanitize_overflow:
+        builder.options = replace(options, sanitize_overflow=False)
     return True

@@ -54,7 +54,7 @@ def skipping_repatching() -> bool:
         from triton.runtime import interpreter
     except ImportError:  # pragma: no cover - Triton without an interpreter
         return False
-    return getattr(interpreter._patch_lang, _MARK, False)
+    return getattr(getattr(interpreter, "_patch_lang", None), _MARK, False)
 
 
 def skip_repatching() -> bool:

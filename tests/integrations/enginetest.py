@@ -58,16 +58,56 @@ def module_world(up: Callable[..., None], name: str) -> Any:
     return fixture
 
 
-def run_python(code: str, **env: str) -> str:
-    """Run ``code`` in a fresh interpreter with the engines on its path; return stdout + stderr."""
-    paths = engine_paths()
-    full = {**os.environ, **ENGINE_ENV, **env, "PYTHONPATH": os.pathsep.join([*paths, os.getcwd()])}
-    for k in [k for k, v in env.items() if v == ""]:
-        full.pop(k)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=full)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-4000:]
-    return out
+class PythonRun:
+    """``code`` running in a fresh interpreter with the engines on its path (``start_python``)."""
+
+    def __init__(self, code: str, env: dict[str, str]) -> None:
+        paths = engine_paths()
+        full = {**os.environ, **ENGINE_ENV, **env, "PYTHONPATH": os.pathsep.join([*paths, os.getcwd()])}
+        for k in [k for k, v in env.items() if v == ""]:
+            full.pop(k)
+        self._proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=full)
+
+    def output(self, timeout: float = 600) -> str:
+        """Wait for the run; its stdout + stderr. Fails the test where it failed."""
+        try:
+            out, err = self._proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        assert self._proc.returncode == 0, (out + err)[-4000:]
+        return out + err
+
+    def kill(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.communicate()
+
+
+def start_python(code: str, **env: str) -> PythonRun:
+    """Start ``code`` in a fresh interpreter with the engines on its path (``""`` unsets a variable)."""
+    return PythonRun(code, env)
+
+
+def started_runs(code: str, cases: dict[str, dict[str, str]], test: str, name: str) -> Any:
+    """A module-scoped fixture ``name``: ``code`` started at once in one interpreter per case of
+    ``cases`` (id -> environment) that the session selected for the test function ``test``
+    (parametrized by those ids), so that the engines' imports, which use one core each, overlap.
+    Gives id -> ``PythonRun``; runs still going at the module's end are killed."""
+
+    @pytest.fixture(scope="module", name=name)
+    def fixture(request: pytest.FixtureRequest) -> Iterator[dict[str, PythonRun]]:
+        wanted = {item.callspec.id for item in request.session.items
+                  if getattr(item, "originalname", "") == test and hasattr(item, "callspec")}
+        runs = {case: start_python(code, **env) for case, env in cases.items() if case in wanted}
+        try:
+            yield runs
+        finally:
+            for run in runs.values():
+                run.kill()
+
+    return fixture
 
 
 def gathered(ctx, t: torch.Tensor) -> list[torch.Tensor]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .enginetest import Spy, gathered, module_world, rank_order_sum, run_python
+from .enginetest import Spy, gathered, module_world, rank_order_sum, started_runs
 from .rankchecks import check_sglang_fused, sglang_fused
 
 _RANK_STATE: list = []  # inside a rank: what lives as long as the rank process
@@ -58,13 +58,20 @@ print("HOOKED", DISPATCH_TARGET in HookRegistry._patched, FUSED_NORM_TARGET in H
 """
 
 
-@pytest.mark.parametrize("env, dispatch, fused, line", [
-    ({"TRITONCOMM_ENABLE": ""}, False, False, "installed, inactive"),
-    ({}, True, True, "serving SGLang's custom all-reduce slot"),
-    ({"TRITONCOMM_FUSION": "0"}, True, False, "TRITONCOMM_FUSION=0"),
-], ids=["off", "on", "no-fusion"])
-def test_plugin_through_sglang_loader(env, dispatch, fused, line):
-    out = run_python(_LOAD, **env)
+#: id -> (environment, the dispatch hooked, the fused norm hooked, the plugin's line)
+_LOADS = {
+    "off": ({"TRITONCOMM_ENABLE": ""}, False, False, "installed, inactive"),
+    "on": ({}, True, True, "serving SGLang's custom all-reduce slot"),
+    "no-fusion": ({"TRITONCOMM_FUSION": "0"}, True, False, "TRITONCOMM_FUSION=0"),
+}
+loads = started_runs(_LOAD, {case: v[0] for case, v in _LOADS.items()}, "test_plugin_through_sglang_loader",
+                     "loads")
+
+
+@pytest.mark.parametrize("case", list(_LOADS))
+def test_plugin_through_sglang_loader(loads, case):
+    _, dispatch, fused, line = _LOADS[case]
+    out = loads[case].output()
     assert f"HOOKED {dispatch} {fused} {dispatch}" in out, out[-3000:]
     assert line in out, out[-3000:]
     assert sum("tritoncomm:" in ln for ln in out.splitlines()) == 1, out[-3000:]

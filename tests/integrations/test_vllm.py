@@ -13,7 +13,7 @@ import inspect
 import pytest
 import torch
 
-from .enginetest import Spy, gathered, module_world, rank_order_sum, run_python
+from .enginetest import Spy, gathered, module_world, rank_order_sum, started_runs
 from .rankchecks import check_vllm_fusion, check_vllm_sequence_parallel, vllm_fusion, vllm_sequence_parallel
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -81,15 +81,21 @@ except ImportError:
 """
 
 
-@pytest.mark.parametrize("env, replaced, fusion, line", [
-    ({"TRITONCOMM_ENABLE": ""}, False, False, "installed, inactive"),
-    ({}, True, True, "serving vLLM's custom all-reduce slot"),
-    ({"VLLM_BATCH_INVARIANT": "1"}, False, False, "VLLM_BATCH_INVARIANT=1 keeps vLLM's"),
-    ({"TRITONCOMM_FUSION": "0"}, True, False, "TRITONCOMM_FUSION=0"),
-    ({"BREAK_PASS_MANAGER": "1"}, True, False, "pass manager does not import"),
-], ids=["off", "on", "batch-invariant", "no-fusion", "no-pass-manager"])
-def test_plugin_through_vllm_loader(env, replaced, fusion, line):
-    out = run_python(_LOAD, **env)
+#: id -> (environment, vLLM's all-reduce classes replaced, fusion pass installed, the plugin's line)
+_LOADS = {
+    "off": ({"TRITONCOMM_ENABLE": ""}, False, False, "installed, inactive"),
+    "on": ({}, True, True, "serving vLLM's custom all-reduce slot"),
+    "batch-invariant": ({"VLLM_BATCH_INVARIANT": "1"}, False, False, "VLLM_BATCH_INVARIANT=1 keeps vLLM's"),
+    "no-fusion": ({"TRITONCOMM_FUSION": "0"}, True, False, "TRITONCOMM_FUSION=0"),
+    "no-pass-manager": ({"BREAK_PASS_MANAGER": "1"}, True, False, "pass manager does not import"),
+}
+loads = started_runs(_LOAD, {case: v[0] for case, v in _LOADS.items()}, "test_plugin_through_vllm_loader", "loads")
+
+
+@pytest.mark.parametrize("case", list(_LOADS))
+def test_plugin_through_vllm_loader(loads, case):
+    _, replaced, fusion, line = _LOADS[case]
+    out = loads[case].output()
     assert f"REPLACED {replaced} {replaced}" in out, out[-3000:]
     assert f"FI {replaced} {replaced}" in out, out[-3000:]
     assert f"PASS {fusion}" in out, out[-3000:]

@@ -59,7 +59,8 @@ def module_world(up: Callable[..., None], name: str) -> Any:
 
 
 class PythonRun:
-    """``code`` running in a fresh interpreter with the engines on its path (``start_python``)."""
+    """``code`` running in a fresh interpreter with the engines on its path, under ``env`` on top of
+    this process's (``""`` unsets a variable)."""
 
     def __init__(self, code: str, env: dict[str, str]) -> None:
         paths = engine_paths()
@@ -85,11 +86,6 @@ class PythonRun:
             self._proc.communicate()
 
 
-def start_python(code: str, **env: str) -> PythonRun:
-    """Start ``code`` in a fresh interpreter with the engines on its path (``""`` unsets a variable)."""
-    return PythonRun(code, env)
-
-
 def started_runs(code: str, cases: dict[str, dict[str, str]], test: str, name: str) -> Any:
     """A module-scoped fixture ``name``: ``code`` started at once in one interpreter per case of
     ``cases`` (id -> environment) that the session selected for the test function ``test``
@@ -100,7 +96,7 @@ def started_runs(code: str, cases: dict[str, dict[str, str]], test: str, name: s
     def fixture(request: pytest.FixtureRequest) -> Iterator[dict[str, PythonRun]]:
         wanted = {item.callspec.id for item in request.session.items
                   if getattr(item, "originalname", "") == test and hasattr(item, "callspec")}
-        runs = {case: start_python(code, **env) for case, env in cases.items() if case in wanted}
+        runs = {case: PythonRun(code, env) for case, env in cases.items() if case in wanted}
         try:
             yield runs
         finally:

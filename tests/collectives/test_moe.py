@@ -10,11 +10,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 from tritoncomm.collectives.moe import NEVER, SHAPES, MoEAllToAll, MoEShape
-from tritoncomm.collectives.moe.shares import column_shares
 from tritoncomm.errors import CommTimeoutError, InvalidInputError
 
 from ..helpers import dealt, make_comm, warm_up_for_capture, world_sizes
@@ -507,73 +504,6 @@ def test_rows_split_over_programs_by_column_blocks(worlds, world, mode, fp8, wid
     hidden = 384 if fp8 else 40
     for bad in worlds(world).run(_job, 4 * world, 3, hidden, 6, "unrouted", 4, torch.bfloat16, None, torch.int64,
                                  torch.float32, fp8, mode, shape=shape):
-        assert bad == []
-
-
-@triton.jit
-def _shares_kernel(ns, hs, gs, out, N, BLOCK_H: tl.constexpr):
-    for i in range(N):
-        tl.store(out + i, column_shares(tl.load(ns + i), tl.load(hs + i), tl.load(gs + i), BLOCK_H))
-
-
-def _busiest(n: int, s: int, grid: int) -> float:
-    """Rows' worth of columns that the busiest of ``grid`` programs takes with ``s`` shares per row."""
-    return -(-n * s // grid) / s
-
-
-def _shares_job(ctx) -> list[str]:
-    cases = [(n, h, g, bh) for bh in (16, 2048, 4096) for h in (40, 4096, 7168) for g in (2, 6, 264)
-             for n in (0, 1, 3, 5, 7, 100, 263, 264, 265, 300, 384, 512, 600, 4096)]
-    bad = []
-    for bh in (16, 2048, 4096):
-        mine = [c for c in cases if c[3] == bh]
-        ns, hs, gs = (torch.tensor(col, dtype=torch.int32, device=ctx.device) for col in list(zip(*mine))[:3])
-        out = torch.full((len(mine),), -1, dtype=torch.int32, device=ctx.device)
-        _shares_kernel[(1,)](ns, hs, gs, out, len(mine), BLOCK_H=bh)
-        for (n, h, g, _), s in zip(mine, out.tolist()):
-            blocks = -(-h // bh)
-            if not 1 <= s <= blocks:
-                bad.append(f"{(n, h, g, bh)}: {s} shares of {blocks} blocks")
-            elif n <= g and s != min(max(g // max(n, 1), 1), blocks):
-                bad.append(f"{(n, h, g, bh)}: {s} shares with rows for every program")
-            elif n > g and any(8 * _busiest(n, t, g) <= 7 * _busiest(n, s, g) for t in range(1, blocks + 1)):
-                bad.append(f"{(n, h, g, bh)}: {s} shares leave the busiest program {_busiest(n, s, g)} rows")
-            elif n > g and s > 1 and 8 * _busiest(n, s, g) > 7 * _busiest(n, 1, g):
-                bad.append(f"{(n, h, g, bh)}: {s} shares for less than an eighth")
-    # the split at the sizes it is for (two H100s' 264 programs; DeepSeek-V3's rows of 7168, Qwen3-MoE's of 4096)
-    want = {(384, 7168, 264, 4096): 2, (384, 4096, 264, 4096): 1, (384, 4096, 264, 2048): 2,
-            (512, 7168, 264, 4096): 1, (4096, 7168, 264, 2048): 1, (128, 7168, 264, 2048): 2}
-    for (n, h, g, bh), s in want.items():
-        out = torch.full((1,), -1, dtype=torch.int32, device=ctx.device)
-        one = [torch.tensor([v], dtype=torch.int32, device=ctx.device) for v in (n, h, g)]
-        _shares_kernel[(1,)](*one, out, 1, BLOCK_H=bh)
-        if out.item() != s:
-            bad.append(f"{(n, h, g, bh)}: {out.item()} shares, not {s}")
-    return bad
-
-
-def test_rows_shared_where_they_even_the_busiest_program(worlds):
-    """``column_shares``: with rows for every program, the programs left over per row; with more rows
-    than programs, shares only where they cut the busiest program's columns by an eighth or more,
-    and then to the fewest that any count of shares leaves it (within an eighth)."""
-    for bad in worlds(2).run(_shares_job):
-        assert bad == []
-
-
-@pytest.mark.parametrize("world,path,mode", dealt([("routed", "latency"), ("routed", "throughput"),
-                                                   ("held", "latency"), ("one-kernel", "throughput"),
-                                                   ("routed-packets", "latency")], 2, 3))
-def test_more_rows_than_programs_shared_by_column_blocks(worlds, world, path, mode):
-    """Up to 6 tokens per rank on 4 programs and rows of three column blocks (the send's step the
-    others' too): 5 and 6 rows split in half rows (``column_shares``; every rank has 6 in the second
-    call), in the send, the layout after its barrier or in the gather kernel, the one-kernel dispatch
-    and either combine mode; random token counts per rank and call; exact layouts and combine bits."""
-    base = dict(programs=4, block_h=16, block_e=4, num_warps=1, super_blocks=2, send_block_h=16)
-    shape = {"routed": MoEShape(**base, route_above=4), "held": MoEShape(**base),
-             "one-kernel": MoEShape(**base, one_kernel=True),
-             "routed-packets": MoEShape(**base, route_above=4, routed_packets=True)}[path]
-    for bad in worlds(world).run(_job, 4 * world, 3, 40, 6, "random", 4, torch.bfloat16, None, torch.int64,
-                                 torch.float32, False, mode, shape=shape):
         assert bad == []
 
 

@@ -2,8 +2,7 @@
 
 A program that takes a whole row waits on one round of loads per column block, one after another;
 at decode there are fewer rows than programs, so most programs would idle while a few walk their
-rows' blocks; and with a few more rows than programs the busiest programs take one whole row more
-than the others. Work items are therefore (row, share of its column blocks): item ``i`` is row ``i //
+rows' blocks. Work items are therefore (row, share of its column blocks): item ``i`` is row ``i //
 shares`` and the ``i % shares``-th of ``shares`` runs of consecutive column blocks
 (``share_columns``), and program ``pid`` takes items ``pid, pid + grid, ...``. A run's loop keeps
 the constant step ``BLOCK_H``, as a whole row's does. Two kernels that split the same row count
@@ -24,25 +23,11 @@ __all__ = ["column_shares", "pick", "share_columns"]
 
 @triton.jit
 def column_shares(n_rows, hidden, grid, BLOCK_H: tl.constexpr):
-    """How many items one row's column blocks make (at most the number of blocks). Fewer rows than
-    programs (decode): the programs left over per row, so that a row's loads are in flight together
-    on several programs. More rows than programs: the count of shares ``s`` that gives the fewest
-    columns to the busiest program, ``ceil(n_rows * s / grid) / s`` rows' worth, where each larger
-    ``s`` taken cuts that by at least an eighth (more items cost more routing loads), so that the
-    last round of items is not half idle while its programs take whole rows (384 rows on 264
-    programs: two whole rows for the busiest program, or three half rows; 4096 rows: 16 whole rows,
-    or 47 thirds, not worth it)."""
-    blocks = tl.cdiv(hidden, BLOCK_H)
-    n = tl.maximum(n_rows, 1)
-    best = tl.minimum(tl.maximum(grid // n, 1), blocks)
-    if n > grid:
-        rounds = tl.cdiv(n, grid)  # items of the busiest program with whole rows (best == 1)
-        for s in range(2, blocks + 1):
-            r = tl.cdiv(n * s, grid)
-            if 8 * r * best <= 7 * rounds * s:  # r / s rows' worth, at most 7/8 of rounds / best
-                best = s
-                rounds = r
-    return best
+    """How many programs share one row's column blocks: the programs left over per row, at least
+    1 and at most the number of blocks. Few rows (decode) spread each row's blocks over programs,
+    whose loads are then in flight together; with at least ``grid`` rows each program takes whole
+    rows."""
+    return tl.minimum(tl.maximum(grid // tl.maximum(n_rows, 1), 1), tl.cdiv(hidden, BLOCK_H))
 
 
 @triton.jit

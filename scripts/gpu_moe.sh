@@ -21,7 +21,7 @@ for phase in ${PHASES:-tests bench variants}; do
         -p no:cacheprovider tests/collectives/test_moe.py tests/integrations/test_ep.py 2>&1 \
         | tee "$OUT/gpu-moe-tests.log" | tail -15 || rc=1 ;;
     bench)
-      timeout ${BENCH_TIMEOUT:-400} python3 -m tritoncomm bench --op moe --world "$EP" ${TOKENS:+--tokens $TOKENS} \
+      timeout ${BENCH_TIMEOUT:-560} python3 -m tritoncomm bench --op moe --world "$EP" ${TOKENS:+--tokens $TOKENS} \
         ${SHAPES:+--shapes $SHAPES} --json "$OUT/moe-${GPU:-gpu}-ep$EP.json" 2>&1 | tee "$OUT/moe.log" | tail -40 || rc=1 ;;
     variants)  # the dispatch in one kernel (packets; barrier) against the send + gather kernels, decode sizes
       timeout ${VARIANTS_TIMEOUT:-200} python3 benchmarks/experiments/moe_variants.py --world "$EP" --tokens 1,8,64 \

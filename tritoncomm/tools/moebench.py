@@ -45,7 +45,11 @@ __all__ = ["MOE_SHAPES", "format_moe", "moe_rank"]
 
 #: name: (hidden, experts, top_k)
 MOE_SHAPES = {"deepseek-v3": (7168, 256, 8), "qwen3-moe": (4096, 128, 8), "tiny": (256, 16, 4)}
-DEFAULTS = {"cuda": (("deepseek-v3", "qwen3-moe"), (1, 8, 128, 512, 4096)), "cpu": (("tiny",), (1, 8, 32))}
+#: backend: (shapes, tokens per rank). On GPUs the counts cover where each dispatch path starts (the
+#: one-kernel dispatch up to 256 tokens of top-8 in the prefill shape, the route and send kernels from
+#: 384) and where the combine switches mode.
+DEFAULTS = {"cuda": (("deepseek-v3", "qwen3-moe"), (1, 8, 128, 256, 384, 512, 1024, 2048, 4096)),
+            "cpu": (("tiny",), (1, 8, 32))}
 
 
 def _capacity(world: int, tokens: int, experts: int, k: int) -> int:

@@ -37,6 +37,10 @@ from .report import device_name, max_over_ranks
 
 __all__ = ["NEVER", "moe_tune_rank", "options", "switch_point"]
 
+#: backend: tokens per rank the tune times by default: each count times both launch shapes and both
+#: combine modes, so fewer than the bench's.
+TUNE_TOKENS = {"cuda": (1, 8, 128, 512, 4096), "cpu": (1, 8, 32)}
+
 
 def switch_point(counts: list[int], wins: list[bool]) -> int | None:
     """The smallest of ``counts`` (ascending) from which ``wins`` holds at it and every larger one;
@@ -98,8 +102,10 @@ def _tune_shape(ctx: RankContext, comm: Communicator, shape: str, tokens: list[i
 
 def moe_tune_rank(ctx: RankContext, shapes: list[str] | None = None,
                   tokens: list[int] | None = None) -> dict[str, Any] | None:
-    """Collective: tune every shape (default: the bench's) at every token count; the report on rank 0."""
-    d_shapes, d_tokens = DEFAULTS[ctx.backend]
+    """Collective: tune every shape (default: the bench's) at every token count (default:
+    ``TUNE_TOKENS``); the report on rank 0."""
+    d_shapes, _ = DEFAULTS[ctx.backend]
+    d_tokens = TUNE_TOKENS[ctx.backend]
     cuda = ctx.backend == "cuda"
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=(6 << 30) if cuda else 64 << 20))
     results = [_tune_shape(ctx, comm, s, sorted(tokens or d_tokens)) for s in shapes or d_shapes]

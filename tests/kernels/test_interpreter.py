@@ -1,7 +1,8 @@
 """The CPU world's interpreter without work that changes nothing (``tritoncomm/kernels/interpreter.py``):
 kernels that call helpers give the same bits as under Triton's own interpreter, the language is
 restored after every launch, and the helper calls no longer patch; int32 arithmetic that overflows
-gives the same bits with Triton's overflow checks and without them, which assert nothing there."""
+gives the same bits with Triton's overflow checks and without them, which assert nothing there; the
+numpy dtype of every Triton dtype is Triton's own answer."""
 
 from __future__ import annotations
 
@@ -145,4 +146,54 @@ def _overflow_both_ways(ctx) -> list[str]:
 @pytest.mark.skipif(BACKEND != "cpu", reason="the interpreter runs in the CPU world")
 def test_overflow_checks_assert_nothing_in_the_interpreter(worlds):
     for bad in worlds(2).run(_overflow_both_ways):
+        assert bad == []
+
+
+def _np_dtypes_both_ways(ctx) -> list[str]:
+    from triton.runtime import interpreter
+
+    bad: list[str] = []
+    ours = interpreter._get_np_dtype
+    triton_s = getattr(ours, "__wrapped__", None)
+    if triton_s is None:
+        return ["the rank's interpreter answers numpy dtypes with Triton's own function"]
+    scalars = [v for v in vars(tl).values() if isinstance(v, tl.dtype)]
+    asked = [*scalars, tl.pointer_type(tl.float32), tl.pointer_type(tl.pointer_type(tl.int8)), tl.dtype("bf16"),
+             tl.dtype("fp8e4nv")]
+    asked += [tl.block_type(t, [4, 2]) for t in asked]
+
+    def answer(fn, t):
+        try:
+            return fn(t)
+        except Exception as e:  # Triton's own error for a dtype without a numpy type
+            return type(e).__name__
+    for t in asked:
+        if answer(ours, t) != answer(triton_s, t):
+            bad.append(f"{t}: {answer(ours, t)} against Triton's {answer(triton_s, t)}")
+    if len({str(answer(triton_s, t)) for t in scalars}) < 8:  # the comparison saw real answers, not one error
+        bad.append("Triton's answers are too few to compare")
+    # and kernels that cast through them give Triton's bits
+    g = torch.Generator().manual_seed(11 + ctx.rank)
+    x = torch.randn(1000, generator=g)
+    got = {}
+    try:
+        for way, fn in (("table", ours), ("triton", triton_s)):
+            interpreter._get_np_dtype = fn
+            out = torch.full_like(x, float("nan"))
+            _chain_kernel[(2,)](x, out, x.numel(), BLOCK=64)
+            got[way] = out
+    except Exception as e:  # a wrong numpy dtype can also stop the kernel
+        bad.append(f"a kernel failed: {e!r}"[:300])
+    finally:
+        interpreter._get_np_dtype = ours
+    if len(got) == 2 and not torch.equal(got["table"].view(torch.int32), got["triton"].view(torch.int32)):
+        bad.append("a kernel's bits differ")
+    return bad
+
+
+@pytest.mark.skipif(BACKEND != "cpu", reason="the interpreter runs in the CPU world")
+def test_numpy_dtypes_answered_as_triton_does(worlds):
+    """Every dtype of ``triton.language``, pointers and blocks of either: the table's answer is
+    Triton's (a numpy dtype, or the same error); a kernel with bf16 casts gives the same bits."""
+    for bad in worlds(2).run(_np_dtypes_both_ways):
         assert bad == []

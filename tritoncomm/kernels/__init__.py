@@ -68,11 +68,13 @@ from .signals import (
 )
 from .trace import stamp
 
-if interpreting():  # the CPU world: no repeated patch of the language, no overflow check that asserts nothing
-    from .interpreter import skip_dead_overflow_checks, skip_repatching
+if interpreting():  # the CPU world: no repeated patch of the language, no overflow check that asserts nothing,
+    # no table of numpy dtypes built per op
+    from .interpreter import fixed_np_dtypes, skip_dead_overflow_checks, skip_repatching
 
     skip_repatching()
     skip_dead_overflow_checks()
+    fixed_np_dtypes()
 
 __all__ = [
     "DIAG_WORDS", "INTERPRET", "KIND_NAMES", "LAMPORT_SENTINEL8", "LAMPORT_SENTINEL16", "MAX_WORLD", "Launcher",

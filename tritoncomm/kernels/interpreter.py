@@ -1,5 +1,6 @@
-"""The CPU world's interpreter without work that changes nothing: ``skip_repatching`` and
-``skip_dead_overflow_checks``, both installed by ``tritoncomm.kernels`` at import when interpreting.
+"""The CPU world's interpreter without work that changes nothing: ``skip_repatching``,
+``skip_dead_overflow_checks`` and ``fixed_np_dtypes``, all installed by ``tritoncomm.kernels`` at
+import when interpreting.
 
 **Repatching.** Triton's interpreter (``TRITON_INTERPRET=1``) runs a kernel by *patching*
 ``triton.language``: every builtin of ``tl``, ``tl.core``, ``tl.tensor`` and ``tl.math`` is wrapped
@@ -22,7 +23,13 @@ The interpreter's options never turn ``debug`` on, so each of those checks compu
 that nothing reads: about 45% of an all-reduce's time in the CPU world. Where ``debug`` is off, the
 interpreter's options get ``sanitize_overflow=False``: the same values, the same (absent) asserts.
 
-Both leave every result the same bits (``tests/kernels/test_interpreter.py`` runs kernels both ways;
+**The numpy dtype of a Triton dtype.** The interpreter asks for it at nearly every op (a cast, a
+load, a store, a splat), and Triton 3.6's ``_get_np_dtype`` builds its table of 20 numpy dtypes on
+every call (about 10 µs). ``fixed_np_dtypes`` asks Triton's function once for every scalar dtype of
+``triton.language`` and answers from that table (a pointer, or a block of pointers, is a uint64 as
+in Triton's; a dtype the table lacks goes to Triton's, which raises as before).
+
+All three leave every result the same bits (``tests/kernels/test_interpreter.py`` runs kernels both ways;
 ``docs/algorithms.md`` has the times). Where Triton's internals differ from those this was written
 against, nothing is installed.
 """
@@ -34,7 +41,7 @@ from typing import Any
 
 import triton.language as tl
 
-__all__ = ["skip_dead_overflow_checks", "skip_repatching", "skipping_repatching"]
+__all__ = ["fixed_np_dtypes", "skip_dead_overflow_checks", "skip_repatching", "skipping_repatching"]
 
 _MARK = "_tritoncomm_skips_repatching"
 
@@ -96,4 +103,38 @@ def skip_dead_overflow_checks() -> bool:
         return False  # pragma: no cover - other Triton versions, or asserts wanted
     if options.sanitize_overflow:
         builder.options = replace(options, sanitize_overflow=False)
+    return True
+
+
+def fixed_np_dtypes() -> bool:
+    """Answer the interpreter's ``_get_np_dtype`` from a table built once from Triton's own answers
+    (module docstring). Idempotent; returns whether it is in place."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover - Triton without an interpreter
+        return False
+    original = getattr(interpreter, "_get_np_dtype", None)
+    if original is None:
+        return False  # pragma: no cover - other Triton versions
+    if getattr(original, _MARK, False):
+        return True
+    table: dict[Any, Any] = {}
+    for value in vars(tl).values():
+        if isinstance(value, tl.dtype) and not isinstance(value, (tl.pointer_type, tl.block_type)):
+            try:
+                table[value] = original(value)
+            except KeyError:  # a dtype the interpreter has no numpy type for
+                pass
+    uint64 = original(tl.pointer_type(tl.int8))
+
+    def _get_np_dtype(tt_dtype: Any) -> Any:
+        scalar = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        if isinstance(scalar, tl.pointer_type):
+            return uint64
+        found = table.get(scalar)
+        return original(tt_dtype) if found is None else found
+
+    setattr(_get_np_dtype, _MARK, True)
+    _get_np_dtype.__wrapped__ = original  # type: ignore[attr-defined]
+    interpreter._get_np_dtype = _get_np_dtype
     return True

@@ -43,7 +43,7 @@ import triton.language as tl
 
 __all__ = ["fixed_np_dtypes", "skip_dead_overflow_checks", "skip_repatching", "skipping_repatching"]
 
-_MARK = "_tritoncomm_skips_repatching"
+_MARK = "_tritoncomm_installed"  # set on each function this module installs
 
 
 def _language_modules(fn: Any) -> list[Any]:

@@ -259,6 +259,18 @@ def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
         assert bad == []
 
 
+@pytest.mark.parametrize("world,super_blocks", [(2, 1), (3, 32)])
+def test_slots_past_one_load_of_histogram_rows(worlds, world, super_blocks):
+    """``route.row_slots`` loads the first ``BLOCK_B`` (here 16) superblock rows and the block rows in
+    one round and sums any further rows after: with one entry per block, superblocks of one block
+    (a row of 40 tokens has up to 39 superblocks before it) and of 32 blocks (up to 31 block rows
+    before it) both take the rows past the first load, on the routed dispatch and its layout."""
+    shape = replace(SHAPES["cpu"], one_kernel=False, route_above=4, block_e=1, super_blocks=super_blocks)
+    for bad in worlds(world).run(_job, 2 * world, 1, 8, 40, "random", 2, capacity=24, mode="latency",
+                                 shape=shape):
+        assert bad == []
+
+
 @pytest.mark.parametrize("world", world_sizes(2, 3))
 def test_direct_rows_with_fp8_scales(worlds, world):
     """Rows sent into their first kept slot on each peer (``MoEShape.direct_from_bytes``) with FP8

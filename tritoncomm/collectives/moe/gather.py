@@ -48,7 +48,7 @@ from ...kernels import (
     pow2_at_least,
 )
 from ...kernels.launcher import Launcher
-from .header import store_header
+from .header import size_of, store_header
 from .route import row_slots, rows_per_load, rows_sum
 from .shares import column_shares, pick, share_columns
 
@@ -180,28 +180,31 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
                   rank, pid, grid, pw, wtab, timeout, diag, WORLD: tl.constexpr, LOCAL: tl.constexpr,
                   TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr,
                   BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr,
-                  PACKETS: tl.constexpr, DIRECT: tl.constexpr = False):
+                  PACKETS: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr = False):
     """Program ``pid``'s items of every peer's rows (module docstring), laid out from the receive
     buffer ``recv`` (scales ``sc``) with the slots from the tables ``ids``, ``ntab`` and ``hist``;
     with ``DIRECT`` from the row's first kept slot on this rank (in ``j`` order), where the source
     stored it, into its other slots.
-    Returns every source's entries per expert. Also called by the send kernel after its barrier when
+    Returns every source's entries per expert on program 0 (the others skip the last source's count,
+    which no row of theirs needs). Also called by the send kernel after its barrier when
     the route kernel ran (``dispatch.py``); with ``PACKETS`` (no barrier) ``recv``, ``sc`` and ``pw``
     are Lamport buffers, polled row by row (``place_packets``: the weights go from ``pw`` into
     ``wtab``)."""
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     super_blocks = tl.cdiv(hist_blocks, SUPER)
+    ws = tl.arange(0, BLOCK_W)
+    sizes = tl.load(ntab + ws, mask=ws < WORLD, other=0)  # every source's count, one load
     # per expert, the entries of the sources before s in this rank's order: its own first
     earlier = rows_sum(hist, WORLD * hist_blocks + rank * super_blocks,
-                       tl.cdiv(tl.cdiv(tl.load(ntab + rank) * TOP_K, BLOCK_E), SUPER), BLOCK_B, BLOCK_X)
+                       tl.cdiv(tl.cdiv(size_of(sizes, rank, BLOCK_W) * TOP_K, BLOCK_E), SUPER), BLOCK_B, BLOCK_X)
     for i in range(1, WORLD):
         s = (rank + i) % WORLD
-        n_s = tl.load(ntab + s)
+        n_s = size_of(sizes, s, BLOCK_W)
         peer_row = (s - (s > rank).to(tl.int32)) * max_tokens  # the source's first row in the receive buffer
-        # the source's entries per expert (issued before the rows: needed after them)
-        mine = rows_sum(hist, WORLD * hist_blocks + s * super_blocks, tl.cdiv(tl.cdiv(n_s * TOP_K, BLOCK_E), SUPER),
-                        BLOCK_B, BLOCK_X)
+        # the source's entries per expert, for the sources after it (the last one's: program 0's totals)
+        n_super = tl.where((i < WORLD - 1) | (pid == 0), tl.cdiv(tl.cdiv(n_s * TOP_K, BLOCK_E), SUPER), 0)
+        mine = rows_sum(hist, WORLD * hist_blocks + s * super_blocks, n_super, BLOCK_B, BLOCK_X)
         shares = column_shares(n_s, hidden, grid, BLOCK_H)
         for item in range(pid, n_s * shares, grid):
             t = item // shares
@@ -245,7 +248,7 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, slot_ptr, counts_ptr, bad_ptr, bad_ho
                            heap_ptr(bases, rank, ntab_off + parity * ntab_half, tl.int32),
                            heap_ptr(bases, rank, hist_off + parity * hist_half, tl.int32), hist_blocks, max_tokens,
                            capacity, hidden, rank, pid, grid, 0, 0, 0, 0, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8,
-                           BLOCK_E, BLOCK_X, BLOCK_B, SUPER, False)
+                           BLOCK_E, BLOCK_X, BLOCK_B, SUPER, False, BLOCK_W)
     if pid == 0:
         finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, 0, LOCAL, BLOCK_X)
         ws = tl.arange(0, BLOCK_W)

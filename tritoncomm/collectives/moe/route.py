@@ -110,15 +110,27 @@ def row_slots(ids, hist, e, kk, t, n_entries, earlier, block_row0, super_row0, c
     ``ids``: the source's entries (``n_entries`` live); ``earlier``: per expert, the entries of the
     sources before this one in the owner's order (the same for every expert of ``e`` the caller
     keeps: callers use the slots of one owner's experts only); ``block_row0`` / ``super_row0``: the
-    source's first block / superblock row of the histogram table ``hist``."""
+    source's first block / superblock row of the histogram table ``hist``. The first ``BLOCK_B``
+    superblock rows, the block rows and the window are loaded before any of them is summed: one
+    round of loads per row, not one per table (rows past those, at more than ``BLOCK_B``
+    superblocks, are summed after)."""
     p0 = t * TOP_K
     b = p0 // BLOCK_E
     q = b // SUPER
-    slot = tl.gather(earlier, tl.maximum(e, 0), 0)
-    slot += _rows_at(hist, super_row0, q, e, BLOCK_B, BLOCK_X)
-    slot += _rows_at(hist, block_row0 + q * SUPER, b - q * SUPER, e, BLOCK_B, BLOCK_X)
+    n_blk = b - q * SUPER  # block rows of b's superblock before b
+    col = tl.maximum(e, 0)
+    rb = tl.arange(0, BLOCK_B)
+    # one round: the superblock rows' and block rows' columns e, and the window of ids
+    sup = tl.load(hist + tl.cast(super_row0 + rb, tl.int64)[:, None] * BLOCK_X + col[None, :],
+                  mask=(rb < q)[:, None], other=0)
+    blk = tl.load(hist + tl.cast(block_row0 + q * SUPER + rb, tl.int64)[:, None] * BLOCK_X + col[None, :],
+                  mask=(rb < n_blk)[:, None], other=0)
     pos = b * BLOCK_E + tl.arange(0, 2 * BLOCK_E)
     win = tl.load(ids + pos, mask=pos < n_entries, other=-1)
+    slot = tl.gather(earlier, col, 0) + tl.sum(sup, axis=0) + tl.sum(blk, axis=0)
+    slot += _rows_at(hist, super_row0 + BLOCK_B, q - BLOCK_B, e, BLOCK_B, BLOCK_X)  # none below BLOCK_B + 1
+    if SUPER > BLOCK_B:
+        slot += _rows_at(hist, block_row0 + q * SUPER + BLOCK_B, n_blk - BLOCK_B, e, BLOCK_B, BLOCK_X)
     slot += tl.sum(((win[None, :] == e[:, None]) & (pos[None, :] < (p0 + kk)[:, None])).to(tl.int32), axis=1)
     keep = (e >= 0) & (slot < capacity)
     return tl.where(keep, (e % LOCAL) * capacity + slot, -1)

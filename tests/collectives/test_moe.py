@@ -813,14 +813,17 @@ def test_role_split_resolves_from_the_shape_and_the_call():
 
 def test_default_combine_switch_counts_elements_received():
     """The automatic combine switch (``default_throughput_from``): the fewest total tokens with
-    ``THROUGHPUT_FROM_ELEMS`` elements of partials received per rank, ``tokens * hidden * (world -
-    1) / world``. The points it was set between: DeepSeek-V3 (hidden 7168) at 128 tokens per rank at
-    EP4 and 512 at EP2 in the throughput mode, Qwen3-MoE (4096) at 512 at EP2 and 128 at EP4 in the
-    latency mode."""
-    from tritoncomm.collectives.moe import THROUGHPUT_FROM_ELEMS, default_throughput_from
+    ``THROUGHPUT_FROM_ELEMS`` (at world 2 ``THROUGHPUT_FROM_ELEMS_EP2``) elements of partials received
+    per rank, ``tokens * hidden * (world - 1) / world``. The points they were set between: at EP4
+    DeepSeek-V3 (hidden 7168) at 128 tokens per rank in the throughput mode and Qwen3-MoE (4096) at
+    128 in the latency mode; at EP2 DeepSeek-V3 at 384 and Qwen3-MoE at 640 in the latency mode,
+    DeepSeek-V3 at 448 and Qwen3-MoE at 704 in the throughput mode."""
+    from tritoncomm.collectives.moe import THROUGHPUT_FROM_ELEMS, THROUGHPUT_FROM_ELEMS_EP2, default_throughput_from
 
     for world, hidden in ((2, 7168), (4, 7168), (2, 4096), (4, 4096), (3, 100), (8, 7168)):
         t = default_throughput_from(world, hidden)
-        assert t * hidden * (world - 1) >= THROUGHPUT_FROM_ELEMS * world > (t - 1) * hidden * (world - 1)
-    assert default_throughput_from(4, 7168) <= 4 * 128 and default_throughput_from(2, 7168) <= 2 * 512
-    assert default_throughput_from(2, 4096) > 2 * 512 and default_throughput_from(4, 4096) > 4 * 128
+        elems = THROUGHPUT_FROM_ELEMS_EP2 if world == 2 else THROUGHPUT_FROM_ELEMS
+        assert t * hidden * (world - 1) >= elems * world > (t - 1) * hidden * (world - 1)
+    assert default_throughput_from(4, 7168) <= 4 * 128 < default_throughput_from(4, 4096)
+    assert 2 * 384 < default_throughput_from(2, 7168) <= 2 * 448
+    assert 2 * 640 < default_throughput_from(2, 4096) <= 2 * 704

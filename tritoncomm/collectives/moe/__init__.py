@@ -76,18 +76,23 @@ from .route import ROUTED_STAGES, launch_route, moe_route_kernel
 #: ``combine``'s default switch from the latency to the throughput mode, in elements of partials a
 #: rank receives per call, ``total tokens * hidden * (world - 1) / world`` (``default_throughput_from``
 #: turns it into total tokens over the ranks, the kernel's switch). The latency mode's packets cost
-#: their polls and resets per element received; the throughput mode a barrier per call. On H100s
-#: (2026-11-27, dispatch + combine in graphs, ``docs/moe.md``) the throughput mode won from 2.6 M
-#: elements (Qwen3-MoE at 640 tokens per rank at EP2: 71.4 against 72.8 µs; DeepSeek-V3 at 128 at
-#: EP4, 2.75 M: 65.1 against 68.5) and lost at 2.1 M (Qwen3-MoE at 512 at EP2: 60.5 against 59.7)
-#: and below; the switch lies between. Measured at EP2 and EP4 only: ``tune --op moe`` finds it for
-#: a deployment.
+#: their polls and resets per element received; the throughput mode a barrier per call. At EP4 on
+#: H100s (2026-11-27, dispatch + combine in graphs, ``docs/moe.md``) the throughput mode won from 2.6 M
+#: elements (DeepSeek-V3 at 128 tokens per rank, 2.75 M: 65.1 against 68.5 µs) and lost at 1.6 M
+#: (Qwen3-MoE at 128: 48.5 against 45.2); the switch lies between. Measured at EP2 and EP4 only:
+#: ``tune --op moe`` finds it for a deployment.
 THROUGHPUT_FROM_ELEMS = 9 << 18
+#: The same at EP2, where the latency mode sums in the reverse order of its pushes and so evens out
+#: the programs with an extra row (``combine.py``). On two H100s (2026-11-27, both phases in graphs,
+#: each mode forced, ``docs/moe.md``) the latency mode won at 2.75 M elements and below (DeepSeek-V3 at
+#: 384 tokens per rank: 69.2 against 73.1 µs; Qwen3-MoE at 640, 2.6 M: 68.8 against 69.6) and lost
+#: from 2.88 M (Qwen3-MoE at 704: 74.0 against 73.2; DeepSeek-V3 at 448, 3.2 M: 79.0 against 78.3).
+THROUGHPUT_FROM_ELEMS_EP2 = 11 << 18
 MODES = ("auto", "latency", "throughput")
 
 __all__ = ["DIRECT_FROM_BYTES", "MODES", "NEVER", "ONE_KERNEL_ENTRIES", "PREFILL_FROM", "PUSH_SPLIT_ELEMS", "SHAPES",
-           "SHARED_COPY_FROM", "THROUGHPUT_FROM_ELEMS", "MoEAllToAll", "MoEHandle", "MoEShape",
-           "default_shape", "default_throughput_from", "register_cap"]
+           "SHARED_COPY_FROM", "THROUGHPUT_FROM_ELEMS", "THROUGHPUT_FROM_ELEMS_EP2", "MoEAllToAll", "MoEHandle",
+           "MoEShape", "default_shape", "default_throughput_from", "register_cap"]
 
 
 #: Routing entries per rank from which the one-kernel dispatch shares one routing copy per rank
@@ -321,10 +326,12 @@ def register_cap(shape: MoEShape, sms: int, regs_per_sm: int = 65536) -> int | N
 
 def default_throughput_from(world: int, hidden: int) -> int:
     """``combine``'s default switch for ``world`` ranks and rows of ``hidden``, in total tokens over
-    the ranks per call: the fewest with ``THROUGHPUT_FROM_ELEMS`` elements of partials per rank."""
+    the ranks per call: the fewest with ``THROUGHPUT_FROM_ELEMS`` (at world 2
+    ``THROUGHPUT_FROM_ELEMS_EP2``) elements of partials per rank."""
     if world < 2:
         return 1  # unused: at world 1 the automatic mode is the latency mode
-    return -(-THROUGHPUT_FROM_ELEMS * world // ((world - 1) * hidden))
+    elems = THROUGHPUT_FROM_ELEMS_EP2 if world == 2 else THROUGHPUT_FROM_ELEMS
+    return -(-elems * world // ((world - 1) * hidden))
 
 
 @dataclass(frozen=True)

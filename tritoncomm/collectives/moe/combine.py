@@ -19,9 +19,11 @@ home: program ``pid`` of owner ``r`` takes, for every other source ``s`` (in the
 ``r``, kept or not (the home knows which ranks its tokens route to, not which entries they
 dropped), an item being token ``i // shares`` and the ``i % shares``-th run of its column blocks
 (``shares.py``; ``shares = column_shares(n_s)``: at decode a token's blocks spread over programs).
-The home splits its own tokens the same way, so program ``pid`` reads what program ``pid`` of every
-peer pushed (in the latency mode ``MoEShape.push_programs`` can give pushing and summing to different
-programs: nothing pairs them there).
+The home splits its own tokens the same way. In the throughput mode program ``pid`` reads what
+program ``pid`` of every peer pushed (its barrier pairs them); in the latency mode nothing pairs
+programs, so program ``pid`` sums the items of program ``grid - 1 - pid`` (a program with one more
+item to push has one fewer to sum), and ``MoEShape.push_programs`` can give pushing and summing to
+different programs altogether.
 
 * **Latency mode** (Lamport packets, no barrier): the rows go into row ``(r, t)`` of the home's
   Lamport buffer (``lamport_store``: the data is its own flag). Then each home program sums its own
@@ -266,13 +268,16 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
     stamps (``kernels.stamp``) ``COMBINE_STAGES`` points into ``trace_ptr``: started, mode known,
     partials pushed (throughput: and the barrier passed), done. With ``PUSHERS``, in the latency mode
     programs ``[0, PUSHERS)`` push and the others sum (nothing pairs programs there); the throughput
-    mode's barrier pairs program ``pid`` across ranks, so there every program does both. The
+    mode's barrier pairs program ``pid`` across ranks, so there every program does both. In the
+    latency mode without ``PUSHERS`` program ``pid`` sums the items of program ``grid - 1 - pid``
+    (nothing pairs programs there either), so that the programs with one more item to push have one
+    fewer to sum: with 384 rows on 264 programs the busiest has 3 rows, not 4. The
     throughput mode steps ``BLOCK_HT`` columns at a time (0: ``BLOCK_H``), the same on every rank."""
     BLOCK_T: tl.constexpr = BLOCK_HT if BLOCK_HT > 0 else BLOCK_H
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
-    if PUSHERS == 0:
-        push_pid, push_grid, sum_pid, sum_grid = pid, grid, pid, grid
+    if PUSHERS == 0:  # the latency mode's sums in the reverse order of its pushes (below)
+        push_pid, push_grid, sum_pid, sum_grid = pid, grid, grid - 1 - pid, grid
     else:  # latency mode: pushes over PUSHERS programs, sums over the others (1 << 30: none)
         push_pid = tl.where(pid < PUSHERS, pid, 1 << 30)
         push_grid = tl.full([], PUSHERS, tl.int32)

@@ -35,7 +35,7 @@ def job(ctx, t, label, mode, pdl, m, packets):
     w = torch.rand(t, k, device=ctx.device, generator=gen)
     common = dict(max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
                   capacity=_capacity(ctx.world, m, experts, k))
-    sh = default_shape("cuda", 1 if label != "prefill" else NEVER, sms)
+    sh = default_shape("cuda", 1 if label != "prefill" else NEVER, sms, hidden=hidden)
     sh = replace(sh, pdl=pdl, packets=packets)
     moe = MoEAllToAll(comm, **common, mode="throughput" if label == "throughput" else "latency", shape=sh)
     def step():

@@ -791,6 +791,13 @@ def test_default_launch_shape_follows_the_instance_size():
     assert (decode.programs, decode.num_warps, decode.one_kernel) == (132, 4, True)
     assert (prefill.programs, prefill.num_warps, prefill.one_kernel) == (264, 8, True)
     assert default_shape("cpu", 10_000, 1) == SHAPES["cpu"]
+    # the prefill send steps 2048 columns for rows of at most NARROW_SEND_UP_TO, 4096 for wider ones
+    from tritoncomm.collectives.moe import NARROW_SEND_UP_TO
+
+    assert prefill.send_block_h == 4096
+    assert default_shape("cuda", PREFILL_FROM, 132, hidden=NARROW_SEND_UP_TO).send_block_h == 2048
+    assert default_shape("cuda", PREFILL_FROM, 132, hidden=NARROW_SEND_UP_TO + 128).send_block_h == 4096
+    assert default_shape("cuda", PREFILL_FROM - 1, 132, hidden=4096) == decode
 
 
 def test_role_split_resolves_from_the_shape_and_the_call():

@@ -50,7 +50,7 @@ from tritoncomm.tools.timing import time_per_call_us
 def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, k: int, world: int,
            sms: int, fp8: bool) -> MoEAllToAll | None:
     changes = set() if variant == "default" else set(variant.split("+"))
-    shape = default_shape("cuda", m, sms, hidden=hidden)
+    shape = default_shape("cuda", m, sms, hidden=hidden, wire_bytes=1 if fp8 else 2)
     known = {f.name for f in fields(MoEShape)}
     if changes & {"no-pdl", "pdl"}:
         if "pdl" not in known:

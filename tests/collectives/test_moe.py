@@ -797,6 +797,8 @@ def test_default_launch_shape_follows_the_instance_size():
     assert prefill.send_block_h == 4096
     assert default_shape("cuda", PREFILL_FROM, 132, hidden=NARROW_SEND_UP_TO).send_block_h == 2048
     assert default_shape("cuda", PREFILL_FROM, 132, hidden=NARROW_SEND_UP_TO + 128).send_block_h == 4096
+    assert default_shape("cuda", PREFILL_FROM, 132, hidden=NARROW_SEND_UP_TO, wire_bytes=1).send_block_h == 4096
+    assert default_shape("cuda", PREFILL_FROM, 132, hidden=1024, wire_bytes=4).send_block_h == 4096
     assert default_shape("cuda", PREFILL_FROM - 1, 132, hidden=4096) == decode
 
 

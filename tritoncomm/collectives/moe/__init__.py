@@ -288,27 +288,31 @@ SHAPES = {"cuda": MoEShape(132, 1024, 64, 4, one_kernel=True),
 PREFILL_FROM = 48
 
 
-#: The prefill shape's columns per send step for rows of at most this many elements (others: 4096).
-#: At EP2 on two H100s (2026-11-27, both phases in graphs, in turn with 4096, 3 rounds, ``docs/moe.md``)
-#: 2048 took Qwen3-MoE (hidden 4096) from 48.0 to 46.8 µs at 384 tokens per rank and from 57.3 to
-#: 56.4 at 512 (1.9 µs less at 1024, 1.4 at 2048, 0.6 at 4096), and DeepSeek-V3 (7168) from 556.2
-#: to 563.4 at 4096 (0.1-0.6 less at 384-2048).
+#: The prefill shape's send steps 2048 columns (4 KB) for 16-bit rows of at most this many elements
+#: on the wire, 4096 for others. At EP2 on two H100s (2026-11-27, both phases in graphs, in turn
+#: with 4096, 3 rounds, ``docs/moe.md``) 2048 took Qwen3-MoE (hidden 4096, bf16) from 48.0 to 46.8 µs
+#: at 384 tokens per rank and from 57.3 to 56.4 at 512 (1.9 µs less at 1024, 1.4 at 2048, 0.6 at
+#: 4096), and DeepSeek-V3 (7168) from 556.2 to 563.4 at 4096 (0.1-0.6 less at 384-2048); with FP8
+#: dispatch (rows of 4 KB on the wire) Qwen3-MoE lost with 2048 at every count (311.6 -> 332.1 at 4096,
+#: in two bench runs).
 NARROW_SEND_UP_TO = 4096
 
 
 def default_shape(backend: str, max_tokens: int, sms: int, prefill_from: int = PREFILL_FROM,
-                  hidden: int | None = None) -> MoEShape:
+                  hidden: int | None = None, wire_bytes: int = 2) -> MoEShape:
     """The launch shape of an instance given none: in the CPU world ``SHAPES["cpu"]``; on GPUs one
     4-warp send/gather/combine program per SM and 1024 columns per step below ``prefill_from``
     tokens per rank, two 8-warp ones per SM (4096 columns per send step, 2048 per other step) from
-    it on, the send stepping 2048 columns for rows of ``hidden`` up to ``NARROW_SEND_UP_TO``
-    (``MoEAllToAll`` gives its ``hidden``). Every rank builds the same shape (the barriers pair
-    program ``pid`` across ranks)."""
+    it on, the send stepping 2048 columns for rows of ``hidden`` up to ``NARROW_SEND_UP_TO`` elements of
+    ``wire_bytes == 2`` bytes on the wire (``MoEAllToAll`` gives its ``hidden`` and the wire's element
+    size: 1 with FP8 dispatch). Every rank builds the same shape (the barriers pair program ``pid``
+    across ranks)."""
     if backend != "cuda":
         return SHAPES["cpu"]
     if max_tokens >= prefill_from:
         sh = replace(SHAPES["cuda-prefill"], programs=2 * sms)
-        return replace(sh, send_block_h=2048) if hidden is not None and hidden <= NARROW_SEND_UP_TO else sh
+        narrow = hidden is not None and hidden <= NARROW_SEND_UP_TO and wire_bytes == 2
+        return replace(sh, send_block_h=2048) if narrow else sh
     return replace(SHAPES["cuda"], programs=sms)
 
 
@@ -398,7 +402,8 @@ class MoEAllToAll:
             raise InvalidInputError(f"MoEAllToAll: FP8 dispatch needs hidden a multiple of 128, got {hidden}")
         self.fp8 = bool(fp8_dispatch)
         sms = torch.cuda.get_device_properties(comm.device).multi_processor_count if comm.backend == "cuda" else 1
-        sh = default_shape(comm.backend, max_tokens, sms, prefill_from, hidden)
+        sh = default_shape(comm.backend, max_tokens, sms, prefill_from, hidden,
+                           1 if fp8_dispatch else dtype.itemsize)
         if shape is not None:
             if not isinstance(shape, MoEShape):
                 raise InvalidInputError(f"MoEAllToAll: shape must be a MoEShape, got {shape!r}")

@@ -241,19 +241,22 @@ def test_instances_of_a_few_tokens_called_full(worlds, world, max_tokens):
 
 @pytest.mark.parametrize("world,case,routing", dealt([("hot", "held"), ("unrouted", "routed"),
                                                         ("hot", "routed-packets"), ("unrouted", "routed-barrier"),
-                                                        ("hot", "routed-direct"), ("unrouted", "held")], 3, 2))
+                                                        ("hot", "routed-direct"), ("unrouted", "held"),
+                                                        ("hot", "routed-no-lookahead")], 3, 2))
 def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
     """The send + gather dispatch (``one_kernel=False``; the one-kernel dispatch is the CPU world's
     default) lays out, counts and combines exactly as the reference, capacity drops included: with
     every send program holding the call's routing, and (``routed``: instances of more than 4 entries)
     after the route kernel, with blocks of 4 entries in superblocks of 2 (``routed-packets``: its rows
     as packets, laid out as they arrive; ``routed-barrier``: the route kernel with a barrier of its own;
-    ``routed-direct``: the rows sent into their first kept slot on each peer)."""
+    ``routed-direct``: the rows sent into their first kept slot on each peer; ``routed-no-lookahead``: the
+    send's loads not one column block ahead)."""
     shape = replace(SHAPES["cpu"], one_kernel=False)
     if routing != "held":
         shape = replace(shape, route_above=4, block_e=4, super_blocks=2, routed_packets=routing == "routed-packets",
                         route_barrier=routing == "routed-barrier",
-                        direct_from_bytes=0 if routing == "routed-direct" else NEVER)
+                        direct_from_bytes=0 if routing == "routed-direct" else NEVER,
+                        routed_lookahead=routing != "routed-no-lookahead")
     for bad in worlds(world).run(_job, 4 * world, 3, 40, 6, case, 3, capacity=4 if case == "hot" else None,
                                  mode="throughput", shape=shape):
         assert bad == []

@@ -225,6 +225,13 @@ class MoEShape:
     #: DeepSeek-V3 from 49.0 to 47.9 µs at 256 tokens per rank and 18.2 to 17.9 at 64, Qwen3-MoE from
     #: 32.9 to 31.3 at 256, and cost 0.3 µs at 128 (27.5 -> 27.8; Qwen3-MoE 0.1).
     lookahead: bool = True
+    #: The routed send kernel's loads one column block ahead too (``send_items``' ``LOOKAHEAD``): an
+    #: item's first block loaded with its routing, each next block before the stores of the one
+    #: before it. At EP2 on two H100s (2026-11-28, both phases in graphs, in turn with it off, 2
+    #: rounds, ``docs/moe.md``) it took Qwen3-MoE from 47.2 to 46.6 µs at 384 tokens per rank, 56.4 to
+    #: 56.1 at 512 and 331.5 to 329.8 at 4096, DeepSeek-V3 from 69.0 to 68.4 at 384 and 551.3 to 550.1
+    #: at 4096; every round agreed.
+    routed_lookahead: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_e", "send_block_h", "one_block_h", "throughput_block_h", "super_blocks",
@@ -668,7 +675,7 @@ class MoEAllToAll:
                     local=self.local_experts, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=self._held_block_n,
                     header=self._header, trace=trace, direct=self._direct_offs if direct else None,
-                    **self._send_bufs, **tables)
+                    lookahead=routed and sh.routed_lookahead, **self._send_bufs, **tables)
         if not routed:
             launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,
                           self._counts, self._bad, self._bad_host.device_addr, capacity=self.capacity,

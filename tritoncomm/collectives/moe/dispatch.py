@@ -221,7 +221,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                     BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
                     SUPER: tl.constexpr, FP8: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_W: tl.constexpr, PACKETS: tl.constexpr = False, TRACE: tl.constexpr = False,
-                    DIRECT: tl.constexpr = False):
+                    DIRECT: tl.constexpr = False, LOOKAHEAD: tl.constexpr = False):
     """See the module docstring. With ``PACKETS`` (``ROUTED`` only) the receive buffer (and its
     scales) and the weights table at ``pw_off`` are Lamport buffers at rest: the rows and weights go
     out as packets, to the peers that own one of the row's experts, and program ``pid`` lays out the
@@ -230,7 +230,8 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     With ``DIRECT`` (``ROUTED``, after the route kernel's own barrier: every rank's routing is in
     place and every peer's stream is past its previous dispatch's readers) each row goes straight
     into its first kept slot on each peer's expert buffer (heap offsets ``out_off``, ``sc_out_off``),
-    and the layout copies it from there into the row's other slots."""
+    and the layout copies it from there into the row's other slots. ``LOOKAHEAD``: the sends' loads
+    one column block ahead (``send_items``)."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
@@ -264,7 +265,8 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
                grid, recv_base, max_tokens, ids_base, pw_off + half * pw_half if PACKETS else wtab_base, sc_base,
                routing, nn, hist, hist_blocks, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, not ROUTED,
-               not ROUTED, ROUTED, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS, out_off, sc_out_off, earlier, DIRECT)
+               not ROUTED, ROUTED, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS, out_off, sc_out_off, earlier, DIRECT,
+               LOOKAHEAD)
     if not ROUTED:  # this rank's histogram rows, counted here, to every rank
         xs = tl.arange(0, BLOCK_X)
         n_blocks = tl.cdiv(n_tokens * TOP_K, BLOCK_E)
@@ -310,7 +312,8 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
                 hist_half: int, hist_blocks: int, block_h: int, block_e: int, block_x: int, super_blocks: int,
                 routed: bool, block_n: int, num_warps: int, launch_opts: dict[str, bool | int],
                 header: torch.Tensor, pw_off: int = 0, pw_half: int = 0, packets: bool = False,
-                trace: torch.Tensor | None = None, direct: tuple[int, int] | None = None) -> None:
+                trace: torch.Tensor | None = None, direct: tuple[int, int] | None = None,
+                lookahead: bool = False) -> None:
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs): with
     ``routed`` after ``route.launch_route`` on the same grid (and then leaving ``header`` for
     ``combine``, ``header.py``), else holding the routing in blocks of ``block_n`` entries (at least
@@ -330,6 +333,6 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_E=block_e,
         BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, FP8=fp8, ROUTED=routed,
         BLOCK_N=1 if routed else block_n, BLOCK_W=pow2_at_least(world), PACKETS=packets, TRACE=trace is not None,
-        DIRECT=direct is not None,
+        DIRECT=direct is not None, LOOKAHEAD=bool(lookahead),
         num_warps=num_warps,
         **launch_opts)

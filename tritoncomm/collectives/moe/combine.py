@@ -22,8 +22,9 @@ dropped), an item being token ``i // shares`` and the ``i % shares``-th run of i
 The home splits its own tokens the same way. In the throughput mode program ``pid`` reads what
 program ``pid`` of every peer pushed (its barrier pairs them); in the latency mode nothing pairs
 programs, so program ``pid`` sums the items of program ``grid - 1 - pid`` (a program with one more
-item to push has one fewer to sum), and ``MoEShape.push_programs`` can give pushing and summing to
-different programs altogether.
+item to push has one fewer to sum; on GPUs, where every program of the grid is resident: in the CPU
+world, whose programs run one after another, its own), and ``MoEShape.push_programs`` can give
+pushing and summing to different programs altogether.
 
 * **Latency mode** (Lamport packets, no barrier): the rows go into row ``(r, t)`` of the home's
   Lamport buffer (``lamport_store``: the data is its own flag). Then each home program sums its own
@@ -50,6 +51,7 @@ import triton
 import triton.language as tl
 
 from ...kernels import (
+    INTERPRET,
     barrier,
     epoch_commit_slots,
     heap_ptr,
@@ -271,13 +273,17 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
     mode's barrier pairs program ``pid`` across ranks, so there every program does both. In the
     latency mode without ``PUSHERS`` program ``pid`` sums the items of program ``grid - 1 - pid``
     (nothing pairs programs there either), so that the programs with one more item to push have one
-    fewer to sum: with 384 rows on 264 programs the busiest has 3 rows, not 4. The
+    fewer to sum: with 384 rows on 264 programs the busiest has 3 rows, not 4. Not in the CPU world,
+    whose interpreter runs a rank's programs one after another: there program ``pid`` of each rank
+    would wait for the pushes of a peer's program that runs only after it, so it sums its own. The
     throughput mode steps ``BLOCK_HT`` columns at a time (0: ``BLOCK_H``), the same on every rank."""
     BLOCK_T: tl.constexpr = BLOCK_HT if BLOCK_HT > 0 else BLOCK_H
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     if PUSHERS == 0:  # the latency mode's sums in the reverse order of its pushes (below)
         push_pid, push_grid, sum_pid, sum_grid = pid, grid, grid - 1 - pid, grid
+        if INTERPRET:  # a rank's programs run one after another: none may wait on a later one's pushes
+            sum_pid = pid
     else:  # latency mode: pushes over PUSHERS programs, sums over the others (1 << 30: none)
         push_pid = tl.where(pid < PUSHERS, pid, 1 << 30)
         push_grid = tl.full([], PUSHERS, tl.int32)

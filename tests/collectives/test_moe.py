@@ -242,8 +242,7 @@ def test_instances_of_a_few_tokens_called_full(worlds, world, max_tokens):
 @pytest.mark.parametrize("world,case,routing", dealt([("hot", "held"), ("unrouted", "routed"),
                                                         ("hot", "routed-packets"), ("unrouted", "routed-barrier"),
                                                         ("hot", "routed-direct"), ("unrouted", "held"),
-                                                        ("hot", "routed-no-lookahead"), ("unrouted", "routed-late"),
-                                                        ("hot", "routed-early-fp8")], 3, 2))
+                                                        ("hot", "routed-no-lookahead")], 3, 2))
 def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
     """The send + gather dispatch (``one_kernel=False``; the one-kernel dispatch is the CPU world's
     default) lays out, counts and combines exactly as the reference, capacity drops included: with
@@ -251,19 +250,15 @@ def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
     after the route kernel, with blocks of 4 entries in superblocks of 2 (``routed-packets``: its rows
     as packets, laid out as they arrive; ``routed-barrier``: the route kernel with a barrier of its own;
     ``routed-direct``: the rows sent into their first kept slot on each peer; ``routed-no-lookahead``: the
-    send's loads not one column block ahead; ``routed-late``: no row sent before the route kernel has
-    ended; ``routed-early-fp8``: two rows per program sent before it, FP8 dispatch). By default each
-    program's first row goes to the peers before the route kernel has ended, the rest after it."""
+    send's loads not one column block ahead)."""
     shape = replace(SHAPES["cpu"], one_kernel=False)
     if routing != "held":
         shape = replace(shape, route_above=4, block_e=4, super_blocks=2, routed_packets=routing == "routed-packets",
                         route_barrier=routing == "routed-barrier",
                         direct_from_bytes=0 if routing == "routed-direct" else NEVER,
-                        routed_lookahead=routing != "routed-no-lookahead",
-                        early_items={"routed-late": 0, "routed-early-fp8": 2}.get(routing, 1))
-    fp8 = routing == "routed-early-fp8"
-    for bad in worlds(world).run(_job, 4 * world, 3, 128 if fp8 else 40, 6, case, 3,
-                                 capacity=4 if case == "hot" else None, fp8=fp8, mode="throughput", shape=shape):
+                        routed_lookahead=routing != "routed-no-lookahead")
+    for bad in worlds(world).run(_job, 4 * world, 3, 40, 6, case, 3, capacity=4 if case == "hot" else None,
+                                 mode="throughput", shape=shape):
         assert bad == []
 
 

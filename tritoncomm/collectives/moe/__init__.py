@@ -232,12 +232,6 @@ class MoEShape:
     #: 56.1 at 512 and 331.5 to 329.8 at 4096, DeepSeek-V3 from 69.0 to 68.4 at 384 and 551.3 to 550.1
     #: at 4096; every round agreed.
     routed_lookahead: bool = True
-    #: On instances that route, without routed packets or direct rows: each send program's first
-    #: ``early_items`` work items go to the peers while the route kernel still runs (before the send
-    #: kernel's ``pdl_wait``; ``dispatch.send_early``), so the links are busy from the send's first
-    #: moment; the rest of those items' work (slots, this rank's own experts) follows the route
-    #: kernel. 0: none.
-    early_items: int = 1
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_e", "send_block_h", "one_block_h", "throughput_block_h", "super_blocks",
@@ -246,8 +240,6 @@ class MoEShape:
             lowest = 0 if name in ("send_block_h", "one_block_h", "throughput_block_h") else 1  # 0: as block_h
             if v < lowest or v & (v - 1):
                 raise InvalidInputError(f"MoEShape: {name} must be a power of two, got {v}")
-        if self.early_items < 0:
-            raise InvalidInputError(f"MoEShape: early_items must be at least 0, got {self.early_items}")
         if self.direct_from_bytes < 0:
             raise InvalidInputError(f"MoEShape: direct_from_bytes must be at least 0, got {self.direct_from_bytes}")
         if self.shared_copy_from < 0:
@@ -683,9 +675,7 @@ class MoEAllToAll:
                     local=self.local_experts, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=self._held_block_n,
                     header=self._header, trace=trace, direct=self._direct_offs if direct else None,
-                    lookahead=routed and sh.routed_lookahead,
-                    early=sh.early_items if routed and not direct and not self._routed_packets else 0,
-                    **self._send_bufs, **tables)
+                    lookahead=routed and sh.routed_lookahead, **self._send_bufs, **tables)
         if not routed:
             launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,
                           self._counts, self._bad, self._bad_host.device_addr, capacity=self.capacity,

@@ -106,7 +106,7 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
                BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr, COUNT_BAD: tl.constexpr,
                FROM_ROUTING: tl.constexpr, IDS_SENT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr,
                BLOCK_B: tl.constexpr, SUPER: tl.constexpr, PACKETS: tl.constexpr, out_off, sc_out_off, earlier,
-               DIRECT: tl.constexpr, LOOKAHEAD: tl.constexpr = False, sent_below=0):
+               DIRECT: tl.constexpr, LOOKAHEAD: tl.constexpr = False):
     """Program ``pid``'s work items of this rank's ``n_tokens`` rows (module docstring): the routing
     to the peers with each row's first item, the columns to each peer that holds one of the row's
     experts (row ``(rank - (rank > d)) * peer_rows + t`` of its receive buffer) and into the row's
@@ -124,8 +124,7 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
     ``earlier``: per expert, the entries of the sources before this rank in its owner's order), and
     to no peer where it keeps no slot. With ``LOOKAHEAD`` an item's first column block is loaded
     before its routing, and each next block before the stores of the one before it: two rounds of
-    loads in flight instead of one. Items below ``sent_below`` went to the peers already
-    (``send_early``): only their weights, slots and own-expert stores are left."""
+    loads in flight instead of one."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1  # scale groups per column block
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
@@ -149,13 +148,12 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
                 tl.atomic_add(bad_ptr, n_bad.to(tl.int64))
         owner = tl.where(km & (ids >= 0), ids // LOCAL, -1)
         row = tl.cast(rank * max_tokens + t, tl.int64)
-        due = item >= sent_below  # not sent to the peers before the route kernel ended
         # the routing goes out with the row's first item only (masked stores)
         wt = lamport_canonical(tl.load(w_ptr + t64 * w_s0 + kk * w_s1, mask=km, other=0.0).to(tl.float32))
         fm = km & first
         tl.store(wts_ptr + t * TOP_K + kk, wt, mask=fm)
         for d in tl.static_range(WORLD):
-            if (d != rank) & due:
+            if d != rank:
                 if not IDS_SENT:
                     tl.store(heap_ptr(bases, d, ids_base + row * TOP_K * 4, tl.int32, ALIGNED=False) + kk, ids,
                              mask=fm)
@@ -178,7 +176,7 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
         tl.store(slot_ptr + row * TOP_K + kk, at, mask=fm & (owner == rank))
         tl.store(owner_ptr + t * TOP_K + kk, owner, mask=fm)
         tl.store(row_ptr + t * TOP_K + kk, at, mask=fm)
-        to_peers = (tl.sum(((owner >= 0) & (owner != rank) & (at_all >= 0)).to(tl.int32)) > 0) & due
+        to_peers = tl.sum(((owner >= 0) & (owner != rank) & (at_all >= 0)).to(tl.int32)) > 0
         if to_peers | (tl.sum((at >= 0).to(tl.int32)) > 0):
             for c in range(lo, hi, BLOCK_H):
                 m = c + cols < hidden
@@ -197,7 +195,7 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
                     v = lamport_canonical(v)
                 for d in tl.static_range(WORLD):
                     kept_d = (owner == d) & (at_all >= 0)
-                    if (d != rank) & (tl.sum(kept_d.to(tl.int32)) > 0) & due:
+                    if (d != rank) & (tl.sum(kept_d.to(tl.int32)) > 0):
                         if DIRECT:  # d's first kept slot (j order), times hidden after the pick: 16-byte vectors
                             prow = pick(at_all, kk, tl.min(tl.where(kept_d, kk, BLOCK_K))).to(tl.int64)
                             dst = heap_ptr(bases, d, out_off, DTYPE) + prow * hidden
@@ -213,58 +211,6 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
                 store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
 
 
-@triton.jit
-def send_early(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, n_tokens, hidden, max_tokens,
-               num_experts, bases, rank, pid, grid, recv_base, wtab_base, sc_base, items, DTYPE: tl.constexpr,
-               WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
-               BLOCK_H: tl.constexpr, FP8: tl.constexpr):
-    """The routed send's start, before ``pdl_wait``: program ``pid``'s first ``items`` work items
-    go to the peers (the weights with a row's first item, the columns to each peer that owns one of
-    the row's experts), as ``send_items`` sends them; ``send_items`` then skips their peer stores
-    (``sent_below``). It touches only memory that the route kernel does not write: the caller's
-    tensors, the send channel's epoch and the peers' receive buffers and weights tables. The route
-    kernel lets this kernel start only after its own ``pdl_wait``, so every kernel before it has
-    ended; and the halves written here were last read two launches back (module docstring). The
-    tokens are loaded with the default cache policy: ``send_items`` reads them again for this
-    rank's own slots."""
-    G: tl.constexpr = BLOCK_H // 128 if FP8 else 1
-    GW: tl.constexpr = 128 if FP8 else BLOCK_H
-    kk = tl.arange(0, BLOCK_K)
-    km = kk < TOP_K
-    cols = (tl.arange(0, G) * GW)[:, None] + tl.arange(0, GW)[None, :]  # [G, GW]
-    groups = tl.arange(0, G)
-    shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
-    for item in range(pid, tl.minimum(n_tokens * shares, pid + items * grid), grid):
-        t = item // shares
-        t64 = tl.cast(t, tl.int64)
-        lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
-        ids, _ = expert_ids(ids_ptr + t64 * ids_s0 + kk * ids_s1, km, num_experts)
-        owner = tl.where(km & (ids >= 0), ids // LOCAL, -1)
-        wt = lamport_canonical(tl.load(w_ptr + t64 * w_s0 + kk * w_s1, mask=km, other=0.0).to(tl.float32))
-        row = tl.cast(rank * max_tokens + t, tl.int64)
-        for d in tl.static_range(WORLD):
-            if d != rank:
-                tl.store(heap_ptr(bases, d, wtab_base + row * TOP_K * 4, tl.float32, ALIGNED=False) + kk, wt,
-                         mask=km & (item % shares == 0))
-        if tl.sum(((owner >= 0) & (owner != rank)).to(tl.int32)) > 0:
-            for c in range(lo, hi, BLOCK_H):
-                m = c + cols < hidden
-                v = tl.load(x_ptr + t64 * x_stride + c + cols, mask=m, other=0.0)
-                scale = 0.0
-                if FP8:
-                    v, scale = to_fp8(v)
-                else:
-                    v = lamport_canonical(v)
-                for d in tl.static_range(WORLD):
-                    if (d != rank) & (tl.sum((owner == d).to(tl.int32)) > 0):
-                        prow = tl.cast(rank - (rank > d).to(tl.int32), tl.int64) * max_tokens + t64
-                        tl.store(heap_ptr(bases, d, recv_base, DTYPE) + prow * hidden + c + cols, v, mask=m)
-                        if FP8:
-                            tl.store(heap_ptr(bases, d, sc_base + prow * (hidden // 128) * 4, tl.float32,
-                                              ALIGNED=False) + c // 128 + groups, scale,
-                                     mask=c + groups * 128 < hidden)
-
-
 @triton.jit(do_not_specialize=["rank", "n_tokens", "ids_s0", "ids_s1", "w_s0", "w_s1"])  # one build for every call
 def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr,
                     sc_out_ptr, slot_ptr, owner_ptr, row_ptr, counts_ptr, bad_host_addr, n_tokens, hidden,
@@ -275,7 +221,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                     BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
                     SUPER: tl.constexpr, FP8: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_W: tl.constexpr, PACKETS: tl.constexpr = False, TRACE: tl.constexpr = False,
-                    DIRECT: tl.constexpr = False, LOOKAHEAD: tl.constexpr = False, EARLY: tl.constexpr = 0):
+                    DIRECT: tl.constexpr = False, LOOKAHEAD: tl.constexpr = False):
     """See the module docstring. With ``PACKETS`` (``ROUTED`` only) the receive buffer (and its
     scales) and the weights table at ``pw_off`` are Lamport buffers at rest: the rows and weights go
     out as packets, to the peers that own one of the row's experts, and program ``pid`` lays out the
@@ -285,30 +231,18 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     place and every peer's stream is past its previous dispatch's readers) each row goes straight
     into its first kept slot on each peer's expert buffer (heap offsets ``out_off``, ``sc_out_off``),
     and the layout copies it from there into the row's other slots. ``LOOKAHEAD``: the sends' loads
-    one column block ahead (``send_items``). ``EARLY`` (``ROUTED`` without ``PACKETS`` or ``DIRECT``):
-    each program's first ``EARLY`` items go to the peers before ``pdl_wait``, while the route kernel
-    still runs (``send_early``)."""
+    one column block ahead (``send_items``)."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
     diag = diag_addr.to(tl.pointer_type(tl.int64))
-    if EARLY > 0:  # the send channel's epoch: last written by the previous send kernel, long ended
-        epoch_ptr, e = program_epoch(bases, rank, epochs_off)
-        half = (e & 1).to(tl.int64)
-    else:
-        epoch_ptr, e, half = launch_epoch(bases, rank, epochs_off)
+    epoch_ptr, e, half = launch_epoch(bases, rank, epochs_off)
+    if TRACE:
+        stamp(trace_ptr, pid * _STAGES + 3)
     recv_base = recv_off + half * recv_half
     ids_base = ids_off + half * ids_half
     sc_base = sc_off + half * sc_half
     wtab_base = wtab_off + half * wtab_half
-    if EARLY > 0:
-        send_early(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, n_tokens, hidden, max_tokens,
-                   num_experts, bases, rank, pid, grid, recv_base, wtab_base, sc_base, EARLY, DTYPE, WORLD, LOCAL,
-                   TOP_K, BLOCK_K, BLOCK_H, FP8)
-        pdl_wait()  # the route kernel's tables, from here on
-        pdl_launch_dependents()
-    if TRACE:
-        stamp(trace_ptr, pid * _STAGES + 3)
     hist_base = hist_off + half * hist_half
     hist = heap_ptr(bases, rank, hist_base, tl.int32)
     if (pid == 0) & (not ROUTED):  # else the route kernel did
@@ -332,7 +266,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                grid, recv_base, max_tokens, ids_base, pw_off + half * pw_half if PACKETS else wtab_base, sc_base,
                routing, nn, hist, hist_blocks, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, not ROUTED,
                not ROUTED, ROUTED, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS, out_off, sc_out_off, earlier, DIRECT,
-               LOOKAHEAD, pid + EARLY * grid)
+               LOOKAHEAD)
     if not ROUTED:  # this rank's histogram rows, counted here, to every rank
         xs = tl.arange(0, BLOCK_X)
         n_blocks = tl.cdiv(n_tokens * TOP_K, BLOCK_E)
@@ -379,7 +313,7 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
                 routed: bool, block_n: int, num_warps: int, launch_opts: dict[str, bool | int],
                 header: torch.Tensor, pw_off: int = 0, pw_half: int = 0, packets: bool = False,
                 trace: torch.Tensor | None = None, direct: tuple[int, int] | None = None,
-                lookahead: bool = False, early: int = 0) -> None:
+                lookahead: bool = False) -> None:
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs): with
     ``routed`` after ``route.launch_route`` on the same grid (and then leaving ``header`` for
     ``combine``, ``header.py``), else holding the routing in blocks of ``block_n`` entries (at least
@@ -387,10 +321,7 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
     buffers (``MoEShape.routed_packets``). ``trace`` (routed only): int64 ``[programs,
     route.ROUTED_STAGES, 2]`` for the stage stamps, or None. ``direct`` (routed, after the route
     kernel with its barrier): the heap offsets of ``out`` and ``scales`` (0 without FP8), into which
-    the rows then go on the peers, or None. ``early``: work items per program sent to the peers
-    before the route kernel has ended (routed, without packets or ``direct``; 0: none)."""
-    if early and (not routed or packets or direct is not None):
-        raise ValueError("launch_send: early sends need the routed path without packets or direct rows")
+    the rows then go on the peers, or None."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
@@ -402,6 +333,6 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_E=block_e,
         BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, FP8=fp8, ROUTED=routed,
         BLOCK_N=1 if routed else block_n, BLOCK_W=pow2_at_least(world), PACKETS=packets, TRACE=trace is not None,
-        DIRECT=direct is not None, LOOKAHEAD=bool(lookahead), EARLY=early,
+        DIRECT=direct is not None, LOOKAHEAD=bool(lookahead),
         num_warps=num_warps,
         **launch_opts)

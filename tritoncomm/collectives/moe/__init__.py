@@ -232,6 +232,10 @@ class MoEShape:
     #: 56.1 at 512 and 331.5 to 329.8 at 4096, DeepSeek-V3 from 69.0 to 68.4 at 384 and 551.3 to 550.1
     #: at 4096; every round agreed.
     routed_lookahead: bool = True
+    #: The layout of the peers' rows (the routed send kernel's after its barrier, and the gather
+    #: kernel's) takes a program's rows two at a time where rows are not split by columns: both
+    #: rows' ids, slots and column blocks are loaded in one round each (``gather.place_pair``).
+    paired_layout: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_e", "send_block_h", "one_block_h", "throughput_block_h", "super_blocks",
@@ -675,13 +679,14 @@ class MoEAllToAll:
                     local=self.local_experts, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=self._held_block_n,
                     header=self._header, trace=trace, direct=self._direct_offs if direct else None,
-                    lookahead=routed and sh.routed_lookahead, **self._send_bufs, **tables)
+                    lookahead=routed and sh.routed_lookahead, pairs=sh.paired_layout, **self._send_bufs,
+                    **tables)
         if not routed:
             launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,
                           self._counts, self._bad, self._bad_host.device_addr, capacity=self.capacity,
                           local=self.local_experts, top_k=self.top_k, recv_off=self._recv_off,
                           recv_half=self._recv_half, sc_off=self._sc_off, sc_half=self._sc_half, block_h=sh.block_h,
-                          header=self._header, **tables)
+                          header=self._header, pairs=sh.paired_layout, **tables)
 
     def combine(self, y: torch.Tensor, handle: MoEHandle) -> torch.Tensor:
         """See the module docstring. Collective. Returns ``[n_tokens, hidden]`` (reused by the next call)."""

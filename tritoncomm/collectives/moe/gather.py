@@ -49,11 +49,11 @@ from ...kernels import (
 )
 from ...kernels.launcher import Launcher
 from .header import size_of, store_header
-from .route import row_slots, rows_per_load, rows_sum
+from .route import row_slots, rows_per_load, rows_sum, slot_loads, slot_sums
 from .shares import column_shares, pick, share_columns
 
 __all__ = ["finish_counts", "launch_gather", "lay_out_peers", "moe_gather_kernel", "place_item", "place_packets",
-           "store_slots"]
+           "place_pair", "store_slots"]
 
 
 @triton.jit
@@ -104,6 +104,44 @@ def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares,
             if FP8:
                 scale = tl.load(sc + r64 * (hidden // 128) + c // 128 + groups, mask=c + groups * 128 < hidden)
             store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
+
+
+@triton.jit
+def place_pair(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, row, skip, e2, at2, i02, row2, skip2, two, rank,
+               hidden, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
+               FP8: tl.constexpr):
+    """``place_item`` for two whole rows of peers at once (the second only where ``two``): both
+    rows' ``slot_of`` entries, then per column block both rows' loads before either's stores, so
+    that a program with two rows waits on one round of loads per block, not two."""
+    G: tl.constexpr = BLOCK_H // 128 if FP8 else 1
+    GW: tl.constexpr = 128 if FP8 else BLOCK_H
+    kk = tl.arange(0, BLOCK_K)
+    km = kk < TOP_K
+    cols = (tl.arange(0, G) * GW)[:, None] + tl.arange(0, GW)[None, :]  # [G, GW]
+    groups = tl.arange(0, G)
+    on_me = (e >= 0) & (e // LOCAL == rank)
+    on_me2 = (e2 >= 0) & (e2 // LOCAL == rank) & two
+    tl.store(slot_ptr + i0 + kk, at, mask=km & on_me)
+    tl.store(slot_ptr + i02 + kk, at2, mask=km & on_me2)
+    at = tl.where(on_me & (kk != skip), at, -1)
+    at2 = tl.where(on_me2 & (kk != skip2), at2, -1)
+    any1 = tl.sum((at >= 0).to(tl.int32), axis=0) > 0
+    any2 = tl.sum((at2 >= 0).to(tl.int32), axis=0) > 0
+    if any1 | any2:
+        r64 = tl.cast(row, tl.int64)
+        r264 = tl.cast(row2, tl.int64)
+        for c in range(0, hidden, BLOCK_H):
+            m = c + cols < hidden
+            v = tl.load(recv + r64 * hidden + c + cols, mask=m & any1, eviction_policy="evict_first")
+            v2 = tl.load(recv + r264 * hidden + c + cols, mask=m & any2, eviction_policy="evict_first")
+            scale = 0.0
+            scale2 = 0.0
+            if FP8:
+                gm = c + groups * 128 < hidden
+                scale = tl.load(sc + r64 * (hidden // 128) + c // 128 + groups, mask=gm & any1)
+                scale2 = tl.load(sc + r264 * (hidden // 128) + c // 128 + groups, mask=gm & any2)
+            store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
+            store_slots(out_ptr, sc_out_ptr, at2, v2, scale2, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
 
 
 @triton.jit
@@ -180,7 +218,8 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
                   rank, pid, grid, pw, wtab, timeout, diag, WORLD: tl.constexpr, LOCAL: tl.constexpr,
                   TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr,
                   BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr,
-                  PACKETS: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr = False):
+                  PACKETS: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr = False,
+                  PAIRS: tl.constexpr = False):
     """Program ``pid``'s items of every peer's rows (module docstring), laid out from the receive
     buffer ``recv`` (scales ``sc``) with the slots from the tables ``ids``, ``ntab`` and ``hist``;
     with ``DIRECT`` from the row's first kept slot on this rank (in ``j`` order), where the source
@@ -189,7 +228,8 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
     which no row of theirs needs). Also called by the send kernel after its barrier when
     the route kernel ran (``dispatch.py``); with ``PACKETS`` (no barrier) ``recv``, ``sc`` and ``pw``
     are Lamport buffers, polled row by row (``place_packets``: the weights go from ``pw`` into
-    ``wtab``)."""
+    ``wtab``). With ``PAIRS`` (not ``PACKETS``), where a source's rows are not split by columns,
+    the program takes its rows two at a time (``place_pair``)."""
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     super_blocks = tl.cdiv(hist_blocks, SUPER)
@@ -206,7 +246,40 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
         n_super = tl.where((i < WORLD - 1) | (pid == 0), tl.cdiv(tl.cdiv(n_s * TOP_K, BLOCK_E), SUPER), 0)
         mine = rows_sum(hist, WORLD * hist_blocks + s * super_blocks, n_super, BLOCK_B, BLOCK_X)
         shares = column_shares(n_s, hidden, grid, BLOCK_H)
-        for item in range(pid, n_s * shares, grid):
+        src_ids = ids + s * max_tokens * TOP_K
+        block_row0 = s * hist_blocks
+        super_row0 = WORLD * hist_blocks + s * super_blocks
+        # with PAIRS, whole rows two at a time (items pid + 2 k grid and the one after): each of
+        # their rounds of loads (ids, slots, columns) in flight together
+        pair_end = 0  # rows below it go two at a time, the items from rest_start one at a time
+        rest_start = pid
+        if PAIRS and not PACKETS:
+            pair_end = tl.where(shares == 1, n_s, 0)
+            rest_start = pid + pair_end * shares
+        for item in range(pid, pair_end, 2 * grid):
+            two = item + grid < n_s
+            t2 = tl.where(two, item + grid, item)
+            i0 = (s * max_tokens + item) * TOP_K
+            i02 = (s * max_tokens + t2) * TOP_K
+            e = tl.load(ids + i0 + kk, mask=km, other=-1)
+            e2 = tl.load(ids + i02 + kk, mask=km & two, other=-1)
+            sup, blk, win = slot_loads(src_ids, hist, e, item, n_s * TOP_K, block_row0, super_row0, TOP_K, BLOCK_E,
+                                       BLOCK_X, BLOCK_B, SUPER)
+            sup2, blk2, win2 = slot_loads(src_ids, hist, e2, t2, n_s * TOP_K, block_row0, super_row0, TOP_K, BLOCK_E,
+                                          BLOCK_X, BLOCK_B, SUPER)
+            at = slot_sums(sup, blk, win, hist, e, kk, item, earlier, block_row0, super_row0, capacity, LOCAL, TOP_K,
+                           BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
+            at2 = slot_sums(sup2, blk2, win2, hist, e2, kk, t2, earlier, block_row0, super_row0, capacity, LOCAL,
+                            TOP_K, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
+            if DIRECT:  # each row came into its first kept slot here
+                j0 = tl.min(tl.where((e >= 0) & (e // LOCAL == rank) & (at >= 0), kk, BLOCK_K))
+                j02 = tl.min(tl.where((e2 >= 0) & (e2 // LOCAL == rank) & (at2 >= 0), kk, BLOCK_K))
+                place_pair(out_ptr, sc_out_ptr, slot_ptr, out_ptr, sc_out_ptr, e, at, i0, pick(at, kk, j0), j0, e2,
+                           at2, i02, pick(at2, kk, j02), j02, two, rank, hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
+            else:
+                place_pair(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, peer_row + item, -1, e2, at2, i02,
+                           peer_row + t2, -1, two, rank, hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
+        for item in range(rest_start, n_s * shares, grid):
             t = item // shares
             i0 = (s * max_tokens + t) * TOP_K
             e = tl.load(ids + i0 + kk, mask=km, other=-1)
@@ -234,8 +307,8 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, slot_ptr, counts_ptr, bad_ptr, bad_ho
                       ntab_off, ntab_half, sc_off, sc_half, hist_off, hist_half, header_ptr, WORLD: tl.constexpr,
                       LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
                       FP8: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
-                      SUPER: tl.constexpr, BLOCK_W: tl.constexpr):
-    """See the module docstring."""
+                      SUPER: tl.constexpr, BLOCK_W: tl.constexpr, PAIRS: tl.constexpr = False):
+    """See the module docstring. ``PAIRS``: whole rows two at a time (``lay_out_peers``)."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty  # e4m3 with FP8, else the tokens' dtype
@@ -248,7 +321,7 @@ def moe_gather_kernel(out_ptr, sc_out_ptr, slot_ptr, counts_ptr, bad_ptr, bad_ho
                            heap_ptr(bases, rank, ntab_off + parity * ntab_half, tl.int32),
                            heap_ptr(bases, rank, hist_off + parity * hist_half, tl.int32), hist_blocks, max_tokens,
                            capacity, hidden, rank, pid, grid, 0, 0, 0, 0, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8,
-                           BLOCK_E, BLOCK_X, BLOCK_B, SUPER, False, BLOCK_W)
+                           BLOCK_E, BLOCK_X, BLOCK_B, SUPER, False, BLOCK_W, False, PAIRS)
     if pid == 0:
         finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, 0, LOCAL, BLOCK_X)
         ws = tl.arange(0, BLOCK_W)
@@ -261,9 +334,10 @@ def launch_gather(run: Launcher, comm, channel, out: torch.Tensor, scales: torch
                   max_tokens: int, capacity: int, local: int, top_k: int, recv_off: int, recv_half: int, ids_off: int,
                   ids_half: int, ntab_off: int, ntab_half: int, sc_off: int, sc_half: int, hist_off: int,
                   hist_half: int, hist_blocks: int, block_e: int, block_x: int, super_blocks: int, block_h: int,
-                  num_warps: int, launch_opts: dict[str, bool | int], header: torch.Tensor) -> None:
+                  num_warps: int, launch_opts: dict[str, bool | int], header: torch.Tensor,
+                  pairs: bool = False) -> None:
     """Launch ``moe_gather_kernel`` through ``run`` (its launcher: a 1-D grid); ``header``: what
-    ``combine`` reads (``header.py``)."""
+    ``combine`` reads (``header.py``); ``pairs``: whole rows two at a time."""
     bases, rank, world, _, _ = comm.kernel_args()
     fp8 = scales is not None
     run(out, scales if fp8 else out, slot_of, counts, bad, bad_host_addr, out.shape[-1], max_tokens, capacity,
@@ -271,4 +345,4 @@ def launch_gather(run: Launcher, comm, channel, out: torch.Tensor, scales: torch
         sc_off, sc_half, hist_off, hist_half, header, WORLD=world, LOCAL=local, TOP_K=top_k,
         BLOCK_K=pow2_at_least(top_k), BLOCK_H=block_h, FP8=fp8, BLOCK_E=block_e,
         BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, BLOCK_W=pow2_at_least(world),
-        num_warps=num_warps, **launch_opts)
+        PAIRS=bool(pairs), num_warps=num_warps, **launch_opts)

@@ -50,7 +50,7 @@ from ...kernels import (
 from ...kernels.launcher import Launcher
 
 __all__ = ["ROUTED_STAGES", "copy_slots", "count_entries", "direct_earlier", "expert_ids", "launch_route",
-           "moe_route_kernel", "own_slots", "row_slots", "rows_per_load", "rows_sum"]
+           "moe_route_kernel", "own_slots", "row_slots", "rows_per_load", "rows_sum", "slot_loads", "slot_sums"]
 
 
 @triton.jit
@@ -102,6 +102,46 @@ def _rows_at(hist, row0, n_rows, e, BLOCK_B: tl.constexpr, BLOCK_X: tl.constexpr
 
 
 @triton.jit
+def slot_loads(ids, hist, e, t, n_entries, block_row0, super_row0, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
+               BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr):
+    """``row_slots``' one round of loads for row ``t`` (entries ``e``): the first ``BLOCK_B``
+    superblock rows' and block rows' columns ``e`` and the window of ids. Issued before any of them
+    is used, so a caller may issue another row's round before summing this one (``slot_sums``)."""
+    b = t * TOP_K // BLOCK_E
+    q = b // SUPER
+    col = tl.maximum(e, 0)
+    rb = tl.arange(0, BLOCK_B)
+    sup = tl.load(hist + tl.cast(super_row0 + rb, tl.int64)[:, None] * BLOCK_X + col[None, :],
+                  mask=(rb < q)[:, None], other=0)
+    blk = tl.load(hist + tl.cast(block_row0 + q * SUPER + rb, tl.int64)[:, None] * BLOCK_X + col[None, :],
+                  mask=(rb < b - q * SUPER)[:, None], other=0)
+    pos = b * BLOCK_E + tl.arange(0, 2 * BLOCK_E)
+    win = tl.load(ids + pos, mask=pos < n_entries, other=-1)
+    return sup, blk, win
+
+
+@triton.jit
+def slot_sums(sup, blk, win, hist, e, kk, t, earlier, block_row0, super_row0, capacity, LOCAL: tl.constexpr,
+              TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
+              SUPER: tl.constexpr):
+    """``row_slots`` from ``slot_loads``' round (rows past its ``BLOCK_B`` are loaded and summed
+    here)."""
+    p0 = t * TOP_K
+    b = p0 // BLOCK_E
+    q = b // SUPER
+    n_blk = b - q * SUPER  # block rows of b's superblock before b
+    col = tl.maximum(e, 0)
+    pos = b * BLOCK_E + tl.arange(0, 2 * BLOCK_E)
+    slot = tl.gather(earlier, col, 0) + tl.sum(sup, axis=0) + tl.sum(blk, axis=0)
+    slot += _rows_at(hist, super_row0 + BLOCK_B, q - BLOCK_B, e, BLOCK_B, BLOCK_X)  # none below BLOCK_B + 1
+    if SUPER > BLOCK_B:
+        slot += _rows_at(hist, block_row0 + q * SUPER + BLOCK_B, n_blk - BLOCK_B, e, BLOCK_B, BLOCK_X)
+    slot += tl.sum(((win[None, :] == e[:, None]) & (pos[None, :] < (p0 + kk)[:, None])).to(tl.int32), axis=1)
+    keep = (e >= 0) & (slot < capacity)
+    return tl.where(keep, (e % LOCAL) * capacity + slot, -1)
+
+
+@triton.jit
 def row_slots(ids, hist, e, kk, t, n_entries, earlier, block_row0, super_row0, capacity, LOCAL: tl.constexpr,
               TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
               SUPER: tl.constexpr):
@@ -112,28 +152,12 @@ def row_slots(ids, hist, e, kk, t, n_entries, earlier, block_row0, super_row0, c
     keeps: callers use the slots of one owner's experts only); ``block_row0`` / ``super_row0``: the
     source's first block / superblock row of the histogram table ``hist``. The first ``BLOCK_B``
     superblock rows, the block rows and the window are loaded before any of them is summed: one
-    round of loads per row, not one per table (rows past those, at more than ``BLOCK_B``
-    superblocks, are summed after)."""
-    p0 = t * TOP_K
-    b = p0 // BLOCK_E
-    q = b // SUPER
-    n_blk = b - q * SUPER  # block rows of b's superblock before b
-    col = tl.maximum(e, 0)
-    rb = tl.arange(0, BLOCK_B)
-    # one round: the superblock rows' and block rows' columns e, and the window of ids
-    sup = tl.load(hist + tl.cast(super_row0 + rb, tl.int64)[:, None] * BLOCK_X + col[None, :],
-                  mask=(rb < q)[:, None], other=0)
-    blk = tl.load(hist + tl.cast(block_row0 + q * SUPER + rb, tl.int64)[:, None] * BLOCK_X + col[None, :],
-                  mask=(rb < n_blk)[:, None], other=0)
-    pos = b * BLOCK_E + tl.arange(0, 2 * BLOCK_E)
-    win = tl.load(ids + pos, mask=pos < n_entries, other=-1)
-    slot = tl.gather(earlier, col, 0) + tl.sum(sup, axis=0) + tl.sum(blk, axis=0)
-    slot += _rows_at(hist, super_row0 + BLOCK_B, q - BLOCK_B, e, BLOCK_B, BLOCK_X)  # none below BLOCK_B + 1
-    if SUPER > BLOCK_B:
-        slot += _rows_at(hist, block_row0 + q * SUPER + BLOCK_B, n_blk - BLOCK_B, e, BLOCK_B, BLOCK_X)
-    slot += tl.sum(((win[None, :] == e[:, None]) & (pos[None, :] < (p0 + kk)[:, None])).to(tl.int32), axis=1)
-    keep = (e >= 0) & (slot < capacity)
-    return tl.where(keep, (e % LOCAL) * capacity + slot, -1)
+    round of loads per row, not one per table (``slot_loads``; rows past those, at more than
+    ``BLOCK_B`` superblocks, are summed after, ``slot_sums``)."""
+    sup, blk, win = slot_loads(ids, hist, e, t, n_entries, block_row0, super_row0, TOP_K, BLOCK_E, BLOCK_X, BLOCK_B,
+                               SUPER)
+    return slot_sums(sup, blk, win, hist, e, kk, t, earlier, block_row0, super_row0, capacity, LOCAL, TOP_K, BLOCK_E,
+                     BLOCK_X, BLOCK_B, SUPER)
 
 
 @triton.jit

@@ -233,8 +233,12 @@ class MoEShape:
     #: at 4096; every round agreed.
     routed_lookahead: bool = True
     #: The layout of the peers' rows (the routed send kernel's after its barrier, and the gather
-    #: kernel's) takes a program's rows two at a time where rows are not split by columns: both
-    #: rows' ids, slots and column blocks are loaded in one round each (``gather.place_pair``).
+    #: kernel's) takes a program's rows two at a time in calls where a source sends every program two
+    #: rows or more (on instances of at least ``2 * programs`` tokens): both rows' ids, slots and column
+    #: blocks are loaded in one round each (``gather.place_pair``). At EP2 on two H200s (2026-11-28,
+    #: both phases in graphs, in turn with it off, 2 rounds, ``docs/moe.md``) it took DeepSeek-V3 from
+    #: 495.1 to 489.2 µs at 4096 tokens per rank and Qwen3-MoE from 303.9 to 298.3 (87.2 to 86.7 at
+    #: 1024); with pairs also where programs had one or two rows, DeepSeek-V3 lost 1.6 µs at 512.
     paired_layout: bool = True
 
     def __post_init__(self) -> None:
@@ -451,6 +455,8 @@ class MoEAllToAll:
         #: the routed calls' rows as packets too (``MoEShape.routed_packets``): the packet buffers then
         #: hold every row of a call, and the plain receive buffer is not needed
         self._routed_packets = sh.packets and sh.routed_packets and routed
+        #: the paired layout's code only in instances whose sources can give every program two rows
+        self._pairs = sh.paired_layout and max_tokens >= 2 * sh.programs
         #: bytes per token row on the wire
         self._row_bytes = hidden * (1 if self.fp8 else dtype.itemsize)
         #: some calls send their rows straight into the peers' expert slots (``direct_from_bytes``)
@@ -679,14 +685,14 @@ class MoEAllToAll:
                     local=self.local_experts, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=self._held_block_n,
                     header=self._header, trace=trace, direct=self._direct_offs if direct else None,
-                    lookahead=routed and sh.routed_lookahead, pairs=sh.paired_layout, **self._send_bufs,
+                    lookahead=routed and sh.routed_lookahead, pairs=self._pairs, **self._send_bufs,
                     **tables)
         if not routed:
             launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,
                           self._counts, self._bad, self._bad_host.device_addr, capacity=self.capacity,
                           local=self.local_experts, top_k=self.top_k, recv_off=self._recv_off,
                           recv_half=self._recv_half, sc_off=self._sc_off, sc_half=self._sc_half, block_h=sh.block_h,
-                          header=self._header, pairs=sh.paired_layout, **tables)
+                          header=self._header, pairs=self._pairs, **tables)
 
     def combine(self, y: torch.Tensor, handle: MoEHandle) -> torch.Tensor:
         """See the module docstring. Collective. Returns ``[n_tokens, hidden]`` (reused by the next call)."""

@@ -254,7 +254,7 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
         pair_end = 0  # rows below it go two at a time, the items from rest_start one at a time
         rest_start = pid
         if PAIRS and not PACKETS:
-            pair_end = tl.where(shares == 1, n_s, 0)
+            pair_end = tl.where((shares == 1) & (n_s >= 2 * grid), n_s, 0)  # every program has two rows or more
             rest_start = pid + pair_end * shares
         for item in range(pid, pair_end, 2 * grid):
             two = item + grid < n_s

@@ -228,8 +228,9 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
     which no row of theirs needs). Also called by the send kernel after its barrier when
     the route kernel ran (``dispatch.py``); with ``PACKETS`` (no barrier) ``recv``, ``sc`` and ``pw``
     are Lamport buffers, polled row by row (``place_packets``: the weights go from ``pw`` into
-    ``wtab``). With ``PAIRS`` (not ``PACKETS``), where a source's rows are not split by columns,
-    the program takes its rows two at a time (``place_pair``)."""
+    ``wtab``). With ``PAIRS`` (not ``PACKETS``), where a source gives every program two whole rows
+    or more (no column shares, at least ``2 * grid`` rows), the program takes that source's rows two
+    at a time (``place_pair``)."""
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     super_blocks = tl.cdiv(hist_blocks, SUPER)

@@ -245,16 +245,24 @@ def _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidde
 @triton.jit
 def _push_packets(slot_ptr, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off, ids, wtab, sizes, lpart_off,
                   pid, grid, DTYPE: tl.constexpr, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
-                  BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr):
+                  BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, DEAL: tl.constexpr):
     """Latency mode, first: this rank's partial of every token received from a peer, pushed to the
-    token's home as Lamport packets (peers in the order ``rank + 1, rank + 2, ...``)."""
+    token's home as Lamport packets (peers in the order ``rank + 1, rank + 2, ...``). With ``DEAL``
+    the peers' items are dealt to the programs as one sequence, so that at decode a program pushes
+    one peer's item, not one of every peer's; else each peer's from program ``pid`` on."""
     ybuf = heap_ptr(bases, rank, ybuf_off, DTYPE)
+    before = 0  # items of the sources before s
     for i in range(1, WORLD):
         s = (rank + i) % WORLD
         n_s = size_of(sizes, s, BLOCK_W)
-        for item in range(pid, n_s * column_shares(n_s, hidden, grid, BLOCK_H), grid):
+        items = n_s * column_shares(n_s, hidden, grid, BLOCK_H)
+        first = pid
+        if DEAL:
+            first = tl.where(pid < grid, (pid + grid - before % grid) % grid, pid)
+        for item in range(first, items, grid):
             _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, lpart_off, lamport_rows, rank, s, n_s,
                        item, DTYPE, LOCAL, TOP_K, BLOCK_K, BLOCK_H, True, grid)
+        before += items
 
 
 # one build whatever the counts
@@ -310,8 +318,10 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
         # every peer's partial of my tokens is here
         barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     else:
+        # dealt on GPUs; in the CPU world only where pushing programs are apart (they never wait there)
         _push_packets(slot_ptr, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off, ids, wtab, sizes, lpart_off,
-                      push_pid, push_grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, BLOCK_W)
+                      push_pid, push_grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, BLOCK_W,
+                      PUSHERS > 0 or not INTERPRET)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 2)
     _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off,

@@ -70,6 +70,7 @@ import triton
 import triton.language as tl
 
 from ...kernels import (
+    INTERPRET,
     barrier,
     epoch_commit_slots,
     heap_ptr,
@@ -82,7 +83,7 @@ from ...kernels import (
 from ...kernels.launcher import Launcher
 from .dispatch import launch_epoch, send_items
 from .gather import finish_counts, place_item, place_packets
-from .header import store_header
+from .header import size_of, store_header
 from .route import copy_slots, expert_ids
 from .shares import column_shares
 
@@ -91,6 +92,10 @@ __all__ = ["DISPATCH_STAGES", "launch_dispatch_one_kernel", "moe_dispatch_one_ke
 #: Stage stamps per program of the traced one-kernel dispatch (``TRACE``).
 DISPATCH_STAGES = 6
 _STAGES = tl.constexpr(DISPATCH_STAGES)
+#: The most copy entries (peers' slots times the copy's width) that a program polls in one look and
+#: holds in registers; larger copies are polled one source at a time. All of 2048-entry copies spilled
+#: at EP4 and EP8 on sm_90 (128 and 624 bytes with 8 warps at the prefill shape's register cap).
+ALL_COPIES_UP_TO = tl.constexpr(1024)
 
 
 @triton.jit
@@ -192,26 +197,55 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     km = kk < TOP_K
     earlier = tl.histogram(mine, BLOCK_X, mask=mine >= 0)  # per expert, the entries before source s: own first
     ws = tl.arange(0, BLOCK_W)
+    copy_rows = heap_ptr(bases, rank, copy_base + tl.cast((0 if SHARED else pid * WORLD) * ROW, tl.int64) * 4,
+                         tl.int32, ALIGNED=False)  # this program's part of the table: row s from source s
     sizes = tl.where(ws == rank, n_tokens, 0)  # every rank's tokens, for the header
+    # small copies: every peer's in one look, held in registers (larger ones would spill: one at a time)
+    ALL: tl.constexpr = BLOCK_W * BLOCK_N <= ALL_COPIES_UP_TO
+    copies = copy_rows + ws[:, None] * ROW + nn[None, :]
+    peers = (ws[:, None] != rank) & (ws[:, None] < WORLD) & bounded[None, :]
+    got = tl.zeros([BLOCK_W, BLOCK_N], dtype=tl.int32)
+    if ALL:
+        if PACKETS:
+            got = lamport_poll(copies, peers, ws[:, None], pid, rank, timeout, diag)
+        else:
+            got = tl.load(copies, mask=peers, other=-2)
+        sizes += tl.sum(((got >= -1) & peers).to(tl.int32), axis=1) // TOP_K
+        if TRACE:
+            stamp(trace_ptr, pid * _STAGES + 3)
+    # With packets nothing pairs programs: the peers' items are dealt as one sequence (source rank +
+    # 1's first), so that at decode each program waits on one peer's row, not on one of every peer's.
+    # In the CPU world only where the layout has programs of its own: the senders never wait there.
+    DEAL: tl.constexpr = PACKETS and (SENDERS > 0 or not INTERPRET)
+    before = 0  # items of the sources before s
     for i in range(1, WORLD):
         s = (rank + i) % WORLD
-        src = heap_ptr(bases, rank, copy_base + tl.cast(((0 if SHARED else pid * WORLD) + s) * ROW, tl.int64) * 4,
-                       tl.int32, ALIGNED=False)
-        if PACKETS:
-            got = lamport_poll(src + nn, bounded, s, pid, rank, timeout, diag)
+        src = copy_rows + s * ROW
+        if ALL:
+            got_s = tl.sum(tl.where(ws[:, None] == s, got, 0), axis=0)
         else:
-            got = tl.load(src + nn, mask=bounded, other=-2)
-        n_s = tl.sum(((got >= -1) & bounded).to(tl.int32), axis=0) // TOP_K
-        ids_s = tl.where(nn < n_s * TOP_K, got, -1)
-        sizes = tl.where(ws == s, n_s, sizes)
-        if TRACE:
-            if i == 1:
-                stamp(trace_ptr, pid * _STAGES + 3)
+            if PACKETS:
+                got_s = lamport_poll(src + nn, bounded, s, pid, rank, timeout, diag)
+            else:
+                got_s = tl.load(src + nn, mask=bounded, other=-2)
+            sizes = tl.where(ws == s, tl.sum(((got_s >= -1) & bounded).to(tl.int32), axis=0) // TOP_K, sizes)
+            if TRACE:
+                if i == 1:
+                    stamp(trace_ptr, pid * _STAGES + 3)
+        n_s = size_of(sizes, s, BLOCK_W)
+        ids_s = tl.where(nn < n_s * TOP_K, got_s, -1)
         peer_row = (s - (s > rank).to(tl.int32)) * peer_rows
         shares = column_shares(n_s, hidden, lay_grid, BLOCK_H)
-        for item in range(lay_pid, n_s * shares, lay_grid):
+        first = lay_pid
+        if DEAL:
+            first = tl.where(lay_pid < lay_grid, (lay_pid + lay_grid - before % lay_grid) % lay_grid, lay_pid)
+        for item in range(first, n_s * shares, lay_grid):
             t = item // shares
-            ex = tl.load(src + t * TOP_K + kk, mask=km, other=-1, volatile=PACKETS)
+            if ALL:  # the row's entries from the copy in registers
+                ex = tl.sum(tl.where(nn[None, :] == (t * TOP_K + kk)[:, None], ids_s[None, :], 0), axis=1)
+                ex = tl.where(km, ex, -1)
+            else:
+                ex = tl.load(src + t * TOP_K + kk, mask=km, other=-1, volatile=PACKETS)
             at = copy_slots(ids_s, nn, ex, kk, t, earlier, capacity, LOCAL, TOP_K)
             if PACKETS:
                 place_packets(out_ptr, sc_out_ptr, slot_ptr, ids_tab, wtab, recv, sc, pw, ex, at,
@@ -220,9 +254,12 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
             else:
                 place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ex, at, (s * max_tokens + t) * TOP_K, item,
                            shares, rank, peer_row + t, hidden, -1, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
-        if PACKETS and not SHARED:  # back at rest once every thread of the program has read its copy
+        if PACKETS and not SHARED and not ALL:  # back at rest once every thread of the program has read it
             lamport_reset(src + nn, bounded)
+        before += n_s * shares
         earlier += tl.histogram(ids_s, BLOCK_X, mask=ids_s >= 0)
+    if PACKETS and not SHARED and ALL:
+        lamport_reset(copies, peers)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 4)
     if SHARED:  # the last program done with the shared copies puts them back at rest

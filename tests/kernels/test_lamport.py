@@ -1,8 +1,7 @@
 """Lamport buffers across ranks: the sentinel is never confused with data (-0.0, NaN, subnormals,
 the fp32 sentinel's own subnormal), buffers come back to rest after every use, and two buffers in
 rotation survive many launches, dtype changes and (on GPUs) graph replays. In the CPU world, a look
-that races a store and reads half of it never passes for data. ``lamport_poll_sum`` adds every
-peer's row in rank order, resets them, and names the lowest peer missing when it times out."""
+that races a store and reads half of it never passes for data."""
 
 from __future__ import annotations
 
@@ -23,7 +22,6 @@ from tritoncomm.kernels import (
     heap_ptr,
     lamport_fill,
     lamport_poll,
-    lamport_poll_sum,
     lamport_reset,
     lamport_store,
     lamport_try,
@@ -407,83 +405,3 @@ def test_a_poll_of_an_element_per_thread_returns_every_value(worlds):
     hold every stored value (no copy of an element in another thread still at the sentinel)."""
     res = worlds(1).run(_job_trickle)[0]
     assert all(ok and rest for ok, rest in res.values()), res
-
-
-# -- lamport_poll_sum: every peer's row at once ---------------------------------------------------------------
-@triton.jit(do_not_specialize=["rank"])
-def _sum_rows_kernel(src, own, out, sent_ptr, n, bases, rank, timeout, diag_addr, buf_off, row_elems, silent,
-                     WORLD: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK: tl.constexpr):
-    """Rank r stores ``src`` into row r of the buffer of every rank h with ``sent[h, r]`` (unless bit r
-    of ``silent`` is set: then it stores nothing), then sums the rows sent to it in rank order, ``own``
-    in its own row's place."""
-    offs = tl.arange(0, BLOCK)
-    m = offs < n
-    v = tl.load(src + offs, mask=m)
-    for h in tl.static_range(WORLD):
-        if (h != rank) & (tl.load(sent_ptr + h * WORLD + rank) != 0) & (((silent >> rank) & 1) == 0):
-            lamport_store(heap_ptr(bases, h, buf_off, tl.bfloat16) + rank * row_elems + offs, v, m)
-    ws = tl.arange(0, BLOCK_W)
-    sent = (tl.load(sent_ptr + rank * WORLD + ws, mask=ws < WORLD, other=0) != 0) & (ws != rank)
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
-    total = lamport_poll_sum(heap_ptr(bases, rank, buf_off, tl.bfloat16) + offs, m, row_elems, sent,
-                             tl.load(own + offs, mask=m), rank, 0, rank, timeout, diag, WORLD)
-    tl.store(out + offs, total, mask=m)
-
-
-def _job_sum_rows(ctx, n: int, silent: int):
-    """One launch of ``_sum_rows_kernel`` on random rows (-0.0 among them) and a random ``sent``
-    matrix, the same on every rank (no rank sends to itself; with three ranks or more some peers send
-    nothing to some ranks): the sum against torch's, in rank order, bit for bit; every row back at
-    rest. With ``silent`` ranks the waits end in the timeout error of rank 0, returned."""
-    comm = make_comm(ctx, timeout_s=1.0 if silent else 60.0)
-    w, r = ctx.world, ctx.rank
-    row_elems = 1024
-    ch = Channel(comm, "t.lamport.sum", programs=1, buffer_bytes=2 * w * row_elems)
-    lamport_fill(comm.heap.view(ch.buffer))
-    g = torch.Generator().manual_seed(5)
-    rows = [torch.randn(n, generator=g).to(torch.bfloat16) for _ in range(w)]
-    for x in rows:
-        x[:: 7] = -0.0
-    sent = (torch.rand(w, w, generator=g) < 0.7).to(torch.int32)
-    for q in range(w):  # every rank waits on one peer at least
-        sent[q, (q + 1) % w] = 1
-    sent.fill_diagonal_(0)
-    own = torch.randn(n, generator=torch.Generator().manual_seed(100 + r))
-    want = torch.zeros(n)
-    for q in range(w):
-        term = own if q == r else rows[q].float() if sent[r, q] else torch.zeros(n)
-        want = want + torch.where(term == 0, torch.zeros_like(term), term)  # a received -0.0 arrives as +0.0
-    if ctx.backend == "cuda":
-        torch.cuda.synchronize()
-    comm.bootstrap.barrier()
-    bases, rank, _, timeout, diag = comm.kernel_args()
-    dev = ctx.device
-    out = torch.full((n,), float("nan"), device=dev)
-    err = None
-    try:
-        _sum_rows_kernel[(1,)](rows[r].to(dev), own.to(dev), out, sent.to(dev), n, bases, rank, timeout, diag,
-                               ch.buffer_off, row_elems, silent, WORLD=w, BLOCK_W=triton.next_power_of_2(w),
-                               BLOCK=1024)
-        comm.synchronize()
-    except CommTimeoutError as e:
-        err = (e.rank, e.peer, str(e))
-    comm.bootstrap.barrier()
-    exact = bool(torch.equal(out.cpu().view(torch.int32), want.view(torch.int32)))
-    at_rest = bool((comm.heap.view(ch.buffer).view(torch.int16) == LAMPORT_SENTINEL16 - (1 << 16)).all())
-    if not silent:
-        ch.close()
-    comm.close()
-    return exact, at_rest, err
-
-
-@pytest.mark.parametrize("world", world_sizes(2, 3, 4))
-def test_poll_sum_adds_every_peers_row_in_rank_order(worlds, world):
-    for exact, at_rest, err in worlds(world).run(_job_sum_rows, 1000, 0):
-        assert err is None and exact and at_rest, (exact, at_rest, err)
-
-
-@pytest.mark.parametrize("world", world_sizes(4))
-def test_poll_sum_names_the_lowest_missing_peer(worlds, world):
-    """Ranks 1 and 2 store nothing: rank 0 waits on both and its error names peer 1."""
-    err = worlds(world).run(_job_sum_rows, 1000, 0b0110, timeout=300)[0][2]
-    assert err is not None and err[:2] == (0, 1) and "rank 0" in err[2] and "peer 1" in err[2], err

@@ -9,8 +9,7 @@ The public surface (each module's docstring states its memory-ordering contract)
   ``epoch_next``, ``epoch_commit``, ``epoch_commit_slots`` (a launch narrower than its channel);
 * LL packets (``ll``): ``ll8_store``, ``ll8_try``, ``ll8_poll``, ``ll8_poll_sum_f32``, ``ll8_pack``, ``ll8_unpack``;
 * Lamport buffers (``lamport``): ``lamport_store``, ``lamport_try``, ``lamport_poll``, ``lamport_poll_from``,
-  ``lamport_poll_sum``, ``lamport_reset``, ``lamport_canonical``, ``lamport_missing`` and, on the host,
-  ``lamport_fill``;
+  ``lamport_reset``, ``lamport_canonical``, ``lamport_missing`` and, on the host, ``lamport_fill``;
 * ordering building blocks (``ordering``): ``ld_acquire``, ``st_release``, ``fence_sys``, and for
   programmatic dependent launch ``pdl_wait``, ``pdl_launch_dependents``, ...
 * stage stamps for finding where a kernel's time goes (``trace``): ``stamp``;
@@ -38,7 +37,6 @@ from .lamport import (
     lamport_missing,
     lamport_poll,
     lamport_poll_from,
-    lamport_poll_sum,
     lamport_reset,
     lamport_store,
     lamport_try,
@@ -84,8 +82,8 @@ __all__ = [
     "barrier", "barrier_arrive", "barrier_flag_bytes", "barrier_wait", "check_signatures", "clock_ns", "copy_block",
     "epoch_commit", "epoch_commit_slots", "epoch_next", "fence_sys", "get", "heap_base", "heap_ptr", "interpreting",
     "lamport_canonical",
-    "lamport_fill", "lamport_missing", "lamport_poll", "lamport_poll_from", "lamport_poll_sum", "lamport_reset",
-    "lamport_store", "lamport_try",
+    "lamport_fill", "lamport_missing", "lamport_poll", "lamport_poll_from", "lamport_reset", "lamport_store",
+    "lamport_try",
     "ld_acquire", "ld_volatile", "ll8_pack", "ll8_poll", "ll8_poll_sum_f32", "ll8_store", "ll8_try", "ll8_unpack",
     "next_pow2", "pdl_launch_dependents", "pdl_wait", "pow2_at_least", "pow2_divisor", "program_epoch",
     "program_threads", "put",

@@ -45,14 +45,6 @@ Contract (per element, like ``ll``):
   (undefined behaviour: a hang, or a timeout record of garbage values).
 * ``lamport_poll_from(v, miss, ptrs, mask, ...)``: ``lamport_poll`` after a first look that the
   caller issued earlier (``lamport_try``), so that its loads overlap other work.
-* ``lamport_poll_sum(ptrs, mask, row_stride, sent, own, own_row, slot, rank, timeout, diag, ROWS)``:
-  the fp32 sum, in row order ``0 .. ROWS - 1``, of the blocks at ``ptrs + r * row_stride`` for the
-  rows ``r`` where ``sent`` (+0.0 for the others), with ``own`` in row ``own_row``'s place; every
-  row's look is in flight at once, and the looks repeat until none is missing, so it waits once, for
-  the last row to arrive. Then it resets the rows read (with a CTA barrier first). Bounded like
-  ``lamport_poll`` (the diagnostic names the lowest row still missing as the peer). The values are
-  those of the look that found none missing; a block of fewer elements than the program's threads
-  is summed from one more look.
 * ``lamport_reset(ptrs, mask, SYNC=True)``: store the sentinel. Only the buffer's reader resets,
   after it has read: a writer may store into an element again only once it knows the reader has
   reset it (the collectives alternate two buffers by launch parity: a peer can be at most one launch
@@ -89,8 +81,7 @@ from .ordering import clock_ns
 from .signals import stop_waiting
 
 __all__ = ["KIND_LAMPORT", "LAMPORT_SENTINEL8", "LAMPORT_SENTINEL16", "lamport_canonical", "lamport_fill",
-           "lamport_missing", "lamport_poll", "lamport_poll_from", "lamport_poll_sum", "lamport_reset",
-           "lamport_store", "lamport_try"]
+           "lamport_missing", "lamport_poll", "lamport_poll_from", "lamport_reset", "lamport_store", "lamport_try"]
 
 #: The at-rest pattern of every 16-bit half of a Lamport buffer (of elements of 16 bits or more).
 LAMPORT_SENTINEL16 = 0x8000
@@ -243,59 +234,3 @@ def lamport_poll_from(v, miss, ptrs, mask, peer, slot, rank, timeout, diag):
     if not INTERPRET and ptrs.numel < program_threads():  # copied across threads: one copy was counted
         v = tl.load(ptrs, mask=mask, other=0.0, volatile=True)
     return v
-
-
-@triton.jit
-def _row_sent(sent, r):
-    return tl.sum(tl.where(tl.arange(0, sent.shape[0]) == r, sent.to(tl.int32), 0), axis=0) > 0
-
-
-@triton.jit
-def _look_rows(ptrs, mask, row_stride, sent, own, own_row, ROWS: tl.constexpr):
-    """One look at every row sent (their loads in flight together): ``(the rows summed in order in
-    fp32, own in its place; elements still missing)``."""
-    total = tl.zeros(ptrs.shape, dtype=tl.float32)
-    missing = tl.zeros(ptrs.shape, dtype=tl.int32)
-    for r in tl.static_range(ROWS):
-        v, miss = lamport_try(ptrs + r * row_stride, mask & _row_sent(sent, r))
-        missing += miss
-        total += tl.where(r == own_row, own, v.to(tl.float32))
-    return total, _total(missing)
-
-
-@triton.jit
-def lamport_poll_sum(ptrs, mask, row_stride, sent, own, own_row, slot, rank, timeout, diag, ROWS: tl.constexpr):
-    """Wait for the blocks at ``ptrs + r * row_stride`` of every row ``r < ROWS`` where ``sent`` (a
-    block of ``ROWS`` or more flags, by row); return their fp32 sum in row order, ``own`` (fp32, like
-    ``ptrs``) in row ``own_row``'s place and +0.0 for the rows not sent; then reset the rows read.
-    Each look covers every row, so the wait ends with the last row's arrival (module docstring)."""
-    total, missing = _look_rows(ptrs, mask, row_stride, sent, own, own_row, ROWS)
-    if missing > 0:
-        t0 = clock_ns()
-        spins = 0
-        while missing > 0:
-            total, missing = _look_rows(ptrs, mask, row_stride, sent, own, own_row, ROWS)
-            spins += 1
-            if missing > 0:
-                failed, expired = stop_waiting(t0, spins, timeout, diag)
-                if expired:
-                    who = tl.full([], 1 << 30, tl.int32)
-                    addr = tl.full([], 1 << 62, tl.int64)
-                    for r in tl.static_range(ROWS):
-                        _, miss = lamport_try(ptrs + r * row_stride, mask & _row_sent(sent, r))
-                        late = tl.where(miss > 0, (ptrs + r * row_stride).to(tl.int64), 1 << 62)
-                        if len(ptrs.shape) == 2:
-                            late = tl.min(tl.min(late, axis=1), axis=0)
-                        else:
-                            late = tl.min(late, axis=0)
-                        who = tl.where((who == 1 << 30) & (late < 1 << 62), r, who)
-                        addr = tl.minimum(addr, late)
-                    record_timeout(diag, KIND_LAMPORT, rank, who, slot, addr, missing.to(tl.int64), spins)
-                if failed or expired:
-                    missing = 0
-    if not INTERPRET and ptrs.numel < program_threads():  # copied across threads: one copy was counted
-        total, _ = _look_rows(ptrs, mask, row_stride, sent, own, own_row, ROWS)
-    tl.debug_barrier()  # every thread's looks are made before any element is reset
-    for r in tl.static_range(ROWS):
-        lamport_reset(ptrs + r * row_stride, mask & _row_sent(sent, r), SYNC=False)
-    return total

@@ -57,7 +57,6 @@ from ...kernels import (
     heap_ptr,
     lamport_canonical,
     lamport_poll,
-    lamport_poll_sum,
     lamport_reset,
     lamport_store,
     pdl_launch_dependents,
@@ -107,15 +106,14 @@ def _weighted_rows(ybuf, rows, wt, c, hidden, m, TOP_K: tl.constexpr, BLOCK_K: t
 @triton.jit
 def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off,
                 part_off, lpart_off, from_partials, pid, grid, timeout, diag, WORLD: tl.constexpr, TOP_K: tl.constexpr,
-                BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HT: tl.constexpr, BLOCK_W: tl.constexpr):
+                BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HT: tl.constexpr):
     """Both modes, last: every token's partials in rank order. This rank's own partial is summed here
     from its expert buffer (latency mode) or read back from ``out`` (throughput mode: ``_own_item``
-    stored it there); the peers' are polled from the Lamport buffer and reset (latency mode; with
-    more than one peer, every peer's in each look: ``lamport_poll_sum``) or read from the partials
-    buffer after the barrier (throughput mode). The work items are (token, share of its column
-    blocks) (``column_shares``); an item's routing is loaded once, so each column block waits on one
-    round of loads. Each mode has a loop of its own, compiled apart from the other's waits, and its
-    own columns per step (``BLOCK_HT`` in the throughput mode)."""
+    stored it there); a peer's is polled from the Lamport buffer and reset (latency mode) or read
+    from the partials buffer after the barrier (throughput mode). The work items are (token, share
+    of its column blocks) (``column_shares``); an item's routing is loaded once, so each column
+    block waits on one round of loads. Each mode has a loop of its own, compiled apart from the
+    other's waits, and its own columns per step (``BLOCK_HT`` in the throughput mode)."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
@@ -141,33 +139,25 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
                 tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + wide, round_to(acc, DTYPE), mask=m)
     else:
         cols = tl.arange(0, BLOCK_H)
-        ws = tl.arange(0, BLOCK_W)
         shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
         for item in range(pid, n_tokens * shares, grid):
             t = item // shares
             owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
             row = tl.load(row_ptr + t * TOP_K + kk, mask=km, other=-1)  # -1 unless kept here
             wt = tl.load(w_ptr + t * TOP_K + kk, mask=km, other=0.0)
-            # the peers that pushed a partial of the token here: those its routing names
-            sent = (ws != rank) & (tl.sum((owner[None, :] == ws[:, None]).to(tl.int32), axis=1) > 0)
             lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
             for c in range(lo, hi, BLOCK_H):
                 m = c + cols < hidden
                 own = _partial(_weighted_rows(ybuf, row, wt, c, hidden, m, TOP_K, BLOCK_K, BLOCK_H),
                                DTYPE).to(tl.float32)
-                if WORLD > 2:  # every peer's partial polled together (rows lamport_rows * hidden apart)
-                    acc = lamport_poll_sum(lpart + tl.cast(t, tl.int64) * hidden + c + cols, m,
-                                           tl.cast(lamport_rows, tl.int64) * hidden, sent, own, rank, t, rank,
-                                           timeout, diag, WORLD)
-                else:  # one peer at most
-                    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-                    for r in tl.static_range(WORLD):
-                        got = tl.zeros([BLOCK_H], dtype=tl.float32)
-                        if (r != rank) & (tl.sum((owner == r).to(tl.int32), axis=0) > 0):
-                            at = lpart + tl.cast(r * lamport_rows + t, tl.int64) * hidden + c + cols
-                            got = lamport_poll(at, m, r, t, rank, timeout, diag).to(tl.float32)
-                            lamport_reset(at, m)
-                        acc += tl.where(r == rank, own, got)
+                acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+                for r in tl.static_range(WORLD):
+                    got = tl.zeros([BLOCK_H], dtype=tl.float32)
+                    if (r != rank) & (tl.sum((owner == r).to(tl.int32), axis=0) > 0):
+                        at = lpart + tl.cast(r * lamport_rows + t, tl.int64) * hidden + c + cols
+                        got = lamport_poll(at, m, r, t, rank, timeout, diag).to(tl.float32)
+                        lamport_reset(at, m)
+                    acc += tl.where(r == rank, own, got)
                 tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, round_to(acc, DTYPE), mask=m)
 
 
@@ -336,8 +326,7 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
         stamp(trace_ptr, pid * _STAGES + 2)
     _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off,
                 part_off, lpart_off, from_partials, tl.where(from_partials, pid, sum_pid),
-                tl.where(from_partials, grid, sum_grid), timeout, diag, WORLD, TOP_K, BLOCK_K, BLOCK_H, BLOCK_T,
-                BLOCK_W)
+                tl.where(from_partials, grid, sum_grid), timeout, diag, WORLD, TOP_K, BLOCK_K, BLOCK_H, BLOCK_T)
     epoch_commit_slots(epoch_ptr, e, epoch_slots)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 3)

@@ -23,8 +23,11 @@ The home splits its own tokens the same way. In the throughput mode program ``pi
 program ``pid`` of every peer pushed (its barrier pairs them); in the latency mode nothing pairs
 programs, so program ``pid`` sums the items of program ``grid - 1 - pid`` (a program with one more
 item to push has one fewer to sum; on GPUs, where every program of the grid is resident: in the CPU
-world, whose programs run one after another, its own), and ``MoEShape.push_programs`` can give
-pushing and summing to different programs altogether.
+world, whose programs run one after another, its own), ``MoEShape.push_programs`` can give
+pushing and summing to different programs altogether, and the pushes deal the sources' items to the
+programs as one sequence (``r + 1``'s first, then ``r + 2``'s, ...), so that at decode a program
+pushes one source's share, not one of every source's (in the CPU world only where pushing programs
+are apart: they never wait there).
 
 * **Latency mode** (Lamport packets, no barrier): the rows go into row ``(r, t)`` of the home's
   Lamport buffer (``lamport_store``: the data is its own flag). Then each home program sums its own

@@ -27,9 +27,14 @@ kernels: the decode path's cost is mostly kernel boundaries and chains of depend
 3. barrier slot ``pid``;
 4. for every peer ``s`` in the order ``rank + 1, rank + 2, ...`` (this rank's experts' slot order):
    counts the source's entries per expert from its copy (the sources before it give the offsets,
-   this rank's own first), and for each of ``s``'s items ``pid, pid + grid, ...`` computes the
-   row's slots (``route.copy_slots``), writes ``slot_of`` and stores the row's columns from the
-   receive buffer into each of its kept slots on this rank;
+   this rank's own first), and for each of its items of ``s``'s computes the row's slots
+   (``route.copy_slots``), writes ``slot_of`` and stores the row's columns from the receive buffer
+   into each of its kept slots on this rank. With the barrier program ``pid`` takes items ``pid,
+   pid + grid, ...`` of every source (those program ``pid`` of the source sent); with packets, where
+   nothing pairs programs, the sources' items are dealt as one sequence (``rank + 1``'s first), so
+   that at decode a program lays out one source's row share, not one of every source's. Copies of
+   at most ``ALL_COPIES_UP_TO`` entries over the peers are polled in one look and held in registers;
+   larger ones one source at a time;
 5. program 0: this rank's experts' counts, the bad ids and the entries dropped on its experts into
    ``bad``, both counters into the host-mapped words, and ``combine``'s header (``header.py``).
 

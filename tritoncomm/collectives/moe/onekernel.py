@@ -220,7 +220,9 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
             stamp(trace_ptr, pid * _STAGES + 3)
     # With packets nothing pairs programs: the peers' items are dealt as one sequence (source rank +
     # 1's first), so that at decode each program waits on one peer's row, not on one of every peer's.
-    # In the CPU world only where the layout has programs of its own: the senders never wait there.
+    # A program may then wait on any peer program's rows: on GPUs the whole grid is resident (the
+    # launch's register cap, ``register_cap``); in the CPU world, whose interpreter runs a rank's
+    # programs in order, only where the layout has programs of its own (the senders never wait).
     DEAL: tl.constexpr = PACKETS and (SENDERS > 0 or not INTERPRET)
     before = 0  # items of the sources before s
     for i in range(1, WORLD):

@@ -244,12 +244,12 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
         n_s = size_of(sizes, s, BLOCK_W)
         peer_row = (s - (s > rank).to(tl.int32)) * max_tokens  # the source's first row in the receive buffer
         # the source's entries per expert, for the sources after it (the last one's: program 0's totals)
-        n_super = tl.where((i < WORLD - 1) | (pid == 0), tl.cdiv(tl.cdiv(n_s * TOP_K, BLOCK_E), SUPER), 0)
-        mine = rows_sum(hist, WORLD * hist_blocks + s * super_blocks, n_super, BLOCK_B, BLOCK_X)
-        shares = column_shares(n_s, hidden, grid, BLOCK_H)
-        src_ids = ids + s * max_tokens * TOP_K
+        src_ids = ids + s * max_tokens * TOP_K  # the source's entries, block rows and superblock rows
         block_row0 = s * hist_blocks
         super_row0 = WORLD * hist_blocks + s * super_blocks
+        n_super = tl.where((i < WORLD - 1) | (pid == 0), tl.cdiv(tl.cdiv(n_s * TOP_K, BLOCK_E), SUPER), 0)
+        mine = rows_sum(hist, super_row0, n_super, BLOCK_B, BLOCK_X)
+        shares = column_shares(n_s, hidden, grid, BLOCK_H)
         # with PAIRS, whole rows two at a time (items pid + 2 k grid and the one after): each of
         # their rounds of loads (ids, slots, columns) in flight together
         pair_end = 0  # rows below it go two at a time, the items from rest_start one at a time
@@ -284,9 +284,8 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
             t = item // shares
             i0 = (s * max_tokens + t) * TOP_K
             e = tl.load(ids + i0 + kk, mask=km, other=-1)
-            at = row_slots(ids + s * max_tokens * TOP_K, hist, e, kk, t, n_s * TOP_K, earlier, s * hist_blocks,
-                           WORLD * hist_blocks + s * super_blocks, capacity, LOCAL, TOP_K, BLOCK_E, BLOCK_X, BLOCK_B,
-                           SUPER)
+            at = row_slots(src_ids, hist, e, kk, t, n_s * TOP_K, earlier, block_row0, super_row0, capacity, LOCAL,
+                           TOP_K, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
             if PACKETS:
                 place_packets(out_ptr, sc_out_ptr, slot_ptr, ids, wtab, recv, sc, pw, e, at, i0, item, shares, rank, s,
                               t, peer_row + t, hidden, timeout, diag, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)

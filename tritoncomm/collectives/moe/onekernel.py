@@ -98,8 +98,9 @@ __all__ = ["DISPATCH_STAGES", "launch_dispatch_one_kernel", "moe_dispatch_one_ke
 DISPATCH_STAGES = 6
 _STAGES = tl.constexpr(DISPATCH_STAGES)
 #: The most copy entries (peers' slots times the copy's width) that a program polls in one look and
-#: holds in registers; larger copies are polled one source at a time. All of 2048-entry copies spilled
-#: at EP4 and EP8 on sm_90 (128 and 624 bytes with 8 warps at the prefill shape's register cap).
+#: holds in registers; larger copies are polled one source at a time. Compiled offline for sm_90, all
+#: of 2048-entry copies held at once spilled at EP4 and EP8 (128 and 624 bytes with 8 warps at the
+#: prefill shape's register cap, against 40 and 32 one source at a time).
 ALL_COPIES_UP_TO = tl.constexpr(1024)
 
 
@@ -207,10 +208,9 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     sizes = tl.where(ws == rank, n_tokens, 0)  # every rank's tokens, for the header
     # small copies: every peer's in one look, held in registers (larger ones would spill: one at a time)
     ALL: tl.constexpr = BLOCK_W * BLOCK_N <= ALL_COPIES_UP_TO
-    copies = copy_rows + ws[:, None] * ROW + nn[None, :]
-    peers = (ws[:, None] != rank) & (ws[:, None] < WORLD) & bounded[None, :]
-    got = tl.zeros([BLOCK_W, BLOCK_N], dtype=tl.int32)
     if ALL:
+        copies = copy_rows + ws[:, None] * ROW + nn[None, :]
+        peers = (ws[:, None] != rank) & (ws[:, None] < WORLD) & bounded[None, :]
         if PACKETS:
             got = lamport_poll(copies, peers, ws[:, None], pid, rank, timeout, diag)
         else:

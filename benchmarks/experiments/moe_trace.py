@@ -58,7 +58,7 @@ def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: 
         w = torch.rand(t, k, device=ctx.device, generator=gen)
         sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count if ctx.device.type == "cuda" else 1
         m = max(max_tokens or t, t)
-        sh = replace(default_shape(ctx.backend, m, sms, hidden=hidden, wire_bytes=1 if fp8 else 2),
+        sh = replace(default_shape(ctx.backend, m, sms, hidden=hidden, wire_bytes=1 if fp8 else 2, world=ctx.world),
                      send_programs=senders, push_programs=pushers)
         if one_kernel_entries:
             sh = replace(sh, one_kernel_entries=one_kernel_entries)
@@ -67,7 +67,8 @@ def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: 
         bound = {"tokens_bound": t} if m > t else {}
         # the default decode shape for bounded calls, with the requested split (a shape given turns
         # the default off)
-        small = replace(default_shape(ctx.backend, 1, sms), send_programs=senders, push_programs=pushers)
+        small = replace(default_shape(ctx.backend, 1, sms, world=ctx.world), send_programs=senders,
+                        push_programs=pushers)
         decode = {"decode_shape": small} if bound and small.programs <= sh.programs and small != sh else {}
         moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
                           capacity=_capacity(ctx.world, m, experts, k), fp8_dispatch=fp8, shape=sh, **decode)
@@ -89,7 +90,7 @@ def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: 
         d, c = d[:launched.programs], c[:launched.programs]  # the programs this launch has
         t0 = int(d[:, 0, 0].min())
         out[str(t)] = {"us_per_call": us, "programs": d.shape[0], "routed": routed, "path": path,
-                       "senders": 0 if routed else launched.senders(), "pushers": launched.pushers(t, hidden),
+                       "senders": 0 if routed else launched.senders(ctx.world), "pushers": launched.pushers(t, hidden),
                        "max_tokens": m,
                        "dispatch_ns": (d[:, :, 0] - t0).tolist(), "combine_ns": (c[:, :, 0] - t0).tolist(),
                        "dispatch_cycles": d[:, :, 1].tolist(), "combine_cycles": c[:, :, 1].tolist()}

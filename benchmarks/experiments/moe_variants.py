@@ -50,7 +50,9 @@ from tritoncomm.tools.timing import time_per_call_us
 def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, k: int, world: int,
            sms: int, fp8: bool) -> MoEAllToAll | None:
     changes = set() if variant == "default" else set(variant.split("+"))
-    shape = default_shape("cuda", m, sms, hidden=hidden, wire_bytes=1 if fp8 else 2)
+    # older trees' default_shape takes no world
+    by_world = {"world": world} if "world" in inspect.signature(default_shape).parameters else {}
+    shape = default_shape("cuda", m, sms, hidden=hidden, wire_bytes=1 if fp8 else 2, **by_world)
     known = {f.name for f in fields(MoEShape)}
     if changes & {"no-pdl", "pdl"}:
         if "pdl" not in known:
@@ -76,7 +78,7 @@ def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, 
     if "decode_shape" in ctor and m >= PREFILL_FROM \
             and shape.one_kernel and shape.programs >= sms and "no-decode" not in changes:
         grid = {"programs", "block_h", "num_warps", "send_block_h", "one_block_h", "send_programs", "push_programs"}
-        extra["decode_shape"] = replace(default_shape("cuda", 1, sms),
+        extra["decode_shape"] = replace(default_shape("cuda", 1, sms, **by_world),
                                         **{"packets": shape.packets, **{n: v for n, v in set_fields.items()
                                                                         if n not in grid}})
     elif "no-decode" in changes and "decode_shape" not in ctor:

@@ -806,16 +806,23 @@ def test_default_launch_shape_follows_the_instance_size():
     assert default_shape("cuda", PREFILL_FROM, 132, hidden=NARROW_SEND_UP_TO, wire_bytes=1).send_block_h == 4096
     assert default_shape("cuda", PREFILL_FROM, 132, hidden=1024, wire_bytes=4).send_block_h == 4096
     assert default_shape("cuda", PREFILL_FROM - 1, 132, hidden=4096) == decode
+    # past two ranks the one-kernel dispatch stops at half the routing entries (the routed path beyond)
+    from tritoncomm.collectives.moe import PREFILL_ONE_KERNEL_ENTRIES, PREFILL_ONE_KERNEL_ENTRIES_WIDE
+
+    assert PREFILL_ONE_KERNEL_ENTRIES_WIDE < PREFILL_ONE_KERNEL_ENTRIES == prefill.one_kernel_entries
+    assert default_shape("cuda", PREFILL_FROM, 132, world=4).one_kernel_entries == PREFILL_ONE_KERNEL_ENTRIES_WIDE
+    assert default_shape("cuda", PREFILL_FROM - 1, 132, world=4) == decode
 
 
 def test_role_split_resolves_from_the_shape_and_the_call():
-    """``send_programs`` and ``push_programs`` at -1 (the default) resolve to half the programs
-    (sending: with packets only; pushing: while ``bound * hidden`` is at most ``push_split_elems``),
-    explicit values stand, and values outside ``[-1, programs)`` are refused."""
+    """``send_programs`` at -1 (the default) resolves to the programs over the world (with packets
+    only), ``push_programs`` to half the programs (while ``bound * hidden`` is at most
+    ``push_split_elems``), explicit values stand, and values outside ``[-1, programs)`` are refused."""
     from tritoncomm.collectives.moe import PUSH_SPLIT_ELEMS, default_shape
 
     sh = default_shape("cuda", 8, 132)
-    assert sh.senders() == 66 and replace(sh, packets=False).senders() == 0
+    assert sh.senders() == sh.senders(2) == sh.senders(1) == 66 and replace(sh, packets=False).senders() == 0
+    assert sh.senders(3) == 44 and sh.senders(4) == 33 and replace(sh, send_programs=10).senders(4) == 10
     assert replace(sh, send_programs=0).senders() == 0 and replace(sh, send_programs=10).senders() == 10
     assert sh.pushers(8, PUSH_SPLIT_ELEMS // 8) == 66 and sh.pushers(8, PUSH_SPLIT_ELEMS // 8 + 1) == 0
     assert sh.pushers(16, 7168) == 0 and sh.pushers(8, 7168) == 66 and sh.pushers(16, 4096) == 66

@@ -127,11 +127,20 @@ DIRECT_FROM_BYTES = 3 << 24
 #: dispatch takes.
 ONE_KERNEL_ENTRIES = 1024
 
-#: The prefill shape's ``one_kernel_entries`` (256 tokens of top-8). At EP2 on two H100s (2026-11-26,
+#: The prefill shape's ``one_kernel_entries`` at EP2 (256 tokens of top-8). At EP2 on two H100s (2026-11-26,
 #: dispatch + combine in graphs, ``docs/moe.md``) the one-kernel dispatch took instances sized for 256 tokens
 #: from 60.4 to 54.2 µs (DeepSeek-V3) and 44.2 to 34.3 (Qwen3-MoE) against the route and send
-#: kernels; at 512 tokens (4096 entries) it lost (100.1 -> 113.8, 68.0 -> 74.0).
+#: kernels; at 512 tokens (4096 entries) it lost (100.1 -> 113.8, 68.0 -> 74.0). On two H200s
+#: (2026-11-28, in turn, 2 rounds) it kept 256 tokens (47.7 against 48.7 µs, 30.5 against 34.7).
 PREFILL_ONE_KERNEL_ENTRIES = 2048
+
+#: The prefill shape's ``one_kernel_entries`` at more than two ranks (128 tokens of top-8): each layout
+#: program compares a row with every peer's routing copy, so the one-kernel dispatch's cost grows with
+#: the world. At EP4 on four H200s (2026-11-28, dispatch + combine in graphs, in turn, 2 rounds,
+#: ``docs/moe.md``) the route and send kernels took 256 tokens per rank from 119.0 to 98.2 µs
+#: (DeepSeek-V3) and 79.9 to 69.6 (Qwen3-MoE); at 128 tokens the send and gather kernels lost (61.8
+#: -> 62.8, 44.3 -> 49.2).
+PREFILL_ONE_KERNEL_ENTRIES_WIDE = 1024
 
 
 @dataclass(frozen=True)
@@ -262,11 +271,13 @@ class MoEShape:
             raise InvalidInputError(f"MoEShape: send_programs must be -1, 0, or with packets in [1, programs), got "
                                     f"{self.send_programs} of {self.programs} programs (packets={self.packets})")
 
-    def senders(self) -> int:
-        """The one-kernel dispatch's sending programs (``send_programs`` resolved)."""
+    def senders(self, world: int = 2) -> int:
+        """The one-kernel dispatch's sending programs at ``world`` ranks (``send_programs`` resolved):
+        by default ``programs / world`` (at least half of them lay out: the peers' ``world - 1``
+        shares of the rows against this rank's one)."""
         if self.send_programs >= 0:
             return self.send_programs
-        return self.programs // 2 if self.packets else 0
+        return self.programs // max(world, 2) if self.packets else 0
 
     def pushers(self, bound: int, hidden: int) -> int:
         """The latency combine's pushing programs in a call of at most ``bound`` tokens per rank
@@ -314,18 +325,21 @@ NARROW_SEND_UP_TO = 4096
 
 
 def default_shape(backend: str, max_tokens: int, sms: int, prefill_from: int = PREFILL_FROM,
-                  hidden: int | None = None, wire_bytes: int = 2) -> MoEShape:
+                  hidden: int | None = None, wire_bytes: int = 2, world: int = 2) -> MoEShape:
     """The launch shape of an instance given none: in the CPU world ``SHAPES["cpu"]``; on GPUs one
     4-warp send/gather/combine program per SM and 1024 columns per step below ``prefill_from``
     tokens per rank, two 8-warp ones per SM (4096 columns per send step, 2048 per other step) from
     it on, the send stepping 2048 columns for rows of ``hidden`` up to ``NARROW_SEND_UP_TO`` elements of
     ``wire_bytes == 2`` bytes on the wire (``MoEAllToAll`` gives its ``hidden`` and the wire's element
-    size: 1 with FP8 dispatch). Every rank builds the same shape (the barriers pair program ``pid``
-    across ranks)."""
+    size: 1 with FP8 dispatch), the one-kernel dispatch up to ``PREFILL_ONE_KERNEL_ENTRIES_WIDE``
+    routing entries at more than two ranks (``world``). Every rank builds the same shape (the barriers
+    pair program ``pid`` across ranks)."""
     if backend != "cuda":
         return SHAPES["cpu"]
     if max_tokens >= prefill_from:
         sh = replace(SHAPES["cuda-prefill"], programs=2 * sms)
+        if world > 2:
+            sh = replace(sh, one_kernel_entries=PREFILL_ONE_KERNEL_ENTRIES_WIDE)
         narrow = hidden is not None and hidden <= NARROW_SEND_UP_TO and wire_bytes == 2
         return replace(sh, send_block_h=2048) if narrow else sh
     return replace(SHAPES["cuda"], programs=sms)
@@ -418,13 +432,13 @@ class MoEAllToAll:
         self.fp8 = bool(fp8_dispatch)
         sms = torch.cuda.get_device_properties(comm.device).multi_processor_count if comm.backend == "cuda" else 1
         sh = default_shape(comm.backend, max_tokens, sms, prefill_from, hidden,
-                           1 if fp8_dispatch else dtype.itemsize)
+                           1 if fp8_dispatch else dtype.itemsize, w)
         if shape is not None:
             if not isinstance(shape, MoEShape):
                 raise InvalidInputError(f"MoEAllToAll: shape must be a MoEShape, got {shape!r}")
             sh = shape
         if decode_shape is None and shape is None and max_tokens >= prefill_from:
-            decode_shape = default_shape(comm.backend, prefill_from - 1, sms, prefill_from)
+            decode_shape = default_shape(comm.backend, prefill_from - 1, sms, prefill_from, world=w)
             decode_shape = decode_shape if decode_shape != sh else None  # the CPU world has one shape
         if decode_shape is not None and (not isinstance(decode_shape, MoEShape) or not decode_shape.one_kernel
                                          or decode_shape.programs > sh.programs
@@ -657,7 +671,7 @@ class MoEAllToAll:
                 block_n=min(pow2_at_least(bound * self.top_k), self._block_n) if sh.bounded_copies else self._block_n,
                 header=self._header, trace=self._traces[0] if self._traces else None,
                 block_x=self._block_x, block_h=sh.one_block_h or sh.send_block_h or sh.block_h, num_warps=sh.num_warps,
-                senders=sh.senders(), lookahead=sh.lookahead,
+                senders=sh.senders(self.world), lookahead=sh.lookahead,
                 launch_opts=self._decode_opts if decode else self._launch_opts,
                 **self._one_args)
         else:

@@ -823,6 +823,7 @@ def test_role_split_resolves_from_the_shape_and_the_call():
     sh = default_shape("cuda", 8, 132)
     assert sh.senders() == sh.senders(2) == sh.senders(1) == 66 and replace(sh, packets=False).senders() == 0
     assert sh.senders(3) == 44 and sh.senders(4) == 33 and replace(sh, send_programs=10).senders(4) == 10
+    assert replace(sh, programs=2).senders(4) == 1  # the CPU world's two programs keep one of each
     assert replace(sh, send_programs=0).senders() == 0 and replace(sh, send_programs=10).senders() == 10
     assert sh.pushers(8, PUSH_SPLIT_ELEMS // 8) == 66 and sh.pushers(8, PUSH_SPLIT_ELEMS // 8 + 1) == 0
     assert sh.pushers(16, 7168) == 0 and sh.pushers(8, 7168) == 66 and sh.pushers(16, 4096) == 66

@@ -277,11 +277,11 @@ class MoEShape:
 
     def senders(self, world: int = 2) -> int:
         """The one-kernel dispatch's sending programs at ``world`` ranks (``send_programs`` resolved):
-        by default ``programs / world`` (at least half of them lay out: the peers' ``world - 1``
-        shares of the rows against this rank's one)."""
+        by default ``programs / world``, at least one (at least half of them lay out: the peers'
+        ``world - 1`` shares of the rows against this rank's one)."""
         if self.send_programs >= 0:
             return self.send_programs
-        return self.programs // max(world, 2) if self.packets else 0
+        return max(self.programs // max(world, 2), 1) if self.packets else 0
 
     def pushers(self, bound: int, hidden: int) -> int:
         """The latency combine's pushing programs in a call of at most ``bound`` tokens per rank

@@ -71,7 +71,7 @@ from ...kernels import (
 )
 from ...kernels.launcher import Launcher
 from .header import load_header, size_of
-from .shares import column_shares, pick, share_columns
+from .shares import column_shares, dealt_first, pick, share_columns
 
 __all__ = ["COMBINE_STAGES", "launch_combine", "moe_combine_kernel"]
 
@@ -261,7 +261,7 @@ def _push_packets(slot_ptr, hidden, max_tokens, lamport_rows, bases, rank, ybuf_
         items = n_s * column_shares(n_s, hidden, grid, BLOCK_H)
         first = pid
         if DEAL:
-            first = tl.where(pid < grid, (pid + grid - before % grid) % grid, pid)
+            first = dealt_first(pid, grid, before)
         for item in range(first, items, grid):
             _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, lpart_off, lamport_rows, rank, s, n_s,
                        item, DTYPE, LOCAL, TOP_K, BLOCK_K, BLOCK_H, True, grid)

@@ -90,7 +90,7 @@ from .dispatch import launch_epoch, send_items
 from .gather import finish_counts, place_item, place_packets
 from .header import size_of, store_header
 from .route import copy_slots, expert_ids
-from .shares import column_shares
+from .shares import column_shares, dealt_first
 
 __all__ = ["DISPATCH_STAGES", "launch_dispatch_one_kernel", "moe_dispatch_one_kernel", "reset_shared_copies"]
 
@@ -245,7 +245,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
         shares = column_shares(n_s, hidden, lay_grid, BLOCK_H)
         first = lay_pid
         if DEAL:
-            first = tl.where(lay_pid < lay_grid, (lay_pid + lay_grid - before % lay_grid) % lay_grid, lay_pid)
+            first = dealt_first(lay_pid, lay_grid, before)
         for item in range(first, n_s * shares, lay_grid):
             t = item // shares
             if ALL:  # the row's entries from the copy in registers

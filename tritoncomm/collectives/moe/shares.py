@@ -8,6 +8,11 @@ shares`` and the ``i % shares``-th of ``shares`` runs of consecutive column bloc
 the constant step ``BLOCK_H``, as a whole row's does. Two kernels that split the same row count
 the same way give the same item to the same program.
 
+Where nothing pairs programs across ranks (the packet layouts, the latency combine's pushes),
+several sources' items are dealt to the programs as one sequence: a source's items ``first, first +
+grid, ...`` with ``first = dealt_first(...)``, so that at decode a program takes one source's share,
+not one of every source's.
+
 ``pick(v, kk, j)`` reads element ``j`` of a token's small routing vector (ids, slots, weights) in
 registers, so a token's routing is loaded once, as vectors, and each column block then waits on one
 round of loads.
@@ -18,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["column_shares", "pick", "share_columns"]
+__all__ = ["column_shares", "dealt_first", "pick", "share_columns"]
 
 
 @triton.jit
@@ -45,3 +50,11 @@ def pick(v, kk, j):
     """Element ``j`` of the small vector ``v`` indexed by ``kk = tl.arange(0, len(v))`` (exact: one
     term plus zeros)."""
     return tl.sum(tl.where(kk == j, v, 0), axis=0)
+
+
+@triton.jit
+def dealt_first(pid, grid, before):
+    """Program ``pid``'s first item of a source when the sources' items are dealt to ``grid``
+    programs as one sequence and ``before`` items of earlier sources came first; a ``pid`` at or past
+    ``grid`` (a program with none of this work) stays as it is."""
+    return tl.where(pid < grid, (pid + grid - before % grid) % grid, pid)

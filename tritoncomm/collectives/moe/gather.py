@@ -52,8 +52,8 @@ from .header import size_of, store_header
 from .route import row_slots, rows_per_load, rows_sum, slot_loads, slot_sums
 from .shares import column_shares, pick, share_columns
 
-__all__ = ["ahead_block", "finish_counts", "launch_gather", "lay_out_peers", "moe_gather_kernel", "place_item", "place_packets",
-           "place_pair", "store_slots"]
+__all__ = ["ahead_block", "finish_counts", "launch_gather", "lay_out_peers", "moe_gather_kernel", "place_item",
+           "place_packets", "place_pair", "store_slots"]
 
 
 @triton.jit

@@ -1,0 +1,185 @@
+"""Where the rare slow graph replays of MoE dispatch + combine come from: ours against baselines, with
+every rank's host times.
+
+    python3 benchmarks/experiments/moe_stalls.py --world 4 --shape qwen3-moe --tokens 384 \
+        [--cases ours,ours+no-pdl,ours@128,tc,nccl] [--rounds 3] [--replays 20] [--json out.json]
+
+Each case is timed in turn, ``rounds`` times: a CUDA graph of 32 calls, then ``replays`` samples,
+each a host barrier, a warm replay and a timed one (as ``tools.timing`` does). Every rank keeps, per
+sample, its µs per call (CUDA events around the timed replay) and three host clocks (``time.time_ns``,
+one clock on one machine): after the barrier, before the timed replay and after it was issued.
+A slow sample whose ranks left the barrier or issued the timed replay far apart points at the hosts;
+one whose hosts kept step points at the GPUs. Cases: ``ours`` (``MoEAllToAll``, the default shape;
+``+no-pdl``, ``+FIELD=VALUE`` change it; ``@T`` times ``T`` tokens per rank instead), ``tc`` (our
+all-gather of the tokens and routing, then our reduce-scatter: the bench's (c)), ``nccl`` (the same
+through NCCL: the bench's (b)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import replace
+
+import torch
+import torch.distributed as dist
+
+from tritoncomm.channels import Communicator
+from tritoncomm.collectives import AllGather, MoEAllToAll, ReduceScatter
+from tritoncomm.collectives.moe import default_shape
+from tritoncomm.config import CommConfig
+from tritoncomm.launch import LocalWorld
+from tritoncomm.tools.moebench import MOE_SHAPES, _capacity
+
+CALLS = 32
+SLOW_US = 1000.0  # a sample this slow per call is a stall, not noise
+
+
+def _inputs(ctx, shape: str, t: int):
+    hidden, experts, k = MOE_SHAPES[shape]
+    gen = torch.Generator(device=ctx.device).manual_seed(1000 * t + ctx.rank)
+    x = torch.randn(t, hidden, device=ctx.device, generator=gen).to(torch.bfloat16)
+    ids = torch.rand(t, experts, device=ctx.device, generator=gen).topk(k).indices
+    w = torch.rand(t, k, device=ctx.device, generator=gen)
+    return x, ids, w
+
+
+def _case(ctx, comm: Communicator, shape: str, tokens: int, case: str):
+    """``(fn, closer)`` for one case."""
+    name, _, at = case.partition("@")
+    t = int(at) if at else tokens
+    hidden, experts, k = MOE_SHAPES[shape]
+    x, ids, w = _inputs(ctx, shape, t)
+    parts = name.split("+")
+    if parts[0] == "ours":
+        sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
+        sh = default_shape("cuda", t, sms, hidden=hidden, world=ctx.world)
+        for change in parts[1:]:
+            if change == "no-pdl":
+                sh = replace(sh, pdl=False)
+            else:
+                field, value = change.split("=")
+                sh = replace(sh, **{field: int(value)})
+        moe = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k,
+                          capacity=_capacity(ctx.world, t, experts, k), shape=sh)
+
+        def ours() -> None:
+            _, _, h = moe.dispatch(x, ids, w)
+            moe.combine(moe.expert_buffer(), h)
+
+        return ours, moe.close
+    meta = torch.cat([ids.float(), w], 1)
+    xs = x.new_empty(ctx.world * t, hidden)
+    metas = meta.new_empty(ctx.world * t, 2 * k)
+    part = x.new_empty(t, hidden)
+    if parts[0] == "nccl":
+        def nccl() -> None:
+            dist.all_gather_into_tensor(xs, x, group=ctx.group)
+            dist.all_gather_into_tensor(metas, meta, group=ctx.group)
+            dist.reduce_scatter_tensor(part, xs, group=ctx.group)
+
+        return nccl, lambda: None
+    ag = AllGather(comm, max_bytes=xs.numel() * 2)
+    ag_meta = AllGather(comm, max_bytes=metas.numel() * 4, name="allgather.meta")
+    rs = ReduceScatter(comm, max_bytes=xs.numel() * 2)
+
+    def tc() -> None:
+        ag(x, xs)
+        ag_meta(meta, metas)
+        rs(xs, part)
+
+    def close() -> None:
+        for c in (ag, ag_meta, rs):
+            c.close()
+
+    return tc, close
+
+
+def _samples(ctx, fn, replays: int) -> list[tuple[float, int, int, int]]:
+    """Per sample: (µs per call, host ns after the barrier, before the timed replay, after issuing it)."""
+    stream = torch.cuda.Stream(ctx.device)
+    stream.wait_stream(torch.cuda.current_stream(ctx.device))
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream(ctx.device).wait_stream(stream)
+    torch.cuda.synchronize(ctx.device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(replays):
+        torch.cuda.synchronize(ctx.device)
+        ctx.barrier()
+        h0 = time.time_ns()
+        graph.replay()
+        start.record()
+        h1 = time.time_ns()
+        graph.replay()
+        end.record()
+        h2 = time.time_ns()
+        end.synchronize()
+        out.append((start.elapsed_time(end) * 1e3 / CALLS, h0, h1, h2))
+    del graph
+    return out
+
+
+def _rank(ctx, shape: str, tokens: int, cases: list[str], rounds: int, replays: int):
+    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=2 << 30))
+    built = {c: _case(ctx, comm, shape, tokens, c) for c in cases}
+    mine: dict[str, list] = {c: [] for c in cases}
+    for _ in range(rounds):
+        for c, (fn, _) in built.items():
+            mine[c].extend(_samples(ctx, fn, replays))
+    for _, close in built.values():
+        close()
+    comm.close()
+    every: list = [None] * ctx.world
+    dist.all_gather_object(every, mine, group=ctx.cpu_group)
+    return every if ctx.rank == 0 else None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--world", type=int, default=4)
+    p.add_argument("--shape", default="qwen3-moe", choices=sorted(MOE_SHAPES))
+    p.add_argument("--tokens", type=int, default=384)
+    p.add_argument("--cases", default="ours,ours+no-pdl,ours@128,tc,nccl")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    cases = a.cases.split(",")
+    with LocalWorld(a.world, "cuda") as world:
+        every = world.run(_rank, a.shape, a.tokens, cases, a.rounds, a.replays, timeout=600)[0]
+    print(f"{a.shape} EP{a.world}, {a.tokens} tokens per rank, on {torch.cuda.get_device_name(0)}: per case, the "
+          f"median µs per call (slowest rank), samples slower than {SLOW_US:.0f} µs per call on any rank, and for "
+          f"those the spread of the ranks' host clocks (ms) after the barrier and before the timed replay")
+    for c in cases:
+        per_rank = [every[r][c] for r in range(a.world)]
+        n = len(per_rank[0])
+        worst = [max(per_rank[r][i][0] for r in range(a.world)) for i in range(n)]
+        slow = [i for i in range(n) if worst[i] > SLOW_US]
+        spread = [(max(per_rank[r][i][1] for r in range(a.world)) - min(per_rank[r][i][1] for r in range(a.world)),
+                   max(per_rank[r][i][2] for r in range(a.world)) - min(per_rank[r][i][2] for r in range(a.world)))
+                  for i in slow]
+        fast = [worst[i] for i in range(n) if i not in slow]
+        line = f"{c:<28} median {statistics.median(worst):9.2f}  slow {len(slow):3d}/{n}"
+        if slow:
+            line += (f"  slow µs/call {min(worst[i] for i in slow):.0f}-{max(worst[i] for i in slow):.0f}"
+                     f"  barrier spread {max(s[0] for s in spread) / 1e6:.2f} ms, replay spread "
+                     f"{max(s[1] for s in spread) / 1e6:.2f} ms")
+        if fast:
+            line += f"  (fast median {statistics.median(fast):.2f})"
+        print(line)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"shape": a.shape, "world": a.world, "tokens": a.tokens, "cases": cases, "ranks": every}, f)
+
+
+if __name__ == "__main__":
+    main()

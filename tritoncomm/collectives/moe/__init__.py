@@ -587,7 +587,8 @@ class MoEAllToAll:
         self._direct_offs = (comm.heap_offset(self._out), comm.heap_offset(self._scales) if self.fp8 else 0) \
             if self._direct else None
         self._combined = torch.empty(m, hidden, dtype=dtype, device=dev)
-        self._bad = torch.zeros(2, dtype=torch.int64, device=dev)  # ids out of range, entries dropped on own experts
+        # ids out of range, entries dropped on own experts; then both as last copied into _bad_host
+        self._bad = torch.zeros(4, dtype=torch.int64, device=dev)
         self._bad_host = HostMappedWords(2, comm.backend == "cuda")  # _bad as of the last gather kernel
         self._bad_reported = 0
         self._call = 0

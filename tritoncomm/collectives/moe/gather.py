@@ -226,7 +226,9 @@ def finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, ba
                   BLOCK_X: tl.constexpr):
     """Program 0, last: this rank's experts' counts (``totals``: every source's entries per expert),
     ``bad_ids`` and the entries dropped on this rank's experts added to ``bad``, both counters
-    copied into the host-mapped words. Also called by the one-kernel dispatch."""
+    copied into the host-mapped words where they changed since the last copy (``bad[2:4]``: the
+    counters as last copied; both only grow, so a call without bad ids or drops writes no host
+    memory). Also called by the one-kernel dispatch."""
     xs = tl.arange(0, BLOCK_X)
     mine = (xs >= rank * LOCAL) & (xs < rank * LOCAL + LOCAL)
     tl.store(counts_ptr + xs - rank * LOCAL, tl.minimum(totals, capacity), mask=mine)
@@ -234,7 +236,9 @@ def finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, ba
     two = tl.arange(0, 2)
     now = tl.load(bad_ptr + two) + tl.where(two == 0, bad_ids, dropped).to(tl.int64)
     tl.store(bad_ptr + two, now)
-    tl.store(bad_host_addr.to(tl.pointer_type(tl.int64)) + two, now)
+    changed = now != tl.load(bad_ptr + 2 + two)
+    tl.store(bad_host_addr.to(tl.pointer_type(tl.int64)) + two, now, mask=changed)
+    tl.store(bad_ptr + 2 + two, now, mask=changed)
 
 
 @triton.jit

@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# Session 49, call 8 (4 GPUs asked for, main with the host copy of the dispatch's counters made only where they
-# changed): the stalls against the dispatch's write into host memory. Every dispatch's program 0 stored the two
-# counters (bad ids, drops) into host-mapped words; (c) writes no host memory and never stalled; the GPUs are
-# virtual-machine passthrough devices (bus 00:06.0-00:09.0), whose writes to host memory cross the hypervisor's
-# IOMMU. Call 7: no clock event. EP4, Qwen3-MoE, 384 tokens, ours and (c), 6 rounds; then the GPU tests of the
-# counters (bad ids reported, drops) at world 4.
-# Prediction: if the host writes cause them, no stall in 120 samples (the default had 14 of 120 in call 7);
-# else about as many as before.
+# Session 49, call 8 (one H200: the 4-GPU kind was withdrawn): the stalls against the dispatch's write into host
+# memory, at EP1. Main 851f46e (in alt_tree/: every dispatch's program 0 stores its two counters into host-mapped
+# words) against the tree with the copy made only where they changed; ours alone at 384 tokens (Qwen3-MoE) and 512
+# (DeepSeek-V3), 6 rounds of 20 samples, each tree in turn, twice.
+# Prediction: unknown whether EP1 stalls at all; if the old tree stalls here, the new one does not.
 set -uo pipefail
 source scripts/gpu_env.sh
-timeout 200 python3 benchmarks/experiments/moe_stalls.py --world 4 --shape qwen3-moe --tokens 384 --rounds 6 \
-  --cases ours,tc --json "$OUT/hostcopy.json" 2>&1 | tail -2
-TRITONCOMM_TEST_BACKEND=cuda TRITONCOMM_TEST_WORLDS=4 timeout 150 python3 -m pytest -q -p no:cacheprovider \
-  tests/collectives/test_moe.py -k "bad or hot or dropped" 2>&1 | tail -2
+mkdir -p alt_tree && git archive 851f46e tritoncomm | tar -x -C alt_tree
+for pass in 1 2; do
+  for tree in old new; do
+    P=$PWD; [ $tree = old ] && P=$PWD/alt_tree
+    for s in "qwen3-moe 384" "deepseek-v3 512"; do
+      set -- $s
+      echo "== pass $pass, $tree tree, $1 $2"
+      PYTHONPATH=$P:$PWD timeout 100 python3 benchmarks/experiments/moe_stalls.py --world 1 --shape $1 --tokens $2 \
+        --rounds 6 --cases ours --json "$OUT/$tree-$1-$pass.json" 2>&1 | tail -1
+    done
+  done
+done
+rm -rf alt_tree
 OUT=$(cd "$OUT" && pwd); (cd "$OUT" && tar czf json.tgz *.json && rm *.json)

@@ -243,8 +243,7 @@ def test_instances_of_a_few_tokens_called_full(worlds, world, max_tokens):
                                                         ("hot", "routed-packets"), ("unrouted", "routed-barrier"),
                                                         ("hot", "routed-direct"), ("unrouted", "held"),
                                                         ("hot", "routed-no-lookahead"), ("unrouted", "routed-single"),
-                                                        ("hot", "held-single"), ("hot", "routed-ahead-single"),
-                                                        ("unrouted", "routed-ahead")], 3, 2))
+                                                        ("hot", "held-single")], 3, 2))
 def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
     """The send + gather dispatch (``one_kernel=False``; the one-kernel dispatch is the CPU world's
     default) lays out, counts and combines exactly as the reference, capacity drops included: with
@@ -252,9 +251,7 @@ def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
     after the route kernel, with blocks of 4 entries in superblocks of 2 (``routed-packets``: its rows
     as packets, laid out as they arrive; ``routed-barrier``: the route kernel with a barrier of its own;
     ``routed-direct``: the rows sent into their first kept slot on each peer; ``routed-no-lookahead``: the
-    send's loads not one column block ahead; ``routed-ahead``: the layout's rows taken one at a time load
-    their first column block before their slots, ``MoEShape.layout_lookahead``; ``-single``: the peers'
-    rows laid out one at a time, not
+    send's loads not one column block ahead; ``-single``: the peers' rows laid out one at a time, not
     two, ``MoEShape.paired_layout``; with pairs a program of the two here lays out 3 rows of a source
     of 6, one pair and one row alone)."""
     shape = replace(SHAPES["cpu"], one_kernel=False, paired_layout=not routing.endswith("-single"))
@@ -262,7 +259,7 @@ def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
         shape = replace(shape, route_above=4, block_e=4, super_blocks=2, routed_packets=routing == "routed-packets",
                         route_barrier=routing == "routed-barrier",
                         direct_from_bytes=0 if routing == "routed-direct" else NEVER,
-                        routed_lookahead=routing != "routed-no-lookahead", layout_lookahead="-ahead" in routing)
+                        routed_lookahead=routing != "routed-no-lookahead")
     for bad in worlds(world).run(_job, 4 * world, 3, 40, 6, case, 3, capacity=4 if case == "hot" else None,
                                  mode="throughput", shape=shape):
         assert bad == []
@@ -287,18 +284,6 @@ def test_direct_rows_with_fp8_scales(worlds, world):
     capacity drops (hot experts), every call exact."""
     shape = replace(SHAPES["cpu"], one_kernel=False, route_above=4, block_e=4, super_blocks=2, direct_from_bytes=0)
     for bad in worlds(world).run(_job, 4 * world, 3, 128, 6, "hot", 3, capacity=4, fp8=True, mode="throughput",
-                                 shape=shape):
-        assert bad == []
-
-
-@pytest.mark.parametrize("world", world_sizes(2, 3))
-def test_layout_lookahead_with_fp8_scales(worlds, world):
-    """The routed layout's rows, one at a time, with their first column block loaded before their
-    slots (``MoEShape.layout_lookahead``), FP8 dispatch and rows of two column blocks, the second
-    half full: values and scales in every kept slot, capacity drops, every call exact."""
-    shape = replace(SHAPES["cpu"], one_kernel=False, route_above=4, block_e=4, super_blocks=2, paired_layout=False,
-                    layout_lookahead=True, send_block_h=256)
-    for bad in worlds(world).run(_job, 4 * world, 3, 384, 6, "hot", 3, capacity=4, fp8=True, mode="throughput",
                                  shape=shape):
         assert bad == []
 

@@ -245,11 +245,6 @@ class MoEShape:
     #: 56.1 at 512 and 331.5 to 329.8 at 4096, DeepSeek-V3 from 69.0 to 68.4 at 384 and 551.3 to 550.1
     #: at 4096; every round agreed.
     routed_lookahead: bool = True
-    #: The routed send kernel's layout of the peers' rows taken one at a time (not in pairs, packets
-    #: or direct rows) loads each row's first column block before the row's entries and slots (its
-    #: address needs neither), and each next block before the stores of the one before it
-    #: (``gather.ahead_block``, ``place_item``'s ``LOOKAHEAD``). Not measured.
-    layout_lookahead: bool = False
     #: The layout of the peers' rows (the routed send kernel's after its barrier, and the gather
     #: kernel's) takes a program's rows two at a time in calls where a source sends every program two
     #: rows or more (on instances of at least ``2 * programs`` tokens): both rows' ids, slots and column
@@ -709,8 +704,7 @@ class MoEAllToAll:
                     local=self.local_experts, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=self._held_block_n,
                     header=self._header, trace=trace, direct=self._direct_offs if direct else None,
-                    lookahead=routed and sh.routed_lookahead, pairs=self._pairs,
-                    layout_lookahead=routed and sh.layout_lookahead, **self._send_bufs,
+                    lookahead=routed and sh.routed_lookahead, pairs=self._pairs, **self._send_bufs,
                     **tables)
         if not routed:
             launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,

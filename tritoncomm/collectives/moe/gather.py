@@ -52,8 +52,8 @@ from .header import size_of, store_header
 from .route import row_slots, rows_per_load, rows_sum, slot_loads, slot_sums
 from .shares import column_shares, pick, share_columns
 
-__all__ = ["ahead_block", "finish_counts", "launch_gather", "lay_out_peers", "moe_gather_kernel", "place_item",
-           "place_packets", "place_pair", "store_slots"]
+__all__ = ["finish_counts", "launch_gather", "lay_out_peers", "moe_gather_kernel", "place_item", "place_packets",
+           "place_pair", "store_slots"]
 
 
 @triton.jit
@@ -81,15 +81,12 @@ def store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K: tl.constexp
 @triton.jit
 def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, recv_row, hidden, skip,
                LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
-               FP8: tl.constexpr, ahead=0.0, LOOKAHEAD: tl.constexpr = False):
+               FP8: tl.constexpr):
     """One work item of a peer's row (entries ``e``, slots ``at``; ``i0`` its first entry in the
     tables; row ``recv_row`` of ``recv``, the receive buffer or, for rows sent straight into their
     first slot, the expert buffer): the row's first item writes ``slot_of`` of the entries of this
     rank's experts; then the item's columns are read once and go into this rank's kept slots but
-    entry ``skip``'s (-1: none; the slot the row came in). With ``LOOKAHEAD`` the caller issued the
-    item's first column block (``ahead``, ``ahead_block``) before its entries and slots were known,
-    and each next block is issued before the stores of the one before it. Also called by the
-    one-kernel dispatch."""
+    entry ``skip``'s (-1: none; the slot the row came in). Also called by the one-kernel dispatch."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
@@ -101,33 +98,12 @@ def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares,
     if tl.sum((at >= 0).to(tl.int32), axis=0) > 0:
         lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
         r64 = tl.cast(recv_row, tl.int64)
-        if LOOKAHEAD:
-            v = ahead
         for c in range(lo, hi, BLOCK_H):
-            if LOOKAHEAD:  # this block was issued one step up; the next block's loads go out here
-                nxt = c + BLOCK_H
-                v_next = tl.load(recv + r64 * hidden + nxt + cols, mask=(nxt + cols < hidden) & (nxt < hi),
-                                 other=0.0, eviction_policy="evict_first")
-            else:
-                v = tl.load(recv + r64 * hidden + c + cols, mask=c + cols < hidden, eviction_policy="evict_first")
+            v = tl.load(recv + r64 * hidden + c + cols, mask=c + cols < hidden, eviction_policy="evict_first")
             scale = 0.0
             if FP8:
                 scale = tl.load(sc + r64 * (hidden // 128) + c // 128 + groups, mask=c + groups * 128 < hidden)
             store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
-            if LOOKAHEAD:
-                v = v_next
-
-
-@triton.jit
-def ahead_block(recv, recv_row, item, shares, hidden, BLOCK_H: tl.constexpr, FP8: tl.constexpr):
-    """The first column block of work item ``item`` of row ``recv_row`` of ``recv`` (``place_item``
-    with ``LOOKAHEAD``), loaded before the item's entries and slots: its address needs neither."""
-    G: tl.constexpr = BLOCK_H // 128 if FP8 else 1
-    GW: tl.constexpr = 128 if FP8 else BLOCK_H
-    cols = (tl.arange(0, G) * GW)[:, None] + tl.arange(0, GW)[None, :]  # [G, GW]
-    lo, _ = share_columns(item % shares, shares, hidden, BLOCK_H)
-    return tl.load(recv + tl.cast(recv_row, tl.int64) * hidden + lo + cols, mask=lo + cols < hidden, other=0.0,
-                   eviction_policy="evict_first")
 
 
 @triton.jit
@@ -247,7 +223,7 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
                   TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr,
                   BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr,
                   PACKETS: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr = False,
-                  PAIRS: tl.constexpr = False, LOOKAHEAD: tl.constexpr = False):
+                  PAIRS: tl.constexpr = False):
     """Program ``pid``'s items of every peer's rows (module docstring), laid out from the receive
     buffer ``recv`` (scales ``sc``) with the slots from the tables ``ids``, ``ntab`` and ``hist``;
     with ``DIRECT`` from the row's first kept slot on this rank (in ``j`` order), where the source
@@ -258,10 +234,7 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
     are Lamport buffers, polled row by row (``place_packets``: the weights go from ``pw`` into
     ``wtab``). With ``PAIRS`` (not ``PACKETS``), where a source gives every program two whole rows
     or more (no column shares, at least ``2 * grid`` rows), the program takes that source's rows two
-    at a time (``place_pair``). With ``LOOKAHEAD`` (not ``PACKETS`` or ``DIRECT``) the items taken
-    one at a time load their first column block before their entries and slots (``ahead_block``)
-    and each next block before the stores of the one before it."""
-    AHEAD: tl.constexpr = LOOKAHEAD and not (PACKETS or DIRECT)
+    at a time (``place_pair``)."""
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     super_blocks = tl.cdiv(hist_blocks, SUPER)
@@ -313,9 +286,6 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
                            peer_row + t2, -1, two, rank, hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
         for item in range(rest_start, n_s * shares, grid):
             t = item // shares
-            ahead = 0.0
-            if AHEAD:  # in flight with the entries' and slots' loads
-                ahead = ahead_block(recv, peer_row + t, item, shares, hidden, BLOCK_H, FP8)
             i0 = (s * max_tokens + t) * TOP_K
             e = tl.load(ids + i0 + kk, mask=km, other=-1)
             at = row_slots(src_ids, hist, e, kk, t, n_s * TOP_K, earlier, block_row0, super_row0, capacity, LOCAL,
@@ -330,7 +300,7 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
                            pick(at, kk, j0), hidden, j0, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
             else:
                 place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, peer_row + t,
-                           hidden, -1, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, ahead, AHEAD)
+                           hidden, -1, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
         earlier += mine
     return earlier
 

@@ -634,6 +634,38 @@ def test_bad_input_raises_before_waiting(worlds, path):
         assert errs == ["InvalidInputError"] * 5 + ["counts ok", "ids: reported", "reused handle"] + ["ctor"] * 9, errs
 
 
+def _host_copy(ctx, path: str) -> list:
+    """Calls without drops leave the host-mapped counters alone (a word poked on the host stays);
+    a call with drops writes the drops' word, the cumulative count."""
+    comm = make_comm(ctx, heap_bytes=16 << 20)
+    moe = MoEAllToAll(comm, max_tokens=4, hidden=16, num_experts=2 * ctx.world, top_k=2, capacity=2,
+                      shape=PATHS[path])
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(ctx.rank)).to(torch.bfloat16)
+    wts = torch.rand(4, 2)
+    hot = torch.tensor([[0, 1]] * 4)  # experts 0 and 1, both rank 0's
+    seen = []
+    out, _, h = moe.dispatch(x[:1], hot[:1], wts[:1])  # two entries per expert: all kept
+    moe.combine(out, h)
+    moe._bad_host._array[1] = -7  # as if the drops' word held something else: only a write changes it
+    out, _, h = moe.dispatch(x[:1], hot[:1], wts[:1])
+    moe.combine(out, h)
+    seen.append(moe._bad_host.read())
+    out, _, h = moe.dispatch(x, hot, wts)  # 4 * world entries per expert, 2 kept
+    moe.combine(out, h)
+    seen.append(moe._bad_host.read())
+    moe.close()
+    comm.close()
+    return seen
+
+
+@pytest.mark.parametrize("path", ["one-kernel", "routed"])
+def test_host_counters_written_only_when_they_change(worlds, path):
+    """The dispatch copies its counters (bad ids, drops) into host-mapped words only where they
+    changed: no host memory written by calls without either."""
+    for rank, seen in enumerate(worlds(2).run(_host_copy, path)):
+        assert seen == [[0, -7], [0, 2 * (4 * 2 - 2) if rank == 0 else -7]], seen
+
+
 def _missing_peer(ctx, path: str):
     """Rank 1 builds the instance but never dispatches: rank 0's dispatch must end in a timeout
     that names both ranks (and, with packets, the elements still at the sentinel and their buffer)."""

@@ -2,7 +2,7 @@
 every rank's host times.
 
     python3 benchmarks/experiments/moe_stalls.py --world 4 --shape qwen3-moe --tokens 384 \
-        [--cases ours,ours+no-pdl,ours@128,tc,nccl] [--rounds 3] [--replays 20] [--json out.json]
+        [--cases ours,ours+no-pdl,ours@128,tc,nccl] [--rounds 3] [--replays 20] [--trace] [--json out.json]
 
 Each case is timed in turn, ``rounds`` times: a CUDA graph of 32 calls, then ``replays`` samples,
 each a host barrier, a warm replay and a timed one (as ``tools.timing`` does). Every rank keeps, per
@@ -12,7 +12,11 @@ A slow sample whose ranks left the barrier or issued the timed replay far apart 
 one whose hosts kept step points at the GPUs. Cases: ``ours`` (``MoEAllToAll``, the default shape;
 ``+no-pdl``, ``+FIELD=VALUE`` change it; ``@T`` times ``T`` tokens per rank instead), ``tc`` (our
 all-gather of the tokens and routing, then our reduce-scatter: the bench's (c)), ``nccl`` (the same
-through NCCL: the bench's (b)).
+through NCCL: the bench's (b)). With ``--trace`` the ``ours`` cases run with stage stamps
+(``MoEAllToAll.trace_stages``, one row per call of the graph; other builds than the default) and
+every rank keeps, for each slow sample and the first fast one, per call and stage the earliest,
+median and latest program's global timer (ns): which call of a slow replay took the time, and in
+which stage on which rank.
 """
 
 from __future__ import annotations
@@ -46,8 +50,8 @@ def _inputs(ctx, shape: str, t: int):
     return x, ids, w
 
 
-def _case(ctx, comm: Communicator, shape: str, tokens: int, case: str):
-    """``(fn, closer)`` for one case."""
+def _case(ctx, comm: Communicator, shape: str, tokens: int, case: str, trace: bool = False):
+    """``(fn, closer, stamps)`` for one case: ``stamps()`` is None or the traced calls' summary."""
     name, _, at = case.partition("@")
     t = int(at) if at else tokens
     hidden, experts, k = MOE_SHAPES[shape]
@@ -64,12 +68,24 @@ def _case(ctx, comm: Communicator, shape: str, tokens: int, case: str):
                 sh = replace(sh, **{field: int(value)})
         moe = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k,
                           capacity=_capacity(ctx.world, t, experts, k), shape=sh)
+        path, launched = moe.dispatch_path(None)
+        traces = moe.trace_stages(calls=CALLS) if trace else None
 
         def ours() -> None:
             _, _, h = moe.dispatch(x, ids, w)
             moe.combine(moe.expert_buffer(), h)
 
-        return ours, moe.close
+        def stamps() -> list | None:
+            if traces is None:
+                return None
+            d = traces[2 if path.startswith("routed") else 0][:, :launched.programs, :, 0]
+            c = traces[1][:, :launched.programs, :, 0]
+            both = torch.cat([d, c], 2).double()  # [calls, programs, stages]
+            q = torch.quantile(both.transpose(1, 2), torch.tensor([0.0, 0.5, 1.0], dtype=torch.double,
+                                                                  device=both.device), dim=2)
+            return q.permute(1, 2, 0).long().tolist()  # [calls][stages][earliest, median, latest]
+
+        return ours, moe.close, stamps
     meta = torch.cat([ids.float(), w], 1)
     xs = x.new_empty(ctx.world * t, hidden)
     metas = meta.new_empty(ctx.world * t, 2 * k)
@@ -80,7 +96,7 @@ def _case(ctx, comm: Communicator, shape: str, tokens: int, case: str):
             dist.all_gather_into_tensor(metas, meta, group=ctx.group)
             dist.reduce_scatter_tensor(part, xs, group=ctx.group)
 
-        return nccl, lambda: None
+        return nccl, lambda: None, lambda: None
     ag = AllGather(comm, max_bytes=xs.numel() * 2)
     ag_meta = AllGather(comm, max_bytes=metas.numel() * 4, name="allgather.meta")
     rs = ReduceScatter(comm, max_bytes=xs.numel() * 2)
@@ -94,11 +110,12 @@ def _case(ctx, comm: Communicator, shape: str, tokens: int, case: str):
         for c in (ag, ag_meta, rs):
             c.close()
 
-    return tc, close
+    return tc, close, lambda: None
 
 
-def _samples(ctx, fn, replays: int) -> list[tuple[float, int, int, int]]:
-    """Per sample: (µs per call, host ns after the barrier, before the timed replay, after issuing it)."""
+def _samples(ctx, fn, replays: int, stamps=None) -> tuple[list[tuple[float, int, int, int]], dict[int, list]]:
+    """Per sample: (µs per call, host ns after the barrier, before the timed replay, after issuing it);
+    and, where ``stamps`` gives them, the stamps of the slow samples and of the first fast one."""
     stream = torch.cuda.Stream(ctx.device)
     stream.wait_stream(torch.cuda.current_stream(ctx.device))
     with torch.cuda.stream(stream):
@@ -111,8 +128,8 @@ def _samples(ctx, fn, replays: int) -> list[tuple[float, int, int, int]]:
         for _ in range(CALLS):
             fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = []
-    for _ in range(replays):
+    out, kept = [], {}
+    for i in range(replays):
         torch.cuda.synchronize(ctx.device)
         ctx.barrier()
         h0 = time.time_ns()
@@ -124,23 +141,49 @@ def _samples(ctx, fn, replays: int) -> list[tuple[float, int, int, int]]:
         h2 = time.time_ns()
         end.synchronize()
         out.append((start.elapsed_time(end) * 1e3 / CALLS, h0, h1, h2))
+        if stamps is not None and (out[-1][0] > SLOW_US or not any(out[j][0] <= SLOW_US for j in kept)):
+            got = stamps()
+            if got is not None:
+                kept[i] = got
     del graph
-    return out
+    return out, kept
 
 
-def _rank(ctx, shape: str, tokens: int, cases: list[str], rounds: int, replays: int):
+def _rank(ctx, shape: str, tokens: int, cases: list[str], rounds: int, replays: int, trace: bool = False):
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=2 << 30))
-    built = {c: _case(ctx, comm, shape, tokens, c) for c in cases}
+    built = {c: _case(ctx, comm, shape, tokens, c, trace) for c in cases}
     mine: dict[str, list] = {c: [] for c in cases}
+    traced: dict[str, dict[int, list]] = {c: {} for c in cases}  # sample index: stamps
     for _ in range(rounds):
-        for c, (fn, _) in built.items():
-            mine[c].extend(_samples(ctx, fn, replays))
-    for _, close in built.values():
+        for c, (fn, _, stamps) in built.items():
+            got, kept = _samples(ctx, fn, replays, stamps)
+            traced[c].update({len(mine[c]) + i: v for i, v in kept.items()})
+            mine[c].extend(got)
+    for _, close, _ in built.values():
         close()
     comm.close()
     every: list = [None] * ctx.world
-    dist.all_gather_object(every, mine, group=ctx.cpu_group)
+    dist.all_gather_object(every, {"samples": mine, "stamps": traced}, group=ctx.cpu_group)
     return every if ctx.rank == 0 else None
+
+
+def _print_stamps(case: str, stamps: list[dict[int, list]], slow: list[int]) -> None:
+    """For the first slow sample with stamps on every rank: per rank, the call that took longest
+    (its first dispatch program's start to its last combine program's end, ms) and, in it, the stage
+    whose latest program came furthest after the stage before's."""
+    both = [i for i in slow if all(i in s for s in stamps)]
+    if not both:
+        return
+    i = both[0]
+    for r, s in enumerate(stamps):
+        calls = s[i]  # [calls][stages][earliest, median, latest]
+        spans = [(call[-1][2] - call[0][0]) / 1e6 for call in calls]
+        worst = max(range(len(calls)), key=spans.__getitem__)
+        st = calls[worst]
+        jump = max(range(1, len(st)), key=lambda j: st[j][2] - st[j - 1][2])
+        print(f"    {case} sample {i}, rank {r}: call {worst} took {spans[worst]:.3f} ms (median call "
+              f"{statistics.median(spans):.3f}); its stage {jump} came {(st[jump][2] - st[jump - 1][2]) / 1e6:.3f} "
+              f"ms after stage {jump - 1} (latest programs); first start {calls[0][0][0]}")
 
 
 def main() -> None:
@@ -151,16 +194,17 @@ def main() -> None:
     p.add_argument("--cases", default="ours,ours+no-pdl,ours@128,tc,nccl")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--trace", action="store_true", help="stage stamps of the ours cases' slow samples")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     cases = a.cases.split(",")
     with LocalWorld(a.world, "cuda") as world:
-        every = world.run(_rank, a.shape, a.tokens, cases, a.rounds, a.replays, timeout=600)[0]
+        every = world.run(_rank, a.shape, a.tokens, cases, a.rounds, a.replays, a.trace, timeout=600)[0]
     print(f"{a.shape} EP{a.world}, {a.tokens} tokens per rank, on {torch.cuda.get_device_name(0)}: per case, the "
           f"median µs per call (slowest rank), samples slower than {SLOW_US:.0f} µs per call on any rank, and for "
           f"those the spread of the ranks' host clocks (ms) after the barrier and before the timed replay")
     for c in cases:
-        per_rank = [every[r][c] for r in range(a.world)]
+        per_rank = [every[r]["samples"][c] for r in range(a.world)]
         n = len(per_rank[0])
         worst = [max(per_rank[r][i][0] for r in range(a.world)) for i in range(n)]
         slow = [i for i in range(n) if worst[i] > SLOW_US]
@@ -176,6 +220,7 @@ def main() -> None:
         if fast:
             line += f"  (fast median {statistics.median(fast):.2f})"
         print(line)
+        _print_stamps(c, [every[r]["stamps"][c] for r in range(a.world)], slow)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"shape": a.shape, "world": a.world, "tokens": a.tokens, "cases": cases, "ranks": every}, f)

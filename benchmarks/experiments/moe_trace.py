@@ -83,7 +83,7 @@ def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: 
         us = time_per_call_us(step, ctx.device, ctx.barrier, calls=16, replays=5)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
-        d, c, r = dispatch_trace.cpu(), combine_trace.cpu(), routed_trace.cpu()
+        d, c, r = dispatch_trace[0].cpu(), combine_trace[0].cpu(), routed_trace[0].cpu()  # one row: every call's
         routed = path.startswith("routed")
         if routed:
             d = r

@@ -426,8 +426,9 @@ def test_an_expert_twice_in_a_row(worlds, world, path):
 
 def _traced_job(ctx, path: str) -> list[bool]:
     """The same calls on an instance with stage stamps on (``trace_stages``) and on one without:
-    the traced builds (other kernels) give the same bits, and the stamps' tensors have the stages'
-    shapes."""
+    the traced builds (other kernels) give the same bits, the stamps' tensors have the stages'
+    shapes, and with rows for 3 calls the two calls write rows 0 and 1 of their path's dispatch
+    stamps and of the combine's, not row 2 (poisoned before)."""
     from tritoncomm.collectives.moe.combine import COMBINE_STAGES
     from tritoncomm.collectives.moe.onekernel import DISPATCH_STAGES
     from tritoncomm.collectives.moe.route import ROUTED_STAGES
@@ -438,9 +439,11 @@ def _traced_job(ctx, path: str) -> list[bool]:
     for traced in (False, True):
         moe = MoEAllToAll(comm, max_tokens=6, hidden=40, num_experts=4 * ctx.world, top_k=2, shape=shape)
         if traced:
-            stamps = moe.trace_stages()
-            checks.append([tuple(t.shape[1:]) for t in stamps] == [(DISPATCH_STAGES, 2), (COMBINE_STAGES, 2),
+            stamps = moe.trace_stages(calls=3)
+            checks.append([tuple(t.shape[2:]) for t in stamps] == [(DISPATCH_STAGES, 2), (COMBINE_STAGES, 2),
                                                                    (ROUTED_STAGES, 2)])
+            for t in stamps:
+                t.fill_(-1)
         calls = []
         for rep in range(2):
             g = torch.Generator().manual_seed(100 * rep + ctx.rank)
@@ -453,6 +456,9 @@ def _traced_job(ctx, path: str) -> list[bool]:
             calls.append((moe.combine(moe.expert_buffer(), h).clone(), counts.clone()))
         got.append(calls)
         moe.close()
+        if traced:
+            used = [stamps[0 if path == "one-kernel" else 2], stamps[1]]
+            checks.append([[bool((t[row] != -1).all()) for row in range(3)] for t in used] == [[True, True, False]] * 2)
     comm.close()
     checks += [torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(*got, strict=True)]
     return checks
@@ -462,7 +468,7 @@ def _traced_job(ctx, path: str) -> list[bool]:
 @pytest.mark.parametrize("path", ["one-kernel", "routed"])
 def test_traced_builds_give_the_same_results(worlds, world, path):
     for checks in worlds(world).run(_traced_job, path):
-        assert checks == [True] * 3, checks
+        assert checks == [True] * 4, checks
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))

@@ -592,6 +592,7 @@ class MoEAllToAll:
         self._header = torch.zeros(2 * pow2_at_least(w), dtype=torch.int32, device=dev)
         #: stage stamps of the one-kernel dispatch, the combine and the routed dispatch (``trace_stages``), or None
         self._traces: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._trace_from = 0  #: the count of dispatches when the stamps were turned on
 
     # -- what callers use ------------------------------------------------------------------------
     def expert_buffer(self) -> torch.Tensor:
@@ -629,20 +630,33 @@ class MoEAllToAll:
         return (self.decode_shape is not None and bound < self._decode_below
                 and bound * self.top_k <= self.shape.one_kernel_entries)
 
-    def trace_stages(self, on: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def trace_stages(self, on: bool = True, calls: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """Turn stage stamps on (or off) for later calls: the one-kernel dispatch, the combine and the
         route and send kernels (the routed dispatch: ``route.ROUTED_STAGES``, the route kernel's
         then the send kernel's) then store, per program, a (global timer ns, SM cycles) pair at each
         of their stages (``kernels.stamp``; ``onekernel.DISPATCH_STAGES``,
-        ``combine.COMBINE_STAGES``) into the three int64 tensors returned, ``[programs, stages,
-        2]``, overwritten by every call that takes that path. For finding where the time goes
-        (``benchmarks/experiments/moe_trace.py``); the traced kernels are other builds. Not for
-        the launch path: it allocates."""
+        ``combine.COMBINE_STAGES``) into the three int64 tensors returned, ``[calls, programs,
+        stages, 2]``: the ``i``-th dispatch from now (counting from 0) and its combine into row ``i %
+        calls``, so that a CUDA graph of ``calls`` calls captured next keeps every call's stamps. For
+        finding where the time goes (``benchmarks/experiments/moe_trace.py``, ``moe_stalls.py``); the
+        traced kernels are other builds. Not for the launch path: it allocates, and traced calls
+        take a view of a row."""
+        if calls < 1:
+            raise InvalidInputError(f"moe trace_stages: calls must be at least 1, got {calls}")
         programs, dev = self.shape.programs, self.comm.device
-        self._traces = (torch.zeros(programs, DISPATCH_STAGES, 2, dtype=torch.int64, device=dev),
-                        torch.zeros(programs, COMBINE_STAGES, 2, dtype=torch.int64, device=dev),
-                        torch.zeros(programs, ROUTED_STAGES, 2, dtype=torch.int64, device=dev)) if on else None
+        self._traces = (torch.zeros(calls, programs, DISPATCH_STAGES, 2, dtype=torch.int64, device=dev),
+                        torch.zeros(calls, programs, COMBINE_STAGES, 2, dtype=torch.int64, device=dev),
+                        torch.zeros(calls, programs, ROUTED_STAGES, 2, dtype=torch.int64, device=dev)) if on else None
+        self._trace_from = self._call
         return self._traces
+
+    def _trace(self, kind: int, call: int) -> torch.Tensor | None:
+        """Row of stamps ``kind`` (0: one-kernel dispatch, 1: combine, 2: routed dispatch) for the
+        dispatch counted ``call`` (``self._call`` before it) and its combine, or None untraced."""
+        if self._traces is None:
+            return None
+        t = self._traces[kind]
+        return t[(call - self._trace_from) % t.shape[0]]
 
     def dropped(self) -> int:
         """Entries dropped so far on this rank's experts because their slots were full (read from the last dispatch
@@ -674,7 +688,7 @@ class MoEAllToAll:
                 wtab_off=self._wtab_off, wtab_half=self._wtab_half, copy_off=self._copy_off, copy_half=self._copy_half,
                 readers=self._readers if bound * self.top_k >= sh.shared_copy_from else None, bound=bound,
                 block_n=min(pow2_at_least(bound * self.top_k), self._block_n) if sh.bounded_copies else self._block_n,
-                header=self._header, trace=self._traces[0] if self._traces else None,
+                header=self._header, trace=self._trace(0, self._call),
                 block_x=self._block_x, block_h=sh.one_block_h or sh.send_block_h or sh.block_h, num_warps=sh.num_warps,
                 senders=sh.senders(self.world), lookahead=sh.lookahead,
                 launch_opts=self._decode_opts if decode else self._launch_opts,
@@ -693,7 +707,7 @@ class MoEAllToAll:
         sh = self.shape
         tables = self._tables
         routed = self._route_ch is not None  # the same on every rank: the launches pair across ranks
-        trace = self._traces[2] if self._traces and routed else None
+        trace = self._trace(2, self._call) if routed else None
         if routed:
             launch_route(self._run_route, self.comm, self._route_ch, self._send_ch, topk_ids, self._bad,
                          num_experts=self.num_experts, barrier=self._route_barrier or direct, trace=trace,
@@ -736,7 +750,7 @@ class MoEAllToAll:
                        ids_half=self._ids_half, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                        part_off=self._part_off, lpart_off=self._lpart_off, block_h=sh.block_h,
                        num_warps=sh.num_warps, launch_opts=self._decode_opts if decode else self._launch_opts,
-                       trace=self._traces[1] if self._traces else None, pushers=sh.pushers(handle.bound, self.hidden),
+                       trace=self._trace(1, handle.call - 1), pushers=sh.pushers(handle.bound, self.hidden),
                        throughput_block_h=sh.throughput_block_h)
         return out[:handle.n_tokens]
 

@@ -63,6 +63,9 @@ def test_moe_benchmark_runs_and_checks_correctness(worlds):
     both = [r for r in rep["rows"] if r["op"] == "both" and r["dispatch_dtype"] == "bf16"]
     assert all(r["tritoncomm_latency_us"] and r["tritoncomm_throughput_us"] and r["tritoncomm_engine_us"]
                for r in both), format_moe(rep)
+    assert all(isinstance(r[f"{who}_slow_replays"], int) and r[f"{who}_slow_replays"] >= 0
+               for r in rep["rows"] if r["op"] == "both" for who in ("tritoncomm", "nccl_agrs", "tc_agrs"))
+    assert "slow replays" in format_moe(rep)
     for r in rep["rows"]:
         assert all(r[key] is not None for key in ("tritoncomm_us", "nccl_a2a_us", "nccl_agrs_us", "tc_agrs_us")), r
         assert r["nccl_a2a_us"] > 0, r  # each phase timed on its own, never a difference

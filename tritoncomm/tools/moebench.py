@@ -21,8 +21,10 @@ For each shape and token count per rank (random top-k routing, a fresh draw on e
 * (c) ``tc_agrs``: the same through tritoncomm's ``AllGather`` and ``ReduceScatter``.
 
 Per row: the slowest rank's median, and GB/s of unique payload per rank (``tokens * hidden * 2``
-bytes each way). A baseline that the group's backend cannot run (gloo's missing reduce-scatter in
-the CPU world) shows "-".
+bytes each way). The ``both`` rows also count the slow replays (``*_slow_replays``: samples of more
+than ``SLOW_REPLAY`` times their timing's median, on any rank) of ours and of (b) and (c) (their
+dispatch's and combine's timings together): medians hide stalls. A baseline that the group's
+backend cannot run (gloo's missing reduce-scatter in the CPU world) shows "-".
 """
 
 from __future__ import annotations
@@ -150,17 +152,27 @@ def _check_a2a(ctx: RankContext, a2a: _A2A, x: torch.Tensor, ids: torch.Tensor, 
     return bool(torch.equal(rows, want_rows) and err < 0.02)
 
 
-def _measure(ctx: RankContext, fn, mode: str) -> float:
+#: A sample (one replay's µs per call) this many times its timing's median counts as a slow replay.
+SLOW_REPLAY = 10.0
+
+
+def _measure(ctx: RankContext, fn, mode: str, samples: list[float] | None = None) -> float:
     """``fn``'s time per call (``time_per_call_us``); a few calls only in the CPU world."""
     few = {} if ctx.backend == "cuda" else {"replays": 2, "warmup": 1, "calls": 2}  # the CPU world times nothing real
-    return time_per_call_us(fn, ctx.device, ctx.barrier, mode=mode, **few)
+    return time_per_call_us(fn, ctx.device, ctx.barrier, mode=mode, samples_out=samples, **few)
 
 
-def _time(ctx: RankContext, fn, mode: str) -> float | None:
+def _time(ctx: RankContext, fn, mode: str, slow: list[float] | None = None) -> float | None:
+    """The median µs per call, or None where the backend lacks the collective; with ``slow``, the
+    count of samples over ``SLOW_REPLAY`` times that median is added to ``slow[0]``."""
+    samples: list[float] = []
     try:
-        return _measure(ctx, fn, mode)
+        us = _measure(ctx, fn, mode, samples)
     except (RuntimeError, ValueError, NotImplementedError):  # a backend without the collective
         return None
+    if slow is not None:
+        slow[0] += sum(x > SLOW_REPLAY * us for x in samples)
+    return us
 
 
 def _case(ctx: RankContext, comm: Communicator, shape: str, t: int, engine: MoEAllToAll) -> list[dict[str, Any]]:
@@ -187,7 +199,9 @@ def _case(ctx: RankContext, comm: Communicator, shape: str, t: int, engine: MoEA
             moe.combine(moe.expert_buffer(), h)
 
         times["dispatch" + sfx] = _time(ctx, lambda moe=moe: moe.dispatch(x, ids, w), graph)
-        times["both" + sfx] = _time(ctx, both, graph)
+        slow = [0.0]
+        times["both" + sfx] = _time(ctx, both, graph, slow)
+        times["slow_both" + sfx] = slow[0]
         times["both_eager" + sfx] = _time(ctx, both, "eager") if cuda and mode == "auto" else None
         moe.close()
     ok &= _check_ours(ctx, engine, x, ids, w, bound=t)
@@ -212,8 +226,9 @@ def _case(ctx: RankContext, comm: Communicator, shape: str, t: int, engine: MoEA
         dist.all_gather_into_tensor(xs, x, group=ctx.group)
         dist.all_gather_into_tensor(metas, meta, group=ctx.group)
 
-    times["agrs_dispatch"] = _time(ctx, nccl_ag, graph)
-    times["agrs_combine"] = _time(ctx, lambda: dist.reduce_scatter_tensor(part, xs, group=ctx.group), graph)
+    slow_b, slow_c = [0.0], [0.0]
+    times["agrs_dispatch"] = _time(ctx, nccl_ag, graph, slow_b)
+    times["agrs_combine"] = _time(ctx, lambda: dist.reduce_scatter_tensor(part, xs, group=ctx.group), graph, slow_b)
     ag = AllGather(comm, max_bytes=xs.numel() * 2)
     ag_meta = AllGather(comm, max_bytes=metas.numel() * 4, name="allgather.meta")
     rs = ReduceScatter(comm, max_bytes=xs.numel() * 2)
@@ -222,8 +237,9 @@ def _case(ctx: RankContext, comm: Communicator, shape: str, t: int, engine: MoEA
         ag(x, xs)
         ag_meta(meta, metas)
 
-    times["tc_dispatch"] = _time(ctx, tc_ag, graph)
-    times["tc_combine"] = _time(ctx, lambda: rs(xs, part), graph)
+    times["tc_dispatch"] = _time(ctx, tc_ag, graph, slow_c)
+    times["tc_combine"] = _time(ctx, lambda: rs(xs, part), graph, slow_c)
+    times["slow_agrs"], times["slow_tc"] = slow_b[0], slow_c[0]
     for c in (ag, ag_meta, rs):
         c.close()
     m = max_over_ranks(ctx, times)
@@ -247,6 +263,9 @@ def _case(ctx: RankContext, comm: Communicator, shape: str, t: int, engine: MoEA
                          "tritoncomm_eager_us": m["both_eager" + sfx] if op == "both" else None,
                          "tritoncomm_engine_us": m["both_engine"] if op == "both" and not sfx else None,
                          **forced,
+                         **({"tritoncomm_slow_replays": int(m["slow_both" + sfx]),
+                             "nccl_agrs_slow_replays": int(m["slow_agrs"]),
+                             "tc_agrs_slow_replays": int(m["slow_tc"])} if op == "both" else {}),
                          "nccl_a2a_us": a, "nccl_agrs_us": b, "tc_agrs_us": c,
                          "gbps": payload / us / 1e3 if cuda and us and us > 0 else None, "correct": ok})
     return rows
@@ -294,4 +313,9 @@ def format_moe(rep: dict[str, Any]) -> str:
                    f"{fmt(r.get('tritoncomm_engine_us'), '7.1f')} "
                    f"{fmt(r['nccl_a2a_us'])} "
                    f"{fmt(r['nccl_agrs_us'], '10.1f')} {fmt(r['tc_agrs_us'])} {'yes' if r['correct'] else 'NO'}")
+    slow = [f"{r['shape']} {r['tokens']} {r['dispatch_dtype']}: ours {r['tritoncomm_slow_replays']}, "
+            f"nccl ag/rs {r['nccl_agrs_slow_replays']}, tc ag/rs {r['tc_agrs_slow_replays']}"
+            for r in rep["rows"] if r["op"] == "both" and (r["tritoncomm_slow_replays"] or r["nccl_agrs_slow_replays"]
+                                                          or r["tc_agrs_slow_replays"])]
+    out.append(f"slow replays (samples over {SLOW_REPLAY:g}x their median): " + ("; ".join(slow) or "none"))
     return "\n".join(out)

@@ -584,7 +584,7 @@ class MoEAllToAll:
         self._combined = torch.empty(m, hidden, dtype=dtype, device=dev)
         # ids out of range, entries dropped on own experts; then both as last copied into _bad_host
         self._bad = torch.zeros(4, dtype=torch.int64, device=dev)
-        self._bad_host = HostMappedWords(2, comm.backend == "cuda")  # _bad as of the last gather kernel
+        self._bad_host = HostMappedWords(2, comm.backend == "cuda")  # _bad[:2] as last copied by a dispatch
         self._bad_reported = 0
         self._call = 0
         self._open_handle = -1
@@ -592,7 +592,7 @@ class MoEAllToAll:
         self._header = torch.zeros(2 * pow2_at_least(w), dtype=torch.int32, device=dev)
         #: stage stamps of the one-kernel dispatch, the combine and the routed dispatch (``trace_stages``), or None
         self._traces: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self._trace_from = 0  #: the count of dispatches when the stamps were turned on
+        self._trace_from = 0  # the count of dispatches when the stamps were turned on
 
     # -- what callers use ------------------------------------------------------------------------
     def expert_buffer(self) -> torch.Tensor:

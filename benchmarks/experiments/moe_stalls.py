@@ -31,11 +31,11 @@ import torch
 import torch.distributed as dist
 
 from tritoncomm.channels import Communicator
-from tritoncomm.collectives import AllGather, MoEAllToAll, ReduceScatter
+from tritoncomm.collectives import MoEAllToAll
 from tritoncomm.collectives.moe import default_shape
 from tritoncomm.config import CommConfig
 from tritoncomm.launch import LocalWorld
-from tritoncomm.tools.moebench import MOE_SHAPES, _capacity
+from tritoncomm.tools.moebench import MOE_SHAPES, _capacity, tc_agrs
 
 CALLS = 32
 SLOW_US = 1000.0  # a sample this slow per call is a stall, not noise
@@ -97,18 +97,11 @@ def _case(ctx, comm: Communicator, shape: str, tokens: int, case: str, trace: bo
             dist.reduce_scatter_tensor(part, xs, group=ctx.group)
 
         return nccl, lambda: None, lambda: None
-    ag = AllGather(comm, max_bytes=xs.numel() * 2)
-    ag_meta = AllGather(comm, max_bytes=metas.numel() * 4, name="allgather.meta")
-    rs = ReduceScatter(comm, max_bytes=xs.numel() * 2)
+    dispatch, combine, close = tc_agrs(comm, x, meta, xs, metas, part)
 
     def tc() -> None:
-        ag(x, xs)
-        ag_meta(meta, metas)
-        rs(xs, part)
-
-    def close() -> None:
-        for c in (ag, ag_meta, rs):
-            c.close()
+        dispatch()
+        combine()
 
     return tc, close, lambda: None
 

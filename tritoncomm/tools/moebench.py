@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import datetime
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,7 +44,7 @@ from ..launch import RankContext
 from .report import all_true, device_name, fmt, max_over_ranks
 from .timing import time_per_call_us
 
-__all__ = ["MOE_SHAPES", "format_moe", "moe_rank"]
+__all__ = ["MOE_SHAPES", "format_moe", "moe_rank", "tc_agrs"]
 
 #: name: (hidden, experts, top_k)
 MOE_SHAPES = {"deepseek-v3": (7168, 256, 8), "qwen3-moe": (4096, 128, 8), "tiny": (256, 16, 4)}
@@ -229,19 +230,11 @@ def _case(ctx: RankContext, comm: Communicator, shape: str, t: int, engine: MoEA
     slow_b, slow_c = [0.0], [0.0]
     times["agrs_dispatch"] = _time(ctx, nccl_ag, graph, slow_b)
     times["agrs_combine"] = _time(ctx, lambda: dist.reduce_scatter_tensor(part, xs, group=ctx.group), graph, slow_b)
-    ag = AllGather(comm, max_bytes=xs.numel() * 2)
-    ag_meta = AllGather(comm, max_bytes=metas.numel() * 4, name="allgather.meta")
-    rs = ReduceScatter(comm, max_bytes=xs.numel() * 2)
-
-    def tc_ag() -> None:
-        ag(x, xs)
-        ag_meta(meta, metas)
-
-    times["tc_dispatch"] = _time(ctx, tc_ag, graph, slow_c)
-    times["tc_combine"] = _time(ctx, lambda: rs(xs, part), graph, slow_c)
+    tc_dispatch, tc_combine, tc_close = tc_agrs(comm, x, meta, xs, metas, part)
+    times["tc_dispatch"] = _time(ctx, tc_dispatch, graph, slow_c)
+    times["tc_combine"] = _time(ctx, tc_combine, graph, slow_c)
     times["slow_agrs"], times["slow_tc"] = slow_b[0], slow_c[0]
-    for c in (ag, ag_meta, rs):
-        c.close()
+    tc_close()
     m = max_over_ranks(ctx, times)
     ok = all_true(ctx, ok)
     rows = []
@@ -269,6 +262,26 @@ def _case(ctx: RankContext, comm: Communicator, shape: str, t: int, engine: MoEA
                          "nccl_a2a_us": a, "nccl_agrs_us": b, "tc_agrs_us": c,
                          "gbps": payload / us / 1e3 if cuda and us and us > 0 else None, "correct": ok})
     return rows
+
+
+def tc_agrs(comm: Communicator, x: torch.Tensor, meta: torch.Tensor, xs: torch.Tensor, metas: torch.Tensor,
+            part: torch.Tensor) -> tuple[Callable[[], None], Callable[[], None], Callable[[], None]]:
+    """Baseline (c) on ``comm``: ``(dispatch, combine, close)``, our all-gather of the tokens ``x``
+    into ``xs`` and of the routing ``meta`` into ``metas``, and our reduce-scatter of ``xs`` into
+    ``part``."""
+    ag = AllGather(comm, max_bytes=xs.numel() * xs.element_size())
+    ag_meta = AllGather(comm, max_bytes=metas.numel() * metas.element_size(), name="allgather.meta")
+    rs = ReduceScatter(comm, max_bytes=xs.numel() * xs.element_size())
+
+    def dispatch() -> None:
+        ag(x, xs)
+        ag_meta(meta, metas)
+
+    def close() -> None:
+        for c in (ag, ag_meta, rs):
+            c.close()
+
+    return dispatch, lambda: rs(xs, part), close
 
 
 def _sub(a: float | None, b: float | None) -> float | None:

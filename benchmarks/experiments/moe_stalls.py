@@ -10,7 +10,8 @@ sample, its µs per call (CUDA events around the timed replay) and three host cl
 one clock on one machine): after the barrier, before the timed replay and after it was issued.
 A slow sample whose ranks left the barrier or issued the timed replay far apart points at the hosts;
 one whose hosts kept step points at the GPUs. Cases: ``ours`` (``MoEAllToAll``, the default shape;
-``+no-pdl``, ``+FIELD=VALUE`` change it; ``@T`` times ``T`` tokens per rank instead), ``tc`` (our
+``+no-pdl``, ``+FIELD=VALUE`` change it, ``+dispatch`` times dispatches alone; ``@T`` times ``T``
+tokens per rank instead), ``tc`` (our
 all-gather of the tokens and routing, then our reduce-scatter: the bench's (c)), ``nccl`` (the same
 through NCCL: the bench's (b)). With ``--trace`` the ``ours`` cases run with stage stamps
 (``MoEAllToAll.trace_stages``, one row per call of the graph; other builds than the default) and
@@ -60,7 +61,10 @@ def _case(ctx, comm: Communicator, shape: str, tokens: int, case: str, trace: bo
     if parts[0] == "ours":
         sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
         sh = default_shape("cuda", t, sms, hidden=hidden, world=ctx.world)
+        alone = "dispatch" in parts[1:]
         for change in parts[1:]:
+            if change == "dispatch":
+                continue
             if change == "no-pdl":
                 sh = replace(sh, pdl=False)
             else:
@@ -73,14 +77,15 @@ def _case(ctx, comm: Communicator, shape: str, tokens: int, case: str, trace: bo
 
         def ours() -> None:
             _, _, h = moe.dispatch(x, ids, w)
-            moe.combine(moe.expert_buffer(), h)
+            if not alone:
+                moe.combine(moe.expert_buffer(), h)
 
         def stamps() -> list | None:
             if traces is None:
                 return None
             d = traces[2 if path.startswith("routed") else 0][:, :launched.programs, :, 0]
             c = traces[1][:, :launched.programs, :, 0]
-            both = torch.cat([d, c], 2).double()  # [calls, programs, stages]
+            both = (d if alone else torch.cat([d, c], 2)).double()  # [calls, programs, stages]
             q = torch.quantile(both.transpose(1, 2), torch.tensor([0.0, 0.5, 1.0], dtype=torch.double,
                                                                   device=both.device), dim=2)
             return q.permute(1, 2, 0).long().tolist()  # [calls][stages][earliest, median, latest]

@@ -9,10 +9,10 @@
 set -uo pipefail
 source scripts/gpu_env.sh
 S=benchmarks/experiments/moe_stalls.py
-timeout 250 python3 $S --world 4 --shape qwen3-moe --tokens 384 --rounds 4 --cases ours --trace \
+timeout 200 python3 $S --world 4 --shape qwen3-moe --tokens 384 --rounds 4 --cases ours --trace \
   --json "$OUT/stamps-q384.json" 2>&1 | tail -8
-timeout 250 python3 $S --world 4 --shape deepseek-v3 --tokens 128 --rounds 4 --cases ours --trace \
+timeout 150 python3 $S --world 4 --shape deepseek-v3 --tokens 128 --rounds 4 --cases ours --trace \
   --json "$OUT/stamps-ds128.json" 2>&1 | tail -8
-timeout 200 python3 $S --world 4 --shape qwen3-moe --tokens 384 --rounds 4 --cases ours+dispatch,ours \
+timeout 150 python3 $S --world 4 --shape qwen3-moe --tokens 384 --rounds 4 --cases ours+dispatch,ours \
   --json "$OUT/alone-q384.json" 2>&1 | tail -3
 OUT=$(cd "$OUT" && pwd); (cd "$OUT" && tar czf json.tgz *.json && rm *.json)

@@ -3,6 +3,7 @@ every rank's host times.
 
     python3 benchmarks/experiments/moe_stalls.py --world 4 --shape qwen3-moe --tokens 384 \
         [--cases ours,ours+no-pdl,ours@128,tc,nccl] [--rounds 3] [--replays 20] [--trace] [--json out.json]
+        [--backend cpu]
 
 Each case is timed in turn, ``rounds`` times: a CUDA graph of 32 calls, then ``replays`` samples,
 each a host barrier, a warm replay and a timed one (as ``tools.timing`` does). Every rank keeps, per
@@ -59,8 +60,8 @@ def _case(ctx, comm: Communicator, shape: str, tokens: int, case: str, trace: bo
     x, ids, w = _inputs(ctx, shape, t)
     parts = name.split("+")
     if parts[0] == "ours":
-        sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
-        sh = default_shape("cuda", t, sms, hidden=hidden, world=ctx.world)
+        sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count if ctx.backend == "cuda" else 1
+        sh = default_shape(ctx.backend, t, sms, hidden=hidden, world=ctx.world)
         alone = "dispatch" in parts[1:]
         for change in parts[1:]:
             if change == "dispatch":
@@ -113,7 +114,10 @@ def _case(ctx, comm: Communicator, shape: str, tokens: int, case: str, trace: bo
 
 def _samples(ctx, fn, replays: int, stamps=None) -> tuple[list[tuple[float, int, int, int]], dict[int, list]]:
     """Per sample: (µs per call, host ns after the barrier, before the timed replay, after issuing it);
-    and, where ``stamps`` gives them, the stamps of the slow samples and of the first fast one."""
+    and, where ``stamps`` gives them, the stamps of the slow samples and of the first fast one. In the
+    CPU world: two plain calls per sample, timed on the host (a check that the script runs)."""
+    if ctx.backend != "cuda":
+        return _cpu_samples(ctx, fn, replays, stamps)
     stream = torch.cuda.Stream(ctx.device)
     stream.wait_stream(torch.cuda.current_stream(ctx.device))
     with torch.cuda.stream(stream):
@@ -147,8 +151,25 @@ def _samples(ctx, fn, replays: int, stamps=None) -> tuple[list[tuple[float, int,
     return out, kept
 
 
+def _cpu_samples(ctx, fn, replays: int, stamps=None) -> tuple[list[tuple[float, int, int, int]], dict[int, list]]:
+    out, kept = [], {}
+    for i in range(replays):
+        ctx.barrier()
+        h0 = time.time_ns()
+        fn()
+        h1 = time.time_ns()
+        fn()
+        h2 = time.time_ns()
+        out.append(((h2 - h1) / 1e3, h0, h1, h2))
+        if stamps is not None and (out[-1][0] > SLOW_US or not any(out[j][0] <= SLOW_US for j in kept)):
+            got = stamps()
+            if got is not None:
+                kept[i] = got
+    return out, kept
+
+
 def _rank(ctx, shape: str, tokens: int, cases: list[str], rounds: int, replays: int, trace: bool = False):
-    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=2 << 30))
+    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=(2 << 30) if ctx.backend == "cuda" else 64 << 20))
     built = {c: _case(ctx, comm, shape, tokens, c, trace) for c in cases}
     mine: dict[str, list] = {c: [] for c in cases}
     traced: dict[str, dict[int, list]] = {c: {} for c in cases}  # sample index: stamps
@@ -187,6 +208,7 @@ def _print_stamps(case: str, stamps: list[dict[int, list]], slow: list[int]) -> 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--world", type=int, default=4)
+    p.add_argument("--backend", default="cuda", choices=["cuda", "cpu"], help="cpu: a check that the script runs")
     p.add_argument("--shape", default="qwen3-moe", choices=sorted(MOE_SHAPES))
     p.add_argument("--tokens", type=int, default=384)
     p.add_argument("--cases", default="ours,ours+no-pdl,ours@128,tc,nccl")
@@ -196,9 +218,10 @@ def main() -> None:
     p.add_argument("--json", default=None)
     a = p.parse_args()
     cases = a.cases.split(",")
-    with LocalWorld(a.world, "cuda") as world:
+    with LocalWorld(a.world, a.backend) as world:
         every = world.run(_rank, a.shape, a.tokens, cases, a.rounds, a.replays, a.trace, timeout=600)[0]
-    print(f"{a.shape} EP{a.world}, {a.tokens} tokens per rank, on {torch.cuda.get_device_name(0)}: per case, the "
+    dev = torch.cuda.get_device_name(0) if a.backend == "cuda" else "the CPU world (not speed)"
+    print(f"{a.shape} EP{a.world}, {a.tokens} tokens per rank, on {dev}: per case, the "
           f"median µs per call (slowest rank), samples slower than {SLOW_US:.0f} µs per call on any rank, and for "
           f"those the spread of the ranks' host clocks (ms) after the barrier and before the timed replay")
     for c in cases:

@@ -41,7 +41,8 @@ from tritoncomm.tools.timing import time_per_call_us
 
 DISPATCH = ("started", "copies sent", "rows sent", "copy read", "laid out", "done")
 ROUTED = ("route: started", "route: tables sent", "route: barrier passed", "send: started", "send: rows sent",
-          "send: barrier passed", "send: laid out")
+          "send: barrier passed", "send: laid out", "first item: started", "first item: slots stored",
+          "first item: block 0 stored", "first item: stores issued")
 COMBINE = ("started", "mode known", "pushed", "done")
 
 
@@ -92,7 +93,7 @@ def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: 
         out[str(t)] = {"us_per_call": us, "programs": d.shape[0], "routed": routed, "path": path,
                        "senders": 0 if routed else launched.senders(ctx.world), "pushers": launched.pushers(t, hidden),
                        "max_tokens": m,
-                       "dispatch_ns": (d[:, :, 0] - t0).tolist(), "combine_ns": (c[:, :, 0] - t0).tolist(),
+                       "dispatch_ns": _since(d[:, :, 0], t0), "combine_ns": _since(c[:, :, 0], t0),
                        "dispatch_cycles": d[:, :, 1].tolist(), "combine_cycles": c[:, :, 1].tolist()}
         moe.close()
     comm.close()
@@ -107,8 +108,17 @@ def _groups(split: int, programs: int) -> list[tuple[str, slice]]:
     return [(f" [0,{split})", slice(0, split)), (f" [{split},{programs})", slice(split, programs))]
 
 
+def _since(stamps: torch.Tensor, t0: int) -> list:
+    """ns since ``t0``; NaN for a stage a program did not stamp (0: the routed first-item stages of a
+    program without such an item)."""
+    return torch.where(stamps != 0, (stamps - t0).double(), float("nan")).tolist()
+
+
 def _row(name: str, ns: torch.Tensor) -> str:
-    q = torch.quantile(ns.double() / 1e3, torch.tensor([0.0, 0.5, 1.0], dtype=torch.double))
+    ns = ns.double()
+    if bool(ns.isnan().all()):
+        return f"    {name:<34}{'-':>9}{'-':>9}{'-':>9}"
+    q = torch.nanquantile(ns / 1e3, torch.tensor([0.0, 0.5, 1.0], dtype=torch.double))
     return f"    {name:<34}{q[0]:9.2f}{q[1]:9.2f}{q[2]:9.2f}"
 
 

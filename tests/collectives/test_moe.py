@@ -428,13 +428,15 @@ def _traced_job(ctx, path: str) -> list[bool]:
     """The same calls on an instance with stage stamps on (``trace_stages``) and on one without:
     the traced builds (other kernels) give the same bits, the stamps' tensors have the stages'
     shapes, and with rows for 3 calls the two calls write rows 0 and 1 of their path's dispatch
-    stamps and of the combine's, not row 2 (poisoned before)."""
+    stamps and of the combine's, not row 2 (poisoned before); the routed layout's first item taken
+    alone (``routed-single``: no pairs) stamps its start and its slots."""
     from tritoncomm.collectives.moe.combine import COMBINE_STAGES
     from tritoncomm.collectives.moe.onekernel import DISPATCH_STAGES
     from tritoncomm.collectives.moe.route import ROUTED_STAGES
 
     comm = make_comm(ctx, heap_bytes=64 << 20)
-    shape = replace(SHAPES["cpu"], one_kernel=path == "one-kernel", route_above=4)
+    shape = replace(SHAPES["cpu"], one_kernel=path == "one-kernel", route_above=4,
+                    paired_layout=path != "routed-single")
     got, checks = [], []
     for traced in (False, True):
         moe = MoEAllToAll(comm, max_tokens=6, hidden=40, num_experts=4 * ctx.world, top_k=2, shape=shape)
@@ -456,8 +458,9 @@ def _traced_job(ctx, path: str) -> list[bool]:
             calls.append((moe.combine(moe.expert_buffer(), h).clone(), counts.clone()))
         got.append(calls)
         moe.close()
-        if traced:
-            used = [stamps[0 if path == "one-kernel" else 2], stamps[1]]
+        if traced:  # the routed stages 9-10 need a kept slot, 7-8 an item taken alone (routed-single)
+            stages = {"one-kernel": DISPATCH_STAGES, "routed": 7, "routed-single": 9}[path]
+            used = [stamps[0 if path == "one-kernel" else 2][:, :, :stages], stamps[1]]
             checks.append([[bool((t[row] != -1).all()) for row in range(3)] for t in used] == [[True, True, False]] * 2)
     comm.close()
     checks += [torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(*got, strict=True)]
@@ -465,7 +468,7 @@ def _traced_job(ctx, path: str) -> list[bool]:
 
 
 @pytest.mark.parametrize("world", world_sizes(2))
-@pytest.mark.parametrize("path", ["one-kernel", "routed"])
+@pytest.mark.parametrize("path", ["one-kernel", "routed", "routed-single"])
 def test_traced_builds_give_the_same_results(worlds, world, path):
     for checks in worlds(world).run(_traced_job, path):
         assert checks == [True] * 4, checks

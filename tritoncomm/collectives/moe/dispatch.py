@@ -226,7 +226,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     scales) and the weights table at ``pw_off`` are Lamport buffers at rest: the rows and weights go
     out as packets, to the peers that own one of the row's experts, and program ``pid`` lays out the
     peers' rows as they arrive (``place_packets``), without the barrier. With ``TRACE`` (``ROUTED``)
-    each program stamps (``kernels.stamp``) stages 3-6 of ``route.ROUTED_STAGES`` into ``trace_ptr``.
+    each program stamps (``kernels.stamp``) stages 3-10 of ``route.ROUTED_STAGES`` into ``trace_ptr``.
     With ``DIRECT`` (``ROUTED``, after the route kernel's own barrier: every rank's routing is in
     place and every peer's stream is past its previous dispatch's readers) each row goes straight
     into its first kept slot on each peer's expert buffer (heap offsets ``out_off``, ``sc_out_off``),
@@ -294,7 +294,8 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                                heap_ptr(bases, rank, sc_base, tl.float32), heap_ptr(bases, rank, ids_base, tl.int32),
                                ntab, hist, hist_blocks, max_tokens, capacity, hidden, rank, pid, grid, pw,
                                heap_ptr(bases, rank, wtab_base, tl.float32), timeout, diag, WORLD, LOCAL, TOP_K,
-                               BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS, BLOCK_W, DIRECT, PAIRS)
+                               BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS, BLOCK_W, DIRECT, PAIRS,
+                               trace_ptr, pid * _STAGES + 7, TRACE)
         if pid == 0:
             finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, 0, LOCAL, BLOCK_X)
             ws = tl.arange(0, BLOCK_W)

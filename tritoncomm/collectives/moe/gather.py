@@ -48,6 +48,7 @@ from ...kernels import (
     pow2_at_least,
 )
 from ...kernels.launcher import Launcher
+from ...kernels.trace import stamp
 from .header import size_of, store_header
 from .route import row_slots, rows_per_load, rows_sum, slot_loads, slot_sums
 from .shares import column_shares, pick, share_columns
@@ -81,12 +82,15 @@ def store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K: tl.constexp
 @triton.jit
 def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, recv_row, hidden, skip,
                LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
-               FP8: tl.constexpr):
+               FP8: tl.constexpr, trace_ptr=0, tslot=-1, TRACE: tl.constexpr = False):
     """One work item of a peer's row (entries ``e``, slots ``at``; ``i0`` its first entry in the
     tables; row ``recv_row`` of ``recv``, the receive buffer or, for rows sent straight into their
     first slot, the expert buffer): the row's first item writes ``slot_of`` of the entries of this
     rank's experts; then the item's columns are read once and go into this rank's kept slots but
-    entry ``skip``'s (-1: none; the slot the row came in). Also called by the one-kernel dispatch."""
+    entry ``skip``'s (-1: none; the slot the row came in). With ``TRACE`` and ``tslot >= 0`` the
+    program stamps stages ``tslot + 1`` (``slot_of`` stored), ``+ 2`` (the first column block stored)
+    and ``+ 3`` (the last stores issued) into ``trace_ptr``: each stamp follows a store that needed
+    the loads before it. Also called by the one-kernel dispatch."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
@@ -94,6 +98,9 @@ def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares,
     groups = tl.arange(0, G)
     on_me = (e >= 0) & (e // LOCAL == rank)  # entries of this rank's experts
     tl.store(slot_ptr + i0 + kk, at, mask=(kk < TOP_K) & (item % shares == 0) & on_me)
+    if TRACE:
+        if tslot >= 0:
+            stamp(trace_ptr, tslot + 1)
     at = tl.where(on_me & (kk != skip), at, -1)
     if tl.sum((at >= 0).to(tl.int32), axis=0) > 0:
         lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
@@ -104,6 +111,12 @@ def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares,
             if FP8:
                 scale = tl.load(sc + r64 * (hidden // 128) + c // 128 + groups, mask=c + groups * 128 < hidden)
             store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
+            if TRACE:
+                if (tslot >= 0) & (c == lo):
+                    stamp(trace_ptr, tslot + 2)
+        if TRACE:
+            if tslot >= 0:
+                stamp(trace_ptr, tslot + 3)
 
 
 @triton.jit
@@ -223,7 +236,7 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
                   TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr,
                   BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr,
                   PACKETS: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr = False,
-                  PAIRS: tl.constexpr = False):
+                  PAIRS: tl.constexpr = False, trace_ptr=0, tslot=-1, TRACE: tl.constexpr = False):
     """Program ``pid``'s items of every peer's rows (module docstring), laid out from the receive
     buffer ``recv`` (scales ``sc``) with the slots from the tables ``ids``, ``ntab`` and ``hist``;
     with ``DIRECT`` from the row's first kept slot on this rank (in ``j`` order), where the source
@@ -234,7 +247,8 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
     are Lamport buffers, polled row by row (``place_packets``: the weights go from ``pw`` into
     ``wtab``). With ``PAIRS`` (not ``PACKETS``), where a source gives every program two whole rows
     or more (no column shares, at least ``2 * grid`` rows), the program takes that source's rows two
-    at a time (``place_pair``)."""
+    at a time (``place_pair``). With ``TRACE`` the program's first item taken alone (not with
+    ``PACKETS`` or ``DIRECT``) stamps stage ``tslot`` at its start and ``place_item``'s after it."""
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     super_blocks = tl.cdiv(hist_blocks, SUPER)
@@ -286,6 +300,10 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
                            peer_row + t2, -1, two, rank, hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
         for item in range(rest_start, n_s * shares, grid):
             t = item // shares
+            first_here = (i == 1) & (item == pid)  # the program's first item, taken alone
+            if TRACE and not PACKETS and not DIRECT:
+                if first_here:
+                    stamp(trace_ptr, tslot)
             i0 = (s * max_tokens + t) * TOP_K
             e = tl.load(ids + i0 + kk, mask=km, other=-1)
             at = row_slots(src_ids, hist, e, kk, t, n_s * TOP_K, earlier, block_row0, super_row0, capacity, LOCAL,
@@ -300,7 +318,8 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
                            pick(at, kk, j0), hidden, j0, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
             else:
                 place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, peer_row + t,
-                           hidden, -1, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
+                           hidden, -1, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, trace_ptr,
+                           tl.where(first_here, tslot, -1), TRACE)
         earlier += mine
     return earlier
 

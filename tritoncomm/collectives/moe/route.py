@@ -64,8 +64,11 @@ def expert_ids(ptr, mask, num_experts):
 
 #: Stage stamps per program of the traced routed dispatch (``TRACE``): the route kernel's started,
 #: tables sent and barrier passed (0-2; without its barrier, stage 2 follows stage 1 at once), the
-#: send kernel's started, rows sent, barrier passed and laid out (3-6).
-ROUTED_STAGES = 7
+#: send kernel's started, rows sent, barrier passed and laid out (3-6); and, where the program's first
+#: item of the peers' rows is laid out alone (not in pairs, packets or direct rows), that item's
+#: start, its ``slot_of`` stored (its slots known), its first column block stored (the block loaded)
+#: and its last stores issued (7-10; left as they were elsewhere).
+ROUTED_STAGES = 11
 _STAGES = tl.constexpr(ROUTED_STAGES)
 
 

@@ -52,8 +52,32 @@ def _inputs(ctx, shape: str, t: int):
     return x, ids, w
 
 
+class _Stamps:
+    """The stage stamps of an instance's calls (``MoEAllToAll.trace_stages``, a row per call)."""
+
+    def __init__(self, moe: MoEAllToAll, alone: bool) -> None:
+        self.moe, self.alone = moe, alone
+        self.path, self.launched = moe.dispatch_path(None)
+        self.arm()  # from the first call on: the warm-up builds the traced kernels before any capture
+
+    def arm(self) -> None:
+        """Rows for the next ``CALLS`` calls, in order: called just before a graph's capture, row ``i``
+        holds the graph's ``i``-th call."""
+        self.traces = self.moe.trace_stages(calls=CALLS)
+
+    def read(self) -> list:
+        """Per row (call), per stage, the (earliest, median, latest) program's global timer ns."""
+        p = self.launched.programs
+        d = self.traces[2 if self.path.startswith("routed") else 0][:, :p, :, 0]
+        # [calls, programs, stages]: the dispatch's, then the combine's
+        both = (d if self.alone else torch.cat([d, self.traces[1][:, :p, :, 0]], 2)).double()
+        q = torch.quantile(both.transpose(1, 2), torch.tensor([0.0, 0.5, 1.0], dtype=torch.double, device=both.device),
+                           dim=2)
+        return q.permute(1, 2, 0).long().tolist()
+
+
 def _case(ctx, comm: Communicator, shape: str, tokens: int, case: str, trace: bool = False):
-    """``(fn, closer, stamps)`` for one case: ``stamps()`` is None or the traced calls' summary."""
+    """``(fn, closer, stamps)`` for one case: ``stamps`` a ``_Stamps`` (ours with ``trace``) or None."""
     name, _, at = case.partition("@")
     t = int(at) if at else tokens
     hidden, experts, k = MOE_SHAPES[shape]
@@ -73,25 +97,12 @@ def _case(ctx, comm: Communicator, shape: str, tokens: int, case: str, trace: bo
                 sh = replace(sh, **{field: int(value)})
         moe = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k,
                           capacity=_capacity(ctx.world, t, experts, k), shape=sh)
-        path, launched = moe.dispatch_path(None)
-        traces = moe.trace_stages(calls=CALLS) if trace else None
-
         def ours() -> None:
             _, _, h = moe.dispatch(x, ids, w)
             if not alone:
                 moe.combine(moe.expert_buffer(), h)
 
-        def stamps() -> list | None:
-            if traces is None:
-                return None
-            d = traces[2 if path.startswith("routed") else 0][:, :launched.programs, :, 0]
-            c = traces[1][:, :launched.programs, :, 0]
-            both = (d if alone else torch.cat([d, c], 2)).double()  # [calls, programs, stages]
-            q = torch.quantile(both.transpose(1, 2), torch.tensor([0.0, 0.5, 1.0], dtype=torch.double,
-                                                                  device=both.device), dim=2)
-            return q.permute(1, 2, 0).long().tolist()  # [calls][stages][earliest, median, latest]
-
-        return ours, moe.close, stamps
+        return ours, moe.close, _Stamps(moe, alone) if trace else None
     meta = torch.cat([ids.float(), w], 1)
     xs = x.new_empty(ctx.world * t, hidden)
     metas = meta.new_empty(ctx.world * t, 2 * k)
@@ -102,22 +113,41 @@ def _case(ctx, comm: Communicator, shape: str, tokens: int, case: str, trace: bo
             dist.all_gather_into_tensor(metas, meta, group=ctx.group)
             dist.reduce_scatter_tensor(part, xs, group=ctx.group)
 
-        return nccl, lambda: None, lambda: None
+        return nccl, lambda: None, None
     dispatch, combine, close = tc_agrs(comm, x, meta, xs, metas, part)
 
     def tc() -> None:
         dispatch()
         combine()
 
-    return tc, close, lambda: None
+    return tc, close, None
 
 
-def _samples(ctx, fn, replays: int, stamps=None) -> tuple[list[tuple[float, int, int, int]], dict[int, list]]:
+def _keep(out: list, kept: dict[int, list], stamps: _Stamps | None) -> None:
+    """Keep the stamps of the sample just taken if it was slow, or the first fast one."""
+    if stamps is not None and (out[-1][0] > SLOW_US or not any(out[j][0] <= SLOW_US for j in kept)):
+        kept[len(out) - 1] = stamps.read()
+
+
+def _samples(ctx, fn, replays: int, stamps: _Stamps | None = None) -> tuple[list[tuple[float, int, int, int]],
+                                                                            dict[int, list]]:
     """Per sample: (µs per call, host ns after the barrier, before the timed replay, after issuing it);
-    and, where ``stamps`` gives them, the stamps of the slow samples and of the first fast one. In the
+    and, where ``stamps`` is given, the stamps of the slow samples and of the first fast one. In the
     CPU world: two plain calls per sample, timed on the host (a check that the script runs)."""
+    out, kept = [], {}
     if ctx.backend != "cuda":
-        return _cpu_samples(ctx, fn, replays, stamps)
+        if stamps is not None:
+            stamps.arm()
+        for _ in range(replays):
+            ctx.barrier()
+            h0 = time.time_ns()
+            fn()
+            h1 = time.time_ns()
+            fn()
+            h2 = time.time_ns()
+            out.append(((h2 - h1) / 1e3, h0, h1, h2))
+            _keep(out, kept, stamps)
+        return out, kept
     stream = torch.cuda.Stream(ctx.device)
     stream.wait_stream(torch.cuda.current_stream(ctx.device))
     with torch.cuda.stream(stream):
@@ -125,13 +155,14 @@ def _samples(ctx, fn, replays: int, stamps=None) -> tuple[list[tuple[float, int,
             fn()
     torch.cuda.current_stream(ctx.device).wait_stream(stream)
     torch.cuda.synchronize(ctx.device)
+    if stamps is not None:
+        stamps.arm()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(CALLS):
             fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out, kept = [], {}
-    for i in range(replays):
+    for _ in range(replays):
         torch.cuda.synchronize(ctx.device)
         ctx.barrier()
         h0 = time.time_ns()
@@ -143,28 +174,8 @@ def _samples(ctx, fn, replays: int, stamps=None) -> tuple[list[tuple[float, int,
         h2 = time.time_ns()
         end.synchronize()
         out.append((start.elapsed_time(end) * 1e3 / CALLS, h0, h1, h2))
-        if stamps is not None and (out[-1][0] > SLOW_US or not any(out[j][0] <= SLOW_US for j in kept)):
-            got = stamps()
-            if got is not None:
-                kept[i] = got
+        _keep(out, kept, stamps)
     del graph
-    return out, kept
-
-
-def _cpu_samples(ctx, fn, replays: int, stamps=None) -> tuple[list[tuple[float, int, int, int]], dict[int, list]]:
-    out, kept = [], {}
-    for i in range(replays):
-        ctx.barrier()
-        h0 = time.time_ns()
-        fn()
-        h1 = time.time_ns()
-        fn()
-        h2 = time.time_ns()
-        out.append(((h2 - h1) / 1e3, h0, h1, h2))
-        if stamps is not None and (out[-1][0] > SLOW_US or not any(out[j][0] <= SLOW_US for j in kept)):
-            got = stamps()
-            if got is not None:
-                kept[i] = got
     return out, kept
 
 

@@ -2,7 +2,7 @@
 
     python3 benchmarks/experiments/moe_trace.py --world 2 --tokens 1,8,128 [--shape deepseek-v3] [--fp8]
         [--send-programs N] [--push-programs N] [--max-tokens M] [--one-kernel-entries N] [--heap-gb G]
-        [--json out.json]
+        [--set FIELD=V,...] [--json out.json]
 
 Per token count: an instance sized for that many tokens per rank (its default launch shape), stage
 stamps on (``MoEAllToAll.trace_stages``), dispatch + combine timed in a CUDA graph of 16 calls
@@ -20,7 +20,8 @@ With ``--max-tokens`` the instance is sized for ``M`` tokens and every call pass
 (the engine path: below ``prefill_from`` tokens the calls launch with the decode shape, and only
 the programs launched are summarised). With ``--send-programs`` / ``--push-programs``
 (``MoEShape.send_programs``, ``push_programs``) each kernel's stages are given per group of programs:
-those that send (push) and those that lay out (sum).
+those that send (push) and those that lay out (sum). ``--set`` changes int fields of the instance's
+``MoEShape`` (``super_blocks=8,layout_block_h=4096``; bools as 0 or 1).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ COMBINE = ("started", "mode known", "pushed", "done")
 
 
 def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: int, max_tokens: int | None = None,
-          one_kernel_entries: int = 0, heap_gb: float = 1.0, direct_from_bytes: int | None = None) -> dict:
+          one_kernel_entries: int = 0, heap_gb: float = 1.0, direct_from_bytes: int | None = None,
+          sets: dict[str, int] | None = None) -> dict:
     hidden, experts, k = MOE_SHAPES[shape]
     heap = int(heap_gb * (1 << 30)) if ctx.backend == "cuda" else 64 << 20
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=heap))
@@ -65,6 +67,7 @@ def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: 
             sh = replace(sh, one_kernel_entries=one_kernel_entries)
         if direct_from_bytes is not None:
             sh = replace(sh, direct_from_bytes=direct_from_bytes)
+        sh = replace(sh, **(sets or {}))
         bound = {"tokens_bound": t} if m > t else {}
         # the default decode shape for bounded calls, with the requested split (a shape given turns
         # the default off)
@@ -139,15 +142,18 @@ def main() -> None:
     p.add_argument("--heap-gb", type=float, default=1.0, help="symmetric heap per rank (GiB; 8 for 4096 tokens)")
     p.add_argument("--direct-from-bytes", type=int, default=None,
                    help="MoEShape.direct_from_bytes (default: the shape's)")
+    p.add_argument("--set", default="", help="FIELD=VALUE,... int fields of MoEShape for the instance")
     p.add_argument("--json", default=None, help="write every program's stamps here")
     a = p.parse_args()
     tokens = [int(t) for t in a.tokens.split(",")]
+    sets = {n: int(v) for n, v in (c.split("=") for c in a.set.split(",") if c)}
     with LocalWorld(a.world, a.backend) as world:
         reps = world.run(_rank, a.shape, tokens, a.fp8, a.send_programs, a.push_programs, a.max_tokens,
-                         a.one_kernel_entries, a.heap_gb, a.direct_from_bytes, timeout=600)
+                         a.one_kernel_entries, a.heap_gb, a.direct_from_bytes, sets, timeout=600)
     dev = torch.cuda.get_device_name(0) if a.backend == "cuda" else "CPU world (stamps are 0)"
-    print(f"{a.shape} EP{a.world} on {dev}, fp8 {a.fp8}: stage stamps of the last call of a graph of 16, µs since "
-          f"the rank's first dispatch program started (earliest / median / latest program)")
+    changed = f", {a.set}" if a.set else ""
+    print(f"{a.shape} EP{a.world} on {dev}, fp8 {a.fp8}{changed}: stage stamps of the last call of a graph of 16, "
+          f"µs since the rank's first dispatch program started (earliest / median / latest program)")
     for t in tokens:
         for r, rep in enumerate(reps):
             one = rep[str(t)]
@@ -164,7 +170,8 @@ def main() -> None:
         with open(a.json, "w") as f:
             json.dump({"shape": a.shape, "world": a.world, "device": dev, "fp8": a.fp8, "max_tokens": a.max_tokens,
                        "one_kernel_entries": a.one_kernel_entries, "direct_from_bytes": a.direct_from_bytes,
-                       "send_programs": a.send_programs, "push_programs": a.push_programs, "ranks": reps}, f)
+                       "send_programs": a.send_programs, "push_programs": a.push_programs, "set": sets,
+                       "ranks": reps}, f)
 
 
 if __name__ == "__main__":

@@ -265,6 +265,18 @@ def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
         assert bad == []
 
 
+@pytest.mark.parametrize("world", world_sizes(2, 3))
+def test_routed_layout_steps_wider_than_the_sends_split(worlds, world):
+    """``MoEShape.layout_block_h`` wider than the send's blocks: with 4 programs, hidden 128 and send
+    blocks of 32 columns, calls of 1-2 tokens split each row over 2-4 programs; the layout (one step of
+    128 columns) must keep the senders' split and lay out only its share (a program that passed its
+    barrier slot sees only its counterpart's stores), every call exact."""
+    shape = replace(SHAPES["cpu"], one_kernel=False, route_above=4, block_e=4, super_blocks=2, programs=4,
+                    send_block_h=32, layout_block_h=128)
+    for bad in worlds(world).run(_job, 4 * world, 3, 128, 3, "random", 4, mode="throughput", shape=shape):
+        assert bad == []
+
+
 @pytest.mark.parametrize("world,super_blocks", [(2, 1), (3, 32)])
 def test_slots_past_one_load_of_histogram_rows(worlds, world, super_blocks):
     """``route.row_slots`` loads the first ``BLOCK_B`` (here 16) superblock rows and the block rows in

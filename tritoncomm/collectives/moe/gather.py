@@ -59,16 +59,17 @@ __all__ = ["finish_counts", "launch_gather", "lay_out_peers", "moe_gather_kernel
 
 @triton.jit
 def store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
-                BLOCK_H: tl.constexpr, FP8: tl.constexpr):
-    """Columns ``c ..`` of one token row (``v``: ``[G, GW]`` values, ``scale``: ``[G]`` with ``FP8``)
-    stored into each of its kept slots ``at`` (expert-buffer rows, -1 for none). Also called by the
-    send kernels for the rank's own rows."""
+                BLOCK_H: tl.constexpr, FP8: tl.constexpr, end=-1):
+    """Columns ``c ..`` (below ``end``; -1: ``hidden``) of one token row (``v``: ``[G, GW]`` values,
+    ``scale``: ``[G]`` with ``FP8``) stored into each of its kept slots ``at`` (expert-buffer rows, -1
+    for none). Also called by the send kernels for the rank's own rows."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1  # scale groups per column block
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
     cols = (tl.arange(0, G) * GW)[:, None] + tl.arange(0, GW)[None, :]  # [G, GW]
     groups = tl.arange(0, G)
-    m = c + cols < hidden
+    lim = tl.where(end >= 0, end, hidden)
+    m = c + cols < lim
     for j in tl.static_range(TOP_K):
         a = pick(at, kk, j)
         # times hidden after the pick: 16-byte stores (a pick's result has no known divisibility);
@@ -76,13 +77,13 @@ def store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K: tl.constexp
         tl.store(out_ptr + a.to(tl.int64) * hidden + c + cols, v, mask=m & (a >= 0), cache_modifier=".cs")
         if FP8:
             tl.store(sc_out_ptr + a.to(tl.int64) * (hidden // 128) + c // 128 + groups, scale,
-                     mask=(c + groups * 128 < hidden) & (a >= 0))
+                     mask=(c + groups * 128 < lim) & (a >= 0))
 
 
 @triton.jit
 def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, recv_row, hidden, skip,
                LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
-               FP8: tl.constexpr, trace_ptr=0, tslot=-1, TRACE: tl.constexpr = False):
+               FP8: tl.constexpr, trace_ptr=0, tslot=-1, TRACE: tl.constexpr = False, SPLIT_H: tl.constexpr = 0):
     """One work item of a peer's row (entries ``e``, slots ``at``; ``i0`` its first entry in the
     tables; row ``recv_row`` of ``recv``, the receive buffer or, for rows sent straight into their
     first slot, the expert buffer): the row's first item writes ``slot_of`` of the entries of this
@@ -90,7 +91,9 @@ def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares,
     entry ``skip``'s (-1: none; the slot the row came in). With ``TRACE`` and ``tslot >= 0`` the
     program stamps stages ``tslot + 1`` (``slot_of`` stored), ``+ 2`` (the first column block stored)
     and ``+ 3`` (the last stores issued) into ``trace_ptr``: each stamp follows a store that needed
-    the loads before it. Also called by the one-kernel dispatch."""
+    the loads before it. The item's columns are the share of a row split in blocks of ``SPLIT_H``
+    columns (0: ``BLOCK_H``; the sender's split), walked in steps of ``BLOCK_H``. Also called by the
+    one-kernel dispatch."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
@@ -103,14 +106,14 @@ def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares,
             stamp(trace_ptr, tslot + 1)
     at = tl.where(on_me & (kk != skip), at, -1)
     if tl.sum((at >= 0).to(tl.int32), axis=0) > 0:
-        lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
+        lo, hi = share_columns(item % shares, shares, hidden, SPLIT_H if SPLIT_H > 0 else BLOCK_H)
         r64 = tl.cast(recv_row, tl.int64)
         for c in range(lo, hi, BLOCK_H):
-            v = tl.load(recv + r64 * hidden + c + cols, mask=c + cols < hidden, eviction_policy="evict_first")
+            v = tl.load(recv + r64 * hidden + c + cols, mask=c + cols < hi, eviction_policy="evict_first")
             scale = 0.0
             if FP8:
-                scale = tl.load(sc + r64 * (hidden // 128) + c // 128 + groups, mask=c + groups * 128 < hidden)
-            store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
+                scale = tl.load(sc + r64 * (hidden // 128) + c // 128 + groups, mask=c + groups * 128 < hi)
+            store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8, hi)
             if TRACE:
                 if (tslot >= 0) & (c == lo):
                     stamp(trace_ptr, tslot + 2)
@@ -236,7 +239,8 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
                   TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr,
                   BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr,
                   PACKETS: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr = False,
-                  PAIRS: tl.constexpr = False, trace_ptr=0, tslot=-1, TRACE: tl.constexpr = False):
+                  PAIRS: tl.constexpr = False, trace_ptr=0, tslot=-1, TRACE: tl.constexpr = False,
+                  SPLIT_H: tl.constexpr = 0):
     """Program ``pid``'s items of every peer's rows (module docstring), laid out from the receive
     buffer ``recv`` (scales ``sc``) with the slots from the tables ``ids``, ``ntab`` and ``hist``;
     with ``DIRECT`` from the row's first kept slot on this rank (in ``j`` order), where the source
@@ -248,7 +252,9 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
     ``wtab``). With ``PAIRS`` (not ``PACKETS``), where a source gives every program two whole rows
     or more (no column shares, at least ``2 * grid`` rows), the program takes that source's rows two
     at a time (``place_pair``). With ``TRACE`` the program's first item taken alone (not with
-    ``PACKETS`` or ``DIRECT``) stamps stage ``tslot`` at its start and ``place_item``'s after it."""
+    ``PACKETS`` or ``DIRECT``) stamps stage ``tslot`` at its start and ``place_item``'s after it.
+    Rows split over programs as the senders' split them, in blocks of ``SPLIT_H`` columns (0:
+    ``BLOCK_H``), and are laid out in steps of ``BLOCK_H``."""
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     super_blocks = tl.cdiv(hist_blocks, SUPER)
@@ -267,7 +273,7 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
         super_row0 = WORLD * hist_blocks + s * super_blocks
         n_super = tl.where((i < WORLD - 1) | (pid == 0), tl.cdiv(tl.cdiv(n_s * TOP_K, BLOCK_E), SUPER), 0)
         mine = rows_sum(hist, super_row0, n_super, BLOCK_B, BLOCK_X)
-        shares = column_shares(n_s, hidden, grid, BLOCK_H)
+        shares = column_shares(n_s, hidden, grid, SPLIT_H if SPLIT_H > 0 else BLOCK_H)
         # with PAIRS, whole rows two at a time (items pid + 2 k grid and the one after): each of
         # their rounds of loads (ids, slots, columns) in flight together
         pair_end = 0  # rows below it go two at a time, the items from rest_start one at a time
@@ -315,11 +321,11 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
                 kept = (e >= 0) & (e // LOCAL == rank) & (at >= 0)
                 j0 = tl.min(tl.where(kept, kk, BLOCK_K))
                 place_item(out_ptr, sc_out_ptr, slot_ptr, out_ptr, sc_out_ptr, e, at, i0, item, shares, rank,
-                           pick(at, kk, j0), hidden, j0, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
+                           pick(at, kk, j0), hidden, j0, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, SPLIT_H=SPLIT_H)
             else:
                 place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, peer_row + t,
                            hidden, -1, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, trace_ptr,
-                           tl.where(first_here, tslot, -1), TRACE)
+                           tl.where(first_here, tslot, -1), TRACE, SPLIT_H)
         earlier += mine
     return earlier
 

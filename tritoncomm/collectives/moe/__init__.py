@@ -257,6 +257,13 @@ class MoEShape:
     #: as its sends' (``send_block_h``). A row of ``hidden`` columns takes ``hidden / layout_block_h``
     #: rounds of loads, one after the other.
     layout_block_h: int = 0
+    #: On instances that route, in calls without direct rows or routed packets: the send kernel's
+    #: programs compute what their layout of the peers' rows needs first (every source's count, the
+    #: first source's per-expert offsets, the entries and slots of its rows ``pid`` and ``pid +
+    #: programs``) between arriving at their barrier slot and waiting there, after a slot of the
+    #: routing's own (each rank's program 0 arrives there once its route kernel has ended), so that
+    #: after the barrier those rows wait on their columns only.
+    early_routing: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_e", "send_block_h", "one_block_h", "throughput_block_h", "layout_block_h",
@@ -537,7 +544,8 @@ class MoEAllToAll:
         # The Lamport buffers are at rest before any peer writes them: creating a channel synchronises
         # the device and ends with a check that every rank passes (channels/channel.py).
         programs = self.shape.programs
-        self._send_ch = Channel(comm, f"{name}.send", programs=programs, barrier_slots=programs)
+        # one slot more than the programs: the routing's (``MoEShape.early_routing``)
+        self._send_ch = Channel(comm, f"{name}.send", programs=programs, barrier_slots=programs + 1)
         self._comb_ch = Channel(comm, f"{name}.combine", programs=programs, barrier_slots=programs)
         #: the route kernel ends with a barrier of its own (``MoEShape.route_barrier``; routed packets need it)
         self._route_barrier = sh.route_barrier or self._routed_packets
@@ -724,7 +732,8 @@ class MoEAllToAll:
                     block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=self._held_block_n,
                     header=self._header, trace=trace, direct=self._direct_offs if direct else None,
                     lookahead=routed and sh.routed_lookahead, pairs=self._pairs,
-                    layout_block_h=sh.layout_block_h or sh.send_block_h or sh.block_h, **self._send_bufs,
+                    layout_block_h=sh.layout_block_h or sh.send_block_h or sh.block_h, early=sh.early_routing,
+                    **self._send_bufs,
                     **tables)
         if not routed:
             launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,

@@ -260,9 +260,9 @@ class MoEShape:
     #: On instances that route, in calls without direct rows or routed packets: the send kernel's
     #: programs compute what their layout of the peers' rows needs first (every source's count, the
     #: first source's per-expert offsets, the entries and slots of its rows ``pid`` and ``pid +
-    #: programs``) between arriving at their barrier slot and waiting there, after a slot of the
-    #: routing's own (each rank's program 0 arrives there once its route kernel has ended), so that
-    #: after the barrier those rows wait on their columns only.
+    #: programs``) after their sends, while those drain, and before arriving at their barrier slot,
+    #: after a slot of the routing's own (each rank's program 0 arrives there once its route kernel
+    #: has ended), so that after the barrier those rows wait on their columns only.
     early_routing: bool = False
 
     def __post_init__(self) -> None:

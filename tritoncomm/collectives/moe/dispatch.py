@@ -238,8 +238,9 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     (``gather.lay_out_peers``), in steps of ``LAYOUT_BLOCK_H`` columns (0: ``BLOCK_H``). ``EARLY``
     (``ROUTED``, not ``PACKETS`` or ``DIRECT``): program 0 arrives at barrier slot ``grid`` (the
     routing's slot) at its start, once the route kernel has ended; every program, after its sends,
-    arrives at its slot, waits at the routing's slot (every peer's routing is then visible), computes
-    what its layout needs first (``gather.early_routing``) and only then waits at its own slot."""
+    waits at the routing's slot (every peer's routing is then visible) and computes what its layout
+    needs first (``gather.early_routing``) while its stores drain, then arrives at its own slot (the
+    arrival's release waits for them) and waits there."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
@@ -295,13 +296,12 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 4)
     pre_sizes, pre_earlier, pre_e1, pre_at1, pre_e2, pre_at2 = 0, 0, 0, 0, 0, 0
-    if EARLY:  # the routing's slot, then the layout's first loads, then this program's slot
-        barrier_arrive(bases, rank, WORLD, flags_off, pid, e)
+    if EARLY:  # the routing's slot and the layout's first loads while this program's stores drain, then its slot
         barrier_wait(bases, rank, WORLD, flags_off, grid, e, timeout, diag)
         pre_sizes, pre_earlier, pre_e1, pre_at1, pre_e2, pre_at2 = early_routing(
             heap_ptr(bases, rank, ids_base, tl.int32), ntab, hist, hist_blocks, n_tokens, max_tokens, capacity, rank,
             pid, grid, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, BLOCK_W)
-        barrier_wait(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
+        barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     elif not PACKETS:
         barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     if TRACE:

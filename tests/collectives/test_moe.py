@@ -243,8 +243,7 @@ def test_instances_of_a_few_tokens_called_full(worlds, world, max_tokens):
                                                         ("hot", "routed-packets"), ("unrouted", "routed-barrier"),
                                                         ("hot", "routed-direct"), ("unrouted", "held"),
                                                         ("hot", "routed-no-lookahead"), ("unrouted", "routed-single"),
-                                                        ("hot", "held-single"), ("hot", "routed-early"),
-                                                        ("unrouted", "routed-early-single")], 3, 2))
+                                                        ("hot", "held-single")], 3, 2))
 def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
     """The send + gather dispatch (``one_kernel=False``; the one-kernel dispatch is the CPU world's
     default) lays out, counts and combines exactly as the reference, capacity drops included: with
@@ -252,31 +251,17 @@ def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
     after the route kernel, with blocks of 4 entries in superblocks of 2 (``routed-packets``: its rows
     as packets, laid out as they arrive; ``routed-barrier``: the route kernel with a barrier of its own;
     ``routed-direct``: the rows sent into their first kept slot on each peer; ``routed-no-lookahead``: the
-    send's loads not one column block ahead; ``routed-early``: the layout's first rows' slots computed
-    before the send kernel's barrier, ``MoEShape.early_routing``; ``-single``: the peers' rows laid out
-    one at a time, not two, ``MoEShape.paired_layout``; with pairs a program of the two here lays out 3 rows of a source
+    send's loads not one column block ahead; ``-single``: the peers' rows laid out one at a time, not
+    two, ``MoEShape.paired_layout``; with pairs a program of the two here lays out 3 rows of a source
     of 6, one pair and one row alone)."""
     shape = replace(SHAPES["cpu"], one_kernel=False, paired_layout=not routing.endswith("-single"))
     if not routing.startswith("held"):
         shape = replace(shape, route_above=4, block_e=4, super_blocks=2, routed_packets=routing == "routed-packets",
                         route_barrier=routing == "routed-barrier",
                         direct_from_bytes=0 if routing == "routed-direct" else NEVER,
-                        routed_lookahead=routing != "routed-no-lookahead",
-                        early_routing=routing.startswith("routed-early"))
+                        routed_lookahead=routing != "routed-no-lookahead")
     for bad in worlds(world).run(_job, 4 * world, 3, 40, 6, case, 3, capacity=4 if case == "hot" else None,
                                  mode="throughput", shape=shape):
-        assert bad == []
-
-
-@pytest.mark.parametrize("world", world_sizes(2, 3))
-def test_routed_layout_steps_wider_than_the_sends_split(worlds, world):
-    """``MoEShape.layout_block_h`` wider than the send's blocks: with 4 programs, hidden 128 and send
-    blocks of 32 columns, calls of 1-2 tokens split each row over 2-4 programs; the layout (one step of
-    128 columns) must keep the senders' split and lay out only its share (a program that passed its
-    barrier slot sees only its counterpart's stores), every call exact."""
-    shape = replace(SHAPES["cpu"], one_kernel=False, route_above=4, block_e=4, super_blocks=2, programs=4,
-                    send_block_h=32, layout_block_h=128)
-    for bad in worlds(world).run(_job, 4 * world, 3, 128, 3, "random", 4, mode="throughput", shape=shape):
         assert bad == []
 
 

@@ -253,23 +253,12 @@ class MoEShape:
     #: 495.1 to 489.2 µs at 4096 tokens per rank and Qwen3-MoE from 303.9 to 298.3 (87.2 to 86.7 at
     #: 1024); with pairs also where programs had one or two rows, DeepSeek-V3 lost 1.6 µs at 512.
     paired_layout: bool = True
-    #: Columns per step of the routed send kernel's layout of the peers' rows (after its barrier); 0:
-    #: as its sends' (``send_block_h``). A row of ``hidden`` columns takes ``hidden / layout_block_h``
-    #: rounds of loads, one after the other.
-    layout_block_h: int = 0
-    #: On instances that route, in calls without direct rows or routed packets: the send kernel's
-    #: programs compute what their layout of the peers' rows needs first (every source's count, the
-    #: first source's per-expert offsets, the entries and slots of its rows ``pid`` and ``pid +
-    #: programs``) after their sends, while those drain, and before arriving at their barrier slot,
-    #: after a slot of the routing's own (each rank's program 0 arrives there once its route kernel
-    #: has ended), so that after the barrier those rows wait on their columns only.
-    early_routing: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("block_h", "block_e", "send_block_h", "one_block_h", "throughput_block_h", "layout_block_h",
-                     "super_blocks", "route_above", "one_kernel_entries"):
+        for name in ("block_h", "block_e", "send_block_h", "one_block_h", "throughput_block_h", "super_blocks",
+                     "route_above", "one_kernel_entries"):
             v = getattr(self, name)
-            lowest = 0 if name in ("send_block_h", "one_block_h", "throughput_block_h", "layout_block_h") else 1
+            lowest = 0 if name in ("send_block_h", "one_block_h", "throughput_block_h") else 1  # 0: as block_h
             if v < lowest or v & (v - 1):
                 raise InvalidInputError(f"MoEShape: {name} must be a power of two, got {v}")
         if self.direct_from_bytes < 0:
@@ -544,8 +533,7 @@ class MoEAllToAll:
         # The Lamport buffers are at rest before any peer writes them: creating a channel synchronises
         # the device and ends with a check that every rank passes (channels/channel.py).
         programs = self.shape.programs
-        # one slot more than the programs: the routing's (``MoEShape.early_routing``)
-        self._send_ch = Channel(comm, f"{name}.send", programs=programs, barrier_slots=programs + 1)
+        self._send_ch = Channel(comm, f"{name}.send", programs=programs, barrier_slots=programs)
         self._comb_ch = Channel(comm, f"{name}.combine", programs=programs, barrier_slots=programs)
         #: the route kernel ends with a barrier of its own (``MoEShape.route_barrier``; routed packets need it)
         self._route_barrier = sh.route_barrier or self._routed_packets
@@ -618,8 +606,7 @@ class MoEAllToAll:
         (``route.row_slots``)."""
         if self.fp8:
             sh = replace(sh, block_h=max(sh.block_h, 128), send_block_h=sh.send_block_h and max(sh.send_block_h, 128),
-                         one_block_h=sh.one_block_h and max(sh.one_block_h, 128),
-                         layout_block_h=sh.layout_block_h and max(sh.layout_block_h, 128))
+                         one_block_h=sh.one_block_h and max(sh.one_block_h, 128))
         return replace(sh, block_e=max(sh.block_e, pow2_at_least(top_k)))
 
     def dispatch_path(self, tokens_bound: int | None = None) -> tuple[str, MoEShape]:
@@ -731,9 +718,7 @@ class MoEAllToAll:
                     local=self.local_experts, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=self._held_block_n,
                     header=self._header, trace=trace, direct=self._direct_offs if direct else None,
-                    lookahead=routed and sh.routed_lookahead, pairs=self._pairs,
-                    layout_block_h=sh.layout_block_h or sh.send_block_h or sh.block_h, early=sh.early_routing,
-                    **self._send_bufs,
+                    lookahead=routed and sh.routed_lookahead, pairs=self._pairs, **self._send_bufs,
                     **tables)
         if not routed:
             launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,

@@ -65,8 +65,6 @@ import triton.language as tl
 
 from ...kernels import (
     barrier,
-    barrier_arrive,
-    barrier_wait,
     epoch_commit,
     heap_ptr,
     lamport_canonical,
@@ -78,7 +76,7 @@ from ...kernels import (
     stamp,
 )
 from ...kernels.launcher import Launcher
-from .gather import early_routing, finish_counts, lay_out_peers, store_slots
+from .gather import finish_counts, lay_out_peers, store_slots
 from .header import store_header
 from .route import ROUTED_STAGES, count_entries, direct_earlier, expert_ids, own_slots, row_slots, rows_per_load
 from .shares import column_shares, pick, share_columns
@@ -223,8 +221,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                     BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
                     SUPER: tl.constexpr, FP8: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_W: tl.constexpr, PACKETS: tl.constexpr = False, TRACE: tl.constexpr = False,
-                    DIRECT: tl.constexpr = False, LOOKAHEAD: tl.constexpr = False, PAIRS: tl.constexpr = False,
-                    LAYOUT_BLOCK_H: tl.constexpr = 0, EARLY: tl.constexpr = False):
+                    DIRECT: tl.constexpr = False, LOOKAHEAD: tl.constexpr = False, PAIRS: tl.constexpr = False):
     """See the module docstring. With ``PACKETS`` (``ROUTED`` only) the receive buffer (and its
     scales) and the weights table at ``pw_off`` are Lamport buffers at rest: the rows and weights go
     out as packets, to the peers that own one of the row's experts, and program ``pid`` lays out the
@@ -235,12 +232,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     into its first kept slot on each peer's expert buffer (heap offsets ``out_off``, ``sc_out_off``),
     and the layout copies it from there into the row's other slots. ``LOOKAHEAD``: the sends' loads
     one column block ahead (``send_items``). ``PAIRS``: the layout takes whole rows two at a time
-    (``gather.lay_out_peers``), in steps of ``LAYOUT_BLOCK_H`` columns (0: ``BLOCK_H``). ``EARLY``
-    (``ROUTED``, not ``PACKETS`` or ``DIRECT``): program 0 arrives at barrier slot ``grid`` (the
-    routing's slot) at its start, once the route kernel has ended; every program, after its sends,
-    waits at the routing's slot (every peer's routing is then visible) and computes what its layout
-    needs first (``gather.early_routing``) while its stores drain, then arrives at its own slot (the
-    arrival's release waits for them) and waits there."""
+    (``gather.lay_out_peers``)."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
@@ -248,9 +240,6 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     epoch_ptr, e, half = launch_epoch(bases, rank, epochs_off)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 3)
-    if EARLY:
-        if pid == 0:  # this rank's routing is stored (the route kernel has ended): tell every rank
-            barrier_arrive(bases, rank, WORLD, flags_off, grid, e)
     recv_base = recv_off + half * recv_half
     ids_base = ids_off + half * ids_half
     sc_base = sc_off + half * sc_half
@@ -295,14 +284,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                 tl.store(heap_ptr(bases, d, hist_base, tl.int32) + tl.cast(hrow, tl.int64) * BLOCK_X + xs, h)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 4)
-    pre_sizes, pre_earlier, pre_e1, pre_at1, pre_e2, pre_at2 = 0, 0, 0, 0, 0, 0
-    if EARLY:  # the routing's slot and the layout's first loads while this program's stores drain, then its slot
-        barrier_wait(bases, rank, WORLD, flags_off, grid, e, timeout, diag)
-        pre_sizes, pre_earlier, pre_e1, pre_at1, pre_e2, pre_at2 = early_routing(
-            heap_ptr(bases, rank, ids_base, tl.int32), ntab, hist, hist_blocks, n_tokens, max_tokens, capacity, rank,
-            pid, grid, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, BLOCK_W)
-        barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
-    elif not PACKETS:
+    if not PACKETS:
         barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 5)
@@ -312,10 +294,8 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                                heap_ptr(bases, rank, sc_base, tl.float32), heap_ptr(bases, rank, ids_base, tl.int32),
                                ntab, hist, hist_blocks, max_tokens, capacity, hidden, rank, pid, grid, pw,
                                heap_ptr(bases, rank, wtab_base, tl.float32), timeout, diag, WORLD, LOCAL, TOP_K,
-                               BLOCK_K, LAYOUT_BLOCK_H if LAYOUT_BLOCK_H > 0 else BLOCK_H, FP8, BLOCK_E, BLOCK_X,
-                               BLOCK_B, SUPER, PACKETS, BLOCK_W, DIRECT, PAIRS,
-                               trace_ptr, pid * _STAGES + 7, TRACE, BLOCK_H, EARLY, pre_sizes, pre_earlier, pre_e1,
-                               pre_at1, pre_e2, pre_at2)
+                               BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS, BLOCK_W, DIRECT, PAIRS,
+                               trace_ptr, pid * _STAGES + 7, TRACE)
         if pid == 0:
             finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, 0, LOCAL, BLOCK_X)
             ws = tl.arange(0, BLOCK_W)
@@ -335,7 +315,7 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
                 routed: bool, block_n: int, num_warps: int, launch_opts: dict[str, bool | int],
                 header: torch.Tensor, pw_off: int = 0, pw_half: int = 0, packets: bool = False,
                 trace: torch.Tensor | None = None, direct: tuple[int, int] | None = None,
-                lookahead: bool = False, pairs: bool = False, layout_block_h: int = 0, early: bool = False) -> None:
+                lookahead: bool = False, pairs: bool = False) -> None:
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs): with
     ``routed`` after ``route.launch_route`` on the same grid (and then leaving ``header`` for
     ``combine``, ``header.py``), else holding the routing in blocks of ``block_n`` entries (at least
@@ -344,9 +324,7 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
     route.ROUTED_STAGES, 2]`` for the stage stamps, or None. ``direct`` (routed, after the route
     kernel with its barrier): the heap offsets of ``out`` and ``scales`` (0 without FP8), into which
     the rows then go on the peers, or None. ``pairs``: the routed layout takes whole rows two at a
-    time; ``layout_block_h``: its columns per step (0: ``block_h``); ``early`` (routed, without packets
-    or ``direct``): what the layout needs first computed before the kernel's barrier, after a barrier
-    slot of its own (slot ``programs`` of the channel, which needs one more than the programs)."""
+    time."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
@@ -359,7 +337,5 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
         BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, FP8=fp8, ROUTED=routed,
         BLOCK_N=1 if routed else block_n, BLOCK_W=pow2_at_least(world), PACKETS=packets, TRACE=trace is not None,
         DIRECT=direct is not None, LOOKAHEAD=bool(lookahead), PAIRS=bool(pairs),
-        LAYOUT_BLOCK_H=layout_block_h if routed else 0, EARLY=bool(early) and routed and not packets and direct is None
-        and world > 1,
         num_warps=num_warps,
         **launch_opts)

@@ -53,23 +53,22 @@ from .header import size_of, store_header
 from .route import row_slots, rows_per_load, rows_sum, slot_loads, slot_sums
 from .shares import column_shares, pick, share_columns
 
-__all__ = ["early_routing", "finish_counts", "launch_gather", "lay_out_peers", "moe_gather_kernel", "place_item",
-           "place_packets", "place_pair", "store_slots"]
+__all__ = ["finish_counts", "launch_gather", "lay_out_peers", "moe_gather_kernel", "place_item", "place_packets",
+           "place_pair", "store_slots"]
 
 
 @triton.jit
 def store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
-                BLOCK_H: tl.constexpr, FP8: tl.constexpr, end=-1):
-    """Columns ``c ..`` (below ``end``; -1: ``hidden``) of one token row (``v``: ``[G, GW]`` values,
-    ``scale``: ``[G]`` with ``FP8``) stored into each of its kept slots ``at`` (expert-buffer rows, -1
-    for none). Also called by the send kernels for the rank's own rows."""
+                BLOCK_H: tl.constexpr, FP8: tl.constexpr):
+    """Columns ``c ..`` of one token row (``v``: ``[G, GW]`` values, ``scale``: ``[G]`` with ``FP8``)
+    stored into each of its kept slots ``at`` (expert-buffer rows, -1 for none). Also called by the
+    send kernels for the rank's own rows."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1  # scale groups per column block
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
     cols = (tl.arange(0, G) * GW)[:, None] + tl.arange(0, GW)[None, :]  # [G, GW]
     groups = tl.arange(0, G)
-    lim = tl.where(end >= 0, end, hidden)
-    m = c + cols < lim
+    m = c + cols < hidden
     for j in tl.static_range(TOP_K):
         a = pick(at, kk, j)
         # times hidden after the pick: 16-byte stores (a pick's result has no known divisibility);
@@ -77,13 +76,13 @@ def store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K: tl.constexp
         tl.store(out_ptr + a.to(tl.int64) * hidden + c + cols, v, mask=m & (a >= 0), cache_modifier=".cs")
         if FP8:
             tl.store(sc_out_ptr + a.to(tl.int64) * (hidden // 128) + c // 128 + groups, scale,
-                     mask=(c + groups * 128 < lim) & (a >= 0))
+                     mask=(c + groups * 128 < hidden) & (a >= 0))
 
 
 @triton.jit
 def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, recv_row, hidden, skip,
                LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
-               FP8: tl.constexpr, trace_ptr=0, tslot=-1, TRACE: tl.constexpr = False, SPLIT_H: tl.constexpr = 0):
+               FP8: tl.constexpr, trace_ptr=0, tslot=-1, TRACE: tl.constexpr = False):
     """One work item of a peer's row (entries ``e``, slots ``at``; ``i0`` its first entry in the
     tables; row ``recv_row`` of ``recv``, the receive buffer or, for rows sent straight into their
     first slot, the expert buffer): the row's first item writes ``slot_of`` of the entries of this
@@ -91,9 +90,7 @@ def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares,
     entry ``skip``'s (-1: none; the slot the row came in). With ``TRACE`` and ``tslot >= 0`` the
     program stamps stages ``tslot + 1`` (``slot_of`` stored), ``+ 2`` (the first column block stored)
     and ``+ 3`` (the last stores issued) into ``trace_ptr``: each stamp follows a store that needed
-    the loads before it. The item's columns are the share of a row split in blocks of ``SPLIT_H``
-    columns (0: ``BLOCK_H``; the sender's split), walked in steps of ``BLOCK_H``. Also called by the
-    one-kernel dispatch."""
+    the loads before it. Also called by the one-kernel dispatch."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
@@ -106,14 +103,14 @@ def place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares,
             stamp(trace_ptr, tslot + 1)
     at = tl.where(on_me & (kk != skip), at, -1)
     if tl.sum((at >= 0).to(tl.int32), axis=0) > 0:
-        lo, hi = share_columns(item % shares, shares, hidden, SPLIT_H if SPLIT_H > 0 else BLOCK_H)
+        lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
         r64 = tl.cast(recv_row, tl.int64)
         for c in range(lo, hi, BLOCK_H):
-            v = tl.load(recv + r64 * hidden + c + cols, mask=c + cols < hi, eviction_policy="evict_first")
+            v = tl.load(recv + r64 * hidden + c + cols, mask=c + cols < hidden, eviction_policy="evict_first")
             scale = 0.0
             if FP8:
-                scale = tl.load(sc + r64 * (hidden // 128) + c // 128 + groups, mask=c + groups * 128 < hi)
-            store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8, hi)
+                scale = tl.load(sc + r64 * (hidden // 128) + c // 128 + groups, mask=c + groups * 128 < hidden)
+            store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
             if TRACE:
                 if (tslot >= 0) & (c == lo):
                     stamp(trace_ptr, tslot + 2)
@@ -239,9 +236,7 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
                   TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr,
                   BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr,
                   PACKETS: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr = False,
-                  PAIRS: tl.constexpr = False, trace_ptr=0, tslot=-1, TRACE: tl.constexpr = False,
-                  SPLIT_H: tl.constexpr = 0, EARLY: tl.constexpr = False, pre_sizes=0, pre_earlier=0, pre_e1=0,
-                  pre_at1=0, pre_e2=0, pre_at2=0):
+                  PAIRS: tl.constexpr = False, trace_ptr=0, tslot=-1, TRACE: tl.constexpr = False):
     """Program ``pid``'s items of every peer's rows (module docstring), laid out from the receive
     buffer ``recv`` (scales ``sc``) with the slots from the tables ``ids``, ``ntab`` and ``hist``;
     with ``DIRECT`` from the row's first kept slot on this rank (in ``j`` order), where the source
@@ -253,25 +248,15 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
     ``wtab``). With ``PAIRS`` (not ``PACKETS``), where a source gives every program two whole rows
     or more (no column shares, at least ``2 * grid`` rows), the program takes that source's rows two
     at a time (``place_pair``). With ``TRACE`` the program's first item taken alone (not with
-    ``PACKETS`` or ``DIRECT``) stamps stage ``tslot`` at its start and ``place_item``'s after it.
-    Rows split over programs as the senders' split them, in blocks of ``SPLIT_H`` columns (0:
-    ``BLOCK_H``), and are laid out in steps of ``BLOCK_H``. With ``EARLY`` (``early_routing``, computed
-    by the caller before its barrier) the counts ``pre_sizes`` and the first source's ``earlier``
-    (``pre_earlier``) are given, and so are the entries and slots of that source's rows ``pid``
-    (``pre_e1``, ``pre_at1``) and ``pid + grid`` (``pre_e2``, ``pre_at2``), used where the program
-    takes those rows whole."""
+    ``PACKETS`` or ``DIRECT``) stamps stage ``tslot`` at its start and ``place_item``'s after it."""
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     super_blocks = tl.cdiv(hist_blocks, SUPER)
-    if EARLY:
-        sizes = pre_sizes
-        earlier = pre_earlier
-    else:
-        ws = tl.arange(0, BLOCK_W)
-        sizes = tl.load(ntab + ws, mask=ws < WORLD, other=0)  # every source's count, one load
-        # per expert, the entries of the sources before s in this rank's order: its own first
-        earlier = rows_sum(hist, WORLD * hist_blocks + rank * super_blocks,
-                           tl.cdiv(tl.cdiv(size_of(sizes, rank, BLOCK_W) * TOP_K, BLOCK_E), SUPER), BLOCK_B, BLOCK_X)
+    ws = tl.arange(0, BLOCK_W)
+    sizes = tl.load(ntab + ws, mask=ws < WORLD, other=0)  # every source's count, one load
+    # per expert, the entries of the sources before s in this rank's order: its own first
+    earlier = rows_sum(hist, WORLD * hist_blocks + rank * super_blocks,
+                       tl.cdiv(tl.cdiv(size_of(sizes, rank, BLOCK_W) * TOP_K, BLOCK_E), SUPER), BLOCK_B, BLOCK_X)
     for i in range(1, WORLD):
         s = (rank + i) % WORLD
         n_s = size_of(sizes, s, BLOCK_W)
@@ -282,7 +267,7 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
         super_row0 = WORLD * hist_blocks + s * super_blocks
         n_super = tl.where((i < WORLD - 1) | (pid == 0), tl.cdiv(tl.cdiv(n_s * TOP_K, BLOCK_E), SUPER), 0)
         mine = rows_sum(hist, super_row0, n_super, BLOCK_B, BLOCK_X)
-        shares = column_shares(n_s, hidden, grid, SPLIT_H if SPLIT_H > 0 else BLOCK_H)
+        shares = column_shares(n_s, hidden, grid, BLOCK_H)
         # with PAIRS, whole rows two at a time (items pid + 2 k grid and the one after): each of
         # their rounds of loads (ids, slots, columns) in flight together
         pair_end = 0  # rows below it go two at a time, the items from rest_start one at a time
@@ -295,22 +280,16 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
             t2 = tl.where(two, item + grid, item)
             i0 = (s * max_tokens + item) * TOP_K
             i02 = (s * max_tokens + t2) * TOP_K
-            if EARLY and (i == 1) and (item == pid):  # rows pid and pid + grid: known before the barrier
-                e = pre_e1
-                at = pre_at1
-                e2 = tl.where(two, pre_e2, -1)
-                at2 = tl.where(two, pre_at2, -1)
-            else:
-                e = tl.load(ids + i0 + kk, mask=km, other=-1)
-                e2 = tl.load(ids + i02 + kk, mask=km & two, other=-1)
-                sup, blk, win = slot_loads(src_ids, hist, e, item, n_s * TOP_K, block_row0, super_row0, TOP_K,
-                                           BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
-                sup2, blk2, win2 = slot_loads(src_ids, hist, e2, t2, n_s * TOP_K, block_row0, super_row0, TOP_K,
-                                              BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
-                at = slot_sums(sup, blk, win, hist, e, kk, item, earlier, block_row0, super_row0, capacity, LOCAL,
-                               TOP_K, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
-                at2 = slot_sums(sup2, blk2, win2, hist, e2, kk, t2, earlier, block_row0, super_row0, capacity, LOCAL,
-                                TOP_K, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
+            e = tl.load(ids + i0 + kk, mask=km, other=-1)
+            e2 = tl.load(ids + i02 + kk, mask=km & two, other=-1)
+            sup, blk, win = slot_loads(src_ids, hist, e, item, n_s * TOP_K, block_row0, super_row0, TOP_K, BLOCK_E,
+                                       BLOCK_X, BLOCK_B, SUPER)
+            sup2, blk2, win2 = slot_loads(src_ids, hist, e2, t2, n_s * TOP_K, block_row0, super_row0, TOP_K, BLOCK_E,
+                                          BLOCK_X, BLOCK_B, SUPER)
+            at = slot_sums(sup, blk, win, hist, e, kk, item, earlier, block_row0, super_row0, capacity, LOCAL, TOP_K,
+                           BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
+            at2 = slot_sums(sup2, blk2, win2, hist, e2, kk, t2, earlier, block_row0, super_row0, capacity, LOCAL,
+                            TOP_K, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
             if DIRECT:  # each row came into its first kept slot here
                 j0 = tl.min(tl.where((e >= 0) & (e // LOCAL == rank) & (at >= 0), kk, BLOCK_K))
                 j02 = tl.min(tl.where((e2 >= 0) & (e2 // LOCAL == rank) & (at2 >= 0), kk, BLOCK_K))
@@ -326,16 +305,9 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
                 if first_here:
                     stamp(trace_ptr, tslot)
             i0 = (s * max_tokens + t) * TOP_K
-            if EARLY and (i == 1) and (shares == 1) and (item == pid):  # known before the barrier
-                e = pre_e1
-                at = pre_at1
-            elif EARLY and (i == 1) and (shares == 1) and (item == pid + grid):
-                e = pre_e2
-                at = pre_at2
-            else:
-                e = tl.load(ids + i0 + kk, mask=km, other=-1)
-                at = row_slots(src_ids, hist, e, kk, t, n_s * TOP_K, earlier, block_row0, super_row0, capacity,
-                               LOCAL, TOP_K, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
+            e = tl.load(ids + i0 + kk, mask=km, other=-1)
+            at = row_slots(src_ids, hist, e, kk, t, n_s * TOP_K, earlier, block_row0, super_row0, capacity, LOCAL,
+                           TOP_K, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
             if PACKETS:
                 place_packets(out_ptr, sc_out_ptr, slot_ptr, ids, wtab, recv, sc, pw, e, at, i0, item, shares, rank, s,
                               t, peer_row + t, hidden, timeout, diag, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
@@ -343,50 +315,13 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
                 kept = (e >= 0) & (e // LOCAL == rank) & (at >= 0)
                 j0 = tl.min(tl.where(kept, kk, BLOCK_K))
                 place_item(out_ptr, sc_out_ptr, slot_ptr, out_ptr, sc_out_ptr, e, at, i0, item, shares, rank,
-                           pick(at, kk, j0), hidden, j0, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, SPLIT_H=SPLIT_H)
+                           pick(at, kk, j0), hidden, j0, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
             else:
                 place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, peer_row + t,
                            hidden, -1, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, trace_ptr,
-                           tl.where(first_here, tslot, -1), TRACE, SPLIT_H)
+                           tl.where(first_here, tslot, -1), TRACE)
         earlier += mine
     return earlier
-
-
-@triton.jit
-def early_routing(ids, ntab, hist, hist_blocks, n_tokens, max_tokens, capacity, rank, pid, grid, WORLD: tl.constexpr,
-                  LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
-                  BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr, BLOCK_W: tl.constexpr):
-    """What ``lay_out_peers`` needs first, computed from the tables (every rank's routing in place)
-    before the rows are: every source's count, the entries of this rank's own rows per expert
-    (``n_tokens`` of them: the first source's ``earlier``), and the entries and slots of the first
-    source's (``rank + 1``) rows ``pid`` and ``pid + grid`` (row 0's where the source has no such
-    row, unused then), both rows' loads in one round each. Returns ``(sizes, earlier, e1, at1, e2,
-    at2)`` for ``lay_out_peers``' ``EARLY``."""
-    kk = tl.arange(0, BLOCK_K)
-    km = kk < TOP_K
-    ws = tl.arange(0, BLOCK_W)
-    sizes = tl.load(ntab + ws, mask=ws < WORLD, other=0)
-    super_blocks = tl.cdiv(hist_blocks, SUPER)
-    earlier = rows_sum(hist, WORLD * hist_blocks + rank * super_blocks,
-                       tl.cdiv(tl.cdiv(n_tokens * TOP_K, BLOCK_E), SUPER), BLOCK_B, BLOCK_X)
-    s = (rank + 1) % WORLD
-    n_s = size_of(sizes, s, BLOCK_W)
-    t1 = tl.where(pid < n_s, pid, 0)
-    t2 = tl.where(pid + grid < n_s, pid + grid, 0)
-    src_ids = ids + s * max_tokens * TOP_K
-    e1 = tl.load(src_ids + t1 * TOP_K + kk, mask=km, other=-1)
-    e2 = tl.load(src_ids + t2 * TOP_K + kk, mask=km, other=-1)
-    block_row0 = s * hist_blocks
-    super_row0 = WORLD * hist_blocks + s * super_blocks
-    sup, blk, win = slot_loads(src_ids, hist, e1, t1, n_s * TOP_K, block_row0, super_row0, TOP_K, BLOCK_E, BLOCK_X,
-                               BLOCK_B, SUPER)
-    sup2, blk2, win2 = slot_loads(src_ids, hist, e2, t2, n_s * TOP_K, block_row0, super_row0, TOP_K, BLOCK_E,
-                                  BLOCK_X, BLOCK_B, SUPER)
-    at1 = slot_sums(sup, blk, win, hist, e1, kk, t1, earlier, block_row0, super_row0, capacity, LOCAL, TOP_K, BLOCK_E,
-                    BLOCK_X, BLOCK_B, SUPER)
-    at2 = slot_sums(sup2, blk2, win2, hist, e2, kk, t2, earlier, block_row0, super_row0, capacity, LOCAL, TOP_K,
-                    BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
-    return sizes, earlier, e1, at1, e2, at2
 
 
 @triton.jit(do_not_specialize=["rank"])

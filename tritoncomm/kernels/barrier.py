@@ -17,6 +17,8 @@ do other work, and wait on it (or on another slot) later.
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -25,6 +27,12 @@ from .memory import heap_base
 from .signals import signal, wait
 
 __all__ = ["barrier", "barrier_arrive", "barrier_flag_bytes", "barrier_wait"]
+
+#: Experiment (``TRITONCOMM_FIRST_WARP``, read once at import): the barrier polls its flags from each
+#: program's first warp only (``wait``), and also stores them from it only (``both``).
+_FIRST_WARP = os.environ.get("TRITONCOMM_FIRST_WARP", "")
+_WAIT_FIRST_WARP = tl.constexpr(_FIRST_WARP in ("wait", "both"))
+_SIGNAL_FIRST_WARP = tl.constexpr(_FIRST_WARP == "both")
 
 
 def barrier_flag_bytes(slots: int) -> int:
@@ -39,7 +47,7 @@ def barrier_arrive(bases, rank, world, flags_off, slot, epoch):
     lanes = tl.arange(0, MAX_WORLD)
     peers = tl.where(lanes < world, lanes, rank)
     remote = (heap_base(bases, peers) + flags_off + (slot * MAX_WORLD + rank) * 4).to(tl.pointer_type(tl.uint32))
-    signal(remote, epoch)
+    signal(remote, epoch, _SIGNAL_FIRST_WARP)
 
 
 @triton.jit
@@ -49,7 +57,7 @@ def barrier_wait(bases, rank, world, flags_off, slot, epoch, timeout, diag):
     lanes = tl.arange(0, MAX_WORLD)
     peers = tl.where(lanes < world, lanes, rank)
     local = (heap_base(bases, rank) + flags_off + (slot * MAX_WORLD + peers) * 4).to(tl.pointer_type(tl.uint32))
-    wait(local, epoch, peers, slot, rank, timeout, diag)
+    wait(local, epoch, peers, slot, rank, timeout, diag, _WAIT_FIRST_WARP)
 
 
 @triton.jit

@@ -42,8 +42,8 @@ import triton.language as tl
 
 from .backend import INTERPRET
 
-__all__ = ["clock_ns", "fence_sys", "ld_acquire", "ld_volatile", "pdl_launch_dependents", "pdl_wait", "st_relaxed",
-           "st_release"]
+__all__ = ["clock_ns", "fence_sys", "ld_acquire", "ld_acquire_first_warp", "ld_volatile", "pdl_launch_dependents",
+           "pdl_wait", "st_relaxed", "st_release", "st_release_first_warp"]
 
 
 @triton.jit
@@ -54,6 +54,36 @@ def ld_acquire(ptrs):
     else:
         return tl.inline_asm_elementwise("ld.acquire.sys.global.b32 $0, [$1];", "=r,l", [ptrs],
                                          dtype=tl.uint32, is_pure=False, pack=1)
+
+
+@triton.jit
+def ld_acquire_first_warp(ptrs, otherwise):
+    """``ld_acquire`` by the program's first warp (threads 0-31) only; every other thread returns
+    ``otherwise`` without touching memory. For blocks whose lanes all live in the first warp (at
+    most 32 lanes); the other warps need a CTA barrier after the first warp's acquire. In the
+    interpreter (one thread per program) it is ``ld_acquire``."""
+    if INTERPRET:
+        return ld_acquire(ptrs)
+    else:
+        return tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.lt.u32 p, t, 32; mov.b32 $0, $2; "
+            "@p ld.acquire.sys.global.b32 $0, [$1]; }", "=r,l,r", [ptrs, tl.cast(otherwise, tl.uint32)],
+            dtype=tl.uint32, is_pure=False, pack=1)
+
+
+@triton.jit
+def st_release_first_warp(ptrs, values):
+    """``st_release`` by the program's first warp only (the others store nothing): after a CTA
+    barrier it publishes the writes of every thread of the program (the barrier orders them before
+    the first warp's release). In the interpreter it is ``st_release``."""
+    values = tl.cast(values, tl.uint32)
+    if INTERPRET:
+        tl.atomic_xchg(ptrs, values, sem="release", scope="sys")
+    else:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.lt.u32 p, t, 32; "
+            "@p st.release.sys.global.b32 [$1], $2; mov.u32 $0, 0; }", "=r,l,r", [ptrs, values],
+            dtype=tl.uint32, is_pure=False, pack=1)
 
 
 @triton.jit

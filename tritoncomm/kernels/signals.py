@@ -36,7 +36,15 @@ import triton.language as tl
 from .backend import INTERPRET
 from .diag import already_failed, record_timeout
 from .memory import heap_ptr
-from .ordering import clock_ns, ld_acquire, ld_volatile, st_relaxed, st_release
+from .ordering import (
+    clock_ns,
+    ld_acquire,
+    ld_acquire_first_warp,
+    ld_volatile,
+    st_relaxed,
+    st_release,
+    st_release_first_warp,
+)
 
 __all__ = [
     "epoch_commit",
@@ -94,10 +102,16 @@ def epoch_commit_slots(epoch_ptr, epoch, slots):
 
 
 @triton.jit
-def signal(flags, value):
-    """Publish this program's prior writes and set ``flags`` (one or a block) to ``value``."""
+def signal(flags, value, FIRST_WARP: tl.constexpr = False):
+    """Publish this program's prior writes and set ``flags`` (one or a block) to ``value``. With
+    ``FIRST_WARP`` only the program's first warp stores (after the CTA barrier, its release covers
+    every thread's writes): for 1-D blocks of at most 32 lanes made from ``tl.arange``, whose lanes
+    all live in the first warp."""
     tl.debug_barrier()
-    st_release(flags, value)
+    if FIRST_WARP:
+        st_release_first_warp(flags, value)
+    else:
+        st_release(flags, value)
 
 
 @triton.jit
@@ -147,19 +161,28 @@ def stop_waiting(t0, spins, timeout, diag):
 
 
 @triton.jit
-def _spin(flags, expected, peers, slot, rank, timeout, diag, ACQUIRE: tl.constexpr):
+def _look(flags, expected, ACQUIRE: tl.constexpr, FIRST_WARP: tl.constexpr = False):
+    """How many of ``flags`` are behind ``expected``: acquire loads (from the first warp only with
+    ``FIRST_WARP``; the other warps then see none behind and wait at the caller's CTA barrier) or
+    volatile ones."""
     if ACQUIRE:
-        pending = tl.sum(_behind(ld_acquire(flags), expected).to(tl.int32), axis=0)
+        if FIRST_WARP:
+            seen = ld_acquire_first_warp(flags, expected)
+        else:
+            seen = ld_acquire(flags)
     else:
-        pending = tl.sum(_behind(ld_volatile(flags), expected).to(tl.int32), axis=0)
+        seen = ld_volatile(flags)
+    return tl.sum(_behind(seen, expected).to(tl.int32), axis=0)
+
+
+@triton.jit
+def _spin(flags, expected, peers, slot, rank, timeout, diag, ACQUIRE: tl.constexpr, FIRST_WARP: tl.constexpr):
+    pending = _look(flags, expected, ACQUIRE, FIRST_WARP)
     if pending > 0:
         t0 = clock_ns()
         spins = 0
         while pending > 0:
-            if ACQUIRE:
-                pending = tl.sum(_behind(ld_acquire(flags), expected).to(tl.int32), axis=0)
-            else:
-                pending = tl.sum(_behind(ld_volatile(flags), expected).to(tl.int32), axis=0)
+            pending = _look(flags, expected, ACQUIRE, FIRST_WARP)
             spins += 1
             if pending > 0:
                 failed, expired = stop_waiting(t0, spins, timeout, diag)
@@ -178,22 +201,24 @@ def _spin(flags, expected, peers, slot, rank, timeout, diag, ACQUIRE: tl.constex
 
 
 @triton.jit
-def _wait(flags, expected, peers, slot, rank, timeout, diag, ACQUIRE: tl.constexpr):
+def _wait(flags, expected, peers, slot, rank, timeout, diag, ACQUIRE: tl.constexpr, FIRST_WARP: tl.constexpr = False):
     if len(flags.shape) == 0:  # one flag: make it a block of one
         flags = flags + tl.zeros([1], tl.int32)
     _spin(flags, tl.cast(expected, tl.uint32), peers + tl.zeros(flags.shape, tl.int32), slot, rank, timeout, diag,
-          ACQUIRE)
+          ACQUIRE, FIRST_WARP)
 
 
 @triton.jit
-def wait(flags, expected, peers, slot, rank, timeout, diag):
+def wait(flags, expected, peers, slot, rank, timeout, diag, FIRST_WARP: tl.constexpr = False):
     """Wait until every flag in ``flags`` (one pointer or a block) reaches ``expected`` (acquire;
     see the module docstring).
 
     ``peers`` (an int, or a block like ``flags``) and ``slot`` only name the flags in a diagnostic.
     ``rank`` is this rank, ``timeout`` the bound, ``diag`` the communicator's record (int64 pointer).
+    With ``FIRST_WARP`` only the program's first warp polls (the others wait at the closing CTA
+    barrier): for 1-D blocks of at most 32 lanes made from ``tl.arange``, as ``signal``'s.
     """
-    _wait(flags, expected, peers, slot, rank, timeout, diag, True)
+    _wait(flags, expected, peers, slot, rank, timeout, diag, True, FIRST_WARP)
     tl.debug_barrier()
 
 

@@ -655,12 +655,15 @@ def _host_copy(ctx, path: str) -> list:
     seen = []
     out, _, h = moe.dispatch(x[:1], hot[:1], wts[:1])  # two entries per expert: all kept
     moe.combine(out, h)
+    comm.synchronize()  # on GPUs the host reads the words unsynchronised: wait for the calls before each look
     moe._bad_host._array[1] = -7  # as if the drops' word held something else: only a write changes it
     out, _, h = moe.dispatch(x[:1], hot[:1], wts[:1])
     moe.combine(out, h)
+    comm.synchronize()
     seen.append(moe._bad_host.read())
     out, _, h = moe.dispatch(x, hot, wts)  # 4 * world entries per expert, 2 kept
     moe.combine(out, h)
+    comm.synchronize()
     seen.append(moe._bad_host.read())
     moe.close()
     comm.close()

@@ -106,6 +106,16 @@ def test_ll_twoshot_moves_16_byte_packets_and_has_no_fence(world, block, dtype):
     assert "%globaltimer" in ptx  # the polls are bounded
 
 
+def test_barrier_flags_stored_and_polled_by_the_first_warp(oneshot_ptx):
+    """The one-shot all-reduce (8 warps, barriers only) stores and polls its barrier flags from each
+    program's first warp alone: every system-scope release store and acquire load sits in a block
+    that predicates it on ``%tid.x < 32`` (``kernels/barrier.py``)."""
+    lines = [ln for ln in oneshot_ptx.splitlines() if re.search(r"\b(st\.release|ld\.acquire)\.sys", ln)]
+    assert len(lines) >= 2, lines
+    for ln in lines:
+        assert "%tid.x" in ln and "setp.lt.u32 p, t, 32" in ln and re.search(r"@p (st\.release|ld\.acquire)", ln), ln
+
+
 def test_user_primitives_compile_with_their_ordering():
     from tests.kernels.test_primitives import _counter_kernel, _handshake_kernel, _put_get_kernel
 

@@ -28,11 +28,15 @@ from .signals import signal, wait
 
 __all__ = ["barrier", "barrier_arrive", "barrier_flag_bytes", "barrier_wait"]
 
-#: Experiment (``TRITONCOMM_FIRST_WARP``, read once at import): the barrier polls its flags from each
-#: program's first warp only (``wait``), and also stores them from it only (``both``).
-_FIRST_WARP = os.environ.get("TRITONCOMM_FIRST_WARP", "")
-_WAIT_FIRST_WARP = tl.constexpr(_FIRST_WARP in ("wait", "both"))
-_SIGNAL_FIRST_WARP = tl.constexpr(_FIRST_WARP == "both")
+#: Each program's first warp alone stores the barrier's flags (after a CTA barrier) and polls them (the
+#: other warps wait at a CTA barrier): a system-scope release and a stream of system-scope acquire
+#: loads per program, not per warp. With every warp doing both, grids of many warps (264 programs of
+#: 8 warps in the MoE kernels, 2 H200s, 2026-11-28, ``docs/moe.md``) stalled for milliseconds in some
+#: CUDA-graph replays (6 and 5 of 80 samples), and none with the first warp alone (0 of 80 each).
+#: ``TRITONCOMM_BARRIER_ALL_WARPS=1`` (read once at import) restores every warp, for comparisons.
+_ALL_WARPS = os.environ.get("TRITONCOMM_BARRIER_ALL_WARPS", "0") == "1"
+_WAIT_FIRST_WARP = tl.constexpr(not _ALL_WARPS)
+_SIGNAL_FIRST_WARP = tl.constexpr(not _ALL_WARPS)
 
 
 def barrier_flag_bytes(slots: int) -> int:

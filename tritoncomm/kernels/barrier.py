@@ -2,7 +2,9 @@
 
 Each rank owns, for every barrier slot, one flag per source rank in its heap. Program ``pid`` of
 rank ``r`` signals by storing the epoch into slot ``slot``, lane ``r`` of every peer's flags, then
-waits until all lanes of its own slot reach the epoch.
+waits until all lanes of its own slot reach the epoch. Only the program's first warp stores and polls
+the flags; CTA barriers order the other warps' writes before its release and their later reads
+after its acquire.
 
 Contract: when ``barrier`` returns in program ``pid`` of rank ``r``, every write that program
 ``pid`` of any rank made before entering the barrier (with the same slot and epoch) is visible to
@@ -31,8 +33,8 @@ __all__ = ["barrier", "barrier_arrive", "barrier_flag_bytes", "barrier_wait"]
 #: Each program's first warp alone stores the barrier's flags (after a CTA barrier) and polls them (the
 #: other warps wait at a CTA barrier): a system-scope release and a stream of system-scope acquire
 #: loads per program, not per warp. With every warp doing both, grids of many warps (264 programs of
-#: 8 warps in the MoE kernels, 2 H200s, 2026-11-28, ``docs/moe.md``) stalled for milliseconds in some
-#: CUDA-graph replays (6 and 5 of 80 samples), and none with the first warp alone (0 of 80 each).
+#: 8 warps in the MoE kernels; H200s, 2026-11-28, ``docs/moe.md``) stalled for milliseconds in some
+#: CUDA-graph replays (EP4 16 of 80 samples, EP2 6 of 80), and none with the first warp alone.
 #: ``TRITONCOMM_BARRIER_ALL_WARPS=1`` (read once at import) restores every warp, for comparisons.
 _ALL_WARPS = os.environ.get("TRITONCOMM_BARRIER_ALL_WARPS", "0") == "1"
 _WAIT_FIRST_WARP = tl.constexpr(not _ALL_WARPS)

@@ -109,6 +109,7 @@ def signal(flags, value, FIRST_WARP: tl.constexpr = False):
     all live in the first warp."""
     tl.debug_barrier()
     if FIRST_WARP:
+        tl.static_assert(flags.numel <= 32, "signal: FIRST_WARP takes blocks of at most 32 lanes")
         st_release_first_warp(flags, value)
     else:
         st_release(flags, value)
@@ -167,6 +168,7 @@ def _look(flags, expected, ACQUIRE: tl.constexpr, FIRST_WARP: tl.constexpr = Fal
     volatile ones."""
     if ACQUIRE:
         if FIRST_WARP:
+            tl.static_assert(flags.numel <= 32, "wait: FIRST_WARP takes blocks of at most 32 lanes")
             seen = ld_acquire_first_warp(flags, expected)
         else:
             seen = ld_acquire(flags)

@@ -12,7 +12,7 @@ import pytest
 import triton
 import triton.language as tl
 
-from tritoncomm.kernels import interpreting, lamport_poll, pow2_at_least
+from tritoncomm.kernels import interpreting, lamport_poll, pow2_at_least, signal
 
 pytestmark = pytest.mark.skipif(interpreting(), reason="PTX checks need compiled (not interpreted) kernels")
 
@@ -114,6 +114,21 @@ def test_barrier_flags_stored_and_polled_by_the_first_warp(oneshot_ptx):
     assert len(lines) >= 2, lines
     for ln in lines:
         assert "%tid.x" in ln and "setp.lt.u32 p, t, 32" in ln and re.search(r"@p (st\.release|ld\.acquire)", ln), ln
+
+
+@triton.jit
+def _first_warp_signal_kernel(p, N: tl.constexpr):
+    signal(p + tl.arange(0, N), 1, True)
+
+
+def test_first_warp_signal_refuses_blocks_past_a_warp():
+    """``signal(..., FIRST_WARP=True)`` takes blocks of at most 32 lanes (the first warp must hold
+    every lane): 32 compile, 64 fail at compile time."""
+    from triton.compiler.errors import CompilationError
+
+    assert "st.release.sys" in compile_ptx(_first_warp_signal_kernel, {"p": "*i32"}, {"N": 32}, {"p"}, 8)
+    with pytest.raises(CompilationError):
+        compile_ptx(_first_warp_signal_kernel, {"p": "*i32"}, {"N": 64}, {"p"}, 8)
 
 
 def test_user_primitives_compile_with_their_ordering():

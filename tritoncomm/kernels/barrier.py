@@ -31,11 +31,10 @@ from .signals import signal, wait
 __all__ = ["barrier", "barrier_arrive", "barrier_flag_bytes", "barrier_wait"]
 
 #: Each program's first warp alone stores the barrier's flags (after a CTA barrier) and polls them (the
-#: other warps wait at a CTA barrier): a system-scope release and a stream of system-scope acquire
-#: loads per program, not per warp. With every warp doing both, grids of many warps (264 programs of
-#: 8 warps in the MoE kernels; H200s, 2026-11-28, ``docs/moe.md``) stalled for milliseconds in some
-#: CUDA-graph replays (EP4 16 of 80 samples, EP2 6 of 80), and none with the first warp alone.
-#: ``TRITONCOMM_BARRIER_ALL_WARPS=1`` (read once at import) restores every warp, for comparisons.
+#: other warps wait at a CTA barrier): one system-scope release and one stream of system-scope acquire
+#: loads per program, not per warp. Every warp doing both stalls grids of many warps for milliseconds
+#: in some CUDA-graph replays ("Slow replays" in ``docs/moe.md``).
+#: ``TRITONCOMM_BARRIER_ALL_WARPS=1`` (read once at import) makes every warp do both, for comparisons.
 _ALL_WARPS = os.environ.get("TRITONCOMM_BARRIER_ALL_WARPS", "0") == "1"
 _WAIT_FIRST_WARP = tl.constexpr(not _ALL_WARPS)
 _SIGNAL_FIRST_WARP = tl.constexpr(not _ALL_WARPS)

@@ -163,17 +163,20 @@ def _measure(ctx: RankContext, fn, mode: str, samples: list[float] | None = None
     return time_per_call_us(fn, ctx.device, ctx.barrier, mode=mode, samples_out=samples, **few)
 
 
-def _time(ctx: RankContext, fn, mode: str, slow: list[float] | None = None) -> float | None:
-    """The median µs per call, or None where the backend lacks the collective; with ``slow``, the
-    count of samples over ``SLOW_REPLAY`` times that median is added to ``slow[0]``."""
+def _time_and_slow(ctx: RankContext, fn, mode: str) -> tuple[float | None, int]:
+    """The median µs per call (None where the backend lacks the collective) and the count of samples
+    over ``SLOW_REPLAY`` times that median."""
     samples: list[float] = []
     try:
         us = _measure(ctx, fn, mode, samples)
     except (RuntimeError, ValueError, NotImplementedError):  # a backend without the collective
-        return None
-    if slow is not None:
-        slow[0] += sum(x > SLOW_REPLAY * us for x in samples)
-    return us
+        return None, 0
+    return us, sum(x > SLOW_REPLAY * us for x in samples)
+
+
+def _time(ctx: RankContext, fn, mode: str) -> float | None:
+    """The median µs per call, or None where the backend lacks the collective."""
+    return _time_and_slow(ctx, fn, mode)[0]
 
 
 def _case(ctx: RankContext, comm: Communicator, shape: str, t: int, engine: MoEAllToAll) -> list[dict[str, Any]]:
@@ -200,9 +203,7 @@ def _case(ctx: RankContext, comm: Communicator, shape: str, t: int, engine: MoEA
             moe.combine(moe.expert_buffer(), h)
 
         times["dispatch" + sfx] = _time(ctx, lambda moe=moe: moe.dispatch(x, ids, w), graph)
-        slow = [0.0]
-        times["both" + sfx] = _time(ctx, both, graph, slow)
-        times["slow_both" + sfx] = slow[0]
+        times["both" + sfx], times["slow_both" + sfx] = _time_and_slow(ctx, both, graph)
         times["both_eager" + sfx] = _time(ctx, both, "eager") if cuda and mode == "auto" else None
         moe.close()
     ok &= _check_ours(ctx, engine, x, ids, w, bound=t)
@@ -227,13 +228,13 @@ def _case(ctx: RankContext, comm: Communicator, shape: str, t: int, engine: MoEA
         dist.all_gather_into_tensor(xs, x, group=ctx.group)
         dist.all_gather_into_tensor(metas, meta, group=ctx.group)
 
-    slow_b, slow_c = [0.0], [0.0]
-    times["agrs_dispatch"] = _time(ctx, nccl_ag, graph, slow_b)
-    times["agrs_combine"] = _time(ctx, lambda: dist.reduce_scatter_tensor(part, xs, group=ctx.group), graph, slow_b)
+    times["agrs_dispatch"], slow_bd = _time_and_slow(ctx, nccl_ag, graph)
+    times["agrs_combine"], slow_bc = _time_and_slow(
+        ctx, lambda: dist.reduce_scatter_tensor(part, xs, group=ctx.group), graph)
     tc_dispatch, tc_combine, tc_close = tc_agrs(comm, x, meta, xs, metas, part)
-    times["tc_dispatch"] = _time(ctx, tc_dispatch, graph, slow_c)
-    times["tc_combine"] = _time(ctx, tc_combine, graph, slow_c)
-    times["slow_agrs"], times["slow_tc"] = slow_b[0], slow_c[0]
+    times["tc_dispatch"], slow_cd = _time_and_slow(ctx, tc_dispatch, graph)
+    times["tc_combine"], slow_cc = _time_and_slow(ctx, tc_combine, graph)
+    times["slow_agrs"], times["slow_tc"] = slow_bd + slow_bc, slow_cd + slow_cc
     tc_close()
     m = max_over_ranks(ctx, times)
     ok = all_true(ctx, ok)

@@ -1,6 +1,6 @@
 """The CPU world's interpreter without work that changes nothing (``tritoncomm/kernels/interpreter.py``):
 kernels that call helpers give the same bits as under Triton's own interpreter, the language is
-restored after every launch, and the helper calls no longer patch; int32 arithmetic that overflows
+restored after every launch, and helper calls do not patch it; int32 arithmetic that overflows
 gives the same bits with Triton's overflow checks and without them, which assert nothing there; the
 numpy dtype of every Triton dtype is Triton's own answer."""
 

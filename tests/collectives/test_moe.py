@@ -894,3 +894,18 @@ def test_default_combine_switch_counts_elements_received():
     assert default_throughput_from(4, 7168) <= 4 * 128 < default_throughput_from(4, 4096)
     assert 2 * 384 < default_throughput_from(2, 7168) <= 2 * 448
     assert 2 * 640 < default_throughput_from(2, 4096) <= 2 * 704
+    assert default_throughput_from(2, 4096, "NVIDIA H100 80GB HBM3") == default_throughput_from(2, 4096)
+
+
+def test_default_combine_switch_counts_tokens_at_ep2_on_h200s():
+    """At EP2 on H200s the switch counts tokens per rank for every hidden size (the latency mode won
+    at 384 tokens per rank for both shapes, the throughput mode from 448); elsewhere on H200s, and
+    on other GPUs, the elements rule stands."""
+    from tritoncomm.collectives.moe import default_throughput_from
+
+    for hidden in (7168, 4096, 100):
+        t = default_throughput_from(2, hidden, "NVIDIA H200")
+        assert 2 * 384 < t <= 2 * 448
+    assert default_throughput_from(2, 4096, "NVIDIA H200") < default_throughput_from(2, 4096)
+    for world, hidden in ((4, 7168), (4, 4096), (8, 7168), (3, 100)):
+        assert default_throughput_from(world, hidden, "NVIDIA H200") == default_throughput_from(world, hidden)

@@ -32,7 +32,7 @@ call, ``top_k`` experts per token, at most ``capacity`` entries per expert and c
   Each owner sums its experts' outputs per token and pushes one row per token home, in one of two
   modes chosen on the device per call from the total token count over the ranks: latency (below
   ``throughput_from``: Lamport packets, no barrier) and throughput (bulk stores, then a barrier);
-  by default ``throughput_from = default_throughput_from(world, hidden)``.
+  by default ``throughput_from = default_throughput_from(world, hidden, device_name)``.
   ``mode="latency"`` or ``"throughput"`` fixes the mode; ``"latency"`` (and ``"auto"`` at world 1,
   where it always chooses latency) spares the partials buffer (``world * max_tokens * hidden``
   elements of the heap), ``"throughput"`` the Lamport buffer (``world * min(max_tokens,
@@ -88,10 +88,19 @@ THROUGHPUT_FROM_ELEMS = 9 << 18
 #: 384 tokens per rank: 69.2 against 73.1 µs; Qwen3-MoE at 640, 2.6 M: 68.8 against 69.6) and lost
 #: from 2.88 M (Qwen3-MoE at 704: 74.0 against 73.2; DeepSeek-V3 at 448, 3.2 M: 79.0 against 78.3).
 THROUGHPUT_FROM_ELEMS_EP2 = 11 << 18
+#: At EP2 on the GPUs named here (a substring of the device's name), the switch in tokens per rank,
+#: whatever the hidden size, in place of ``THROUGHPUT_FROM_ELEMS_EP2``. On two H200s (2026-11-28, both
+#: phases in graphs, each mode forced, in turn, 2 rounds, ``docs/moe.md``) the latency mode won at 384
+#: tokens per rank (DeepSeek-V3 66.8 against 70.0 µs, Qwen3-MoE 45.2 against 47.7) and lost from 448
+#: (DeepSeek-V3 75.8 against 73.3; Qwen3-MoE 50.3 against 50.1, at 512 54.3 against 52.6): counted in
+#: elements, DeepSeek-V3's 384 (2.75 M) wants the latency mode and Qwen3-MoE's 448 (1.8 M) the
+#: throughput one.
+THROUGHPUT_FROM_TOKENS_EP2: tuple[tuple[str, int], ...] = (("H200", 448),)
 MODES = ("auto", "latency", "throughput")
 
 __all__ = ["DIRECT_FROM_BYTES", "MODES", "NARROW_SEND_UP_TO", "NEVER", "ONE_KERNEL_ENTRIES", "PREFILL_FROM",
            "PUSH_SPLIT_ELEMS", "SHAPES", "SHARED_COPY_FROM", "THROUGHPUT_FROM_ELEMS", "THROUGHPUT_FROM_ELEMS_EP2",
+           "THROUGHPUT_FROM_TOKENS_EP2",
            "MoEAllToAll", "MoEHandle", "MoEShape", "default_shape", "default_throughput_from", "register_cap"]
 
 
@@ -373,12 +382,18 @@ def register_cap(shape: MoEShape, sms: int, regs_per_sm: int = 65536) -> int | N
     return max(cap // 8 * 8, 32) if cap < 255 else None
 
 
-def default_throughput_from(world: int, hidden: int) -> int:
-    """``combine``'s default switch for ``world`` ranks and rows of ``hidden``, in total tokens over
-    the ranks per call: the fewest with ``THROUGHPUT_FROM_ELEMS`` (at world 2
-    ``THROUGHPUT_FROM_ELEMS_EP2``) elements of partials per rank."""
+def default_throughput_from(world: int, hidden: int, device_name: str = "") -> int:
+    """``combine``'s default switch for ``world`` ranks and rows of ``hidden`` on the GPU named
+    ``device_name`` ("" in the CPU world), in total tokens over the ranks per call: at world 2 on a
+    GPU of ``THROUGHPUT_FROM_TOKENS_EP2`` its tokens per rank, else the fewest with
+    ``THROUGHPUT_FROM_ELEMS`` (at world 2 ``THROUGHPUT_FROM_ELEMS_EP2``) elements of partials per
+    rank."""
     if world < 2:
         return 1  # unused: at world 1 the automatic mode is the latency mode
+    if world == 2:
+        for gpu, tokens in THROUGHPUT_FROM_TOKENS_EP2:
+            if gpu in device_name:
+                return world * tokens
     elems = THROUGHPUT_FROM_ELEMS_EP2 if world == 2 else THROUGHPUT_FROM_ELEMS
     return -(-elems * world // ((world - 1) * hidden))
 
@@ -414,7 +429,8 @@ class MoEAllToAll:
         if mode not in MODES:
             raise InvalidInputError(f"MoEAllToAll: mode must be one of {MODES}, got {mode!r}")
         if throughput_from is None:
-            throughput_from = default_throughput_from(w, hidden)
+            throughput_from = default_throughput_from(
+                w, hidden, torch.cuda.get_device_name(comm.device) if comm.backend == "cuda" else "")
         if not isinstance(throughput_from, int) or throughput_from < 0:
             raise InvalidInputError(f"MoEAllToAll: throughput_from must be an int >= 0, got {throughput_from!r}")
         if not isinstance(prefill_from, int) or prefill_from < 1:

@@ -1,7 +1,8 @@
 """Experiment: how often does an all-reduce launch shape hit the rare 10-30x slow measurements seen in
 sweeps and benches, and does NCCL hit them too? Not part of the library:
 
-    PYTHONPATH=. python3 benchmarks/experiments/stall_probe.py --world 4 --bytes 16M --rounds 12
+    PYTHONPATH=. python3 benchmarks/experiments/stall_probe.py --world 4 --bytes 16M --rounds 12 \
+        [--shapes 64x8192x8,128x2048x8]
 
 Each round times every shape (and NCCL) once, interleaved, in CUDA graphs (32 calls, median of 5
 replays per rank); prints each rank's time so a slow rank shows.
@@ -23,13 +24,23 @@ from tritoncomm.launch import launch
 from tritoncomm.tools.timing import time_per_call_us
 from tritoncomm.units import parse_size
 
-SHAPES = [(64, 8192, 8), (64, 2048, 8), (128, 2048, 8), (128, 8192, 16)]
+#: Two-shot launch shapes, programs x block x warps.
+SHAPES = "64x8192x8,64x2048x8,128x2048x8,128x8192x16"
 
 
-def probe_rank(ctx, nbytes: int, rounds: int) -> dict | None:
+def parse_shapes(spec: str) -> list[tuple[int, int, int]]:
+    """``"64x8192x8,128x2048x8"`` -> ``[(64, 8192, 8), (128, 2048, 8)]``."""
+    out = []
+    for part in spec.split(","):
+        p, b, nw = (int(v) for v in part.split("x"))
+        out.append((p, b, nw))
+    return out
+
+
+def probe_rank(ctx, nbytes: int, rounds: int, shapes: list[tuple[int, int, int]]) -> dict | None:
     w = ctx.world
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=3 * nbytes + (64 << 20), timeout_s=60))
-    cands = [Choice("twoshot", p, b, nw) for p, b, nw in SHAPES]
+    cands = [Choice("twoshot", p, b, nw) for p, b, nw in shapes]
     ar = AllReduce(comm, max_bytes=nbytes, algos={"twoshot": nbytes},
                    table=SelectionTable({("allreduce", w, d): [(i + 1, c) for i, c in enumerate(cands)]
                                          for d in DTYPES}, "probe"))
@@ -63,10 +74,11 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--bytes", default="16M")
     ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--shapes", default=SHAPES, help="two-shot shapes, programs x block x warps, comma-separated")
     ap.add_argument("--json")
     a = ap.parse_args()
     nbytes = parse_size(a.bytes)
-    rep = launch(probe_rank, a.world, nbytes, a.rounds, timeout=560)[0]
+    rep = launch(probe_rank, a.world, nbytes, a.rounds, parse_shapes(a.shapes), timeout=560)[0]
     keys = list(rep["rounds"][0][0])
     for k in keys:
         per = [max(rank[k] for rank in rnd) for rnd in rep["rounds"] if k in rnd[0]]

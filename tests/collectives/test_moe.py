@@ -265,6 +265,19 @@ def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
         assert bad == []
 
 
+@pytest.mark.parametrize("world,hidden,fp8", dealt([(40, False), (128, True), (40, False)], 3, 4, 2))
+def test_routed_layout_paired_across_peers(worlds, world, hidden, fp8):
+    """``MoEShape.pairs_across``: the routed layout takes a program's rows of all peers as one
+    sequence, two at a time (a program of the two here has up to 3 rows of each peer, 0-6 tokens per
+    rank and call). Whole rows at hidden 40 (one column block of 64); at hidden 128 (two blocks) a
+    peer with one row splits it into two column shares and the program lays out one source at a
+    time, as without pairs. Capacity drops (hot experts), FP8 scales, every call exact."""
+    shape = replace(SHAPES["cpu"], one_kernel=False, route_above=4, block_e=4, super_blocks=2, pairs_across=True)
+    for bad in worlds(world).run(_job, 4 * world, 3, hidden, 6, "hot", 4, capacity=4, fp8=fp8, mode="throughput",
+                                 shape=shape):
+        assert bad == []
+
+
 @pytest.mark.parametrize("world,super_blocks", [(2, 1), (3, 32)])
 def test_slots_past_one_load_of_histogram_rows(worlds, world, super_blocks):
     """``route.row_slots`` loads the first ``BLOCK_B`` (here 16) superblock rows and the block rows in

@@ -262,6 +262,11 @@ class MoEShape:
     #: 495.1 to 489.2 µs at 4096 tokens per rank and Qwen3-MoE from 303.9 to 298.3 (87.2 to 86.7 at
     #: 1024); with pairs also where programs had one or two rows, DeepSeek-V3 lost 1.6 µs at 512.
     paired_layout: bool = True
+    #: The routed send kernel's layout of the peers' rows takes a program's rows of all peers as one
+    #: sequence, two at a time (``gather.lay_out_across``), in calls where every peer's rows are whole
+    #: items (no column shares): at EP4 and more a program lays out rows of several peers, one
+    #: after another without it. Off by default: not measured yet.
+    pairs_across: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_e", "send_block_h", "one_block_h", "throughput_block_h", "super_blocks",
@@ -734,7 +739,8 @@ class MoEAllToAll:
                     local=self.local_experts, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=self._held_block_n,
                     header=self._header, trace=trace, direct=self._direct_offs if direct else None,
-                    lookahead=routed and sh.routed_lookahead, pairs=self._pairs, **self._send_bufs,
+                    lookahead=routed and sh.routed_lookahead, pairs=self._pairs, across=sh.pairs_across,
+                    **self._send_bufs,
                     **tables)
         if not routed:
             launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,

@@ -265,7 +265,7 @@ class MoEShape:
     #: The routed send kernel's layout of the peers' rows takes a program's rows of all peers as one
     #: sequence, two at a time (``gather.lay_out_across``), in calls where every peer's rows are whole
     #: items (no column shares): at EP4 and more a program lays out rows of several peers, one
-    #: after another without it. Off by default: not measured yet.
+    #: after another without it. Off by default: it has no measurement on GPUs (``docs/moe.md``).
     pairs_across: bool = False
 
     def __post_init__(self) -> None:

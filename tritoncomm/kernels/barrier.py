@@ -35,9 +35,7 @@ __all__ = ["barrier", "barrier_arrive", "barrier_flag_bytes", "barrier_wait"]
 #: loads per program, not per warp. Every warp doing both stalls grids of many warps for milliseconds
 #: in some CUDA-graph replays ("Slow replays" in ``docs/moe.md``).
 #: ``TRITONCOMM_BARRIER_ALL_WARPS=1`` (read once at import) makes every warp do both, for comparisons.
-_ALL_WARPS = os.environ.get("TRITONCOMM_BARRIER_ALL_WARPS", "0") == "1"
-_WAIT_FIRST_WARP = tl.constexpr(not _ALL_WARPS)
-_SIGNAL_FIRST_WARP = tl.constexpr(not _ALL_WARPS)
+_FIRST_WARP = tl.constexpr(os.environ.get("TRITONCOMM_BARRIER_ALL_WARPS", "0") != "1")
 
 
 def barrier_flag_bytes(slots: int) -> int:
@@ -52,7 +50,7 @@ def barrier_arrive(bases, rank, world, flags_off, slot, epoch):
     lanes = tl.arange(0, MAX_WORLD)
     peers = tl.where(lanes < world, lanes, rank)
     remote = (heap_base(bases, peers) + flags_off + (slot * MAX_WORLD + rank) * 4).to(tl.pointer_type(tl.uint32))
-    signal(remote, epoch, _SIGNAL_FIRST_WARP)
+    signal(remote, epoch, _FIRST_WARP)
 
 
 @triton.jit
@@ -62,7 +60,7 @@ def barrier_wait(bases, rank, world, flags_off, slot, epoch, timeout, diag):
     lanes = tl.arange(0, MAX_WORLD)
     peers = tl.where(lanes < world, lanes, rank)
     local = (heap_base(bases, rank) + flags_off + (slot * MAX_WORLD + peers) * 4).to(tl.pointer_type(tl.uint32))
-    wait(local, epoch, peers, slot, rank, timeout, diag, _WAIT_FIRST_WARP)
+    wait(local, epoch, peers, slot, rank, timeout, diag, _FIRST_WARP)
 
 
 @triton.jit

@@ -278,6 +278,24 @@ def test_routed_layout_paired_across_peers(worlds, world, hidden, fp8):
         assert bad == []
 
 
+@pytest.mark.parametrize("world,variant", dealt(["plain", "direct", "fp8", "shares"], 2, 3, 4))
+def test_interleaved_send_kernel_matches_reference(worlds, world, variant):
+    """``MoEShape.interleave_from``: each routed send program sends the first half of its rows,
+    then alternates one row of its second half with one of the first half each peer's counterpart
+    sent it, and lays out the rest after its barrier (in pairs where a source gives every program
+    two rows or more). Up to 30 tokens per rank over the 2 programs here (one rank with none in the
+    first call), capacity drops (hot experts), every call exact: through the receive buffer, with
+    the rows sent into their first kept slot (``direct``), with FP8 scales, and at one or two tokens
+    per rank, where one row is split into two column shares (``shares``)."""
+    shape = replace(SHAPES["cpu"], one_kernel=False, route_above=4, block_e=4, super_blocks=2, interleave_from=1,
+                    direct_from_bytes=0 if variant == "direct" else NEVER)
+    hidden = 128 if variant in ("fp8", "shares") else 40
+    max_tokens = 2 if variant == "shares" else 30
+    for bad in worlds(world).run(_job, 4 * world, 3, hidden, max_tokens, "hot", 4, capacity=max_tokens * 2 // 3,
+                                 fp8=variant == "fp8", mode="throughput", shape=shape):
+        assert bad == []
+
+
 @pytest.mark.parametrize("world,super_blocks", [(2, 1), (3, 32)])
 def test_slots_past_one_load_of_histogram_rows(worlds, world, super_blocks):
     """``route.row_slots`` loads the first ``BLOCK_B`` (here 16) superblock rows and the block rows in

@@ -267,6 +267,13 @@ class MoEShape:
     #: items (no column shares): at EP4 and more a program lays out rows of several peers, one
     #: after another without it. Off by default: it has no measurement on GPUs (``docs/moe.md``).
     pairs_across: bool = False
+    #: On instances that route, without routed packets: calls of at least this many tokens per rank
+    #: (``tokens_bound``, else ``max_tokens``: the same on every rank) interleave the routed send
+    #: kernel's work: each program sends the first half of its rows, publishes them at a barrier
+    #: slot of its own, then lays out the first half of what each peer's counterpart sent it while
+    #: it sends its second half, and the rest after its barrier, so that the layout's HBM work runs
+    #: while rows still cross the links. ``NEVER``: no call.
+    interleave_from: int = NEVER
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_e", "send_block_h", "one_block_h", "throughput_block_h", "super_blocks",
@@ -277,6 +284,8 @@ class MoEShape:
                 raise InvalidInputError(f"MoEShape: {name} must be a power of two, got {v}")
         if self.direct_from_bytes < 0:
             raise InvalidInputError(f"MoEShape: direct_from_bytes must be at least 0, got {self.direct_from_bytes}")
+        if self.interleave_from < 1:
+            raise InvalidInputError(f"MoEShape: interleave_from must be at least 1, got {self.interleave_from}")
         if self.shared_copy_from < 0:
             raise InvalidInputError(f"MoEShape: shared_copy_from must be at least 0, got {self.shared_copy_from}")
         if self.programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):
@@ -500,6 +509,8 @@ class MoEAllToAll:
         self._row_bytes = hidden * (1 if self.fp8 else dtype.itemsize)
         #: some calls send their rows straight into the peers' expert slots (``direct_from_bytes``)
         self._direct = routed and not self._routed_packets and sh.direct_from_bytes <= max_tokens * self._row_bytes
+        #: some calls interleave the routed send kernel's sends and layout (``interleave_from``)
+        self._interleave = routed and not self._routed_packets and sh.interleave_from <= max_tokens
         self._packets = (sh.one_kernel and sh.packets) or self._routed_packets
         self._packet_rows = m if self._routed_packets else \
             min(m, sh.one_kernel_entries // k) if self._packets else 0
@@ -554,7 +565,8 @@ class MoEAllToAll:
         # The Lamport buffers are at rest before any peer writes them: creating a channel synchronises
         # the device and ends with a check that every rank passes (channels/channel.py).
         programs = self.shape.programs
-        self._send_ch = Channel(comm, f"{name}.send", programs=programs, barrier_slots=programs)
+        self._send_ch = Channel(comm, f"{name}.send", programs=programs,  # interleaved: a half slot each too
+                                barrier_slots=2 * programs if self._interleave else programs)
         self._comb_ch = Channel(comm, f"{name}.combine", programs=programs, barrier_slots=programs)
         #: the route kernel ends with a barrier of its own (``MoEShape.route_barrier``; routed packets need it)
         self._route_barrier = sh.route_barrier or self._routed_packets
@@ -715,14 +727,16 @@ class MoEAllToAll:
                 launch_opts=self._decode_opts if decode else self._launch_opts,
                 **self._one_args)
         else:
-            self._dispatch_two_kernels(x, topk_ids, topk_weights, path == "routed-direct")
+            self._dispatch_two_kernels(x, topk_ids, topk_weights, path == "routed-direct",
+                                       self._interleave and bound >= sh.interleave_from)
         self._call += 1
         self._open_handle = self._call
         return (self._out, self._scales) if self.fp8 else self._out, self._counts, MoEHandle(n, self._call, bound)
 
     def _dispatch_two_kernels(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                              direct: bool) -> None:
-        """The route and send kernels (``direct``: the rows into the peers' slots), or (instances of
+                              direct: bool, interleave: bool = False) -> None:
+        """The route and send kernels (``direct``: the rows into the peers' slots; ``interleave``:
+        ``MoEShape.interleave_from``), or (instances of
         at most ``route_above`` entries) the send and gather kernels (``route.py``, ``dispatch.py``,
         ``gather.py``)."""
         sh = self.shape
@@ -740,7 +754,7 @@ class MoEAllToAll:
                     block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=self._held_block_n,
                     header=self._header, trace=trace, direct=self._direct_offs if direct else None,
                     lookahead=routed and sh.routed_lookahead, pairs=self._pairs, across=sh.pairs_across,
-                    **self._send_bufs,
+                    interleave=interleave, **self._send_bufs,
                     **tables)
         if not routed:
             launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,

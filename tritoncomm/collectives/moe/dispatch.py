@@ -65,6 +65,8 @@ import triton.language as tl
 
 from ...kernels import (
     barrier,
+    barrier_arrive,
+    barrier_wait,
     epoch_commit,
     heap_ptr,
     lamport_canonical,
@@ -76,10 +78,19 @@ from ...kernels import (
     stamp,
 )
 from ...kernels.launcher import Launcher
-from .gather import finish_counts, lay_out_peers, store_slots
-from .header import store_header
-from .route import ROUTED_STAGES, count_entries, direct_earlier, expert_ids, own_slots, row_slots, rows_per_load
-from .shares import column_shares, pick, share_columns
+from .gather import finish_counts, lay_out_items, lay_out_peers, store_slots
+from .header import size_of, store_header
+from .route import (
+    ROUTED_STAGES,
+    count_entries,
+    direct_earlier,
+    expert_ids,
+    own_slots,
+    row_slots,
+    rows_per_load,
+    rows_sum,
+)
+from .shares import column_shares, first_half, pick, share_columns
 from .wire import to_fp8
 
 __all__ = ["launch_epoch", "launch_send", "moe_send_kernel", "send_items"]
@@ -106,8 +117,9 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
                BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr, COUNT_BAD: tl.constexpr,
                FROM_ROUTING: tl.constexpr, IDS_SENT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr,
                BLOCK_B: tl.constexpr, SUPER: tl.constexpr, PACKETS: tl.constexpr, out_off, sc_out_off, earlier,
-               DIRECT: tl.constexpr, LOOKAHEAD: tl.constexpr = False):
-    """Program ``pid``'s work items of this rank's ``n_tokens`` rows (module docstring): the routing
+               DIRECT: tl.constexpr, LOOKAHEAD: tl.constexpr = False, k_lo=0, k_hi=-1):
+    """Program ``pid``'s work items ``pid + k * grid``, ``k_lo <= k < k_hi`` (``k_hi = -1``: every
+    one from ``k_lo``), of this rank's ``n_tokens`` rows (module docstring): the routing
     to the peers with each row's first item, the columns to each peer that holds one of the row's
     experts (row ``(rank - (rank > d)) * peer_rows + t`` of its receive buffer) and into the row's
     slots on this rank (``route.own_slots``: from ``routing`` / ``nn`` with ``FROM_ROUTING``, else
@@ -133,7 +145,8 @@ def send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_
     groups = tl.arange(0, G)
     shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
     own_ids = heap_ptr(bases, rank, ids_base, tl.int32) + tl.cast(rank * max_tokens, tl.int64) * TOP_K
-    for item in range(pid, n_tokens * shares, grid):
+    items = n_tokens * shares
+    for item in range(pid + k_lo * grid, tl.where(k_hi < 0, items, tl.minimum(items, pid + k_hi * grid)), grid):
         t = item // shares
         first = item % shares == 0  # the item that also sends the token's routing
         t64 = tl.cast(t, tl.int64)
@@ -222,7 +235,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                     SUPER: tl.constexpr, FP8: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_W: tl.constexpr, PACKETS: tl.constexpr = False, TRACE: tl.constexpr = False,
                     DIRECT: tl.constexpr = False, LOOKAHEAD: tl.constexpr = False, PAIRS: tl.constexpr = False,
-                    ACROSS: tl.constexpr = False):
+                    ACROSS: tl.constexpr = False, INTERLEAVE: tl.constexpr = False):
     """See the module docstring. With ``PACKETS`` (``ROUTED`` only) the receive buffer (and its
     scales) and the weights table at ``pw_off`` are Lamport buffers at rest: the rows and weights go
     out as packets, to the peers that own one of the row's experts, and program ``pid`` lays out the
@@ -234,7 +247,15 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     and the layout copies it from there into the row's other slots. ``LOOKAHEAD``: the sends' loads
     one column block ahead (``send_items``). ``PAIRS``: the layout takes whole rows two at a time
     (``gather.lay_out_peers``); ``ACROSS``: two at a time over all peers' rows, where they are whole
-    (``gather.lay_out_across``)."""
+    (``gather.lay_out_across``). ``INTERLEAVE`` (``ROUTED``, not ``PACKETS``; barrier slots ``grid +
+    pid`` too): program ``pid`` sends the first half of its items (``shares.first_half``), arrives
+    at slot ``grid + pid``, then alternates one item of its second half with one item of the first
+    half that each peer's program ``pid`` sent it (peer by peer in this rank's order; before the
+    first of them it waits at slot ``grid + pid``, after which those rows and the peers' routing
+    are visible), so that the layout's HBM work runs while its rows cross the links; then barrier
+    slot ``pid`` and the rest of the peers' rows. A program that lays out nothing before its
+    barrier never waits at the half slot: every peer's program ``pid`` still passes slot ``pid``
+    of this call before it arrives at the half slot of the next."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
@@ -264,12 +285,53 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                                  SUPER)
     else:
         earlier = 0
-    send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
-               slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
-               grid, recv_base, max_tokens, ids_base, pw_off + half * pw_half if PACKETS else wtab_base, sc_base,
-               routing, nn, hist, hist_blocks, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, not ROUTED,
-               not ROUTED, ROUTED, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS, out_off, sc_out_off, earlier, DIRECT,
-               LOOKAHEAD)
+    if INTERLEAVE:  # the first half, the half slot, then the second half with the peers' first halves
+        k1 = first_half(n_tokens * column_shares(n_tokens, hidden, grid, BLOCK_H), pid, grid)
+        send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
+                   slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
+                   grid, recv_base, max_tokens, ids_base, wtab_base, sc_base, routing, nn, hist, hist_blocks, DTYPE,
+                   WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, False, True, BLOCK_E, BLOCK_X, BLOCK_B, SUPER,
+                   False, out_off, sc_out_off, earlier, DIRECT, LOOKAHEAD, 0, k1)
+        barrier_arrive(bases, rank, WORLD, flags_off, grid + pid, e)
+        ws = tl.arange(0, BLOCK_W)
+        sizes = tl.load(ntab + ws, mask=ws < WORLD, other=0)
+        super_blocks = tl.cdiv(hist_blocks, SUPER)
+        before = rows_sum(hist, WORLD * hist_blocks + rank * super_blocks,  # per expert: the sources before s
+                          tl.cdiv(tl.cdiv(n_tokens * TOP_K, BLOCK_E), SUPER), BLOCK_B, BLOCK_X)
+        rest = tl.maximum(tl.cdiv(n_tokens * column_shares(n_tokens, hidden, grid, BLOCK_H) - pid, grid) - k1, 0)
+        waited = False
+        for i in range(1, WORLD):
+            s = (rank + i) % WORLD
+            n_s = size_of(sizes, s, BLOCK_W)
+            shares_s = column_shares(n_s, hidden, grid, BLOCK_H)
+            half_s = first_half(n_s * shares_s, pid, grid)
+            a = k1 + rest * (i - 1) // (WORLD - 1)  # this peer's share of the second half's sends
+            b = k1 + rest * i // (WORLD - 1)
+            for j in range(0, tl.maximum(b - a, half_s)):
+                send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr,
+                           sc_out_ptr, slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts,
+                           capacity, bases, rank, pid, grid, recv_base, max_tokens, ids_base, wtab_base, sc_base,
+                           routing, nn, hist, hist_blocks, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False,
+                           False, True, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, False, out_off, sc_out_off, earlier, DIRECT,
+                           LOOKAHEAD, a + j, tl.minimum(a + j + 1, b))
+                if not waited:
+                    barrier_wait(bases, rank, WORLD, flags_off, grid + pid, e, timeout, diag)
+                    waited = True
+                item = pid + j * grid
+                lay_out_items(out_ptr, sc_out_ptr, slot_ptr, heap_ptr(bases, rank, recv_base, DTYPE),
+                              heap_ptr(bases, rank, sc_base, tl.float32), heap_ptr(bases, rank, ids_base, tl.int32),
+                              hist, hist_blocks, max_tokens, capacity, hidden, rank, s, n_s, shares_s, before, item,
+                              tl.where(j < half_s, item + 1, item), grid, 0, 0, timeout, diag, WORLD, LOCAL, TOP_K,
+                              BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, False, DIRECT)
+            before += rows_sum(hist, WORLD * hist_blocks + s * super_blocks,
+                               tl.cdiv(tl.cdiv(n_s * TOP_K, BLOCK_E), SUPER), BLOCK_B, BLOCK_X)
+    else:
+        send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
+                   slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
+                   grid, recv_base, max_tokens, ids_base, pw_off + half * pw_half if PACKETS else wtab_base, sc_base,
+                   routing, nn, hist, hist_blocks, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, not ROUTED,
+                   not ROUTED, ROUTED, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS, out_off, sc_out_off, earlier, DIRECT,
+                   LOOKAHEAD)
     if not ROUTED:  # this rank's histogram rows, counted here, to every rank
         xs = tl.arange(0, BLOCK_X)
         n_blocks = tl.cdiv(n_tokens * TOP_K, BLOCK_E)
@@ -297,7 +359,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                                ntab, hist, hist_blocks, max_tokens, capacity, hidden, rank, pid, grid, pw,
                                heap_ptr(bases, rank, wtab_base, tl.float32), timeout, diag, WORLD, LOCAL, TOP_K,
                                BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS, BLOCK_W, DIRECT, PAIRS,
-                               trace_ptr, pid * _STAGES + 7, TRACE, ACROSS)
+                               trace_ptr, pid * _STAGES + 7, TRACE, ACROSS, INTERLEAVE)
         if pid == 0:
             finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, 0, LOCAL, BLOCK_X)
             ws = tl.arange(0, BLOCK_W)
@@ -317,7 +379,7 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
                 routed: bool, block_n: int, num_warps: int, launch_opts: dict[str, bool | int],
                 header: torch.Tensor, pw_off: int = 0, pw_half: int = 0, packets: bool = False,
                 trace: torch.Tensor | None = None, direct: tuple[int, int] | None = None,
-                lookahead: bool = False, pairs: bool = False, across: bool = False) -> None:
+                lookahead: bool = False, pairs: bool = False, across: bool = False, interleave: bool = False) -> None:
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs): with
     ``routed`` after ``route.launch_route`` on the same grid (and then leaving ``header`` for
     ``combine``, ``header.py``), else holding the routing in blocks of ``block_n`` entries (at least
@@ -326,7 +388,9 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
     route.ROUTED_STAGES, 2]`` for the stage stamps, or None. ``direct`` (routed, after the route
     kernel with its barrier): the heap offsets of ``out`` and ``scales`` (0 without FP8), into which
     the rows then go on the peers, or None. ``pairs``: the routed layout takes whole rows two at a
-    time; ``across``: two at a time over all peers' rows, where they are whole."""
+    time; ``across``: two at a time over all peers' rows, where they are whole; ``interleave``
+    (routed, plain buffers; the channel has ``2 * programs`` barrier slots): the peers' first halves
+    laid out while the second half is sent."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
@@ -339,5 +403,6 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
         BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, FP8=fp8, ROUTED=routed,
         BLOCK_N=1 if routed else block_n, BLOCK_W=pow2_at_least(world), PACKETS=packets, TRACE=trace is not None,
         DIRECT=direct is not None, LOOKAHEAD=bool(lookahead), PAIRS=bool(pairs), ACROSS=bool(across) and routed,
+        INTERLEAVE=bool(interleave) and routed and not packets,
         num_warps=num_warps,
         **launch_opts)

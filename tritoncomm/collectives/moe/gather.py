@@ -51,10 +51,10 @@ from ...kernels.launcher import Launcher
 from ...kernels.trace import stamp
 from .header import size_of, store_header
 from .route import row_slots, rows_per_load, rows_sum, slot_loads, slot_sums
-from .shares import column_shares, pick, share_columns
+from .shares import column_shares, first_half, pick, share_columns
 
-__all__ = ["finish_counts", "launch_gather", "lay_out_across", "lay_out_peers", "moe_gather_kernel", "place_item",
-           "place_packets", "place_pair", "store_slots"]
+__all__ = ["finish_counts", "launch_gather", "lay_out_across", "lay_out_items", "lay_out_peers", "moe_gather_kernel",
+           "place_item", "place_packets", "place_pair", "store_slots"]
 
 
 @triton.jit
@@ -315,13 +315,56 @@ def lay_out_across(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, hist, hist_bloc
 
 
 @triton.jit
+def lay_out_items(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, hist, hist_blocks, max_tokens, capacity, hidden, rank,
+                  s, n_s, shares, earlier, start, stop, step, pw, wtab, timeout, diag, WORLD: tl.constexpr,
+                  LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
+                  FP8: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
+                  SUPER: tl.constexpr, PACKETS: tl.constexpr, DIRECT: tl.constexpr, trace_ptr=0, tslot=-1,
+                  TRACE: tl.constexpr = False):
+    """Items ``start, start + step, ...`` below ``stop`` of source ``s``'s rows (``n_s`` of them,
+    ``shares`` items each; ``earlier``: per expert, the entries of the sources before it in this
+    rank's order), one at a time, as ``lay_out_peers`` lays them out (from the receive buffer, as
+    packets with ``PACKETS``, or from the row's first kept slot with ``DIRECT``). With ``TRACE`` and
+    ``tslot >= 0`` the first item stamps stage ``tslot`` at its start and ``place_item``'s after it."""
+    kk = tl.arange(0, BLOCK_K)
+    km = kk < TOP_K
+    super_blocks = tl.cdiv(hist_blocks, SUPER)
+    peer_row = (s - (s > rank).to(tl.int32)) * max_tokens  # the source's first row in the receive buffer
+    src_ids = ids + s * max_tokens * TOP_K  # the source's entries, block rows and superblock rows
+    block_row0 = s * hist_blocks
+    super_row0 = WORLD * hist_blocks + s * super_blocks
+    for item in range(start, stop, step):
+        t = item // shares
+        first_here = item == start
+        if TRACE and not PACKETS and not DIRECT:
+            if first_here & (tslot >= 0):
+                stamp(trace_ptr, tslot)
+        i0 = (s * max_tokens + t) * TOP_K
+        e = tl.load(ids + i0 + kk, mask=km, other=-1)
+        at = row_slots(src_ids, hist, e, kk, t, n_s * TOP_K, earlier, block_row0, super_row0, capacity, LOCAL,
+                       TOP_K, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
+        if PACKETS:
+            place_packets(out_ptr, sc_out_ptr, slot_ptr, ids, wtab, recv, sc, pw, e, at, i0, item, shares, rank, s,
+                          t, peer_row + t, hidden, timeout, diag, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
+        elif DIRECT:  # the row came into its first kept slot here
+            kept = (e >= 0) & (e // LOCAL == rank) & (at >= 0)
+            j0 = tl.min(tl.where(kept, kk, BLOCK_K))
+            place_item(out_ptr, sc_out_ptr, slot_ptr, out_ptr, sc_out_ptr, e, at, i0, item, shares, rank,
+                       pick(at, kk, j0), hidden, j0, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
+        else:
+            place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, peer_row + t,
+                       hidden, -1, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, trace_ptr, tl.where(first_here, tslot, -1),
+                       TRACE)
+
+
+@triton.jit
 def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist_blocks, max_tokens, capacity, hidden,
                   rank, pid, grid, pw, wtab, timeout, diag, WORLD: tl.constexpr, LOCAL: tl.constexpr,
                   TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr,
                   BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr,
                   PACKETS: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr = False,
                   PAIRS: tl.constexpr = False, trace_ptr=0, tslot=-1, TRACE: tl.constexpr = False,
-                  ACROSS: tl.constexpr = False):
+                  ACROSS: tl.constexpr = False, REST: tl.constexpr = False):
     """Program ``pid``'s items of every peer's rows (module docstring), laid out from the receive
     buffer ``recv`` (scales ``sc``) with the slots from the tables ``ids``, ``ntab`` and ``hist``;
     with ``DIRECT`` from the row's first kept slot on this rank (in ``j`` order), where the source
@@ -335,7 +378,9 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
     at a time (``place_pair``). With ``ACROSS`` (not ``PACKETS`` or ``DIRECT``), in calls where every
     peer's rows are whole items, the program takes its rows of all peers two at a time
     (``lay_out_across``). With ``TRACE`` the program's first item taken alone (not with ``PACKETS``,
-    ``DIRECT`` or ``ACROSS``) stamps stage ``tslot`` at its start and ``place_item``'s after it."""
+    ``DIRECT`` or ``ACROSS``) stamps stage ``tslot`` at its start and ``place_item``'s after it.
+    With ``REST`` (the interleaved send kernel, ``dispatch.py``; not ``ACROSS``) the program's first
+    half of each source's items (``shares.first_half``) was laid out before: only the rest is."""
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     super_blocks = tl.cdiv(hist_blocks, SUPER)
@@ -345,7 +390,7 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
     earlier = rows_sum(hist, WORLD * hist_blocks + rank * super_blocks,
                        tl.cdiv(tl.cdiv(size_of(sizes, rank, BLOCK_W) * TOP_K, BLOCK_E), SUPER), BLOCK_B, BLOCK_X)
     first = 1  # the first peer position left to lay out one source at a time
-    if ACROSS and not PACKETS and not DIRECT:
+    if ACROSS and not PACKETS and not DIRECT and not REST:
         whole, totals = lay_out_across(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, hist, hist_blocks, sizes, earlier,
                                        max_tokens, capacity, hidden, rank, pid, grid, WORLD, LOCAL, TOP_K, BLOCK_K,
                                        BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, BLOCK_W)
@@ -363,14 +408,17 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
         n_super = tl.where((i < WORLD - 1) | (pid == 0), tl.cdiv(tl.cdiv(n_s * TOP_K, BLOCK_E), SUPER), 0)
         mine = rows_sum(hist, super_row0, n_super, BLOCK_B, BLOCK_X)
         shares = column_shares(n_s, hidden, grid, BLOCK_H)
-        # with PAIRS, whole rows two at a time (items pid + 2 k grid and the one after): each of
+        start = pid  # this program's first item left to lay out
+        if REST:
+            start = pid + first_half(n_s * shares, pid, grid) * grid
+        # with PAIRS, whole rows two at a time (items start + 2 k grid and the one after): each of
         # their rounds of loads (ids, slots, columns) in flight together
         pair_end = 0  # rows below it go two at a time, the items from rest_start one at a time
-        rest_start = pid
+        rest_start = start
         if PAIRS and not PACKETS:
             pair_end = tl.where((shares == 1) & (n_s >= 2 * grid), n_s, 0)  # every program has two rows or more
-            rest_start = pid + pair_end * shares
-        for item in range(pid, pair_end, 2 * grid):
+            rest_start = start + pair_end * shares
+        for item in range(start, pair_end, 2 * grid):
             two = item + grid < n_s
             t2 = tl.where(two, item + grid, item)
             i0 = (s * max_tokens + item) * TOP_K
@@ -393,28 +441,10 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
             else:
                 place_pair(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, peer_row + item, -1, e2, at2, i02,
                            peer_row + t2, -1, two, rank, hidden, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
-        for item in range(rest_start, n_s * shares, grid):
-            t = item // shares
-            first_here = (i == 1) & (item == pid)  # the program's first item, taken alone
-            if TRACE and not PACKETS and not DIRECT:
-                if first_here:
-                    stamp(trace_ptr, tslot)
-            i0 = (s * max_tokens + t) * TOP_K
-            e = tl.load(ids + i0 + kk, mask=km, other=-1)
-            at = row_slots(src_ids, hist, e, kk, t, n_s * TOP_K, earlier, block_row0, super_row0, capacity, LOCAL,
-                           TOP_K, BLOCK_E, BLOCK_X, BLOCK_B, SUPER)
-            if PACKETS:
-                place_packets(out_ptr, sc_out_ptr, slot_ptr, ids, wtab, recv, sc, pw, e, at, i0, item, shares, rank, s,
-                              t, peer_row + t, hidden, timeout, diag, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
-            elif DIRECT:  # the row came into its first kept slot here
-                kept = (e >= 0) & (e // LOCAL == rank) & (at >= 0)
-                j0 = tl.min(tl.where(kept, kk, BLOCK_K))
-                place_item(out_ptr, sc_out_ptr, slot_ptr, out_ptr, sc_out_ptr, e, at, i0, item, shares, rank,
-                           pick(at, kk, j0), hidden, j0, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
-            else:
-                place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, item, shares, rank, peer_row + t,
-                           hidden, -1, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, trace_ptr,
-                           tl.where(first_here, tslot, -1), TRACE)
+        lay_out_items(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, hist, hist_blocks, max_tokens, capacity, hidden,
+                      rank, s, n_s, shares, earlier, rest_start, n_s * shares, grid, pw, wtab, timeout, diag, WORLD,
+                      LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS, DIRECT,
+                      trace_ptr, tl.where((i == 1) & (rest_start == pid), tslot, -1), TRACE and not REST)
         earlier += mine
     return earlier
 

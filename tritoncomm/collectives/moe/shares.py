@@ -46,6 +46,13 @@ def share_columns(part, shares, hidden, BLOCK_H: tl.constexpr):
 
 
 @triton.jit
+def first_half(items, pid, grid):
+    """How many of program ``pid``'s items ``pid, pid + grid, ...`` (of ``items``) form its first
+    half, the larger one: what an interleaved send program publishes at its half slot and what
+    its counterparts lay out before their barrier (``dispatch.py``, ``MoEShape.interleave_from``)."""
+    return (tl.maximum(tl.cdiv(items - pid, grid), 0) + 1) // 2
+
+@triton.jit
 def pick(v, kk, j):
     """Element ``j`` of the small vector ``v`` indexed by ``kk = tl.arange(0, len(v))`` (exact: one
     term plus zeros)."""

@@ -249,13 +249,11 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     (``gather.lay_out_peers``); ``ACROSS``: two at a time over all peers' rows, where they are whole
     (``gather.lay_out_across``). ``INTERLEAVE`` (``ROUTED``, not ``PACKETS``; barrier slots ``grid +
     pid`` too): program ``pid`` sends the first half of its items (``shares.first_half``), arrives
-    at slot ``grid + pid``, then alternates one item of its second half with one item of the first
-    half that each peer's program ``pid`` sent it (peer by peer in this rank's order; before the
-    first of them it waits at slot ``grid + pid``, after which those rows and the peers' routing
-    are visible), so that the layout's HBM work runs while its rows cross the links; then barrier
-    slot ``pid`` and the rest of the peers' rows. A program that lays out nothing before its
-    barrier never waits at the half slot: every peer's program ``pid`` still passes slot ``pid``
-    of this call before it arrives at the half slot of the next."""
+    at slot ``grid + pid``, sends one item more, waits there (after which the peers' counts,
+    routing and first halves are visible: read nothing of theirs before), then alternates one item
+    of its second half with one item of the first half that each peer's program ``pid`` sent it
+    (peer by peer in this rank's order), so that the layout's HBM work runs while its rows cross
+    the links; then barrier slot ``pid`` and the rest of the peers' rows."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
@@ -293,20 +291,27 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                    WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, False, True, BLOCK_E, BLOCK_X, BLOCK_B, SUPER,
                    False, out_off, sc_out_off, earlier, DIRECT, LOOKAHEAD, 0, k1)
         barrier_arrive(bases, rank, WORLD, flags_off, grid + pid, e)
+        # one more item in flight, then the wait: the peers' counts, routing and first halves are
+        # visible only after it (without the route kernel's barrier)
+        send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
+                   slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
+                   grid, recv_base, max_tokens, ids_base, wtab_base, sc_base, routing, nn, hist, hist_blocks, DTYPE,
+                   WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, False, True, BLOCK_E, BLOCK_X, BLOCK_B, SUPER,
+                   False, out_off, sc_out_off, earlier, DIRECT, LOOKAHEAD, k1, k1 + 1)
+        barrier_wait(bases, rank, WORLD, flags_off, grid + pid, e, timeout, diag)
         ws = tl.arange(0, BLOCK_W)
         sizes = tl.load(ntab + ws, mask=ws < WORLD, other=0)
         super_blocks = tl.cdiv(hist_blocks, SUPER)
         before = rows_sum(hist, WORLD * hist_blocks + rank * super_blocks,  # per expert: the sources before s
                           tl.cdiv(tl.cdiv(n_tokens * TOP_K, BLOCK_E), SUPER), BLOCK_B, BLOCK_X)
-        rest = tl.maximum(tl.cdiv(n_tokens * column_shares(n_tokens, hidden, grid, BLOCK_H) - pid, grid) - k1, 0)
-        waited = False
+        rest = tl.maximum(tl.cdiv(n_tokens * column_shares(n_tokens, hidden, grid, BLOCK_H) - pid, grid) - k1 - 1, 0)
         for i in range(1, WORLD):
             s = (rank + i) % WORLD
             n_s = size_of(sizes, s, BLOCK_W)
             shares_s = column_shares(n_s, hidden, grid, BLOCK_H)
             half_s = first_half(n_s * shares_s, pid, grid)
-            a = k1 + rest * (i - 1) // (WORLD - 1)  # this peer's share of the second half's sends
-            b = k1 + rest * i // (WORLD - 1)
+            a = k1 + 1 + rest * (i - 1) // (WORLD - 1)  # this peer's share of the second half's sends
+            b = k1 + 1 + rest * i // (WORLD - 1)
             for j in range(0, tl.maximum(b - a, half_s)):
                 send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr,
                            sc_out_ptr, slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts,
@@ -314,9 +319,6 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                            routing, nn, hist, hist_blocks, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False,
                            False, True, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, False, out_off, sc_out_off, earlier, DIRECT,
                            LOOKAHEAD, a + j, tl.minimum(a + j + 1, b))
-                if not waited:
-                    barrier_wait(bases, rank, WORLD, flags_off, grid + pid, e, timeout, diag)
-                    waited = True
                 item = pid + j * grid
                 lay_out_items(out_ptr, sc_out_ptr, slot_ptr, heap_ptr(bases, rank, recv_base, DTYPE),
                               heap_ptr(bases, rank, sc_base, tl.float32), heap_ptr(bases, rank, ids_base, tl.int32),

@@ -887,6 +887,15 @@ def test_default_launch_shape_follows_the_instance_size():
     assert PREFILL_ONE_KERNEL_ENTRIES_WIDE < PREFILL_ONE_KERNEL_ENTRIES == prefill.one_kernel_entries
     assert default_shape("cuda", PREFILL_FROM, 132, world=4).one_kernel_entries == PREFILL_ONE_KERNEL_ENTRIES_WIDE
     assert default_shape("cuda", PREFILL_FROM - 1, 132, world=4) == decode
+    # the interleaved send kernel: at EP2 on the GPUs named, for wide rows of 2-byte elements only
+    from tritoncomm.collectives.moe import INTERLEAVE_FROM_TOKENS_EP2, NEVER
+
+    gpu, tokens = INTERLEAVE_FROM_TOKENS_EP2[0]
+    wide = NARROW_SEND_UP_TO + 128
+    assert default_shape("cuda", PREFILL_FROM, 132, hidden=wide, device_name=f"NVIDIA {gpu}").interleave_from == tokens
+    assert prefill.interleave_from == NEVER  # no device named
+    for kw in ({"hidden": NARROW_SEND_UP_TO}, {"hidden": wide, "wire_bytes": 1}, {"hidden": wide, "world": 4}):
+        assert default_shape("cuda", PREFILL_FROM, 132, device_name=gpu, **kw).interleave_from == NEVER, kw
 
 
 def test_role_split_resolves_from_the_shape_and_the_call():

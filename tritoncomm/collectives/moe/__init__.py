@@ -96,11 +96,19 @@ THROUGHPUT_FROM_ELEMS_EP2 = 11 << 18
 #: elements, DeepSeek-V3's 384 (2.75 M) wants the latency mode and Qwen3-MoE's 448 (1.8 M) the
 #: throughput one.
 THROUGHPUT_FROM_TOKENS_EP2: tuple[tuple[str, int], ...] = (("H200", 448),)
+#: ``MoEShape.interleave_from``'s default at EP2 on the GPUs named here, for rows of more than
+#: ``NARROW_SEND_UP_TO`` elements of 2 bytes on the wire (``default_shape``); elsewhere ``NEVER``. On
+#: two H200s (2026-11-28, in graphs, in turn with it off, 2 rounds, two runs, ``docs/moe.md``) the
+#: interleaved send kernel took the DeepSeek-V3 dispatch (hidden 7168) from 243.5 to 230.8 µs at 4096
+#: tokens per rank and 126.3 to 120.9 at 2048, both phases 489.7 to 481.9 and 253.6 to 250.2; at 1024
+#: 68.1 to 66.7 (both phases 134.5 to 135.2) and at 512 it lost (40.1 to 42.7). Qwen3-MoE's rows
+#: (hidden 4096) lost with it at every count (both phases 297.9 to 303.2 at 4096).
+INTERLEAVE_FROM_TOKENS_EP2: tuple[tuple[str, int], ...] = (("H200", 2048),)
 MODES = ("auto", "latency", "throughput")
 
 __all__ = ["DIRECT_FROM_BYTES", "MODES", "NARROW_SEND_UP_TO", "NEVER", "ONE_KERNEL_ENTRIES", "PREFILL_FROM",
            "PUSH_SPLIT_ELEMS", "SHAPES", "SHARED_COPY_FROM", "THROUGHPUT_FROM_ELEMS", "THROUGHPUT_FROM_ELEMS_EP2",
-           "THROUGHPUT_FROM_TOKENS_EP2",
+           "THROUGHPUT_FROM_TOKENS_EP2", "INTERLEAVE_FROM_TOKENS_EP2",
            "MoEAllToAll", "MoEHandle", "MoEShape", "default_shape", "default_throughput_from", "register_cap"]
 
 
@@ -272,7 +280,8 @@ class MoEShape:
     #: kernel's work: each program sends the first half of its rows, publishes them at a barrier
     #: slot of its own, then lays out the first half of what each peer's counterpart sent it while
     #: it sends its second half, and the rest after its barrier, so that the layout's HBM work runs
-    #: while rows still cross the links. ``NEVER``: no call.
+    #: while rows still cross the links. ``NEVER``: no call (``default_shape`` sets it for wide rows
+    #: at EP2 on some GPUs: ``INTERLEAVE_FROM_TOKENS_EP2``).
     interleave_from: int = NEVER
 
     def __post_init__(self) -> None:
@@ -352,15 +361,17 @@ NARROW_SEND_UP_TO = 4096
 
 
 def default_shape(backend: str, max_tokens: int, sms: int, prefill_from: int = PREFILL_FROM,
-                  hidden: int | None = None, wire_bytes: int = 2, world: int = 2) -> MoEShape:
+                  hidden: int | None = None, wire_bytes: int = 2, world: int = 2, device_name: str = "") -> MoEShape:
     """The launch shape of an instance given none: in the CPU world ``SHAPES["cpu"]``; on GPUs one
     4-warp send/gather/combine program per SM and 1024 columns per step below ``prefill_from``
     tokens per rank, two 8-warp ones per SM (4096 columns per send step, 2048 per other step) from
     it on, the send stepping 2048 columns for rows of ``hidden`` up to ``NARROW_SEND_UP_TO`` elements of
     ``wire_bytes == 2`` bytes on the wire (``MoEAllToAll`` gives its ``hidden`` and the wire's element
     size: 1 with FP8 dispatch), the one-kernel dispatch up to ``PREFILL_ONE_KERNEL_ENTRIES_WIDE``
-    routing entries at more than two ranks (``world``). Every rank builds the same shape (the barriers
-    pair program ``pid`` across ranks)."""
+    routing entries at more than two ranks (``world``), and at two ranks on a GPU of
+    ``INTERLEAVE_FROM_TOKENS_EP2`` (``device_name``) with wider rows of 2-byte elements the interleaved
+    send kernel from its count of tokens. Every rank builds the same shape (the barriers pair program
+    ``pid`` across ranks)."""
     if backend != "cuda":
         return SHAPES["cpu"]
     if max_tokens >= prefill_from:
@@ -368,7 +379,13 @@ def default_shape(backend: str, max_tokens: int, sms: int, prefill_from: int = P
         if world > 2:
             sh = replace(sh, one_kernel_entries=PREFILL_ONE_KERNEL_ENTRIES_WIDE)
         narrow = hidden is not None and hidden <= NARROW_SEND_UP_TO and wire_bytes == 2
-        return replace(sh, send_block_h=2048) if narrow else sh
+        if narrow:
+            return replace(sh, send_block_h=2048)
+        if world == 2 and hidden is not None and wire_bytes == 2:
+            for gpu, tokens in INTERLEAVE_FROM_TOKENS_EP2:
+                if gpu in device_name:
+                    return replace(sh, interleave_from=tokens)
+        return sh
     return replace(SHAPES["cuda"], programs=sms)
 
 
@@ -442,9 +459,9 @@ class MoEAllToAll:
             raise InvalidInputError(f"MoEAllToAll: top_k {top_k} exceeds {num_experts} experts")
         if mode not in MODES:
             raise InvalidInputError(f"MoEAllToAll: mode must be one of {MODES}, got {mode!r}")
+        gpu_name = torch.cuda.get_device_name(comm.device) if comm.backend == "cuda" else ""
         if throughput_from is None:
-            throughput_from = default_throughput_from(
-                w, hidden, torch.cuda.get_device_name(comm.device) if comm.backend == "cuda" else "")
+            throughput_from = default_throughput_from(w, hidden, gpu_name)
         if not isinstance(throughput_from, int) or throughput_from < 0:
             raise InvalidInputError(f"MoEAllToAll: throughput_from must be an int >= 0, got {throughput_from!r}")
         if not isinstance(prefill_from, int) or prefill_from < 1:
@@ -466,7 +483,7 @@ class MoEAllToAll:
         self.fp8 = bool(fp8_dispatch)
         sms = torch.cuda.get_device_properties(comm.device).multi_processor_count if comm.backend == "cuda" else 1
         sh = default_shape(comm.backend, max_tokens, sms, prefill_from, hidden,
-                           1 if fp8_dispatch else dtype.itemsize, w)
+                           1 if fp8_dispatch else dtype.itemsize, w, gpu_name)
         if shape is not None:
             if not isinstance(shape, MoEShape):
                 raise InvalidInputError(f"MoEAllToAll: shape must be a MoEShape, got {shape!r}")

@@ -265,19 +265,6 @@ def test_two_kernel_dispatch_matches_reference(worlds, world, case, routing):
         assert bad == []
 
 
-@pytest.mark.parametrize("world,hidden,fp8", dealt([(40, False), (128, True), (40, False)], 3, 4, 2))
-def test_routed_layout_paired_across_peers(worlds, world, hidden, fp8):
-    """``MoEShape.pairs_across``: the routed layout takes a program's rows of all peers as one
-    sequence, two at a time (a program of the two here has up to 3 rows of each peer, 0-6 tokens per
-    rank and call). Whole rows at hidden 40 (one column block of 64); at hidden 128 (two blocks) a
-    peer with one row splits it into two column shares and the program lays out one source at a
-    time, as without pairs. Capacity drops (hot experts), FP8 scales, every call exact."""
-    shape = replace(SHAPES["cpu"], one_kernel=False, route_above=4, block_e=4, super_blocks=2, pairs_across=True)
-    for bad in worlds(world).run(_job, 4 * world, 3, hidden, 6, "hot", 4, capacity=4, fp8=fp8, mode="throughput",
-                                 shape=shape):
-        assert bad == []
-
-
 @pytest.mark.parametrize("world,variant", dealt(["plain", "direct", "fp8", "shares"], 2, 3, 4))
 def test_interleaved_send_kernel_matches_reference(worlds, world, variant):
     """``MoEShape.interleave_from``: each routed send program sends the first half of its rows,
@@ -887,14 +874,16 @@ def test_default_launch_shape_follows_the_instance_size():
     assert PREFILL_ONE_KERNEL_ENTRIES_WIDE < PREFILL_ONE_KERNEL_ENTRIES == prefill.one_kernel_entries
     assert default_shape("cuda", PREFILL_FROM, 132, world=4).one_kernel_entries == PREFILL_ONE_KERNEL_ENTRIES_WIDE
     assert default_shape("cuda", PREFILL_FROM - 1, 132, world=4) == decode
-    # the interleaved send kernel: at EP2 on the GPUs named, for wide rows of 2-byte elements only
-    from tritoncomm.collectives.moe import INTERLEAVE_FROM_TOKENS_EP2, NEVER
+    # the interleaved send kernel: at EP2 and EP4 on the GPUs named, for wide rows of 2-byte elements only
+    from tritoncomm.collectives.moe import INTERLEAVE_FROM_TOKENS, NEVER
 
-    gpu, tokens = INTERLEAVE_FROM_TOKENS_EP2[0]
+    gpu, tokens = INTERLEAVE_FROM_TOKENS[0]
     wide = NARROW_SEND_UP_TO + 128
-    assert default_shape("cuda", PREFILL_FROM, 132, hidden=wide, device_name=f"NVIDIA {gpu}").interleave_from == tokens
+    for world in (2, 4):
+        named = default_shape("cuda", PREFILL_FROM, 132, hidden=wide, world=world, device_name=f"NVIDIA {gpu}")
+        assert named.interleave_from == tokens, world
     assert prefill.interleave_from == NEVER  # no device named
-    for kw in ({"hidden": NARROW_SEND_UP_TO}, {"hidden": wide, "wire_bytes": 1}, {"hidden": wide, "world": 4}):
+    for kw in ({"hidden": NARROW_SEND_UP_TO}, {"hidden": wide, "wire_bytes": 1}, {"hidden": wide, "world": 8}):
         assert default_shape("cuda", PREFILL_FROM, 132, device_name=gpu, **kw).interleave_from == NEVER, kw
 
 

@@ -392,7 +392,7 @@ def _moe_build(kernel: str, options: dict, overrides: dict[str, int]):
     from tritoncomm.collectives.moe import combine, dispatch, gather, onekernel, route
 
     i64 = dict.fromkeys(("epochs_off", "recv_off", "recv_half", "sc_off", "sc_half"), "i64")
-    if kernel in ("send", "send-held", "send-packets", "send-traced", "send-direct"):
+    if kernel in ("send", "send-held", "send-packets", "send-traced", "send-direct", "send-interleaved"):
         sig = {"x_ptr": "*bf16", "x_stride": "i32", "ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32",
                "w_ptr": "*fp32", "w_s0": "i32", "w_s1": "i32", "wts_ptr": "*fp32", "bad_ptr": "*i64",
                "out_ptr": "*bf16", "sc_out_ptr": "*bf16", "slot_ptr": "*i32", "owner_ptr": "*i32", "row_ptr": "*i32",
@@ -408,7 +408,8 @@ def _moe_build(kernel: str, options: dict, overrides: dict[str, int]):
                                             "ROUTED": kernel != "send-held",
                                             "BLOCK_N": 1024 if kernel == "send-held" else 1, "BLOCK_W": 2,
                                             "PACKETS": kernel == "send-packets", "TRACE": kernel == "send-traced",
-                                            "DIRECT": kernel == "send-direct"}
+                                            "DIRECT": kernel == "send-direct",
+                                            "INTERLEAVE": kernel == "send-interleaved"}
     elif kernel in ("route", "route-traced"):
         sig = {"ids_ptr": "*i64", "ids_s0": "i32", "ids_s1": "i32", "bad_ptr": "*i64", "n_tokens": "i32",
                "max_tokens": "i32", "num_experts": "i32", **COMMON,
@@ -506,7 +507,8 @@ def test_moe_kernels_stream_what_they_touch_once():
     """Cache hints (``collectives/moe/gather.py``): the rows laid out into the expert slots are
     streaming 16-byte stores, and the tokens, the received rows and the expert outputs are loaded
     evict-first."""
-    for kernel in ("send", "send-direct", "gather", "one", "one-packets", "combine", "combine-wide"):
+    for kernel in ("send", "send-direct", "send-interleaved", "gather", "one", "one-packets", "combine",
+                   "combine-wide"):
         ptx = _moe_ptx(kernel)
         o = ops(ptx)
         if not kernel.startswith("combine"):
@@ -518,7 +520,8 @@ def test_moe_kernels_stream_what_they_touch_once():
 def test_moe_kernels_wait_for_the_previous_kernel_before_memory():
     """Launched with PDL, every MoE kernel waits (``griddepcontrol.wait``) before its first load or
     store, and lets the next one start."""
-    for kernel in ("route", "send", "send-held", "send-direct", "gather", "combine", "one", "one-packets"):
+    for kernel in ("route", "send", "send-held", "send-direct", "send-interleaved", "gather", "combine", "one",
+                   "one-packets"):
         ptx = _moe_ptx(kernel)
         body = ptx[ptx.index("griddepcontrol.wait"):] if "griddepcontrol.wait" in ptx else ""
         assert body and "griddepcontrol.launch_dependents" in body, kernel

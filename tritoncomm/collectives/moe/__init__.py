@@ -96,19 +96,21 @@ THROUGHPUT_FROM_ELEMS_EP2 = 11 << 18
 #: elements, DeepSeek-V3's 384 (2.75 M) wants the latency mode and Qwen3-MoE's 448 (1.8 M) the
 #: throughput one.
 THROUGHPUT_FROM_TOKENS_EP2: tuple[tuple[str, int], ...] = (("H200", 448),)
-#: ``MoEShape.interleave_from``'s default at EP2 on the GPUs named here, for rows of more than
-#: ``NARROW_SEND_UP_TO`` elements of 2 bytes on the wire (``default_shape``); elsewhere ``NEVER``. On
-#: two H200s (2026-11-28, in graphs, in turn with it off, 2 rounds, two runs, ``docs/moe.md``) the
+#: ``MoEShape.interleave_from``'s default at two and four ranks on the GPUs named here, for rows of
+#: more than ``NARROW_SEND_UP_TO`` elements of 2 bytes on the wire (``default_shape``); elsewhere
+#: ``NEVER``. On two H200s (2026-11-28, in graphs, in turn with it off, 2 rounds, ``docs/moe.md``) the
 #: interleaved send kernel took the DeepSeek-V3 dispatch (hidden 7168) from 243.5 to 230.8 µs at 4096
 #: tokens per rank and 126.3 to 120.9 at 2048, both phases 489.7 to 481.9 and 253.6 to 250.2; at 1024
 #: 68.1 to 66.7 (both phases 134.5 to 135.2) and at 512 it lost (40.1 to 42.7). Qwen3-MoE's rows
-#: (hidden 4096) lost with it at every count (both phases 297.9 to 303.2 at 4096).
-INTERLEAVE_FROM_TOKENS_EP2: tuple[tuple[str, int], ...] = (("H200", 2048),)
+#: (hidden 4096) lost with it at every count (both phases 297.9 to 303.2 at 4096). On four H200s
+#: the DeepSeek-V3 dispatch went from 614.7 to 585.5 µs at 4096 and 315.4 to 304.1 at 2048 (1024:
+#: 162.6 to 162.0), both phases 1173.5 to 1140.3 and 600.4 to 591.7. Eight ranks: not measured.
+INTERLEAVE_FROM_TOKENS: tuple[tuple[str, int], ...] = (("H200", 2048),)
 MODES = ("auto", "latency", "throughput")
 
 __all__ = ["DIRECT_FROM_BYTES", "MODES", "NARROW_SEND_UP_TO", "NEVER", "ONE_KERNEL_ENTRIES", "PREFILL_FROM",
            "PUSH_SPLIT_ELEMS", "SHAPES", "SHARED_COPY_FROM", "THROUGHPUT_FROM_ELEMS", "THROUGHPUT_FROM_ELEMS_EP2",
-           "THROUGHPUT_FROM_TOKENS_EP2", "INTERLEAVE_FROM_TOKENS_EP2",
+           "THROUGHPUT_FROM_TOKENS_EP2", "INTERLEAVE_FROM_TOKENS",
            "MoEAllToAll", "MoEHandle", "MoEShape", "default_shape", "default_throughput_from", "register_cap"]
 
 
@@ -270,18 +272,13 @@ class MoEShape:
     #: 495.1 to 489.2 µs at 4096 tokens per rank and Qwen3-MoE from 303.9 to 298.3 (87.2 to 86.7 at
     #: 1024); with pairs also where programs had one or two rows, DeepSeek-V3 lost 1.6 µs at 512.
     paired_layout: bool = True
-    #: The routed send kernel's layout of the peers' rows takes a program's rows of all peers as one
-    #: sequence, two at a time (``gather.lay_out_across``), in calls where every peer's rows are whole
-    #: items (no column shares): at EP4 and more a program lays out rows of several peers, one
-    #: after another without it. Off by default: it has no measurement on GPUs (``docs/moe.md``).
-    pairs_across: bool = False
     #: On instances that route, without routed packets: calls of at least this many tokens per rank
     #: (``tokens_bound``, else ``max_tokens``: the same on every rank) interleave the routed send
     #: kernel's work: each program sends the first half of its rows, publishes them at a barrier
     #: slot of its own, then lays out the first half of what each peer's counterpart sent it while
     #: it sends its second half, and the rest after its barrier, so that the layout's HBM work runs
     #: while rows still cross the links. ``NEVER``: no call (``default_shape`` sets it for wide rows
-    #: at EP2 on some GPUs: ``INTERLEAVE_FROM_TOKENS_EP2``).
+    #: at two and four ranks on some GPUs: ``INTERLEAVE_FROM_TOKENS``).
     interleave_from: int = NEVER
 
     def __post_init__(self) -> None:
@@ -368,8 +365,8 @@ def default_shape(backend: str, max_tokens: int, sms: int, prefill_from: int = P
     it on, the send stepping 2048 columns for rows of ``hidden`` up to ``NARROW_SEND_UP_TO`` elements of
     ``wire_bytes == 2`` bytes on the wire (``MoEAllToAll`` gives its ``hidden`` and the wire's element
     size: 1 with FP8 dispatch), the one-kernel dispatch up to ``PREFILL_ONE_KERNEL_ENTRIES_WIDE``
-    routing entries at more than two ranks (``world``), and at two ranks on a GPU of
-    ``INTERLEAVE_FROM_TOKENS_EP2`` (``device_name``) with wider rows of 2-byte elements the interleaved
+    routing entries at more than two ranks (``world``), and at two or four ranks on a GPU of
+    ``INTERLEAVE_FROM_TOKENS`` (``device_name``) with wider rows of 2-byte elements the interleaved
     send kernel from its count of tokens. Every rank builds the same shape (the barriers pair program
     ``pid`` across ranks)."""
     if backend != "cuda":
@@ -381,8 +378,8 @@ def default_shape(backend: str, max_tokens: int, sms: int, prefill_from: int = P
         narrow = hidden is not None and hidden <= NARROW_SEND_UP_TO and wire_bytes == 2
         if narrow:
             return replace(sh, send_block_h=2048)
-        if world == 2 and hidden is not None and wire_bytes == 2:
-            for gpu, tokens in INTERLEAVE_FROM_TOKENS_EP2:
+        if world in (2, 4) and hidden is not None and wire_bytes == 2:
+            for gpu, tokens in INTERLEAVE_FROM_TOKENS:
                 if gpu in device_name:
                     return replace(sh, interleave_from=tokens)
         return sh
@@ -770,7 +767,7 @@ class MoEAllToAll:
                     local=self.local_experts, wtab_off=self._wtab_off, wtab_half=self._wtab_half,
                     block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=self._held_block_n,
                     header=self._header, trace=trace, direct=self._direct_offs if direct else None,
-                    lookahead=routed and sh.routed_lookahead, pairs=self._pairs, across=sh.pairs_across,
+                    lookahead=routed and sh.routed_lookahead, pairs=self._pairs,
                     interleave=interleave, **self._send_bufs,
                     **tables)
         if not routed:

@@ -235,7 +235,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                     SUPER: tl.constexpr, FP8: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_W: tl.constexpr, PACKETS: tl.constexpr = False, TRACE: tl.constexpr = False,
                     DIRECT: tl.constexpr = False, LOOKAHEAD: tl.constexpr = False, PAIRS: tl.constexpr = False,
-                    ACROSS: tl.constexpr = False, INTERLEAVE: tl.constexpr = False):
+                    INTERLEAVE: tl.constexpr = False):
     """See the module docstring. With ``PACKETS`` (``ROUTED`` only) the receive buffer (and its
     scales) and the weights table at ``pw_off`` are Lamport buffers at rest: the rows and weights go
     out as packets, to the peers that own one of the row's experts, and program ``pid`` lays out the
@@ -246,8 +246,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     into its first kept slot on each peer's expert buffer (heap offsets ``out_off``, ``sc_out_off``),
     and the layout copies it from there into the row's other slots. ``LOOKAHEAD``: the sends' loads
     one column block ahead (``send_items``). ``PAIRS``: the layout takes whole rows two at a time
-    (``gather.lay_out_peers``); ``ACROSS``: two at a time over all peers' rows, where they are whole
-    (``gather.lay_out_across``). ``INTERLEAVE`` (``ROUTED``, not ``PACKETS``; barrier slots ``grid +
+    (``gather.lay_out_peers``). ``INTERLEAVE`` (``ROUTED``, not ``PACKETS``; barrier slots ``grid +
     pid`` too): program ``pid`` sends the first half of its items (``shares.first_half``), arrives
     at slot ``grid + pid``, sends one item more, waits there (after which the peers' counts,
     routing and first halves are visible: read nothing of theirs before), then alternates one item
@@ -361,7 +360,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                                ntab, hist, hist_blocks, max_tokens, capacity, hidden, rank, pid, grid, pw,
                                heap_ptr(bases, rank, wtab_base, tl.float32), timeout, diag, WORLD, LOCAL, TOP_K,
                                BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS, BLOCK_W, DIRECT, PAIRS,
-                               trace_ptr, pid * _STAGES + 7, TRACE, ACROSS, INTERLEAVE)
+                               trace_ptr, pid * _STAGES + 7, TRACE, INTERLEAVE)
         if pid == 0:
             finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, 0, LOCAL, BLOCK_X)
             ws = tl.arange(0, BLOCK_W)
@@ -381,7 +380,7 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
                 routed: bool, block_n: int, num_warps: int, launch_opts: dict[str, bool | int],
                 header: torch.Tensor, pw_off: int = 0, pw_half: int = 0, packets: bool = False,
                 trace: torch.Tensor | None = None, direct: tuple[int, int] | None = None,
-                lookahead: bool = False, pairs: bool = False, across: bool = False, interleave: bool = False) -> None:
+                lookahead: bool = False, pairs: bool = False, interleave: bool = False) -> None:
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs): with
     ``routed`` after ``route.launch_route`` on the same grid (and then leaving ``header`` for
     ``combine``, ``header.py``), else holding the routing in blocks of ``block_n`` entries (at least
@@ -390,7 +389,7 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
     route.ROUTED_STAGES, 2]`` for the stage stamps, or None. ``direct`` (routed, after the route
     kernel with its barrier): the heap offsets of ``out`` and ``scales`` (0 without FP8), into which
     the rows then go on the peers, or None. ``pairs``: the routed layout takes whole rows two at a
-    time; ``across``: two at a time over all peers' rows, where they are whole; ``interleave``
+    time; ``interleave``
     (routed, plain buffers; the channel has ``2 * programs`` barrier slots): the peers' first halves
     laid out while the second half is sent."""
     bases, rank, world, timeout, diag = comm.kernel_args()
@@ -404,7 +403,7 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_E=block_e,
         BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, FP8=fp8, ROUTED=routed,
         BLOCK_N=1 if routed else block_n, BLOCK_W=pow2_at_least(world), PACKETS=packets, TRACE=trace is not None,
-        DIRECT=direct is not None, LOOKAHEAD=bool(lookahead), PAIRS=bool(pairs), ACROSS=bool(across) and routed,
+        DIRECT=direct is not None, LOOKAHEAD=bool(lookahead), PAIRS=bool(pairs),
         INTERLEAVE=bool(interleave) and routed and not packets,
         num_warps=num_warps,
         **launch_opts)

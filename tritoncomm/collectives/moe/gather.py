@@ -53,7 +53,7 @@ from .header import size_of, store_header
 from .route import row_slots, rows_per_load, rows_sum, slot_loads, slot_sums
 from .shares import column_shares, first_half, pick, share_columns
 
-__all__ = ["finish_counts", "launch_gather", "lay_out_across", "lay_out_items", "lay_out_peers", "moe_gather_kernel",
+__all__ = ["finish_counts", "launch_gather", "lay_out_items", "lay_out_peers", "moe_gather_kernel",
            "place_item", "place_packets", "place_pair", "store_slots"]
 
 
@@ -231,90 +231,6 @@ def finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, ba
 
 
 @triton.jit
-def _item_of(q, sizes, rank, pid, grid, WORLD: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Element ``q`` of program ``pid``'s whole-row items over the peers in this rank's order
-    (``rank + 1, rank + 2, ...``; each peer's rows ``pid, pid + grid, ...`` below its count): the
-    peer's position ``i`` in that order and the row. Past the last element: position 1, row 0."""
-    base = 0
-    i_at = 1
-    row = 0
-    for i in tl.static_range(1, WORLD):
-        n_s = size_of(sizes, (rank + i) % WORLD, BLOCK_W)
-        c = tl.where(pid < n_s, (n_s - pid + grid - 1) // grid, 0)
-        hit = (q >= base) & (q < base + c)
-        i_at = tl.where(hit, i, i_at)
-        row = tl.where(hit, pid + (q - base) * grid, row)
-        base += c
-    return i_at, row
-
-
-@triton.jit
-def _across_loads(ids, hist, sizes, i, t, valid, rank, max_tokens, hist_blocks, WORLD: tl.constexpr,
-                  TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr,
-                  BLOCK_B: tl.constexpr, SUPER: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Row ``t`` of the peer at position ``i`` of this rank's order: its entries' first index in the
-    tables, its ids (-1 unless ``valid``) and ``route.slot_loads``' round for it."""
-    kk = tl.arange(0, BLOCK_K)
-    s = (rank + i) % WORLD
-    i0 = (s * max_tokens + t) * TOP_K
-    e = tl.load(ids + i0 + kk, mask=(kk < TOP_K) & valid, other=-1)
-    sup, blk, win = slot_loads(ids + s * max_tokens * TOP_K, hist, e, t, size_of(sizes, s, BLOCK_W) * TOP_K,
-                               s * hist_blocks, WORLD * hist_blocks + s * tl.cdiv(hist_blocks, SUPER), TOP_K, BLOCK_E,
-                               BLOCK_X, BLOCK_B, SUPER)
-    return i0, e, sup, blk, win
-
-
-@triton.jit
-def lay_out_across(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, hist, hist_blocks, sizes, earlier, max_tokens,
-                   capacity, hidden, rank, pid, grid, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
-                   BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr, BLOCK_E: tl.constexpr,
-                   BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr, BLOCK_W: tl.constexpr):
-    """``lay_out_peers``' rows with every peer's rows whole (one column share each): program
-    ``pid``'s rows of all peers taken as one sequence (peer ``rank + 1``'s rows ``pid, pid + grid,
-    ...``, then ``rank + 2``'s, ...), two at a time (``place_pair``), so that a program's rows from
-    different peers share their rounds of loads. ``earlier``: per expert, this rank's own entries.
-    Returns ``(whole, totals)``: whether every peer's rows were whole (if not, nothing was laid out)
-    and, on program 0, every source's entries per expert (the others skip the last peer's count)."""
-    kk = tl.arange(0, BLOCK_K)
-    ws = tl.arange(0, BLOCK_W)
-    super_blocks = tl.cdiv(hist_blocks, SUPER)
-    # per position i of this rank's order, the entries per expert of the sources before it
-    before = tl.zeros([BLOCK_W, BLOCK_X], dtype=tl.int32)
-    whole = True
-    n_items = 0
-    for i in tl.static_range(1, WORLD):
-        s = (rank + i) % WORLD
-        n_s = size_of(sizes, s, BLOCK_W)
-        before = tl.where((ws == i)[:, None], earlier[None, :], before)
-        n_super = tl.where((i < WORLD - 1) | (pid == 0), tl.cdiv(tl.cdiv(n_s * TOP_K, BLOCK_E), SUPER), 0)
-        earlier += rows_sum(hist, WORLD * hist_blocks + s * super_blocks, n_super, BLOCK_B, BLOCK_X)
-        whole = whole & ((n_s == 0) | (column_shares(n_s, hidden, grid, BLOCK_H) == 1))
-        n_items += tl.where(pid < n_s, (n_s - pid + grid - 1) // grid, 0)
-    if whole:
-        for q in range(0, n_items, 2):
-            two = q + 1 < n_items
-            i1, t1 = _item_of(q, sizes, rank, pid, grid, WORLD, BLOCK_W)
-            i2, t2 = _item_of(q + 1, sizes, rank, pid, grid, WORLD, BLOCK_W)
-            i01, e1, sup1, blk1, win1 = _across_loads(ids, hist, sizes, i1, t1, True, rank, max_tokens, hist_blocks,
-                                                      WORLD, TOP_K, BLOCK_K, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, BLOCK_W)
-            i02, e2, sup2, blk2, win2 = _across_loads(ids, hist, sizes, i2, t2, two, rank, max_tokens, hist_blocks,
-                                                      WORLD, TOP_K, BLOCK_K, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, BLOCK_W)
-            s1 = (rank + i1) % WORLD
-            s2 = (rank + i2) % WORLD
-            at1 = slot_sums(sup1, blk1, win1, hist, e1, kk, t1, tl.sum(tl.where((ws == i1)[:, None], before, 0), 0),
-                            s1 * hist_blocks, WORLD * hist_blocks + s1 * super_blocks, capacity, LOCAL, TOP_K, BLOCK_E,
-                            BLOCK_X, BLOCK_B, SUPER)
-            at2 = slot_sums(sup2, blk2, win2, hist, e2, kk, t2, tl.sum(tl.where((ws == i2)[:, None], before, 0), 0),
-                            s2 * hist_blocks, WORLD * hist_blocks + s2 * super_blocks, capacity, LOCAL, TOP_K, BLOCK_E,
-                            BLOCK_X, BLOCK_B, SUPER)
-            place_pair(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e1, at1, i01,
-                       (s1 - (s1 > rank).to(tl.int32)) * max_tokens + t1, -1, e2, at2, i02,
-                       (s2 - (s2 > rank).to(tl.int32)) * max_tokens + t2, -1, two, rank, hidden, LOCAL, TOP_K,
-                       BLOCK_K, BLOCK_H, FP8)
-    return whole, earlier
-
-
-@triton.jit
 def lay_out_items(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, hist, hist_blocks, max_tokens, capacity, hidden, rank,
                   s, n_s, shares, earlier, start, stop, step, pw, wtab, timeout, diag, WORLD: tl.constexpr,
                   LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -364,7 +280,7 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
                   BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr, SUPER: tl.constexpr,
                   PACKETS: tl.constexpr, BLOCK_W: tl.constexpr, DIRECT: tl.constexpr = False,
                   PAIRS: tl.constexpr = False, trace_ptr=0, tslot=-1, TRACE: tl.constexpr = False,
-                  ACROSS: tl.constexpr = False, REST: tl.constexpr = False):
+                  REST: tl.constexpr = False):
     """Program ``pid``'s items of every peer's rows (module docstring), laid out from the receive
     buffer ``recv`` (scales ``sc``) with the slots from the tables ``ids``, ``ntab`` and ``hist``;
     with ``DIRECT`` from the row's first kept slot on this rank (in ``j`` order), where the source
@@ -375,11 +291,9 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
     are Lamport buffers, polled row by row (``place_packets``: the weights go from ``pw`` into
     ``wtab``). With ``PAIRS`` (not ``PACKETS``), where a source gives every program two whole rows
     or more (no column shares, at least ``2 * grid`` rows), the program takes that source's rows two
-    at a time (``place_pair``). With ``ACROSS`` (not ``PACKETS`` or ``DIRECT``), in calls where every
-    peer's rows are whole items, the program takes its rows of all peers two at a time
-    (``lay_out_across``). With ``TRACE`` the program's first item taken alone (not with ``PACKETS``,
-    ``DIRECT`` or ``ACROSS``) stamps stage ``tslot`` at its start and ``place_item``'s after it.
-    With ``REST`` (the interleaved send kernel, ``dispatch.py``; not ``ACROSS``) the program's first
+    at a time (``place_pair``). With ``TRACE`` the program's first item taken alone (not with
+    ``PACKETS`` or ``DIRECT``) stamps stage ``tslot`` at its start and ``place_item``'s after it.
+    With ``REST`` (the interleaved send kernel, ``dispatch.py``) the program's first
     half of each source's items (``shares.first_half``) was laid out before: only the rest is."""
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
@@ -389,15 +303,7 @@ def lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, ntab, hist, hist
     # per expert, the entries of the sources before s in this rank's order: its own first
     earlier = rows_sum(hist, WORLD * hist_blocks + rank * super_blocks,
                        tl.cdiv(tl.cdiv(size_of(sizes, rank, BLOCK_W) * TOP_K, BLOCK_E), SUPER), BLOCK_B, BLOCK_X)
-    first = 1  # the first peer position left to lay out one source at a time
-    if ACROSS and not PACKETS and not DIRECT and not REST:
-        whole, totals = lay_out_across(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ids, hist, hist_blocks, sizes, earlier,
-                                       max_tokens, capacity, hidden, rank, pid, grid, WORLD, LOCAL, TOP_K, BLOCK_K,
-                                       BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, BLOCK_W)
-        if whole:
-            earlier = totals
-            first = WORLD
-    for i in range(first, WORLD):
+    for i in range(1, WORLD):
         s = (rank + i) % WORLD
         n_s = size_of(sizes, s, BLOCK_W)
         peer_row = (s - (s > rank).to(tl.int32)) * max_tokens  # the source's first row in the receive buffer

@@ -41,6 +41,15 @@ goes, instead of into the receive buffer, into its first kept slot (``j`` order)
 keeps one (``route.direct_earlier`` gives every owner's earlier sources), and the peer's layout
 after the barrier copies it from there into its other slots only.
 
+**Interleaved** (``INTERLEAVE``: calls of at least ``MoEShape.interleave_from`` tokens). Program
+``pid`` sends the first half of its items (``shares.first_half``), arrives at a second barrier slot
+``grid + pid``, sends one item more and waits there; then it alternates one item of its second half
+with one item of the first half that program ``pid`` of each peer sent it, so that the layout's HBM
+work runs while rows still cross the links, and lays out the rest after barrier slot ``pid``
+(``lay_out_peers(REST=True)``). Every program of every rank arrives at its half slot, and a peer's
+program ``pid`` arrives there in the next call only after this call's slot ``pid``, which this
+program reaches after its wait: a half slot never holds the next call's epoch while it is waited on.
+
 With ``FP8`` the token is sent as e4m3 with one fp32 scale per 128 values (``wire.to_fp8``), the
 scales into the scale table's row (and beside the own slots).
 
@@ -389,9 +398,8 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
     route.ROUTED_STAGES, 2]`` for the stage stamps, or None. ``direct`` (routed, after the route
     kernel with its barrier): the heap offsets of ``out`` and ``scales`` (0 without FP8), into which
     the rows then go on the peers, or None. ``pairs``: the routed layout takes whole rows two at a
-    time; ``interleave``
-    (routed, plain buffers; the channel has ``2 * programs`` barrier slots): the peers' first halves
-    laid out while the second half is sent."""
+    time; ``interleave`` (routed, plain buffers; the channel has ``2 * programs`` barrier slots):
+    the peers' first halves laid out while the second half is sent."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None

@@ -283,6 +283,22 @@ def test_interleaved_send_kernel_matches_reference(worlds, world, variant):
         assert bad == []
 
 
+@pytest.mark.parametrize("world,variant", dealt(["plain", "both", "shares"], 2, 3, 4))
+def test_interleaved_throughput_combine_matches_reference(worlds, world, variant):
+    """``MoEShape.combine_interleave_from``: the throughput combine pushes the first half of each
+    program's partials, adds up the first half of its own tokens while it pushes the second, and
+    the rest after its barrier. Up to 30 tokens per rank over the 2 programs here (one rank with none
+    in the first call), capacity drops, every call exact and the bits as without it (the reference
+    sums in rank order); ``both``: with the interleaved send kernel too; ``shares``: at one or two
+    tokens per rank, where a token's columns split into two shares (hidden 128)."""
+    shape = replace(SHAPES["cpu"], one_kernel=False, route_above=4, block_e=4, super_blocks=2,
+                    combine_interleave_from=1, interleave_from=1 if variant == "both" else NEVER)
+    max_tokens = 2 if variant == "shares" else 30
+    for bad in worlds(world).run(_job, 4 * world, 3, 128 if variant == "shares" else 40, max_tokens, "hot", 4,
+                                 capacity=max_tokens * 2 // 3, mode="throughput", shape=shape):
+        assert bad == []
+
+
 @pytest.mark.parametrize("world,super_blocks", [(2, 1), (3, 32)])
 def test_slots_past_one_load_of_histogram_rows(worlds, world, super_blocks):
     """``route.row_slots`` loads the first ``BLOCK_B`` (here 16) superblock rows and the block rows in

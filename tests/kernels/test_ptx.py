@@ -452,7 +452,8 @@ def _moe_build(kernel: str, options: dict, overrides: dict[str, int]):
                "trace_ptr": "*i64"}
         fn, cx = combine.moe_combine_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_W": 2,
                                               "BLOCK_H": 1024, "TRACE": False,
-                                              "BLOCK_HT": 4096 if kernel == "combine-wide" else 0}
+                                              "BLOCK_HT": 4096 if kernel == "combine-wide" else 0,
+                                              "INTERLEAVE": kernel == "combine-interleaved"}
     # as launched: tensors and hidden (7168) divisible by 16; the counts and rank are not
     sized = ("hidden", "capacity", "max_tokens", "num_experts", "x_stride")
     aligned = {k for k, v in sig.items() if v.startswith("*") or k in sized or k.endswith(("_off", "_half"))}
@@ -465,8 +466,8 @@ def test_moe_kernels_move_tokens_in_16_byte_vectors():
     partials) are 16-byte vector accesses, with no 2-byte ones (cache hints or none), also where the
     send kernel stores rows into the peers' expert slots (``send-direct``), and where the throughput
     combine steps more columns than the latency one (``combine-wide``)."""
-    for kernel in ("send", "send-held", "send-packets", "send-direct", "gather", "combine", "combine-wide", "one",
-                   "one-packets"):
+    for kernel in ("send", "send-held", "send-packets", "send-direct", "gather", "combine", "combine-wide",
+                   "combine-interleaved", "one", "one-packets"):
         ptx = _moe_ptx(kernel)
         for op in ("st", "ld"):
             accesses = re.findall(rf"\b{op}\.global(?:\.[\w:]+)*?\.(v4\.b32|b16)\b", ptx)
@@ -520,8 +521,8 @@ def test_moe_kernels_stream_what_they_touch_once():
 def test_moe_kernels_wait_for_the_previous_kernel_before_memory():
     """Launched with PDL, every MoE kernel waits (``griddepcontrol.wait``) before its first load or
     store, and lets the next one start."""
-    for kernel in ("route", "send", "send-held", "send-direct", "send-interleaved", "gather", "combine", "one",
-                   "one-packets"):
+    for kernel in ("route", "send", "send-held", "send-direct", "send-interleaved", "gather", "combine",
+                   "combine-interleaved", "one", "one-packets"):
         ptx = _moe_ptx(kernel)
         body = ptx[ptx.index("griddepcontrol.wait"):] if "griddepcontrol.wait" in ptx else ""
         assert body and "griddepcontrol.launch_dependents" in body, kernel

@@ -280,6 +280,12 @@ class MoEShape:
     #: while rows still cross the links. ``NEVER``: no call (``default_shape`` sets it for wide rows
     #: at two and four ranks on some GPUs: ``INTERLEAVE_FROM_TOKENS``).
     interleave_from: int = NEVER
+    #: Calls of at least this many tokens per rank (the dispatch's bound) interleave the throughput
+    #: combine's work: each program pushes the first half of its partials, publishes them at a barrier
+    #: slot of its own, then adds up the first half of its own tokens (whose peers' partials came in
+    #: the peers' first halves) while it pushes its second half, and the rest after its barrier.
+    #: ``NEVER``: no call.
+    combine_interleave_from: int = NEVER
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_e", "send_block_h", "one_block_h", "throughput_block_h", "super_blocks",
@@ -290,8 +296,9 @@ class MoEShape:
                 raise InvalidInputError(f"MoEShape: {name} must be a power of two, got {v}")
         if self.direct_from_bytes < 0:
             raise InvalidInputError(f"MoEShape: direct_from_bytes must be at least 0, got {self.direct_from_bytes}")
-        if self.interleave_from < 1:
-            raise InvalidInputError(f"MoEShape: interleave_from must be at least 1, got {self.interleave_from}")
+        for name in ("interleave_from", "combine_interleave_from"):
+            if getattr(self, name) < 1:
+                raise InvalidInputError(f"MoEShape: {name} must be at least 1, got {getattr(self, name)}")
         if self.shared_copy_from < 0:
             raise InvalidInputError(f"MoEShape: shared_copy_from must be at least 0, got {self.shared_copy_from}")
         if self.programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):
@@ -581,7 +588,10 @@ class MoEAllToAll:
         programs = self.shape.programs
         self._send_ch = Channel(comm, f"{name}.send", programs=programs,  # interleaved: a half slot each too
                                 barrier_slots=2 * programs if self._interleave else programs)
-        self._comb_ch = Channel(comm, f"{name}.combine", programs=programs, barrier_slots=programs)
+        #: some calls interleave the throughput combine (``combine_interleave_from``): a half slot each too
+        self._comb_interleave = w > 1 and sh.combine_interleave_from <= max_tokens
+        self._comb_ch = Channel(comm, f"{name}.combine", programs=programs,
+                                barrier_slots=2 * programs if self._comb_interleave else programs)
         #: the route kernel ends with a barrier of its own (``MoEShape.route_barrier``; routed packets need it)
         self._route_barrier = sh.route_barrier or self._routed_packets
         self._route_ch = Channel(comm, f"{name}.route", programs=programs,
@@ -801,7 +811,8 @@ class MoEAllToAll:
                        part_off=self._part_off, lpart_off=self._lpart_off, block_h=sh.block_h,
                        num_warps=sh.num_warps, launch_opts=self._decode_opts if decode else self._launch_opts,
                        trace=self._trace(1, handle.call - 1), pushers=sh.pushers(handle.bound, self.hidden),
-                       throughput_block_h=sh.throughput_block_h)
+                       throughput_block_h=sh.throughput_block_h,
+                       interleave=self._comb_interleave and not decode and handle.bound >= sh.combine_interleave_from)
         return out[:handle.n_tokens]
 
     def close(self) -> None:

@@ -56,6 +56,8 @@ import triton.language as tl
 from ...kernels import (
     INTERPRET,
     barrier,
+    barrier_arrive,
+    barrier_wait,
     epoch_commit_slots,
     heap_ptr,
     lamport_canonical,
@@ -71,7 +73,7 @@ from ...kernels import (
 )
 from ...kernels.launcher import Launcher
 from .header import load_header, size_of
-from .shares import column_shares, dealt_first, pick, share_columns
+from .shares import column_shares, dealt_first, first_half, pick, share_columns
 
 __all__ = ["COMBINE_STAGES", "launch_combine", "moe_combine_kernel"]
 
@@ -107,16 +109,43 @@ def _weighted_rows(ybuf, rows, wt, c, hidden, m, TOP_K: tl.constexpr, BLOCK_K: t
 
 
 @triton.jit
+def _final_item(out_ptr, owner_ptr, part, n_tokens, hidden, max_tokens, rank, item, grid, WORLD: tl.constexpr,
+                TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_HT: tl.constexpr):
+    """Throughput mode: item ``item`` of this rank's own tokens (``column_shares(n_tokens)`` of
+    ``BLOCK_HT`` columns) summed in rank order, its own partial read back from ``out`` and each
+    peer's from the partials buffer ``part``, the result into ``out``."""
+    DTYPE: tl.constexpr = out_ptr.dtype.element_ty
+    kk = tl.arange(0, BLOCK_K)
+    km = kk < TOP_K
+    wide = tl.arange(0, BLOCK_HT)
+    wshares = column_shares(n_tokens, hidden, grid, BLOCK_HT)
+    t = item // wshares
+    owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
+    lo, hi = share_columns(item % wshares, wshares, hidden, BLOCK_HT)
+    for c in range(lo, hi, BLOCK_HT):
+        m = c + wide < hidden
+        own = tl.load(out_ptr + tl.cast(t, tl.int64) * hidden + c + wide, mask=m, other=0.0).to(tl.float32)
+        acc = tl.zeros([BLOCK_HT], dtype=tl.float32)
+        for r in tl.static_range(WORLD):
+            peer = (r != rank) & (tl.sum((owner == r).to(tl.int32), axis=0) > 0)
+            got = tl.load(part + tl.cast(r * max_tokens + t, tl.int64) * hidden + c + wide, mask=m & peer,
+                          other=0.0).to(tl.float32)
+            acc += tl.where(r == rank, own, got)
+        tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + wide, round_to(acc, DTYPE), mask=m)
+
+
+@triton.jit
 def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off,
                 part_off, lpart_off, from_partials, pid, grid, timeout, diag, WORLD: tl.constexpr, TOP_K: tl.constexpr,
-                BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HT: tl.constexpr):
+                BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HT: tl.constexpr, k_from=0):
     """Both modes, last: every token's partials in rank order. This rank's own partial is summed here
     from its expert buffer (latency mode) or read back from ``out`` (throughput mode: ``_own_item``
     stored it there); a peer's is polled from the Lamport buffer and reset (latency mode) or read
     from the partials buffer after the barrier (throughput mode). The work items are (token, share
     of its column blocks) (``column_shares``); an item's routing is loaded once, so each column
     block waits on one round of loads. Each mode has a loop of its own, compiled apart from the
-    other's waits, and its own columns per step (``BLOCK_HT`` in the throughput mode)."""
+    other's waits, and its own columns per step (``BLOCK_HT`` in the throughput mode). The throughput
+    mode starts at the program's item ``k_from`` (the interleaved combine summed the ones before)."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
@@ -124,22 +153,10 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
     part = heap_ptr(bases, rank, part_off, DTYPE)
     lpart = heap_ptr(bases, rank, lpart_off, DTYPE)
     if from_partials:  # names of its own: the branches' widths differ, and Triton merges shared names
-        wide = tl.arange(0, BLOCK_HT)
         wshares = column_shares(n_tokens, hidden, grid, BLOCK_HT)
-        for item in range(pid, n_tokens * wshares, grid):
-            t = item // wshares
-            owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
-            lo, hi = share_columns(item % wshares, wshares, hidden, BLOCK_HT)
-            for c in range(lo, hi, BLOCK_HT):
-                m = c + wide < hidden
-                own = tl.load(out_ptr + tl.cast(t, tl.int64) * hidden + c + wide, mask=m, other=0.0).to(tl.float32)
-                acc = tl.zeros([BLOCK_HT], dtype=tl.float32)
-                for r in tl.static_range(WORLD):
-                    peer = (r != rank) & (tl.sum((owner == r).to(tl.int32), axis=0) > 0)
-                    got = tl.load(part + tl.cast(r * max_tokens + t, tl.int64) * hidden + c + wide, mask=m & peer,
-                                  other=0.0).to(tl.float32)
-                    acc += tl.where(r == rank, own, got)
-                tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + wide, round_to(acc, DTYPE), mask=m)
+        for item in range(pid + k_from * grid, n_tokens * wshares, grid):
+            _final_item(out_ptr, owner_ptr, part, n_tokens, hidden, max_tokens, rank, item, grid, WORLD, TOP_K,
+                        BLOCK_K, BLOCK_HT)
     else:
         cols = tl.arange(0, BLOCK_H)
         shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
@@ -246,6 +263,62 @@ def _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidde
 
 
 @triton.jit
+def _push_interleaved(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, bases, rank,
+                      ybuf_off, ids, wtab, sizes, part_off, flags_off, e, timeout, diag, pid, grid, DTYPE: tl.constexpr,
+                      WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+                      BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Throughput mode, interleaved (``MoEShape.combine_interleave_from``): ``_push_partials`` in two
+    halves. The program pushes the first half (``shares.first_half``) of its items of each peer's
+    tokens, the first peer's alternating with the first half of its own items' own part, and
+    arrives at barrier slot ``grid + pid``; then it sums its next own item's own part, waits there
+    (every peer's program ``pid`` has then pushed the first half of this rank's tokens: the same
+    split), and alternates one pushed item of its second half with one task of the HBM side: the
+    final sums (``_final_item``) of its first-half own items, then the own part of the rest. Returns
+    how many of its own items it summed in full (the rest after the barrier on slot ``pid``)."""
+    ybuf = heap_ptr(bases, rank, ybuf_off, DTYPE)
+    part = heap_ptr(bases, rank, part_off, DTYPE)
+    own_items = n_tokens * column_shares(n_tokens, hidden, grid, BLOCK_H)
+    n_own = tl.maximum(tl.cdiv(own_items - pid, grid), 0)
+    h_own = first_half(own_items, pid, grid)
+    for i in range(1, WORLD):
+        s = (rank + i) % WORLD
+        n_s = size_of(sizes, s, BLOCK_W)
+        half = first_half(n_s * column_shares(n_s, hidden, grid, BLOCK_H), pid, grid)
+        for k in range(0, tl.where(i == 1, tl.maximum(half, h_own), half)):
+            if k < half:
+                _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, part_off, max_tokens, rank, s, n_s,
+                           pid + k * grid, DTYPE, LOCAL, TOP_K, BLOCK_K, BLOCK_H, False, grid)
+            if (i == 1) & (k < h_own):
+                _own_item(out_ptr, w_ptr, row_ptr, ybuf, n_tokens, hidden, pid + k * grid, grid, TOP_K, BLOCK_K,
+                          BLOCK_H)
+    barrier_arrive(bases, rank, WORLD, flags_off, grid + pid, e)
+    if h_own < n_own:  # local work while the peers' first halves land
+        _own_item(out_ptr, w_ptr, row_ptr, ybuf, n_tokens, hidden, pid + h_own * grid, grid, TOP_K, BLOCK_K, BLOCK_H)
+    barrier_wait(bases, rank, WORLD, flags_off, grid + pid, e, timeout, diag)
+    tasks = h_own + tl.maximum(n_own - h_own - 1, 0)  # the first half's final sums, then the rest's own parts
+    for i in range(1, WORLD):
+        s = (rank + i) % WORLD
+        n_s = size_of(sizes, s, BLOCK_W)
+        items = n_s * column_shares(n_s, hidden, grid, BLOCK_H)
+        half = first_half(items, pid, grid)
+        rest = tl.maximum(tl.cdiv(items - pid, grid) - half, 0)  # this peer's second half
+        q_lo = tasks * (i - 1) // (WORLD - 1)  # this peer's share of the tasks
+        q_hi = tasks * i // (WORLD - 1)
+        for j in range(0, tl.maximum(rest, q_hi - q_lo)):
+            if j < rest:
+                _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, part_off, max_tokens, rank, s, n_s,
+                           pid + (half + j) * grid, DTYPE, LOCAL, TOP_K, BLOCK_K, BLOCK_H, False, grid)
+            q = q_lo + j
+            if q < tl.minimum(q_hi, h_own):
+                _final_item(out_ptr, owner_ptr, part, n_tokens, hidden, max_tokens, rank, pid + q * grid, grid, WORLD,
+                            TOP_K, BLOCK_K, BLOCK_H)
+            elif q < q_hi:
+                _own_item(out_ptr, w_ptr, row_ptr, ybuf, n_tokens, hidden, pid + (q + 1) * grid, grid, TOP_K,
+                          BLOCK_K, BLOCK_H)
+    return h_own
+
+
+@triton.jit
 def _push_packets(slot_ptr, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off, ids, wtab, sizes, lpart_off,
                   pid, grid, DTYPE: tl.constexpr, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
                   BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, DEAL: tl.constexpr):
@@ -276,7 +349,7 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
                        WORLD: tl.constexpr,
                        LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr,
                        BLOCK_H: tl.constexpr, TRACE: tl.constexpr, PUSHERS: tl.constexpr = 0,
-                       BLOCK_HT: tl.constexpr = 0):
+                       BLOCK_HT: tl.constexpr = 0, INTERLEAVE: tl.constexpr = False):
     """``out[t]`` for ``t < n_tokens`` (see the module docstring). With ``TRACE`` each program
     stamps (``kernels.stamp``) ``COMBINE_STAGES`` points into ``trace_ptr``: started, mode known,
     partials pushed (throughput: and the barrier passed), done. With ``PUSHERS``, in the latency mode
@@ -287,7 +360,10 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
     fewer to sum: with 384 rows on 264 programs the busiest has 3 rows, not 4. Not in the CPU world,
     whose interpreter runs a rank's programs one after another: there program ``pid`` of each rank
     would wait for the pushes of a peer's program that runs only after it, so it sums its own. The
-    throughput mode steps ``BLOCK_HT`` columns at a time (0: ``BLOCK_H``), the same on every rank."""
+    throughput mode steps ``BLOCK_HT`` columns at a time (0: ``BLOCK_H``), the same on every rank.
+    With ``INTERLEAVE`` (barrier slots ``grid + pid`` too) the throughput mode sums half of each
+    program's own tokens while the second half of its pushes cross the links
+    (``_push_interleaved``)."""
     BLOCK_T: tl.constexpr = BLOCK_HT if BLOCK_HT > 0 else BLOCK_H
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
@@ -314,10 +390,16 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
         stamp(trace_ptr, pid * _STAGES + 1)
     ids = heap_ptr(bases, rank, ids_off + parity * ids_half, tl.int32)
     wtab = heap_ptr(bases, rank, wtab_off + parity * wtab_half, tl.float32)
+    k_from = 0  # the program's own items summed in full before the barrier
     if from_partials:
-        _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, bases, rank,
-                       ybuf_off, ids, wtab, sizes, part_off, pid, grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_T,
-                       BLOCK_W)
+        if INTERLEAVE:
+            k_from = _push_interleaved(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens,
+                                       bases, rank, ybuf_off, ids, wtab, sizes, part_off, flags_off, e, timeout, diag,
+                                       pid, grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_T, BLOCK_W)
+        else:
+            _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, bases, rank,
+                           ybuf_off, ids, wtab, sizes, part_off, pid, grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K,
+                           BLOCK_T, BLOCK_W)
         # every peer's partial of my tokens is here
         barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     else:
@@ -329,7 +411,8 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
         stamp(trace_ptr, pid * _STAGES + 2)
     _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off,
                 part_off, lpart_off, from_partials, tl.where(from_partials, pid, sum_pid),
-                tl.where(from_partials, grid, sum_grid), timeout, diag, WORLD, TOP_K, BLOCK_K, BLOCK_H, BLOCK_T)
+                tl.where(from_partials, grid, sum_grid), timeout, diag, WORLD, TOP_K, BLOCK_K, BLOCK_H, BLOCK_T,
+                k_from)
     epoch_commit_slots(epoch_ptr, e, epoch_slots)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 3)
@@ -340,17 +423,19 @@ def launch_combine(run: Launcher, comm, channel, header: torch.Tensor, out: torc
                    throughput_from: int, lamport_rows: int, local: int, ybuf_off: int, ids_off: int, ids_half: int,
                    wtab_off: int, wtab_half: int, part_off: int, lpart_off: int, block_h: int, num_warps: int,
                    launch_opts: dict[str, bool | int], trace: torch.Tensor | None = None, pushers: int = 0,
-                   throughput_block_h: int = 0) -> None:
+                   throughput_block_h: int = 0, interleave: bool = False) -> None:
     """Launch ``moe_combine_kernel`` through ``run`` (its launcher, one program per SM on GPUs), after
     the dispatch that left ``header`` (``header.py``); ``trace``: int64 ``[programs,
     COMBINE_STAGES, 2]`` for the stage stamps, or None; ``pushers``: in the latency mode the
     programs that push (the others sum); 0: all; ``throughput_block_h``: the throughput mode's
-    columns per step (0: ``block_h``)."""
+    columns per step (0: ``block_h``); ``interleave``: the throughput mode interleaved (the channel
+    has ``2 * programs`` barrier slots)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     run(out, w, owner, row, slot_of, n_tokens, out.shape[-1], max_tokens, throughput_from, lamport_rows, bases, rank,
         timeout, diag, channel.flags_off, channel.epochs_off, channel.programs, header, ybuf_off, ids_off, ids_half,
         wtab_off, wtab_half, part_off, lpart_off, w if trace is None else trace, WORLD=world,
         LOCAL=local, TOP_K=w.shape[-1], BLOCK_K=pow2_at_least(w.shape[-1]), BLOCK_W=pow2_at_least(world),
         BLOCK_H=block_h, TRACE=trace is not None, PUSHERS=pushers, BLOCK_HT=throughput_block_h,
+        INTERLEAVE=bool(interleave),
         num_warps=num_warps, enable_fp_fusion=False,
         **launch_opts)

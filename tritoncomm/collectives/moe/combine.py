@@ -39,6 +39,10 @@ are apart: they never wait there).
   into ``out``: that HBM work runs while the pushes cross the links. After the barrier on slot
   ``pid`` (which pairs program ``pid`` everywhere), each rank adds, in rank order, its own part
   (read back from ``out`` by the program that stored it) and the peers' from its partials buffer.
+  Interleaved (``MoEShape.combine_interleave_from``; ``_push_interleaved``), each program pushes the
+  first half of its items, arrives at a second barrier slot ``grid + pid`` and waits there, then
+  adds up the first half of its own items in full while it pushes its second half: both sides
+  split a source's tokens alike, so those items' partials came in the peers' first halves.
 
 An owner's expert buffer is next written after its next dispatch (by the experts, or by
 ``combine``'s copy), and a peer writes a rank's partials or Lamport buffer again only in the next

@@ -4,8 +4,8 @@
 # interleaved send kernel: each program pushes the first half of its partials, arrives at a half slot, then sums
 # the first half of its own tokens in full (their peers' partials came in the peers' first halves) while it
 # pushes its second half; the rest after its barrier. Built in session 52, CPU-world tests only (worlds 2-4).
-# On two H200s the combine at 4096 tokens (DeepSeek-V3) takes 253 µs: pushes, then about 55-70 µs of sums after
-# the barrier (H100 stamps: 70).
+# On two H200s the combine at 4096 tokens (DeepSeek-V3) takes 253 µs; on two H100s its sums after the barrier took
+# about 70 µs of some 300 (docs/moe.md, "Where the prefill time goes").
 # Prediction: both phases DeepSeek-V3 5-15 µs less at 4096 tokens, 2-6 at 2048, level or more at 1024; Qwen3-MoE
 # level or more (as with the dispatch's interleave).
 set -uo pipefail

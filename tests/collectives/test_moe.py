@@ -299,6 +299,19 @@ def test_interleaved_throughput_combine_matches_reference(worlds, world, variant
         assert bad == []
 
 
+@pytest.mark.parametrize("world", world_sizes(2, 3))
+def test_interleaved_and_plain_calls_alternate_on_one_instance(worlds, world):
+    """The interleaved send kernel and combine are chosen per call by its bound (``interleave_from``,
+    ``combine_interleave_from``: 20 tokens on an instance of 30): calls without ``tokens_bound`` take
+    them, every other call, given ``tokens_bound=10``, does not, so the half slots skip a call's
+    epoch between uses. Six calls of at most 10 tokens per rank, every one exact."""
+    shape = replace(SHAPES["cpu"], one_kernel=False, route_above=4, block_e=4, super_blocks=2, interleave_from=20,
+                    combine_interleave_from=20)
+    for bad in worlds(world).run(_job, 4 * world, 3, 40, 30, "hot", 6, capacity=20, mode="throughput", shape=shape,
+                                 call_tokens=10, bound_odd=True):
+        assert bad == []
+
+
 @pytest.mark.parametrize("world,super_blocks", [(2, 1), (3, 32)])
 def test_slots_past_one_load_of_histogram_rows(worlds, world, super_blocks):
     """``route.row_slots`` loads the first ``BLOCK_B`` (here 16) superblock rows and the block rows in

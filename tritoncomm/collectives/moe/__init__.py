@@ -103,7 +103,7 @@ THROUGHPUT_FROM_TOKENS_EP2: tuple[tuple[str, int], ...] = (("H200", 448),)
 #: tokens per rank and 126.3 to 120.9 at 2048, both phases 489.7 to 481.9 and 253.6 to 250.2; at 1024
 #: 68.1 to 66.7 (both phases 134.5 to 135.2) and at 512 it lost (40.1 to 42.7). Qwen3-MoE's rows
 #: (hidden 4096) lost with it at every count (both phases 297.9 to 303.2 at 4096). On four H200s
-#: the DeepSeek-V3 dispatch went from 614.7 to 585.5 µs at 4096 and 315.4 to 304.1 at 2048 (1024:
+#: (the same day) the DeepSeek-V3 dispatch went from 614.7 to 585.5 µs at 4096 and 315.4 to 304.1 at 2048 (1024:
 #: 162.6 to 162.0), both phases 1173.5 to 1140.3 and 600.4 to 591.7. Eight ranks: not measured.
 INTERLEAVE_FROM_TOKENS: tuple[tuple[str, int], ...] = (("H200", 2048),)
 MODES = ("auto", "latency", "throughput")
@@ -277,14 +277,15 @@ class MoEShape:
     #: kernel's work: each program sends the first half of its rows, publishes them at a barrier
     #: slot of its own, then lays out the first half of what each peer's counterpart sent it while
     #: it sends its second half, and the rest after its barrier, so that the layout's HBM work runs
-    #: while rows still cross the links. ``NEVER``: no call (``default_shape`` sets it for wide rows
-    #: at two and four ranks on some GPUs: ``INTERLEAVE_FROM_TOKENS``).
+    #: while rows still cross the links. Another build of the send kernel, compiled at the first such
+    #: call: warm one up before graph capture. ``NEVER``: no call (``default_shape`` sets it for wide
+    #: rows at two and four ranks on some GPUs: ``INTERLEAVE_FROM_TOKENS``).
     interleave_from: int = NEVER
     #: Calls of at least this many tokens per rank (the dispatch's bound) interleave the throughput
     #: combine's work: each program pushes the first half of its partials, publishes them at a barrier
     #: slot of its own, then adds up the first half of its own tokens (whose peers' partials came in
     #: the peers' first halves) while it pushes its second half, and the rest after its barrier.
-    #: ``NEVER``: no call.
+    #: Another build of the combine, compiled at the first such call. ``NEVER``: no call.
     combine_interleave_from: int = NEVER
 
     def __post_init__(self) -> None:
@@ -364,6 +365,12 @@ PREFILL_FROM = 48
 NARROW_SEND_UP_TO = 4096
 
 
+def _for_gpu(table: tuple[tuple[str, int], ...], device_name: str) -> int | None:
+    """The value ``table`` gives the GPU named ``device_name`` (its first entry whose name is a
+    substring of it), or None."""
+    return next((v for gpu, v in table if gpu in device_name), None)
+
+
 def default_shape(backend: str, max_tokens: int, sms: int, prefill_from: int = PREFILL_FROM,
                   hidden: int | None = None, wire_bytes: int = 2, world: int = 2, device_name: str = "") -> MoEShape:
     """The launch shape of an instance given none: in the CPU world ``SHAPES["cpu"]``; on GPUs one
@@ -385,11 +392,8 @@ def default_shape(backend: str, max_tokens: int, sms: int, prefill_from: int = P
         narrow = hidden is not None and hidden <= NARROW_SEND_UP_TO and wire_bytes == 2
         if narrow:
             return replace(sh, send_block_h=2048)
-        if world in (2, 4) and hidden is not None and wire_bytes == 2:
-            for gpu, tokens in INTERLEAVE_FROM_TOKENS:
-                if gpu in device_name:
-                    return replace(sh, interleave_from=tokens)
-        return sh
+        tokens = _for_gpu(INTERLEAVE_FROM_TOKENS, device_name) if world in (2, 4) and wire_bytes == 2 else None
+        return sh if tokens is None or hidden is None else replace(sh, interleave_from=tokens)
     return replace(SHAPES["cuda"], programs=sms)
 
 
@@ -425,10 +429,9 @@ def default_throughput_from(world: int, hidden: int, device_name: str = "") -> i
     rank."""
     if world < 2:
         return 1  # unused: at world 1 the automatic mode is the latency mode
-    if world == 2:
-        for gpu, tokens in THROUGHPUT_FROM_TOKENS_EP2:
-            if gpu in device_name:
-                return world * tokens
+    tokens = _for_gpu(THROUGHPUT_FROM_TOKENS_EP2, device_name) if world == 2 else None
+    if tokens is not None:
+        return world * tokens
     elems = THROUGHPUT_FROM_ELEMS_EP2 if world == 2 else THROUGHPUT_FROM_ELEMS
     return -(-elems * world // ((world - 1) * hidden))
 
@@ -760,9 +763,8 @@ class MoEAllToAll:
     def _dispatch_two_kernels(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                               direct: bool, interleave: bool = False) -> None:
         """The route and send kernels (``direct``: the rows into the peers' slots; ``interleave``:
-        ``MoEShape.interleave_from``), or (instances of
-        at most ``route_above`` entries) the send and gather kernels (``route.py``, ``dispatch.py``,
-        ``gather.py``)."""
+        ``MoEShape.interleave_from``), or (instances of at most ``route_above`` entries) the send and
+        gather kernels (``route.py``, ``dispatch.py``, ``gather.py``)."""
         sh = self.shape
         tables = self._tables
         routed = self._route_ch is not None  # the same on every rank: the launches pair across ranks

@@ -277,8 +277,10 @@ def _push_interleaved(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hi
     arrives at barrier slot ``grid + pid``; then it sums its next own item's own part, waits there
     (every peer's program ``pid`` has then pushed the first half of this rank's tokens: the same
     split), and alternates one pushed item of its second half with one task of the HBM side: the
-    final sums (``_final_item``) of its first-half own items, then the own part of the rest. Returns
-    how many of its own items it summed in full (the rest after the barrier on slot ``pid``)."""
+    final sums (``_final_item``) of its first-half own items, then the own part of the rest. A final
+    sum reads own parts this program stored into ``out`` before its arrival: the CTA barriers of the
+    arrival and the wait order those stores, by any of its threads, before the reads. Returns how
+    many of its own items it summed in full (the rest after the barrier on slot ``pid``)."""
     ybuf = heap_ptr(bases, rank, ybuf_off, DTYPE)
     part = heap_ptr(bases, rank, part_off, DTYPE)
     own_items = n_tokens * column_shares(n_tokens, hidden, grid, BLOCK_H)

@@ -48,9 +48,12 @@ def share_columns(part, shares, hidden, BLOCK_H: tl.constexpr):
 @triton.jit
 def first_half(items, pid, grid):
     """How many of program ``pid``'s items ``pid, pid + grid, ...`` (of ``items``) form its first
-    half, the larger one: what an interleaved send program publishes at its half slot and what
-    its counterparts lay out before their barrier (``dispatch.py``, ``MoEShape.interleave_from``)."""
+    half, the larger one: what an interleaved program publishes at its half slot and what its
+    counterparts use before their barrier (the send kernel's layout, ``MoEShape.interleave_from``;
+    the throughput combine's final sums, ``combine_interleave_from``). Both sides compute it from
+    the same count, so they agree without talking."""
     return (tl.maximum(tl.cdiv(items - pid, grid), 0) + 1) // 2
+
 
 @triton.jit
 def pick(v, kk, j):

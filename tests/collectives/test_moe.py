@@ -283,19 +283,20 @@ def test_interleaved_send_kernel_matches_reference(worlds, world, variant):
         assert bad == []
 
 
-@pytest.mark.parametrize("world,variant", dealt(["plain", "both", "shares"], 2, 3, 4))
+@pytest.mark.parametrize("world,variant", dealt(["plain", "both", "shares", "fp8"], 2, 3, 4))
 def test_interleaved_throughput_combine_matches_reference(worlds, world, variant):
     """``MoEShape.combine_interleave_from``: the throughput combine pushes the first half of each
     program's partials, adds up the first half of its own tokens while it pushes the second, and
     the rest after its barrier. Up to 30 tokens per rank over the 2 programs here (one rank with none
     in the first call), capacity drops, every call exact and the bits as without it (the reference
     sums in rank order); ``both``: with the interleaved send kernel too; ``shares``: at one or two
-    tokens per rank, where a token's columns split into two shares (hidden 128)."""
+    tokens per rank, where a token's columns split into two shares (hidden 128); ``fp8``: after an
+    FP8 dispatch (hidden 128)."""
     shape = replace(SHAPES["cpu"], one_kernel=False, route_above=4, block_e=4, super_blocks=2,
                     combine_interleave_from=1, interleave_from=1 if variant == "both" else NEVER)
     max_tokens = 2 if variant == "shares" else 30
-    for bad in worlds(world).run(_job, 4 * world, 3, 128 if variant == "shares" else 40, max_tokens, "hot", 4,
-                                 capacity=max_tokens * 2 // 3, mode="throughput", shape=shape):
+    for bad in worlds(world).run(_job, 4 * world, 3, 40 if variant in ("plain", "both") else 128, max_tokens, "hot",
+                                 4, capacity=max_tokens * 2 // 3, mode="throughput", shape=shape, fp8=variant == "fp8"):
         assert bad == []
 
 
@@ -914,6 +915,18 @@ def test_default_launch_shape_follows_the_instance_size():
     assert prefill.interleave_from == NEVER  # no device named
     for kw in ({"hidden": NARROW_SEND_UP_TO}, {"hidden": wide, "wire_bytes": 1}, {"hidden": wide, "world": 8}):
         assert default_shape("cuda", PREFILL_FROM, 132, device_name=gpu, **kw).interleave_from == NEVER, kw
+    # the interleaved combine: at EP4 on the GPUs named, any row width and wire
+    from tritoncomm.collectives.moe import COMBINE_INTERLEAVE_FROM_TOKENS_EP4
+
+    gpu, tokens = COMBINE_INTERLEAVE_FROM_TOKENS_EP4[0]
+    for kw in ({"hidden": NARROW_SEND_UP_TO}, {"hidden": wide}, {"hidden": wide, "wire_bytes": 1}):
+        named = default_shape("cuda", PREFILL_FROM, 132, world=4, device_name=gpu, **kw)
+        assert named.combine_interleave_from == tokens, kw
+        for world in (2, 8):
+            assert default_shape("cuda", PREFILL_FROM, 132, world=world, device_name=gpu,
+                                 **kw).combine_interleave_from == NEVER, (world, kw)
+    assert default_shape("cuda", PREFILL_FROM, 132, world=4).combine_interleave_from == NEVER  # no device named
+    assert default_shape("cuda", PREFILL_FROM - 1, 132, world=4, device_name=gpu).combine_interleave_from == NEVER
 
 
 def test_role_split_resolves_from_the_shape_and_the_call():

@@ -106,11 +106,18 @@ THROUGHPUT_FROM_TOKENS_EP2: tuple[tuple[str, int], ...] = (("H200", 448),)
 #: (the same day) the DeepSeek-V3 dispatch went from 614.7 to 585.5 µs at 4096 and 315.4 to 304.1 at 2048 (1024:
 #: 162.6 to 162.0), both phases 1173.5 to 1140.3 and 600.4 to 591.7. Eight ranks: not measured.
 INTERLEAVE_FROM_TOKENS: tuple[tuple[str, int], ...] = (("H200", 2048),)
+#: ``MoEShape.combine_interleave_from``'s default at four ranks on the GPUs named here, any row
+#: width; elsewhere ``NEVER``. On four H200s (2026-11-28, both phases in graphs, in turn with it off,
+#: 2 rounds, ``docs/moe.md``) the interleaved combine took DeepSeek-V3 from 1174.8 to 1151.1 µs at
+#: 4096 tokens per rank and Qwen3-MoE from 719.9 to 705.7, level at 2048 (598.8 / 598.7, 364.1 /
+#: 363.0). On two H200s it lost at every count it ran (DeepSeek-V3 489.9 to 518.1 at 4096, 134.5 to
+#: 144.2 at 1024; Qwen3-MoE 297.1 to 311.3 at 4096). Eight ranks: not measured.
+COMBINE_INTERLEAVE_FROM_TOKENS_EP4: tuple[tuple[str, int], ...] = (("H200", 4096),)
 MODES = ("auto", "latency", "throughput")
 
 __all__ = ["DIRECT_FROM_BYTES", "MODES", "NARROW_SEND_UP_TO", "NEVER", "ONE_KERNEL_ENTRIES", "PREFILL_FROM",
            "PUSH_SPLIT_ELEMS", "SHAPES", "SHARED_COPY_FROM", "THROUGHPUT_FROM_ELEMS", "THROUGHPUT_FROM_ELEMS_EP2",
-           "THROUGHPUT_FROM_TOKENS_EP2", "INTERLEAVE_FROM_TOKENS",
+           "THROUGHPUT_FROM_TOKENS_EP2", "INTERLEAVE_FROM_TOKENS", "COMBINE_INTERLEAVE_FROM_TOKENS_EP4",
            "MoEAllToAll", "MoEHandle", "MoEShape", "default_shape", "default_throughput_from", "register_cap"]
 
 
@@ -285,7 +292,9 @@ class MoEShape:
     #: combine's work: each program pushes the first half of its partials, publishes them at a barrier
     #: slot of its own, then adds up the first half of its own tokens (whose peers' partials came in
     #: the peers' first halves) while it pushes its second half, and the rest after its barrier.
-    #: Another build of the combine, compiled at the first such call. ``NEVER``: no call.
+    #: Another build of the combine, compiled at the first such call: warm one up before graph
+    #: capture. ``NEVER``: no call (``default_shape`` sets it at four ranks on some GPUs:
+    #: ``COMBINE_INTERLEAVE_FROM_TOKENS_EP4``).
     combine_interleave_from: int = NEVER
 
     def __post_init__(self) -> None:
@@ -381,14 +390,18 @@ def default_shape(backend: str, max_tokens: int, sms: int, prefill_from: int = P
     size: 1 with FP8 dispatch), the one-kernel dispatch up to ``PREFILL_ONE_KERNEL_ENTRIES_WIDE``
     routing entries at more than two ranks (``world``), and at two or four ranks on a GPU of
     ``INTERLEAVE_FROM_TOKENS`` (``device_name``) with wider rows of 2-byte elements the interleaved
-    send kernel from its count of tokens. Every rank builds the same shape (the barriers pair program
-    ``pid`` across ranks)."""
+    send kernel from its count of tokens, and at four ranks on a GPU of
+    ``COMBINE_INTERLEAVE_FROM_TOKENS_EP4`` the interleaved combine from its count. Every rank
+    builds the same shape (the barriers pair program ``pid`` across ranks)."""
     if backend != "cuda":
         return SHAPES["cpu"]
     if max_tokens >= prefill_from:
         sh = replace(SHAPES["cuda-prefill"], programs=2 * sms)
         if world > 2:
             sh = replace(sh, one_kernel_entries=PREFILL_ONE_KERNEL_ENTRIES_WIDE)
+        combine_from = _for_gpu(COMBINE_INTERLEAVE_FROM_TOKENS_EP4, device_name) if world == 4 else None
+        if combine_from is not None:
+            sh = replace(sh, combine_interleave_from=combine_from)
         narrow = hidden is not None and hidden <= NARROW_SEND_UP_TO and wire_bytes == 2
         if narrow:
             return replace(sh, send_block_h=2048)

@@ -61,8 +61,9 @@ def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: 
         w = torch.rand(t, k, device=ctx.device, generator=gen)
         sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count if ctx.device.type == "cuda" else 1
         m = max(max_tokens or t, t)
-        sh = replace(default_shape(ctx.backend, m, sms, hidden=hidden, wire_bytes=1 if fp8 else 2, world=ctx.world),
-                     send_programs=senders, push_programs=pushers)
+        gpu = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else ""
+        sh = replace(default_shape(ctx.backend, m, sms, hidden=hidden, wire_bytes=1 if fp8 else 2, world=ctx.world,
+                                   device_name=gpu), send_programs=senders, push_programs=pushers)
         if one_kernel_entries:
             sh = replace(sh, one_kernel_entries=one_kernel_entries)
         if direct_from_bytes is not None:

@@ -4,7 +4,8 @@
         --variants default,no-pdl,no-regcap [--rounds 3] [--max-tokens 4096] [--fp8] [--op dispatch] \
         [--json out.json]
 
-A variant is ``default`` or ``+``-joined changes to the instance's default launch: ``no-pdl`` and
+A variant is ``default`` (the launch shape an instance given none takes on this GPU: ``default_shape``
+with the device's name) or ``+``-joined changes to it: ``no-pdl`` and
 ``pdl`` (``MoEShape.pdl``: programmatic dependent launch off or on), ``one-kernel`` and
 ``two-kernel`` (``MoEShape.one_kernel``: the dispatch in one kernel where the instance allows it, or
 the send and gather kernels), ``no-regcap`` (no register cap keeping every program resident),
@@ -50,9 +51,11 @@ from tritoncomm.tools.timing import time_per_call_us
 def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, k: int, world: int,
            sms: int, fp8: bool) -> MoEAllToAll | None:
     changes = set() if variant == "default" else set(variant.split("+"))
-    # older trees' default_shape takes no world
-    by_world = {"world": world} if "world" in inspect.signature(default_shape).parameters else {}
-    shape = default_shape("cuda", m, sms, hidden=hidden, wire_bytes=1 if fp8 else 2, **by_world)
+    # the library's default on this GPU (older trees' default_shape takes no world or device name)
+    params = inspect.signature(default_shape).parameters
+    by_world = {"world": world} if "world" in params else {}
+    by_gpu = {"device_name": torch.cuda.get_device_name(comm.device)} if "device_name" in params else {}
+    shape = default_shape("cuda", m, sms, hidden=hidden, wire_bytes=1 if fp8 else 2, **by_world, **by_gpu)
     known = {f.name for f in fields(MoEShape)}
     if changes & {"no-pdl", "pdl"}:
         if "pdl" not in known:

@@ -73,8 +73,9 @@ def _tune_shape(ctx: RankContext, comm: Communicator, shape: str, tokens: list[i
         w = torch.rand(t, k, device=ctx.device, generator=gen)
         common = dict(max_tokens=t, hidden=hidden, num_experts=experts, top_k=k,
                       capacity=_capacity(ctx.world, t, experts, k))
-        launch = {"decode": default_shape(ctx.backend, 1, sms, world=ctx.world),
-                  "prefill": default_shape(ctx.backend, NEVER, sms, hidden=hidden, world=ctx.world)}
+        gpu = device_name(ctx)  # the per-GPU defaults, as an instance given no shape takes them
+        launch = {"decode": default_shape(ctx.backend, 1, sms, world=ctx.world, device_name=gpu),
+                  "prefill": default_shape(ctx.backend, NEVER, sms, hidden=hidden, world=ctx.world, device_name=gpu)}
         if not cuda:  # one CPU-world shape: twice its programs stands in for the prefill one
             launch["prefill"] = replace(launch["decode"], programs=2 * launch["decode"].programs)
         times: dict[str, float | None] = {}

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import datetime
 import math
+import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -299,13 +301,18 @@ def moe_rank(ctx: RankContext, shapes: list[str] | None = None, tokens: list[int
     cuda = ctx.backend == "cuda"
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=heap_bytes or ((6 << 30) if cuda else 64 << 20)))
     tokens = tokens or d_tokens
-    rows = []
+    rows: list[dict[str, Any]] = []
+    start = time.monotonic()
     for shape in shapes or d_shapes:
         hidden, experts, k = MOE_SHAPES[shape]
         most = max(tokens)
         engine = MoEAllToAll(comm, max_tokens=most, hidden=hidden, num_experts=experts, top_k=k,
                              capacity=_capacity(ctx.world, most, experts, k))
-        rows += [r for t in tokens for r in _case(ctx, comm, shape, t, engine)]
+        for t in tokens:
+            rows += _case(ctx, comm, shape, t, engine)
+            if ctx.rank == 0:  # progress, so that a run cut short shows how far it got
+                print(f"bench --op moe: {shape} at {t} tokens per rank measured "
+                      f"({time.monotonic() - start:.0f} s)", file=sys.stderr, flush=True)
         engine.close()
     comm.close()
     if ctx.rank:

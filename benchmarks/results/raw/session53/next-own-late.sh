@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# For a later call (written in session 53, not run: the device minutes were spent), on nvidia-h200-x2:
+# MoEShape.own_late_pct (off by default; CPU-world tests only): the throughput combine sums the own part of the
+# last N percent of each program's own items after its barrier, from the expert buffer, instead of storing it into
+# `out` before the barrier and reading it back. At EP2 the combine is bound by HBM (stage stamps, session 53 call 6:
+# its push phase moves about 590 MB in 187 µs while 59 MB cross the link, its final sums 177 MB in 51 µs), so the
+# bytes saved (2 x 59 MB x N%) should pay while the push phase stays above the link's time (about 163 µs).
+# Its GPU test at world 2, then both phases in turn with the default, 2 rounds, DeepSeek-V3 and Qwen3-MoE at
+# 1024-4096 tokens per rank.
+# Prediction (arithmetic at 3.2 TB/s): DeepSeek-V3 at 4096 about 10 µs less with 25, level or less with 50, more
+# with 100; Qwen3-MoE about half of that; 1024 level or more (the push phase nearer the link's time).
+set -uo pipefail
+source scripts/gpu_env.sh
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
+TRITONCOMM_TEST_BACKEND=cuda TRITONCOMM_TEST_WORLDS=2 timeout 80 python3 -m pytest -q -p no:cacheprovider \
+  tests/collectives/test_moe.py -k "own_part_summed_late" 2>&1 | tail -2
+M="python3 benchmarks/experiments/moe_variants.py --world 2 --heap-gb 8 --rounds 2"
+for s in deepseek-v3 qwen3-moe; do
+  timeout 150 $M --shape $s --tokens 1024,2048,4096 \
+    --variants default,own_late_pct=25,own_late_pct=50,own_late_pct=100 --json "$OUT/own-late-$s.json" \
+    > "$OUT/own-late-$s.log" 2>&1; echo "$s rc $?"; tail -4 "$OUT/own-late-$s.log"
+done

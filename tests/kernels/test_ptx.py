@@ -478,7 +478,7 @@ def test_moe_kernels_move_tokens_in_16_byte_vectors():
 
 def test_moe_prefill_combine_fits_its_register_cap():
     """The prefill shape's combine, as launched (its warps, its columns per step in each mode, the
-    register cap that keeps two programs per SM resident: ``collectives/moe/__init__.py``,
+    register cap that keeps two programs per SM resident: ``collectives/moe/shape.py``,
     ``register_cap``), has a stack frame (where spills go) of at most 8 bytes per thread. With 4096
     columns in the latency mode as well it spilled 148 bytes into a 112-byte frame, and the
     throughput mode's 4096 columns then gained a quarter of what they gain with 2048 in the latency

@@ -77,7 +77,7 @@ from ...kernels import (
 )
 from ...kernels.launcher import Launcher
 from .header import load_header, size_of
-from .shares import column_shares, dealt_first, first_half, pick, share_columns
+from .shares import column_shares, dealt_first, first_half, pick, program_items, share_columns
 
 __all__ = ["COMBINE_STAGES", "launch_combine", "moe_combine_kernel"]
 
@@ -119,7 +119,7 @@ def _own_limit(n_tokens, hidden, pid, grid, OWN_LATE_PCT: tl.constexpr, BLOCK_HT
     (``MoEShape.own_late_pct``: the last ``OWN_LATE_PCT`` percent of them, rounded down); the ones
     before are stored into ``out`` before the barrier and read back."""
     own_items = n_tokens * column_shares(n_tokens, hidden, grid, BLOCK_HT)
-    n_own = tl.maximum(tl.cdiv(own_items - pid, grid), 0)
+    n_own = program_items(own_items, pid, grid)
     return pid + (n_own - n_own * OWN_LATE_PCT // 100) * grid
 
 
@@ -312,7 +312,7 @@ def _push_interleaved(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hi
     ybuf = heap_ptr(bases, rank, ybuf_off, DTYPE)
     part = heap_ptr(bases, rank, part_off, DTYPE)
     own_items = n_tokens * column_shares(n_tokens, hidden, grid, BLOCK_H)
-    n_own = tl.maximum(tl.cdiv(own_items - pid, grid), 0)
+    n_own = program_items(own_items, pid, grid)
     h_own = first_half(own_items, pid, grid)
     for i in range(1, WORLD):
         s = (rank + i) % WORLD
@@ -335,7 +335,7 @@ def _push_interleaved(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hi
         n_s = size_of(sizes, s, BLOCK_W)
         items = n_s * column_shares(n_s, hidden, grid, BLOCK_H)
         half = first_half(items, pid, grid)
-        rest = tl.maximum(tl.cdiv(items - pid, grid) - half, 0)  # this peer's second half
+        rest = program_items(items, pid, grid) - half  # this peer's second half
         q_lo = tasks * (i - 1) // (WORLD - 1)  # this peer's share of the tasks
         q_hi = tasks * i // (WORLD - 1)
         for j in range(0, tl.maximum(rest, q_hi - q_lo)):

@@ -99,7 +99,7 @@ from .route import (
     rows_per_load,
     rows_sum,
 )
-from .shares import column_shares, first_half, pick, share_columns
+from .shares import column_shares, first_half, pick, program_items, share_columns
 from .wire import to_fp8
 
 __all__ = ["launch_epoch", "launch_send", "moe_send_kernel", "send_items"]
@@ -292,7 +292,8 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     else:
         earlier = 0
     if INTERLEAVE:  # the first half, the half slot, then the second half with the peers' first halves
-        k1 = first_half(n_tokens * column_shares(n_tokens, hidden, grid, BLOCK_H), pid, grid)
+        mine = n_tokens * column_shares(n_tokens, hidden, grid, BLOCK_H)  # this rank's items
+        k1 = first_half(mine, pid, grid)
         send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
                    slot_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, num_experts, capacity, bases, rank, pid,
                    grid, recv_base, max_tokens, ids_base, wtab_base, sc_base, routing, nn, hist, hist_blocks, DTYPE,
@@ -312,7 +313,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
         super_blocks = tl.cdiv(hist_blocks, SUPER)
         before = rows_sum(hist, WORLD * hist_blocks + rank * super_blocks,  # per expert: the sources before s
                           tl.cdiv(tl.cdiv(n_tokens * TOP_K, BLOCK_E), SUPER), BLOCK_B, BLOCK_X)
-        rest = tl.maximum(tl.cdiv(n_tokens * column_shares(n_tokens, hidden, grid, BLOCK_H) - pid, grid) - k1 - 1, 0)
+        rest = tl.maximum(program_items(mine, pid, grid) - k1 - 1, 0)  # the second half past the extra item
         for i in range(1, WORLD):
             s = (rank + i) % WORLD
             n_s = size_of(sizes, s, BLOCK_W)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["column_shares", "dealt_first", "pick", "share_columns"]
+__all__ = ["column_shares", "dealt_first", "first_half", "pick", "program_items", "share_columns"]
 
 
 @triton.jit
@@ -46,13 +46,19 @@ def share_columns(part, shares, hidden, BLOCK_H: tl.constexpr):
 
 
 @triton.jit
+def program_items(items, pid, grid):
+    """How many of ``items`` are program ``pid``'s when they are dealt ``pid, pid + grid, ...``."""
+    return tl.maximum(tl.cdiv(items - pid, grid), 0)
+
+
+@triton.jit
 def first_half(items, pid, grid):
     """How many of program ``pid``'s items ``pid, pid + grid, ...`` (of ``items``) form its first
     half, the larger one: what an interleaved program publishes at its half slot and what its
     counterparts use before their barrier (the send kernel's layout, ``MoEShape.interleave_from``;
     the throughput combine's final sums, ``combine_interleave_from``). Both sides compute it from
     the same count, so they agree without talking."""
-    return (tl.maximum(tl.cdiv(items - pid, grid), 0) + 1) // 2
+    return (program_items(items, pid, grid) + 1) // 2
 
 
 @triton.jit

@@ -43,10 +43,11 @@ THROUGHPUT_FROM_TOKENS_EP2: tuple[tuple[str, int], ...] = (("H200", 448),)
 INTERLEAVE_FROM_TOKENS: tuple[tuple[str, int], ...] = (("H200", 2048),)
 #: ``MoEShape.combine_interleave_from``'s default at four ranks on the GPUs named here, any row
 #: width; elsewhere ``NEVER``. On four H200s (2026-11-28, both phases in graphs, in turn with it off,
-#: the send interleave off in both, 2 rounds, ``docs/moe.md``) the interleaved combine took DeepSeek-V3 from 1174.8 to 1151.1 µs at
-#: 4096 tokens per rank and Qwen3-MoE from 719.9 to 705.7, level at 2048 (598.8 / 598.7, 364.1 /
-#: 363.0). On two H200s it lost at every count it ran (DeepSeek-V3 489.9 to 518.1 at 4096, 134.5 to
-#: 144.2 at 1024; Qwen3-MoE 297.1 to 311.3 at 4096). Eight ranks: not measured.
+#: the send interleave off in both, 2 rounds, ``docs/moe.md``) the interleaved combine took
+#: DeepSeek-V3 from 1174.8 to 1151.1 µs at 4096 tokens per rank and Qwen3-MoE from 719.9 to 705.7,
+#: level at 2048 (598.8 / 598.7, 364.1 / 363.0). On two H200s it lost at every count it ran
+#: (DeepSeek-V3 489.9 to 518.1 at 4096, 134.5 to 144.2 at 1024; Qwen3-MoE 297.1 to 311.3 at 4096).
+#: Eight ranks: not measured.
 COMBINE_INTERLEAVE_FROM_TOKENS_EP4: tuple[tuple[str, int], ...] = (("H200", 4096),)
 
 #: Routing entries per rank from which the one-kernel dispatch shares one routing copy per rank

@@ -300,18 +300,6 @@ def test_interleaved_throughput_combine_matches_reference(worlds, world, variant
         assert bad == []
 
 
-@pytest.mark.parametrize("world,pct", dealt([50, 100], 2, 3))
-def test_own_part_summed_late_matches_reference(worlds, world, pct):
-    """``MoEShape.own_late_pct``: the throughput combine sums the own part of the last ``pct``
-    percent of each program's own items after the barrier, from the expert buffer, instead of
-    storing it into ``out`` and reading it back. Up to 30 tokens per rank over the 2 programs here
-    (one rank with none in the first call), capacity drops, every call exact and the bits as
-    without it."""
-    shape = replace(SHAPES["cpu"], one_kernel=False, route_above=4, block_e=4, super_blocks=2, own_late_pct=pct)
-    for bad in worlds(world).run(_job, 4 * world, 3, 40, 30, "hot", 4, capacity=20, mode="throughput", shape=shape):
-        assert bad == []
-
-
 @pytest.mark.parametrize("world", world_sizes(2, 3))
 def test_interleaved_and_plain_calls_alternate_on_one_instance(worlds, world):
     """The interleaved send kernel and combine are chosen per call by its bound (``interleave_from``,
@@ -956,8 +944,7 @@ def test_role_split_resolves_from_the_shape_and_the_call():
     assert sh.pushers(16, 7168) == 0 and sh.pushers(8, 7168) == 66 and sh.pushers(16, 4096) == 66
     assert replace(sh, push_programs=5).pushers(10_000, 7168) == 5
     for bad in (dict(send_programs=-2), dict(send_programs=132), dict(push_programs=132), dict(push_programs=-2),
-                dict(push_split_elems=-1), dict(packets=False, send_programs=3), dict(own_late_pct=-1),
-                dict(own_late_pct=101)):
+                dict(push_split_elems=-1), dict(packets=False, send_programs=3)):
         with pytest.raises(InvalidInputError):
             replace(sh, **bad)
 

@@ -453,8 +453,7 @@ def _moe_build(kernel: str, options: dict, overrides: dict[str, int]):
         fn, cx = combine.moe_combine_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_W": 2,
                                               "BLOCK_H": 1024, "TRACE": False,
                                               "BLOCK_HT": 4096 if kernel == "combine-wide" else 0,
-                                              "INTERLEAVE": kernel == "combine-interleaved",
-                                              "OWN_LATE_PCT": 25 if kernel == "combine-late" else 0}
+                                              "INTERLEAVE": kernel == "combine-interleaved"}
     # as launched: tensors and hidden (7168) divisible by 16; the counts and rank are not
     sized = ("hidden", "capacity", "max_tokens", "num_experts", "x_stride")
     aligned = {k for k, v in sig.items() if v.startswith("*") or k in sized or k.endswith(("_off", "_half"))}
@@ -465,11 +464,10 @@ def test_moe_kernels_move_tokens_in_16_byte_vectors():
     """The send kernel's stores into peers' receive buffers, the gather's copies, the one-kernel
     dispatch's both, and the combine's loads of expert rows and stores (its output and pushed
     partials) are 16-byte vector accesses, with no 2-byte ones (cache hints or none), also where the
-    send kernel stores rows into the peers' expert slots (``send-direct``), where the throughput
-    combine steps more columns than the latency one (``combine-wide``), and where it sums some own
-    parts after its barrier (``combine-late``)."""
+    send kernel stores rows into the peers' expert slots (``send-direct``), and where the throughput
+    combine steps more columns than the latency one (``combine-wide``)."""
     for kernel in ("send", "send-held", "send-packets", "send-direct", "gather", "combine", "combine-wide",
-                   "combine-interleaved", "combine-late", "one", "one-packets"):
+                   "combine-interleaved", "one", "one-packets"):
         ptx = _moe_ptx(kernel)
         for op in ("st", "ld"):
             accesses = re.findall(rf"\b{op}\.global(?:\.[\w:]+)*?\.(v4\.b32|b16)\b", ptx)

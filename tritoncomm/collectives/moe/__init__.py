@@ -500,8 +500,7 @@ class MoEAllToAll:
                        num_warps=sh.num_warps, launch_opts=self._decode_opts if decode else self._launch_opts,
                        trace=self._trace(1, handle.call - 1), pushers=sh.pushers(handle.bound, self.hidden),
                        throughput_block_h=sh.throughput_block_h,
-                       interleave=self._comb_interleave and not decode and handle.bound >= sh.combine_interleave_from,
-                       own_late_pct=sh.own_late_pct)
+                       interleave=self._comb_interleave and not decode and handle.bound >= sh.combine_interleave_from)
         return out[:handle.n_tokens]
 
     def close(self) -> None:

@@ -113,44 +113,23 @@ def _weighted_rows(ybuf, rows, wt, c, hidden, m, TOP_K: tl.constexpr, BLOCK_K: t
 
 
 @triton.jit
-def _own_limit(n_tokens, hidden, pid, grid, OWN_LATE_PCT: tl.constexpr, BLOCK_HT: tl.constexpr):
-    """Throughput mode: the first of program ``pid``'s own items (``pid, pid + grid, ...`` of
-    ``column_shares(n_tokens)``) whose own part is summed after the barrier, in the final sum
-    (``MoEShape.own_late_pct``: the last ``OWN_LATE_PCT`` percent of them, rounded down); the ones
-    before are stored into ``out`` before the barrier and read back."""
-    own_items = n_tokens * column_shares(n_tokens, hidden, grid, BLOCK_HT)
-    n_own = program_items(own_items, pid, grid)
-    return pid + (n_own - n_own * OWN_LATE_PCT // 100) * grid
-
-
-@triton.jit
-def _final_item(out_ptr, w_ptr, row_ptr, ybuf, owner_ptr, part, n_tokens, hidden, max_tokens, rank, item, grid,
-                WORLD: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_HT: tl.constexpr,
-                LATE: tl.constexpr = False, BLOCK: tl.constexpr = 0):
+def _final_item(out_ptr, owner_ptr, part, n_tokens, hidden, max_tokens, rank, item, grid, WORLD: tl.constexpr,
+                TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_HT: tl.constexpr):
     """Throughput mode: item ``item`` of this rank's own tokens (``column_shares(n_tokens)`` of
-    ``BLOCK_HT`` columns) summed in rank order, its own partial read back from ``out`` (with
-    ``LATE``: summed here from the expert buffer ``ybuf``, rounded as ``_own_item`` rounds it) and
-    each peer's from the partials buffer ``part``, the result into ``out``; ``BLOCK`` columns a
-    step (0: ``BLOCK_HT``)."""
+    ``BLOCK_HT`` columns) summed in rank order, its own partial read back from ``out`` and each
+    peer's from the partials buffer ``part``, the result into ``out``."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
-    STEP: tl.constexpr = BLOCK if BLOCK > 0 else BLOCK_HT
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
-    wide = tl.arange(0, STEP)
+    wide = tl.arange(0, BLOCK_HT)
     wshares = column_shares(n_tokens, hidden, grid, BLOCK_HT)
     t = item // wshares
     owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
     lo, hi = share_columns(item % wshares, wshares, hidden, BLOCK_HT)
-    if LATE:
-        row = tl.load(row_ptr + t * TOP_K + kk, mask=km, other=-1)  # -1 unless kept here
-        wt = tl.load(w_ptr + t * TOP_K + kk, mask=km, other=0.0)
-    for c in range(lo, hi, STEP):
+    for c in range(lo, hi, BLOCK_HT):
         m = c + wide < hidden
-        if LATE:
-            own = _partial(_weighted_rows(ybuf, row, wt, c, hidden, m, TOP_K, BLOCK_K, STEP), DTYPE).to(tl.float32)
-        else:
-            own = tl.load(out_ptr + tl.cast(t, tl.int64) * hidden + c + wide, mask=m, other=0.0).to(tl.float32)
-        acc = tl.zeros([STEP], dtype=tl.float32)
+        own = tl.load(out_ptr + tl.cast(t, tl.int64) * hidden + c + wide, mask=m, other=0.0).to(tl.float32)
+        acc = tl.zeros([BLOCK_HT], dtype=tl.float32)
         for r in tl.static_range(WORLD):
             peer = (r != rank) & (tl.sum((owner == r).to(tl.int32), axis=0) > 0)
             got = tl.load(part + tl.cast(r * max_tokens + t, tl.int64) * hidden + c + wide, mask=m & peer,
@@ -162,8 +141,7 @@ def _final_item(out_ptr, w_ptr, row_ptr, ybuf, owner_ptr, part, n_tokens, hidden
 @triton.jit
 def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off,
                 part_off, lpart_off, from_partials, pid, grid, timeout, diag, WORLD: tl.constexpr, TOP_K: tl.constexpr,
-                BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HT: tl.constexpr, k_from=0, own_limit=1 << 30,
-                OWN_LATE: tl.constexpr = False):
+                BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HT: tl.constexpr, k_from=0):
     """Both modes, last: every token's partials in rank order. This rank's own partial is summed here
     from its expert buffer (latency mode) or read back from ``out`` (throughput mode: ``_own_item``
     stored it there); a peer's is polled from the Lamport buffer and reset (latency mode) or read
@@ -171,9 +149,7 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
     of its column blocks) (``column_shares``); an item's routing is loaded once, so each column
     block waits on one round of loads. Each mode has a loop of its own, compiled apart from the
     other's waits, and its own columns per step (``BLOCK_HT`` in the throughput mode). The throughput
-    mode starts at the program's item ``k_from`` (the interleaved combine summed the ones before) and
-    with ``OWN_LATE`` sums the own part of items from ``own_limit`` on itself (``_own_limit``;
-    ``BLOCK_H`` columns a step: at ``BLOCK_HT`` the prefill shape's build spilled)."""
+    mode starts at the program's item ``k_from`` (the interleaved combine summed the ones before)."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
@@ -183,12 +159,8 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
     if from_partials:  # names of its own: the branches' widths differ, and Triton merges shared names
         wshares = column_shares(n_tokens, hidden, grid, BLOCK_HT)
         for item in range(pid + k_from * grid, n_tokens * wshares, grid):
-            if OWN_LATE and item >= own_limit:
-                _final_item(out_ptr, w_ptr, row_ptr, ybuf, owner_ptr, part, n_tokens, hidden, max_tokens, rank, item,
-                            grid, WORLD, TOP_K, BLOCK_K, BLOCK_HT, True, BLOCK_H)
-            else:
-                _final_item(out_ptr, w_ptr, row_ptr, ybuf, owner_ptr, part, n_tokens, hidden, max_tokens, rank, item,
-                            grid, WORLD, TOP_K, BLOCK_K, BLOCK_HT)
+            _final_item(out_ptr, owner_ptr, part, n_tokens, hidden, max_tokens, rank, item, grid, WORLD, TOP_K,
+                        BLOCK_K, BLOCK_HT)
     else:
         cols = tl.arange(0, BLOCK_H)
         shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
@@ -269,11 +241,11 @@ def _own_item(out_ptr, w_ptr, row_ptr, ybuf, n_tokens, hidden, item, grid, TOP_K
 def _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, bases, rank,
                    ybuf_off, ids, wtab, sizes, part_off, pid, grid, DTYPE: tl.constexpr, WORLD: tl.constexpr,
                    LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
-                   BLOCK_W: tl.constexpr, own_limit):
+                   BLOCK_W: tl.constexpr):
     """Throughput mode, before the barrier: this rank's partial of every token received from a peer,
     pushed to the token's home (peers in the order ``rank + 1, rank + 2, ...``), and of its own
-    tokens below ``own_limit`` (``_own_limit``), kept in ``out``. The own items alternate with the
-    first peer's, so that the local sums run while the pushes cross the links."""
+    tokens, kept in ``out``. The own items alternate with the first peer's, so that the local sums
+    run while the pushes cross the links."""
     ybuf = heap_ptr(bases, rank, ybuf_off, DTYPE)
     own_items = n_tokens * column_shares(n_tokens, hidden, grid, BLOCK_H)
     for i in range(1, WORLD):
@@ -285,7 +257,7 @@ def _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidde
             if item < items:
                 _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, part_off, max_tokens, rank, s, n_s,
                            item, DTYPE, LOCAL, TOP_K, BLOCK_K, BLOCK_H, False, grid)
-            if (i == 1) & (item < own_items) & (item < own_limit):
+            if (i == 1) & (item < own_items):
                 _own_item(out_ptr, w_ptr, row_ptr, ybuf, n_tokens, hidden, item, grid, TOP_K,
                           BLOCK_K, BLOCK_H)
     if WORLD == 1:
@@ -344,8 +316,8 @@ def _push_interleaved(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hi
                            pid + (half + j) * grid, DTYPE, LOCAL, TOP_K, BLOCK_K, BLOCK_H, False, grid)
             q = q_lo + j
             if q < tl.minimum(q_hi, h_own):
-                _final_item(out_ptr, w_ptr, row_ptr, ybuf, owner_ptr, part, n_tokens, hidden, max_tokens, rank,
-                            pid + q * grid, grid, WORLD, TOP_K, BLOCK_K, BLOCK_H)
+                _final_item(out_ptr, owner_ptr, part, n_tokens, hidden, max_tokens, rank, pid + q * grid, grid, WORLD,
+                            TOP_K, BLOCK_K, BLOCK_H)
             elif q < q_hi:
                 _own_item(out_ptr, w_ptr, row_ptr, ybuf, n_tokens, hidden, pid + (q + 1) * grid, grid, TOP_K,
                           BLOCK_K, BLOCK_H)
@@ -383,8 +355,7 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
                        WORLD: tl.constexpr,
                        LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr,
                        BLOCK_H: tl.constexpr, TRACE: tl.constexpr, PUSHERS: tl.constexpr = 0,
-                       BLOCK_HT: tl.constexpr = 0, INTERLEAVE: tl.constexpr = False,
-                       OWN_LATE_PCT: tl.constexpr = 0):
+                       BLOCK_HT: tl.constexpr = 0, INTERLEAVE: tl.constexpr = False):
     """``out[t]`` for ``t < n_tokens`` (see the module docstring). With ``TRACE`` each program
     stamps (``kernels.stamp``) ``COMBINE_STAGES`` points into ``trace_ptr``: started, mode known,
     partials pushed (throughput: and the barrier passed), done. With ``PUSHERS``, in the latency mode
@@ -398,8 +369,7 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
     throughput mode steps ``BLOCK_HT`` columns at a time (0: ``BLOCK_H``), the same on every rank.
     With ``INTERLEAVE`` (barrier slots ``grid + pid`` too) the throughput mode sums half of each
     program's own tokens while the second half of its pushes cross the links
-    (``_push_interleaved``). With ``OWN_LATE_PCT`` (not interleaved) the last that percent of each
-    program's own items have their own part summed after the barrier (``_own_limit``)."""
+    (``_push_interleaved``)."""
     BLOCK_T: tl.constexpr = BLOCK_HT if BLOCK_HT > 0 else BLOCK_H
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
@@ -427,9 +397,6 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
     ids = heap_ptr(bases, rank, ids_off + parity * ids_half, tl.int32)
     wtab = heap_ptr(bases, rank, wtab_off + parity * wtab_half, tl.float32)
     k_from = 0  # the program's own items summed in full before the barrier
-    own_limit = 1 << 30  # every own part before the barrier
-    if OWN_LATE_PCT > 0:
-        own_limit = _own_limit(n_tokens, hidden, pid, grid, OWN_LATE_PCT, BLOCK_T)
     if from_partials:
         if INTERLEAVE:
             k_from = _push_interleaved(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens,
@@ -438,7 +405,7 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
         else:
             _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, bases, rank,
                            ybuf_off, ids, wtab, sizes, part_off, pid, grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K,
-                           BLOCK_T, BLOCK_W, own_limit)
+                           BLOCK_T, BLOCK_W)
         # every peer's partial of my tokens is here
         barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     else:
@@ -451,7 +418,7 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
     _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off,
                 part_off, lpart_off, from_partials, tl.where(from_partials, pid, sum_pid),
                 tl.where(from_partials, grid, sum_grid), timeout, diag, WORLD, TOP_K, BLOCK_K, BLOCK_H, BLOCK_T,
-                k_from, own_limit, OWN_LATE_PCT > 0)
+                k_from)
     epoch_commit_slots(epoch_ptr, e, epoch_slots)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 3)
@@ -462,20 +429,19 @@ def launch_combine(run: Launcher, comm, channel, header: torch.Tensor, out: torc
                    throughput_from: int, lamport_rows: int, local: int, ybuf_off: int, ids_off: int, ids_half: int,
                    wtab_off: int, wtab_half: int, part_off: int, lpart_off: int, block_h: int, num_warps: int,
                    launch_opts: dict[str, bool | int], trace: torch.Tensor | None = None, pushers: int = 0,
-                   throughput_block_h: int = 0, interleave: bool = False, own_late_pct: int = 0) -> None:
+                   throughput_block_h: int = 0, interleave: bool = False) -> None:
     """Launch ``moe_combine_kernel`` through ``run`` (its launcher, one program per SM on GPUs), after
     the dispatch that left ``header`` (``header.py``); ``trace``: int64 ``[programs,
     COMBINE_STAGES, 2]`` for the stage stamps, or None; ``pushers``: in the latency mode the
     programs that push (the others sum); 0: all; ``throughput_block_h``: the throughput mode's
     columns per step (0: ``block_h``); ``interleave``: the throughput mode interleaved (the channel
-    has ``2 * programs`` barrier slots); ``own_late_pct``: ``MoEShape.own_late_pct`` (the throughput
-    mode, not interleaved)."""
+    has ``2 * programs`` barrier slots)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     run(out, w, owner, row, slot_of, n_tokens, out.shape[-1], max_tokens, throughput_from, lamport_rows, bases, rank,
         timeout, diag, channel.flags_off, channel.epochs_off, channel.programs, header, ybuf_off, ids_off, ids_half,
         wtab_off, wtab_half, part_off, lpart_off, w if trace is None else trace, WORLD=world,
         LOCAL=local, TOP_K=w.shape[-1], BLOCK_K=pow2_at_least(w.shape[-1]), BLOCK_W=pow2_at_least(world),
         BLOCK_H=block_h, TRACE=trace is not None, PUSHERS=pushers, BLOCK_HT=throughput_block_h,
-        INTERLEAVE=bool(interleave), OWN_LATE_PCT=0 if interleave else own_late_pct,
+        INTERLEAVE=bool(interleave),
         num_warps=num_warps, enable_fp_fusion=False,
         **launch_opts)

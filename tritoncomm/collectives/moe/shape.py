@@ -225,11 +225,6 @@ class MoEShape:
     #: capture. ``NEVER``: no call (``default_shape`` sets it at four ranks on some GPUs:
     #: ``COMBINE_INTERLEAVE_FROM_TOKENS_EP4``).
     combine_interleave_from: int = NEVER
-    #: The throughput combine (not interleaved): of each program's own items, the last this percent
-    #: (rounded down) have their own part summed from the expert buffer after the barrier, in the
-    #: final sum, instead of stored into ``out`` before it and read back. Fewer bytes (those items'
-    #: own part is not written and read again), less work beside the pushes; the same bits. 0: none.
-    own_late_pct: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_e", "send_block_h", "one_block_h", "throughput_block_h", "super_blocks",
@@ -243,8 +238,6 @@ class MoEShape:
         for name in ("interleave_from", "combine_interleave_from"):
             if getattr(self, name) < 1:
                 raise InvalidInputError(f"MoEShape: {name} must be at least 1, got {getattr(self, name)}")
-        if not 0 <= self.own_late_pct <= 100:
-            raise InvalidInputError(f"MoEShape: own_late_pct must be in [0, 100], got {self.own_late_pct}")
         if self.shared_copy_from < 0:
             raise InvalidInputError(f"MoEShape: shared_copy_from must be at least 0, got {self.shared_copy_from}")
         if self.programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):

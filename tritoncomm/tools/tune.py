@@ -30,11 +30,12 @@ COLLECTIVES = {"allreduce": AllReduce, "allgather": AllGather, "reducescatter": 
 
 
 #: Grids of kernels with cross-rank barriers stay at or below this many warps (programs x warps) and
-#: this many programs: past them, rare 10-30x slow timings were measured on H200 (``docs/algorithms.md``,
-#: "Barrier grids"; ``benchmarks/experiments/stall_probe.py``). Every algorithm's ``candidates`` keeps
-#: to them (tested).
-MAX_BARRIER_WARPS = 512
-MAX_BARRIER_PROGRAMS = 64
+#: this many programs: the grids up to them ran without a slow timing under the first-warp barrier
+#: (``docs/algorithms.md``, "Barrier grids"; ``benchmarks/experiments/stall_probe.py``), and past 64
+#: programs and 512 warps rare 10-30x slow timings were measured on H200 with every warp polling.
+#: Every algorithm's ``candidates`` keeps to them (tested).
+MAX_BARRIER_WARPS = 1024
+MAX_BARRIER_PROGRAMS = 128
 
 
 def candidates(op: str, nbytes: int, backend: str) -> list[Choice]:

@@ -199,6 +199,8 @@ class TwoShot(AllReduceAlgorithm):
             out += [Choice("twoshot", min(progs, max(1, nbytes // 2 // 1024)), 1024, 4) for progs in (32, 64)]
         if nbytes >= 4 << 20:
             out += [Choice("twoshot", 64, block, 8) for block in (4096, 16384)]
+        if nbytes >= 16 << 20:  # large shards: 128 programs kept more HBM and links busy at TP4 (64 MB)
+            out += [Choice("twoshot", 128, block, 8) for block in (2048, 4096)]
         return out
 
     @staticmethod

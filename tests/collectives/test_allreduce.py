@@ -327,6 +327,49 @@ def test_graph_capture_and_replay_with_fresh_data(worlds, world, algo):
         assert all(same for _, same in rows)
 
 
+def _job_widest_twoshot(ctx, programs: int, block: int, n: int, replays: int):
+    """The two-shot at a barrier grid the tune may pick (``tools.tune.MAX_BARRIER_PROGRAMS`` programs
+    of 8 warps), chosen by a table as the packaged one does: once eager into a poisoned output, then
+    captured in a CUDA graph and replayed with fresh data."""
+    comm = make_comm(ctx)
+    table = SelectionTable({("allreduce", ctx.world, d): [(1 << 40, Choice("twoshot", programs, block, 8))]
+                            for d in ("bf16", "fp16", "fp32")}, "test")
+    ar = tc.AllReduce(comm, max_bytes=2 * n, table=table)
+    x = torch.randn(n, device=ctx.device).to(torch.bfloat16)
+    out = torch.full_like(x, float("nan"))
+    ar(x, out=out)
+    comm.synchronize()
+    rows = [(check_close(out, reference_sum(ctx, x), torch.bfloat16), same_on_all_ranks(ctx, out))]
+    warm_up_for_capture(lambda: ar(x, out=out))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ar(x, out=out)
+    g = torch.Generator().manual_seed(ctx.rank)
+    for _ in range(replays):
+        x.copy_(torch.randn(n, generator=g).to(torch.bfloat16))
+        out.fill_(float("nan"))
+        graph.replay()
+        comm.synchronize()
+        rows.append((check_close(out, reference_sum(ctx, x), torch.bfloat16), same_on_all_ranks(ctx, out)))
+    del graph
+    ar.close()
+    comm.close()
+    return rows
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", world_sizes(2, 4))
+@pytest.mark.parametrize("block", [2048, 4096])
+def test_widest_barrier_grid_twoshot_matches_torch_distributed(worlds, world, block):
+    """128 programs x 8 warps (the caps) on an odd message of about 17 MB (four rounds, a ragged last
+    block): every rank's result within the dtype's tolerance of torch.distributed and bit-identical."""
+    from tritoncomm.tools.tune import MAX_BARRIER_PROGRAMS, MAX_BARRIER_WARPS
+
+    assert MAX_BARRIER_PROGRAMS * 8 <= MAX_BARRIER_WARPS
+    for rows in worlds(world).run(_job_widest_twoshot, MAX_BARRIER_PROGRAMS, block, 8_388_617, 4):
+        assert all(same for _, same in rows)
+
+
 def _bit_mismatches(ctx, got: torch.Tensor, want: torch.Tensor, tag: tuple) -> list:
     """``tag`` + what is wrong: ``got`` differs from ``want`` in any bit, or ranks hold different bits."""
     bad = []

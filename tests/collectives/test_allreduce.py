@@ -361,8 +361,9 @@ def _job_widest_twoshot(ctx, programs: int, block: int, n: int, replays: int):
 @pytest.mark.parametrize("world", world_sizes(2, 4))
 @pytest.mark.parametrize("block", [2048, 4096])
 def test_widest_barrier_grid_twoshot_matches_torch_distributed(worlds, world, block):
-    """128 programs x 8 warps (the caps) on an odd message of about 17 MB (four rounds, a ragged last
-    block): every rank's result within the dtype's tolerance of torch.distributed and bit-identical."""
+    """128 programs x 8 warps (the caps) on an odd message of about 17 MB (four rounds at world 2 with
+    blocks of 2048, one elsewhere; a ragged last block): every rank's result within the dtype's
+    tolerance of torch.distributed and bit-identical."""
     from tritoncomm.tools.tune import MAX_BARRIER_PROGRAMS, MAX_BARRIER_WARPS
 
     assert MAX_BARRIER_PROGRAMS * 8 <= MAX_BARRIER_WARPS

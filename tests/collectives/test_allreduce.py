@@ -292,6 +292,20 @@ def test_two_groups_and_two_streams_do_not_share_slots(worlds, world):
         assert bad == []
 
 
+def _replay_fresh(ctx, comm, graph, x: torch.Tensor, out: torch.Tensor, replays: int) -> list:
+    """Replay ``graph`` ``replays`` times, each with fresh random ``x`` and a poisoned ``out``: per
+    replay, (error against torch.distributed, bits identical on every rank)."""
+    rows = []
+    g = torch.Generator().manual_seed(ctx.rank)
+    for _ in range(replays):
+        x.copy_(torch.randn(x.numel(), generator=g).to(x.dtype))
+        out.fill_(float("nan"))
+        graph.replay()
+        comm.synchronize()
+        rows.append((check_close(out, reference_sum(ctx, x), x.dtype), same_on_all_ranks(ctx, out)))
+    return rows
+
+
 def _job_graph_replay(ctx, algo, n, replays):
     """Capture three calls in a CUDA graph; replay with fresh data in the same buffers."""
     comm = make_comm(ctx)
@@ -303,15 +317,7 @@ def _job_graph_replay(ctx, algo, n, replays):
     with torch.cuda.graph(graph):
         for _ in range(3):
             ar(x, out=out, algo=algo)
-    rows = []
-    g = torch.Generator().manual_seed(ctx.rank)
-    for _ in range(replays):
-        x.copy_(torch.randn(n, generator=g).to(torch.bfloat16))
-        out.fill_(float("nan"))
-        graph.replay()
-        comm.synchronize()
-        ref = reference_sum(ctx, x)
-        rows.append((check_close(out, ref, torch.bfloat16), same_on_all_ranks(ctx, out)))
+    rows = _replay_fresh(ctx, comm, graph, x, out, replays)
     del graph
     ar.close()
     comm.close()
@@ -344,13 +350,7 @@ def _job_widest_twoshot(ctx, programs: int, block: int, n: int, replays: int):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         ar(x, out=out)
-    g = torch.Generator().manual_seed(ctx.rank)
-    for _ in range(replays):
-        x.copy_(torch.randn(n, generator=g).to(torch.bfloat16))
-        out.fill_(float("nan"))
-        graph.replay()
-        comm.synchronize()
-        rows.append((check_close(out, reference_sum(ctx, x), torch.bfloat16), same_on_all_ranks(ctx, out)))
+    rows += _replay_fresh(ctx, comm, graph, x, out, replays)
     del graph
     ar.close()
     comm.close()

@@ -1,0 +1,159 @@
+"""vLLM 0.33.0's own modular MoE kernel on tritoncomm's all-to-all, in the CPU world.
+
+Each rank builds vLLM's ``FusedMoEKernel`` from ``TritonCommPrepareAndFinalize`` and vLLM's
+``NaiveBatchedExperts`` (its reference batched experts: SwiGLU per expert in torch) with its slice
+of full weights that every rank creates alike, and runs vLLM's ``apply``; the output is checked
+against ``moe_reference``, the layer in one process with the full weights. Different token counts
+per rank (one rank with none), bf16 and FP8 dispatch (vLLM's block-quantised experts), repeated
+calls. Two things a CPU process lacks are given as vLLM's CPU build has them: the compiled
+``_C::silu_and_mul`` (vLLM's own ``SiluAndMul.forward_native``) and an answer "no" from the batched
+experts' probe for graph capture, which asks the accelerator.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tritoncomm.collectives import MoEAllToAll
+from tritoncomm.errors import InvalidInputError
+from tritoncomm.integrations import moe_reference
+from tritoncomm.integrations.ep import route
+
+from ..helpers import make_comm
+from .enginetest import engine_world
+
+EXPERTS_PER_RANK, HIDDEN, INTER, TOP_K, MAX_TOKENS = 4, 256, 128, 3, 8  # FP8 blocks: 128 x 128
+
+
+def _weights(world: int):
+    """The full weights, the same on every rank: router ``[E, H]``, gate/up ``[E, I, H]``, down ``[E, H, I]``."""
+    experts = EXPERTS_PER_RANK * world
+    g = torch.Generator().manual_seed(11)
+    router = torch.randn(experts, HIDDEN, generator=g)
+    gate, up = (torch.randn(experts, INTER, HIDDEN, generator=g).div(HIDDEN ** 0.5).to(torch.bfloat16)
+                for _ in range(2))
+    down = torch.randn(experts, HIDDEN, INTER, generator=g).div(INTER ** 0.5).to(torch.bfloat16)
+    return router, gate, up, down
+
+
+def _fp8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w [E, N, K]`` as e4m3 with one fp32 scale per 128 x 128 block (vLLM's block-quantised weights)."""
+    e, n, k = w.shape
+    blocks = w.float().view(e, n // 128, 128, k // 128, 128)
+    scale = blocks.abs().amax(dim=(2, 4)).clamp_min(1e-12) / torch.finfo(torch.float8_e4m3fn).max
+    q = (blocks / scale[:, :, None, :, None]).to(torch.float8_e4m3fn).view(e, n, k)
+    return q, scale
+
+
+_RANK_STATE: list = []  # inside a rank: what lives as long as the rank process
+
+
+def _cpu_build_ops() -> None:
+    """vLLM's compiled ``_C::silu_and_mul`` as its CPU build has it, from its native formula."""
+    from vllm.model_executor.layers.activation import SiluAndMul
+
+    try:
+        torch.ops._C.silu_and_mul  # noqa: B018 (present: nothing to add)
+        return
+    except (AttributeError, RuntimeError):
+        pass
+    lib = torch.library.Library("_C", "FRAGMENT")
+    lib.define("silu_and_mul(Tensor! out, Tensor input) -> ()")
+    def silu_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
+        out.copy_(SiluAndMul.forward_native(x))
+
+    lib.impl("silu_and_mul", silu_and_mul, "CPU")
+    _RANK_STATE.append(lib)
+
+
+def _kernel(ctx, moe: MoEAllToAll, fp8: bool, w1: torch.Tensor, w2: torch.Tensor):
+    """vLLM's modular kernel: our prepare/finalize and vLLM's reference batched experts."""
+    import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.config import (
+        FUSED_MOE_UNQUANTIZED_CONFIG,
+        FusedMoEConfig,
+        FusedMoEParallelConfig,
+        FusedMoEQuantConfig,
+        RoutingMethodType,
+    )
+    from vllm.model_executor.layers.fused_moe.experts import fused_batched_moe
+    from vllm.model_executor.layers.fused_moe.experts.fused_batched_moe import NaiveBatchedExperts
+
+    from tritoncomm.integrations.vllm_moe import TritonCommPrepareAndFinalize
+
+    parallel = FusedMoEParallelConfig(tp_size=1, pcp_size=1, dp_size=ctx.world, ep_size=ctx.world, tp_rank=0,
+                                      pcp_rank=0, dp_rank=ctx.rank, ep_rank=ctx.rank, sp_size=1, use_ep=True,
+                                      all2all_backend="tritoncomm", enable_eplb=False)
+    config = FusedMoEConfig(num_experts=moe.num_experts, experts_per_token=TOP_K, hidden_dim=HIDDEN,
+                            intermediate_size=INTER, num_local_experts=moe.local_experts,
+                            num_logical_experts=moe.num_experts, activation=MoEActivation.SILU, device=ctx.device,
+                            routing_method=RoutingMethodType.Renormalize, moe_parallel_config=parallel,
+                            in_dtype=torch.bfloat16, max_num_tokens=MAX_TOKENS)
+    if fp8:
+        (w1, s1), (w2, s2) = _fp8_blocks(w1), _fp8_blocks(w2)
+        quant = FusedMoEQuantConfig.make(quant_dtype=torch.float8_e4m3fn, block_shape=[128, 128], w1_scale=s1,
+                                         w2_scale=s2)
+    else:
+        quant = FUSED_MOE_UNQUANTIZED_CONFIG
+    fused_batched_moe._is_capturing_or_compiling = lambda: False  # it asks the accelerator's stream
+    _cpu_build_ops()
+    experts = NaiveBatchedExperts(config, quant, max_num_tokens=MAX_TOKENS, num_dispatchers=ctx.world)
+    return mk.FusedMoEKernel(TritonCommPrepareAndFinalize(moe), experts), w1, w2, MoEActivation.SILU
+
+
+def _job(ctx, fp8: bool):
+    comm = make_comm(ctx, heap_bytes=64 << 20)
+    router, gate, up, down = _weights(ctx.world)
+    experts = router.shape[0]
+    moe = MoEAllToAll(comm, max_tokens=MAX_TOKENS, hidden=HIDDEN, num_experts=experts, top_k=TOP_K,
+                      fp8_dispatch=fp8)
+    mine = slice(ctx.rank * EXPERTS_PER_RANK, (ctx.rank + 1) * EXPERTS_PER_RANK)
+    w1 = torch.cat([gate[mine], up[mine]], dim=1).contiguous()  # vLLM's [L, 2I, H]: silu(gate x) * up x
+    w2 = down[mine].contiguous()
+    kernel, w1, w2, silu = _kernel(ctx, moe, fp8, w1, w2)
+    errs = []
+    for rep in range(3):
+        gx = torch.Generator().manual_seed(100 * rep + ctx.rank)
+        n = 0 if (rep, ctx.rank) == (1, 0) else (rep + ctx.rank) % MAX_TOKENS + 1
+        x = torch.randn(n, HIDDEN, generator=gx).to(torch.bfloat16)
+        ids, weights = route(x, router, TOP_K, True)
+        out = kernel.apply(x.to(ctx.device), w1.to(ctx.device), w2.to(ctx.device), weights.to(ctx.device),
+                           ids.to(ctx.device), silu, global_num_experts=experts, expert_map=None,
+                           apply_router_weight_on_input=False)
+        if n:
+            ref = moe_reference(x, router, gate, up, down, TOP_K).float()
+            errs.append(((out.float().cpu() - ref).abs().max() / ref.abs().max()).item())
+        else:
+            errs.append(0.0 if out.shape == (0, HIDDEN) else float("inf"))
+    pf = kernel.prepare_finalize
+    delegate = kernel.fused_experts.finalize_weight_and_reduce_impl()
+    own = pf.allocate_fused_expert_output((EXPERTS_PER_RANK, moe.capacity, HIDDEN), torch.bfloat16, ctx.device,
+                                          delegate)
+    other = pf.allocate_fused_expert_output((EXPERTS_PER_RANK, moe.capacity + 1, HIDDEN), torch.bfloat16,
+                                            ctx.device, delegate)
+    aliased = own is not None and own.data_ptr() == moe.expert_buffer().data_ptr() and other is None
+    bad_map = torch.arange(experts, dtype=torch.int32)  # every expert local: not this instance's placement
+    try:
+        pf.prepare(x, weights, ids, experts, bad_map, False, kernel.fused_experts.quant_config)
+        refused = False
+    except InvalidInputError:
+        refused = True
+    moe.close()
+    comm.close()
+    return errs, refused, aliased
+
+
+@pytest.mark.parametrize("world,fp8", [(2, False), (3, False), (2, True)])
+def test_vllm_modular_kernel_on_tritoncomm_matches_reference(world, fp8):
+    """vLLM's ``FusedMoEKernel.apply`` with tritoncomm's prepare/finalize and vLLM's batched experts
+    gives the single-process layer's output on every rank (bf16 within 2%, FP8 rows and weights
+    within 8%), for 0 to 8 tokens per rank over three calls; the experts' output buffer offered is
+    the combine's own (for its shape only); an ``expert_map`` other than the instance's linear
+    placement is refused before any rank waits."""
+    tol = 0.08 if fp8 else 0.02
+    with engine_world(world) as w:
+        for errs, refused, aliased in w.run(_job, fp8):
+            assert max(errs) < tol, errs
+            assert refused and aliased

@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 trace=$(mktemp -d)
 TRITONCOMM_TRACE_IMPORTS=$trace PYTHONPATH=tests/integrations/trace${PYTHONPATH:+:$PYTHONPATH} \
-  "$PY" -m pytest -q -p no:cacheprovider tests/integrations/test_vllm.py tests/integrations/test_sglang.py
+  "$PY" -m pytest -q -p no:cacheprovider tests/integrations/test_vllm.py tests/integrations/test_vllm_moe.py \
+  tests/integrations/test_sglang.py
 "$PY" -m tests.integrations.gpupack "$trace" ".engines/engines-py${TARGET:-3.12}.tar.xz" --python "${TARGET:-3.12}"
 rm -rf "$trace"

@@ -237,6 +237,18 @@ def test_vllm_fusion_pass_on_gpus(vg, quant, compiled):
         check_vllm_fusion(out, quant, compiled)
 
 
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_vllm_modular_moe_kernel_on_gpus(vg, fp8):
+    """vLLM's ``FusedMoEKernel`` with ``TritonCommPrepareAndFinalize`` and vLLM's batched experts on
+    GPUs, against the layer in one process (``test_vllm_moe._job``); vLLM's CUDA platform takes the
+    combine's own buffer for the experts' output there."""
+    from .test_vllm_moe import _job
+
+    for errs, refused, aliased in vg.run(_job, fp8):
+        assert max(errs) < (0.08 if fp8 else 0.02), errs
+        assert refused and aliased
+
+
 # -- SGLang ---------------------------------------------------------------------------------------------
 def _sglang_up(ctx) -> None:
     """SGLang's plugin loader and its TP group on this rank's GPU, once per rank process."""

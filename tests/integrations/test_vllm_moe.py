@@ -5,9 +5,11 @@ Each rank builds vLLM's ``FusedMoEKernel`` from ``TritonCommPrepareAndFinalize``
 of full weights that every rank creates alike, and runs vLLM's ``apply``; the output is checked
 against ``moe_reference``, the layer in one process with the full weights. Different token counts
 per rank (one rank with none), bf16 and FP8 dispatch (vLLM's block-quantised experts), repeated
-calls. Two things a CPU process lacks are given as vLLM's CPU build has them: the compiled
-``_C::silu_and_mul`` (vLLM's own ``SiluAndMul.forward_native``) and an answer "no" from the batched
-experts' probe for graph capture, which asks the accelerator.
+calls. vLLM's compiled ``_C::silu_and_mul`` is absent (its extension is not loaded here): it is
+defined from vLLM's own ``SiluAndMul.forward_native``; in the CPU world the batched experts' probe
+for graph capture, which asks the accelerator, answers "no". The same job runs on GPUs from
+``test_engines_gpu.py``, where vLLM's CUDA platform also takes the combine's buffer for the experts'
+output.
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ def _fp8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 _RANK_STATE: list = []  # inside a rank: what lives as long as the rank process
 
 
-def _cpu_build_ops() -> None:
-    """vLLM's compiled ``_C::silu_and_mul`` as its CPU build has it, from its native formula."""
+def _silu_and_mul_op() -> None:
+    """vLLM's compiled ``_C::silu_and_mul`` (absent where vLLM's extension is not loaded: the CPU
+    world, the GPU image) from vLLM's own native formula, for CPU and CUDA tensors."""
     from vllm.model_executor.layers.activation import SiluAndMul
 
     try:
@@ -63,7 +66,8 @@ def _cpu_build_ops() -> None:
     def silu_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
         out.copy_(SiluAndMul.forward_native(x))
 
-    lib.impl("silu_and_mul", silu_and_mul, "CPU")
+    for key in ("CPU", "CUDA"):
+        lib.impl("silu_and_mul", silu_and_mul, key)
     _RANK_STATE.append(lib)
 
 
@@ -97,8 +101,9 @@ def _kernel(ctx, moe: MoEAllToAll, fp8: bool, w1: torch.Tensor, w2: torch.Tensor
                                          w2_scale=s2)
     else:
         quant = FUSED_MOE_UNQUANTIZED_CONFIG
-    fused_batched_moe._is_capturing_or_compiling = lambda: False  # it asks the accelerator's stream
-    _cpu_build_ops()
+    if ctx.backend == "cpu":  # its probe for graph capture asks the accelerator's stream
+        fused_batched_moe._is_capturing_or_compiling = lambda: False
+    _silu_and_mul_op()
     experts = NaiveBatchedExperts(config, quant, max_num_tokens=MAX_TOKENS, num_dispatchers=ctx.world)
     return mk.FusedMoEKernel(TritonCommPrepareAndFinalize(moe), experts), w1, w2, MoEActivation.SILU
 
@@ -110,8 +115,8 @@ def _job(ctx, fp8: bool):
     moe = MoEAllToAll(comm, max_tokens=MAX_TOKENS, hidden=HIDDEN, num_experts=experts, top_k=TOP_K,
                       fp8_dispatch=fp8)
     mine = slice(ctx.rank * EXPERTS_PER_RANK, (ctx.rank + 1) * EXPERTS_PER_RANK)
-    w1 = torch.cat([gate[mine], up[mine]], dim=1).contiguous()  # vLLM's [L, 2I, H]: silu(gate x) * up x
-    w2 = down[mine].contiguous()
+    w1 = torch.cat([gate[mine], up[mine]], dim=1).to(ctx.device)  # vLLM's [L, 2I, H]: silu(gate x) * up x
+    w2 = down[mine].contiguous().to(ctx.device)
     kernel, w1, w2, silu = _kernel(ctx, moe, fp8, w1, w2)
     errs = []
     for rep in range(3):
@@ -119,7 +124,7 @@ def _job(ctx, fp8: bool):
         n = 0 if (rep, ctx.rank) == (1, 0) else (rep + ctx.rank) % MAX_TOKENS + 1
         x = torch.randn(n, HIDDEN, generator=gx).to(torch.bfloat16)
         ids, weights = route(x, router, TOP_K, True)
-        out = kernel.apply(x.to(ctx.device), w1.to(ctx.device), w2.to(ctx.device), weights.to(ctx.device),
+        out = kernel.apply(x.to(ctx.device), w1, w2, weights.to(ctx.device),
                            ids.to(ctx.device), silu, global_num_experts=experts, expert_map=None,
                            apply_router_weight_on_input=False)
         if n:

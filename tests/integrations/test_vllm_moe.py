@@ -90,7 +90,7 @@ def _kernel(ctx, moe: MoEAllToAll, fp8: bool, w1: torch.Tensor, w2: torch.Tensor
     parallel = FusedMoEParallelConfig(tp_size=1, pcp_size=1, dp_size=ctx.world, ep_size=ctx.world, tp_rank=0,
                                       pcp_rank=0, dp_rank=ctx.rank, ep_rank=ctx.rank, sp_size=1, use_ep=True,
                                       all2all_backend="tritoncomm", enable_eplb=False)
-    config = FusedMoEConfig(num_experts=moe.num_experts, experts_per_token=TOP_K, hidden_dim=HIDDEN,
+    config = FusedMoEConfig(num_experts=moe.num_experts, experts_per_token=moe.top_k, hidden_dim=HIDDEN,
                             intermediate_size=INTER, num_local_experts=moe.local_experts,
                             num_logical_experts=moe.num_experts, activation=MoEActivation.SILU, device=ctx.device,
                             routing_method=RoutingMethodType.Renormalize, moe_parallel_config=parallel,
@@ -108,12 +108,25 @@ def _kernel(ctx, moe: MoEAllToAll, fp8: bool, w1: torch.Tensor, w2: torch.Tensor
     return mk.FusedMoEKernel(TritonCommPrepareAndFinalize(moe), experts), w1, w2, MoEActivation.SILU
 
 
-def _job(ctx, fp8: bool):
+def _on_input_reference(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate: torch.Tensor,
+                        up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """Top-1 with the router weight applied to the input (vLLM's ``apply_router_weight_on_input``):
+    ``out[t] = expert_{ids[t]}(w[t] * x[t])``, in one process with the full weights."""
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    xs = (x * weights.to(x.dtype)).float()
+    for t in range(x.shape[0]):
+        e = int(ids[t, 0])
+        h = torch.nn.functional.silu(xs[t] @ gate[e].float().t()) * (xs[t] @ up[e].float().t())
+        out[t] = h @ down[e].float().t()
+    return out
+
+
+def _job(ctx, fp8: bool, on_input: bool = False):
     comm = make_comm(ctx, heap_bytes=64 << 20)
     router, gate, up, down = _weights(ctx.world)
     experts = router.shape[0]
-    moe = MoEAllToAll(comm, max_tokens=MAX_TOKENS, hidden=HIDDEN, num_experts=experts, top_k=TOP_K,
-                      fp8_dispatch=fp8)
+    k = 1 if on_input else TOP_K
+    moe = MoEAllToAll(comm, max_tokens=MAX_TOKENS, hidden=HIDDEN, num_experts=experts, top_k=k, fp8_dispatch=fp8)
     mine = slice(ctx.rank * EXPERTS_PER_RANK, (ctx.rank + 1) * EXPERTS_PER_RANK)
     w1 = torch.cat([gate[mine], up[mine]], dim=1).to(ctx.device)  # vLLM's [L, 2I, H]: silu(gate x) * up x
     w2 = down[mine].contiguous().to(ctx.device)
@@ -123,12 +136,13 @@ def _job(ctx, fp8: bool):
         gx = torch.Generator().manual_seed(100 * rep + ctx.rank)
         n = 0 if (rep, ctx.rank) == (1, 0) else (rep + ctx.rank) % MAX_TOKENS + 1
         x = torch.randn(n, HIDDEN, generator=gx).to(torch.bfloat16)
-        ids, weights = route(x, router, TOP_K, True)
+        ids, weights = route(x, router, k, not on_input)
         out = kernel.apply(x.to(ctx.device), w1, w2, weights.to(ctx.device),
                            ids.to(ctx.device), silu, global_num_experts=experts, expert_map=None,
-                           apply_router_weight_on_input=False)
+                           apply_router_weight_on_input=on_input)
         if n:
-            ref = moe_reference(x, router, gate, up, down, TOP_K).float()
+            ref = (_on_input_reference(x, ids, weights, gate, up, down) if on_input
+                   else moe_reference(x, router, gate, up, down, k).float())
             errs.append(((out.float().cpu() - ref).abs().max() / ref.abs().max()).item())
         else:
             errs.append(0.0 if out.shape == (0, HIDDEN) else float("inf"))
@@ -150,15 +164,17 @@ def _job(ctx, fp8: bool):
     return errs, refused, aliased
 
 
-@pytest.mark.parametrize("world,fp8", [(2, False), (3, False), (2, True)])
-def test_vllm_modular_kernel_on_tritoncomm_matches_reference(world, fp8):
+@pytest.mark.parametrize("world,fp8,on_input", [(2, False, False), (3, False, False), (2, True, False),
+                                                (2, False, True)])
+def test_vllm_modular_kernel_on_tritoncomm_matches_reference(world, fp8, on_input):
     """vLLM's ``FusedMoEKernel.apply`` with tritoncomm's prepare/finalize and vLLM's batched experts
     gives the single-process layer's output on every rank (bf16 within 2%, FP8 rows and weights
     within 8%), for 0 to 8 tokens per rank over three calls; the experts' output buffer offered is
     the combine's own (for its shape only); an ``expert_map`` other than the instance's linear
-    placement is refused before any rank waits."""
+    placement is refused before any rank waits. Also top-1 with the router weight applied to the
+    input (``apply_router_weight_on_input``, as Llama 4 routes)."""
     tol = 0.08 if fp8 else 0.02
     with engine_world(world) as w:
-        for errs, refused, aliased in w.run(_job, fp8):
+        for errs, refused, aliased in w.run(_job, fp8, on_input):
             assert max(errs) < tol, errs
             assert refused and aliased

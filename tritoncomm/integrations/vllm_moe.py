@@ -50,6 +50,11 @@ class TritonCommPrepareAndFinalize(mk.FusedMoEPrepareAndFinalizeModular):
         self.moe = moe
         self._handle: MoEHandle | None = None
         self._checked_map: torch.Tensor | None = None  # the expert_map last checked (linear placement)
+        dev = moe.comm.device
+        # apply_router_weight_on_input (top-1): the weighted input and unit weights, made once
+        self._weighted = torch.empty(moe.max_tokens, moe.hidden, dtype=moe.dtype, device=dev) if moe.top_k == 1 \
+            else None
+        self._ones = torch.ones(moe.max_tokens, 1, dtype=torch.float32, device=dev) if moe.top_k == 1 else None
 
     @property
     def activation_format(self) -> mk.FusedMoEActivationFormat:
@@ -111,10 +116,12 @@ class TritonCommPrepareAndFinalize(mk.FusedMoEPrepareAndFinalizeModular):
             raise InvalidInputError(f"tritoncomm MoE prepare: the experts {'want' if wants_fp8 else 'do not want'} "
                                     f"FP8 rows; build MoEAllToAll with fp8_dispatch={wants_fp8}")
         if apply_router_weight_on_input:
-            if topk_ids.shape[1] != 1:
-                raise InvalidInputError("tritoncomm MoE prepare: apply_router_weight_on_input needs top-1 routing")
-            a1 = a1 * topk_weights.to(a1.dtype)
-            topk_weights = torch.ones_like(topk_weights)
+            if self._weighted is None or topk_ids.shape[1] != 1 or a1.shape[0] > moe.max_tokens:
+                raise InvalidInputError("tritoncomm MoE prepare: apply_router_weight_on_input needs a top-1 instance "
+                                        f"and at most {moe.max_tokens} tokens")
+            n = a1.shape[0]
+            a1 = torch.mul(a1, topk_weights.to(a1.dtype), out=self._weighted[:n])
+            topk_weights = self._ones[:n]
         h, counts, self._handle = moe.dispatch(a1, topk_ids, topk_weights)
         meta = mk.ExpertTokensMetadata(expert_num_tokens=counts, expert_num_tokens_cpu=None)
         if isinstance(h, tuple):  # FP8: e4m3 rows and [local, capacity, hidden / 128] fp32 scales

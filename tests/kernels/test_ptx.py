@@ -310,8 +310,15 @@ def test_gemm_overlap_uses_tma_wgmma_and_system_scope_flags(out_reg):
     assert o["st.global.v4.b32"] >= 4 and o["ld.global.v4.b32"] >= 1, o
 
 
-#: Modules that import vLLM or SGLang at the top (tests/integrations runs them with the engines).
-ENGINE_MODULES = ("tritoncomm.integrations.vllm_fusion",)
+def _imports_an_engine(module: str) -> bool:
+    """Whether a module imports vLLM or SGLang at the top (tests/integrations runs those with the
+    engines). Read from the source: importing it here would load whatever engine a test left in
+    ``sys.modules`` against this environment's packages."""
+    import importlib.util
+    import re
+
+    source = open(importlib.util.find_spec(module).origin).read()
+    return re.search(r"^(import|from) (vllm|sglang)\b", source, re.MULTILINE) is not None
 
 
 def _entry_kernels():
@@ -345,7 +352,7 @@ def _every_jit_function():
 
     found = {}
     for m in pkgutil.walk_packages(tritoncomm.__path__, "tritoncomm."):
-        if m.name.endswith("__main__") or m.name in ENGINE_MODULES:
+        if m.name.endswith("__main__") or (not m.ispkg and _imports_an_engine(m.name)):
             continue
         for name, obj in vars(importlib.import_module(m.name)).items():
             if isinstance(obj, JITFunction):
@@ -624,3 +631,14 @@ def test_the_lamport_allreduce_compiles_under_an_engines_patches(monkeypatch):
     ptx = compile_ptx(JITFunction(lamport_oneshot_kernel.fn), sig, {"WORLD": 2, "BLOCK": 2048},
                       {"x_ptr", "out_ptr", "n", "bases", "epochs_off", "buf_off", "slot_bytes"})
     assert "ld.volatile.global.v4" in ptx or "ld.volatile.global.v2" in ptx, "the poll should stay vectorised"
+
+
+def test_the_kernel_walk_skips_exactly_the_engine_modules():
+    """The walk above leaves out the modules that import an engine, and only those."""
+    import pkgutil
+
+    import tritoncomm
+
+    skipped = {m.name for m in pkgutil.walk_packages(tritoncomm.__path__, "tritoncomm.")
+               if not m.ispkg and _imports_an_engine(m.name)}
+    assert skipped == {"tritoncomm.integrations.vllm_fusion", "tritoncomm.integrations.vllm_moe"}

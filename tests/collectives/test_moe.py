@@ -391,6 +391,41 @@ def test_direct_switch_counts_bytes_on_the_wire(worlds, world):
         assert got == [("routed-direct", "routed-direct", True), ("routed", "routed", False)]
 
 
+def _heap_use(ctx):
+    from tritoncomm.collectives.moe import heap_bytes_bound
+
+    comm = make_comm(ctx, heap_bytes=64 << 20)
+    cpu = SHAPES["cpu"]
+    cases = [dict(max_tokens=6), dict(max_tokens=400, shape=replace(cpu, route_above=4)),
+             dict(max_tokens=400, shape=replace(cpu, route_above=4, direct_from_bytes=0), fp8_dispatch=True),
+             dict(max_tokens=400, shape=replace(cpu, route_above=4, packets=True, routed_packets=True)),
+             dict(max_tokens=400, shape=replace(cpu, one_kernel=False, route_above=1 << 16), mode="throughput"),
+             dict(max_tokens=40, capacity=7, fp8_dispatch=True, mode="latency"),
+             dict(max_tokens=40, shape=replace(cpu, packets=True), dtype=torch.float16)]
+    got = []
+    for case in cases:
+        before = comm.heap.allocator.used_bytes
+        moe = MoEAllToAll(comm, hidden=128, num_experts=4 * ctx.world, top_k=3, **case)
+        used = comm.heap.allocator.used_bytes - before
+        kw = {k: v for k, v in case.items() if k != "mode"}
+        got.append((used, heap_bytes_bound(comm.backend, comm.device, ctx.world, hidden=128,
+                                           num_experts=4 * ctx.world, top_k=3, **kw)))
+        moe.close()
+    comm.close()
+    return got
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3))
+def test_heap_bytes_bound_holds_every_path(worlds, world):
+    """``heap_bytes_bound`` (what an engine sizes a communicator by) is at least what an instance
+    takes from the heap on every path (one kernel, routed, routed into the peers' slots with FP8,
+    routed packets, send + gather, a capacity of its own, packets in fp16), and not more than a few
+    MiB plus three times it."""
+    for got in worlds(world).run(_heap_use):
+        for used, bound in got:
+            assert used <= bound <= 3 * used + (4 << 20), got
+
+
 @pytest.mark.parametrize("world,routing", dealt(["held", "routed", "routed-direct", "routed-packets"], 3, 2))
 def test_decode_calls_on_large_instances_take_one_kernel(worlds, world, routing):
     """An instance sized for more routing entries than one kernel holds (400 tokens of top-3), called

@@ -65,11 +65,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ...channels import Channel, Communicator
+from ...channels import HEAP_ALIGN, Channel, Communicator
 from ...channels.cuda_ipc import HostMappedWords
 from ...errors import InvalidInputError
 from ...kernels import lamport_fill, pow2_at_least
 from ...kernels.launcher import Launcher
+from ...units import round_up
 from .combine import COMBINE_STAGES, launch_combine, moe_combine_kernel
 from .dispatch import launch_send, moe_send_kernel
 from .gather import launch_gather, moe_gather_kernel
@@ -103,7 +104,8 @@ __all__ = ["DIRECT_FROM_BYTES", "MODES", "NARROW_SEND_UP_TO", "NEVER", "ONE_KERN
            "PREFILL_ONE_KERNEL_ENTRIES", "PREFILL_ONE_KERNEL_ENTRIES_WIDE",
            "PUSH_SPLIT_ELEMS", "SHAPES", "SHARED_COPY_FROM", "THROUGHPUT_FROM_ELEMS", "THROUGHPUT_FROM_ELEMS_EP2",
            "THROUGHPUT_FROM_TOKENS_EP2", "INTERLEAVE_FROM_TOKENS", "COMBINE_INTERLEAVE_FROM_TOKENS_EP4",
-           "MoEAllToAll", "MoEHandle", "MoEShape", "default_shape", "default_throughput_from", "register_cap"]
+           "MoEAllToAll", "MoEHandle", "MoEShape", "default_shape", "default_throughput_from", "heap_bytes_bound",
+           "register_cap"]
 
 
 def _launch_options(comm: Communicator, shape: MoEShape) -> dict[str, bool | int]:
@@ -131,6 +133,45 @@ class MoEHandle:
     n_tokens: int
     call: int
     bound: int
+
+
+def _default_instance_shape(backend: str, device: torch.device, max_tokens: int, prefill_from: int, hidden: int,
+                            wire_bytes: int, world: int) -> MoEShape:
+    """The launch shape an instance given none takes on ``device`` (``default_shape``)."""
+    cuda = backend == "cuda"
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 1
+    name = torch.cuda.get_device_name(device) if cuda else ""
+    return default_shape(backend, max_tokens, sms, prefill_from, hidden, wire_bytes, world, name)
+
+
+def heap_bytes_bound(backend: str, device: torch.device, world: int, *, max_tokens: int, hidden: int,
+                     num_experts: int, top_k: int, dtype: torch.dtype = torch.bfloat16, capacity: int | None = None,
+                     fp8_dispatch: bool = False, prefill_from: int = PREFILL_FROM,
+                     shape: MoEShape | None = None) -> int:
+    """An upper bound of the heap bytes a ``MoEAllToAll`` of these arguments takes from its
+    communicator (at ``world`` ranks on ``backend``/``device``): every buffer any of its paths may
+    allocate, each rounded to the heap's alignment, and its three channels. For sizing a
+    communicator that holds one instance; not for the launch path."""
+    sh = shape or _default_instance_shape(backend, device, max_tokens, prefill_from, hidden,
+                                          1 if fp8_dispatch else dtype.itemsize, world)
+    m, k, w, el = max_tokens, top_k, world, dtype.itemsize
+    wire = 1 if fp8_dispatch else el
+    peers, local = max(w - 1, 1), num_experts // max(w, 1)
+    cap = capacity if capacity is not None else w * m
+    block_e = max(sh.block_e, pow2_at_least(k))
+    blocks = -(-m * k // block_e)
+    scales = hidden // 128 * 4 if fp8_dispatch else 0
+    sizes = [
+        2 * 2 * peers * m * (hidden * wire + scales),  # the packet and the plain receive buffers
+        2 * peers * m * k * 4,  # the packets' weights
+        2 * 2 * w * m * k * 4 + 2 * w * 4,  # the ids and weights tables, the token counts
+        2 * w * (blocks + -(-blocks // sh.super_blocks)) * max(pow2_at_least(num_experts), 4) * 4,  # histograms
+        2 * sh.programs * w * min(pow2_at_least(m * k), sh.one_kernel_entries) * 4,  # the routing copies
+        local * cap * (hidden * el + hidden * wire + scales),  # the expert buffer, the direct rows and scales
+        2 * w * m * hidden * el,  # the partials and the Lamport partials
+    ]
+    channels = 3 * (1 << 20)  # three channels' slots and flags (``Channel``), with room
+    return sum(round_up(max(b, 1), HEAP_ALIGN) for b in sizes) + channels
 
 
 class MoEAllToAll:
@@ -174,13 +215,11 @@ class MoEAllToAll:
         if fp8_dispatch and hidden % 128:
             raise InvalidInputError(f"MoEAllToAll: FP8 dispatch needs hidden a multiple of 128, got {hidden}")
         self.fp8 = bool(fp8_dispatch)
+        if shape is not None and not isinstance(shape, MoEShape):
+            raise InvalidInputError(f"MoEAllToAll: shape must be a MoEShape, got {shape!r}")
+        sh = shape or _default_instance_shape(comm.backend, comm.device, max_tokens, prefill_from, hidden,
+                                              1 if fp8_dispatch else dtype.itemsize, w)
         sms = torch.cuda.get_device_properties(comm.device).multi_processor_count if comm.backend == "cuda" else 1
-        sh = default_shape(comm.backend, max_tokens, sms, prefill_from, hidden,
-                           1 if fp8_dispatch else dtype.itemsize, w, gpu_name)
-        if shape is not None:
-            if not isinstance(shape, MoEShape):
-                raise InvalidInputError(f"MoEAllToAll: shape must be a MoEShape, got {shape!r}")
-            sh = shape
         if decode_shape is None and shape is None and max_tokens >= prefill_from:
             decode_shape = default_shape(comm.backend, prefill_from - 1, sms, prefill_from, world=w)
             decode_shape = decode_shape if decode_shape != sh else None  # the CPU world has one shape

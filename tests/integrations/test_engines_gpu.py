@@ -249,6 +249,28 @@ def test_vllm_modular_moe_kernel_on_gpus(vg, fp8):
         assert refused and aliased
 
 
+def _stub_vllm_extension(ctx) -> None:
+    sys.modules.setdefault("vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))
+
+
+vep = _gpu_world(_stub_vllm_extension, "vep")  # its job builds vLLM's data + expert parallel groups
+
+
+def test_vllm_chooses_tritoncomm_moe_on_gpus(vep):
+    """``TRITONCOMM_MOE=1`` on GPUs (``test_vllm_moe._switch_job``): in a data + expert parallel
+    deployment vLLM's own selection picks batched experts (``BATCHED_TRITON``), its oracles build
+    kernels on tritoncomm's prepare/finalize, two layers share an instance, outputs match the layer
+    in one process (bf16, then FP8 blocks); vLLM's destroy closes the instances."""
+    from .test_vllm_moe import _switch_job
+
+    for fp8 in (False, True):
+        for ours, built, shared, errs, others, left, picked, refused in vep.run(_switch_job, fp8):
+            assert ours and built and shared and picked == "BATCHED_TRITON" and all(refused), \
+                (ours, built, shared, picked, refused)
+            assert max(errs) < (0.08 if fp8 else 0.02), errs
+            assert others == (False, False) and left == 0, (others, left)
+
+
 # -- SGLang ---------------------------------------------------------------------------------------------
 def _sglang_up(ctx) -> None:
     """SGLang's plugin loader and its TP group on this rank's GPU, once per rank process."""

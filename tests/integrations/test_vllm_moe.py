@@ -178,3 +178,152 @@ def test_vllm_modular_kernel_on_tritoncomm_matches_reference(world, fp8, on_inpu
         for errs, refused, aliased in w.run(_job, fp8, on_input):
             assert max(errs) < tol, errs
             assert refused and aliased
+
+
+# -- vLLM's own choice (TRITONCOMM_MOE=1) -----------------------------------------------------------
+def _deployment(ctx, **parallel):
+    """vLLM's groups and parallel config for a data + expert parallel deployment of ``ctx.world``
+    ranks (one per replica), after vLLM's loader has run the plugins with ``TRITONCOMM_MOE=1``;
+    once per rank process."""
+    import os
+
+    import vllm.distributed.parallel_state as ps
+    import vllm.plugins
+    from vllm.config import ParallelConfig, VllmConfig, get_current_vllm_config, set_current_vllm_config
+
+    from .test_vllm import _as_cuda_platform
+
+    if ps.model_parallel_is_initialized():
+        return get_current_vllm_config()
+    os.environ.update(TRITONCOMM_ENABLE="1", TRITONCOMM_MOE="1")
+    vllm.plugins.load_general_plugins()
+    if ctx.backend == "cpu":
+        _as_cuda_platform()
+    config = VllmConfig(parallel_config=ParallelConfig(data_parallel_size=ctx.world, enable_expert_parallel=True,
+                                                       **parallel))
+    scope = set_current_vllm_config(config)
+    scope.__enter__()  # for the life of the rank, as in a vLLM worker
+    _RANK_STATE.append(scope)
+    local = ctx.rank if ctx.backend == "cpu" else ctx.device.index
+    ps.init_distributed_environment(world_size=ctx.world, rank=ctx.rank, local_rank=local, backend="gloo",
+                                    distributed_init_method=None)
+    ps.initialize_model_parallel(tensor_model_parallel_size=1)
+    return config
+
+
+def _moe_config(ctx, config, **kw):
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig, FusedMoEParallelConfig, RoutingMethodType
+
+    parallel = FusedMoEParallelConfig.make(tp_size_=kw.pop("tp", 1), pcp_size_=1, dp_size_=ctx.world, sp_size_=1,
+                                           vllm_parallel_config=config.parallel_config)
+    experts = EXPERTS_PER_RANK * ctx.world
+    return FusedMoEConfig(num_experts=experts, experts_per_token=TOP_K, hidden_dim=HIDDEN, intermediate_size=INTER,
+                          num_local_experts=EXPERTS_PER_RANK, num_logical_experts=experts, device=ctx.device,
+                          activation=MoEActivation.SILU, routing_method=RoutingMethodType.Renormalize,
+                          moe_parallel_config=parallel, in_dtype=torch.bfloat16, max_num_tokens=MAX_TOKENS, **kw)
+
+
+def _switch_refusals(moe_config, parallel) -> list[bool]:
+    """Whether the builder refuses, before any rank waits, micro-batching, elastic expert
+    parallelism, monolithic experts and int8 activations."""
+    from vllm.model_executor.layers.fused_moe.config import FusedMoEQuantConfig
+
+    from tritoncomm.integrations.vllm_moe import build_prepare_finalize
+
+    int8 = FusedMoEQuantConfig.make(quant_dtype=torch.int8, per_act_token_quant=True)
+    got = []
+    for change, kw in ((("enable_dbo", True), {}), (("enable_elastic_ep", True), {}),
+                       (None, dict(use_monolithic=True)), (None, dict(quant_config=int8))):
+        saved = getattr(parallel, change[0]) if change else None
+        if change:
+            setattr(parallel, *change)
+        try:
+            build_prepare_finalize(moe_config, kw.pop("quant_config", None), **kw)
+            got.append(False)
+        except InvalidInputError:
+            got.append(True)
+        finally:
+            if change:
+                setattr(parallel, change[0], saved)
+    return got
+
+
+def _switch_job(ctx, fp8: bool):
+    from vllm.distributed.parallel_state import get_ep_group
+    from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG, FusedMoEQuantConfig
+    from vllm.model_executor.layers.fused_moe.experts import fused_batched_moe
+    from vllm.model_executor.layers.fused_moe.experts.fused_batched_moe import NaiveBatchedExperts
+    from vllm.model_executor.layers.fused_moe.oracle import fp8 as fp8_oracle
+    from vllm.model_executor.layers.fused_moe.oracle import unquantized
+
+    from tritoncomm.integrations.vllm_moe import TritonCommPrepareAndFinalize
+
+    config = _deployment(ctx)
+    moe_config = _moe_config(ctx, config)
+    ours = moe_config.moe_parallel_config.use_batched_activation_format
+    # on GPUs vLLM's own selection of the experts, which reads that format (in the CPU world it offers none)
+    picked = unquantized.select_unquantized_moe_backend(moe_config)[0].value if ctx.backend == "cuda" else None
+    router, gate, up, down = _weights(ctx.world)
+    mine = slice(ctx.rank * EXPERTS_PER_RANK, (ctx.rank + 1) * EXPERTS_PER_RANK)
+    w1 = torch.cat([gate[mine], up[mine]], dim=1).to(ctx.device)
+    w2 = down[mine].contiguous().to(ctx.device)
+    if ctx.backend == "cpu":
+        fused_batched_moe._is_capturing_or_compiling = lambda: False
+    _silu_and_mul_op()
+    kernels = []
+    for _ in range(2):  # two layers of one shape share an instance
+        if fp8:
+            (q1, s1), (q2, s2) = _fp8_blocks(w1), _fp8_blocks(w2)
+            quant = FusedMoEQuantConfig.make(quant_dtype=torch.float8_e4m3fn, block_shape=[128, 128], w1_scale=s1,
+                                             w2_scale=s2)
+            kernel = fp8_oracle.make_fp8_moe_kernel(quant, moe_config, NaiveBatchedExperts,
+                                                    fp8_oracle.Fp8MoeBackend.BATCHED_TRITON)
+            kernels.append((kernel, q1, q2))
+        else:
+            kernel = unquantized.make_unquantized_moe_kernel(FUSED_MOE_UNQUANTIZED_CONFIG, moe_config,
+                                                             unquantized.UnquantizedMoeBackend.BATCHED_TRITON,
+                                                             NaiveBatchedExperts)
+            kernels.append((kernel, w1, w2))
+    built = all(isinstance(k.prepare_finalize, TritonCommPrepareAndFinalize) for k, _, _ in kernels)
+    errs = []
+    for rep in range(2):
+        for kernel, a, b in kernels:
+            gx = torch.Generator().manual_seed(100 * rep + ctx.rank)
+            n = (rep + ctx.rank) % MAX_TOKENS + 1
+            x = torch.randn(n, HIDDEN, generator=gx).to(torch.bfloat16)
+            ids, weights = route(x, router, TOP_K, True)
+            out = kernel.apply(x.to(ctx.device), a, b, weights.to(ctx.device), ids.to(ctx.device),
+                               moe_config.activation, global_num_experts=router.shape[0], expert_map=None,
+                               apply_router_weight_on_input=False)
+            ref = moe_reference(x, router, gate, up, down, TOP_K).float()
+            errs.append(((out.float().cpu() - ref).abs().max() / ref.abs().max()).item())
+    manager = get_ep_group().device_communicator.all2all_manager
+    shared = kernels[0][0].prepare_finalize.moe is kernels[1][0].prepare_finalize.moe and \
+        len(manager.tritoncomm_moe) == 1
+    # what stays vLLM's: tensor parallelism inside the MoE, expert load balancing
+    others = (_moe_config(ctx, config, tp=ctx.world).moe_parallel_config.use_batched_activation_format,)
+    config.parallel_config.enable_eplb = True
+    others += (_moe_config(ctx, config).moe_parallel_config.use_batched_activation_format,)
+    config.parallel_config.enable_eplb = False
+    refused = _switch_refusals(moe_config, config.parallel_config)
+    manager.destroy()  # vLLM's shutdown: closes the instances too
+    return ours, built, shared, errs, others, len(manager.tritoncomm_moe), picked, refused
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_vllm_builds_tritoncomm_prepare_finalize_with_the_switch(world):
+    """With ``TRITONCOMM_ENABLE=1 TRITONCOMM_MOE=1`` and vLLM's plugin loader, a data + expert parallel
+    deployment (vLLM's parallel config and groups, default all-to-all backend): vLLM's MoE parallel
+    config asks for batched-format experts, vLLM's own oracles (unquantized, FP8 blocks) build
+    ``FusedMoEKernel``s whose prepare/finalize is tritoncomm's, two layers of one shape share one
+    instance, and their outputs match the single-process layer over repeated calls; tensor
+    parallelism inside the MoE and expert load balancing keep vLLM's format; vLLM's destroy of the
+    all-to-all manager closes the instances (bf16, then at 2 ranks FP8 on new instances). Micro-batching,
+    elastic expert parallelism, monolithic experts and int8 activations are refused at build time."""
+    with engine_world(world) as w:
+        for fp8 in (False, True) if world == 2 else (False,):  # FP8 at 2 ranks, as the kernel test above
+            for ours, built, shared, errs, others, left, _, refused in w.run(_switch_job, fp8):
+                assert ours and built and shared and all(refused), (ours, built, shared, refused)
+                assert max(errs) < (0.08 if fp8 else 0.02), errs
+                assert others == (False, False) and left == 0, (others, left)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["ENABLE_ENV", "FUSION_ENV", "enabled", "fusion_enabled"]
+__all__ = ["ENABLE_ENV", "FUSION_ENV", "MOE_ENV", "enabled", "fusion_enabled", "moe_enabled"]
 
 #: The variable that turns the engine plugins on.
 ENABLE_ENV = "TRITONCOMM_ENABLE"
 #: ``0`` keeps the plugins off the engines' fused all-reduce + RMSNorm (on by default once enabled).
 FUSION_ENV = "TRITONCOMM_FUSION"
+#: ``1`` lets the plugins also take the engines' expert-parallel all-to-all (off by default).
+MOE_ENV = "TRITONCOMM_MOE"
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -22,3 +24,8 @@ def enabled() -> bool:
 def fusion_enabled() -> bool:
     """Whether the plugins also serve the fused all-reduce + residual + RMSNorm (``TRITONCOMM_FUSION``)."""
     return os.environ.get(FUSION_ENV, "1").strip().lower() in _TRUE
+
+
+def moe_enabled() -> bool:
+    """Whether the plugins also serve the expert-parallel MoE all-to-all (``TRITONCOMM_MOE``)."""
+    return os.environ.get(MOE_ENV, "0").strip().lower() in _TRUE

@@ -15,6 +15,8 @@ in every vLLM process) puts ``TritonCommCustomAllreduce`` in the place of vLLM's
 vLLM's own gates decide where it serves; whatever it declines takes vLLM's own path. With
 compilation it also installs ``vllm_fusion.TritonCommFusionPass``, which rewrites all-reduce +
 RMSNorm (+ static FP8 quant) into one tritoncomm kernel (``TRITONCOMM_FUSION=0`` leaves it out).
+With ``TRITONCOMM_MOE=1`` it also has vLLM build tritoncomm's MoE prepare/finalize in data + expert
+parallel deployments (``vllm_moe.install``).
 
 Written against vLLM 0.33.0, whose own code the tests run (``tests/integrations/test_vllm.py``).
 """
@@ -28,9 +30,9 @@ from torch.distributed import ProcessGroup
 
 from ..config import CommConfig
 from .custom_allreduce import CustomAllReduceSlot
-from .switch import ENABLE_ENV, FUSION_ENV, enabled, fusion_enabled
+from .switch import ENABLE_ENV, FUSION_ENV, MOE_ENV, enabled, fusion_enabled, moe_enabled
 
-__all__ = ["ENABLE_ENV", "FUSION_ENV", "TritonCommCustomAllreduce", "plugin", "served_class",
+__all__ = ["ENABLE_ENV", "FUSION_ENV", "MOE_ENV", "TritonCommCustomAllreduce", "plugin", "served_class",
            "yielding_flashinfer_class"]
 
 _LOGGER = "vllm.tritoncomm"  # under vLLM's logger, so the line shows in vLLM's log
@@ -39,7 +41,9 @@ _LOGGER = "vllm.tritoncomm"  # under vLLM's logger, so the line shows in vLLM's 
 def plugin() -> None:
     """vLLM's general plugin. With ``TRITONCOMM_ENABLE=1`` vLLM's CUDA communicator builds
     ``TritonCommCustomAllreduce`` where it builds its own custom all-reduce, and vLLM's post-grad pass
-    manager runs ``TritonCommFusionPass``. Logs one line saying whether it took over, and why not."""
+    manager runs ``TritonCommFusionPass``; with ``TRITONCOMM_MOE=1`` too, vLLM's MoE layers in data +
+    expert parallel deployments get tritoncomm's prepare/finalize. Logs one line saying whether it
+    took over, and why not."""
     log = logging.getLogger(_LOGGER)
     if not enabled():
         log.info("tritoncomm: installed, inactive (set %s=1 to serve vLLM's TP communication)", ENABLE_ENV)
@@ -70,8 +74,16 @@ def plugin() -> None:
             fusion = install()
         except ImportError as e:  # vLLM's pass manager imports its attention kernels; the slot needs none
             fusion = f"fused all-reduce + RMSNorm off: vLLM's pass manager does not import ({e})"
+    moe = f"expert-parallel all-to-all vLLM's own (set {MOE_ENV}=1 for tritoncomm's)"
+    if moe_enabled():
+        try:
+            from .vllm_moe import install as install_moe
+
+            moe = install_moe()
+        except ImportError as e:
+            moe = f"expert-parallel all-to-all vLLM's own: its fused MoE does not import ({e})"
     log.info("tritoncomm: serving vLLM's custom all-reduce slot (TP all-reduce, sequence-parallel all-gather and "
-             "reduce-scatter, graph capture); %s", fusion)
+             "reduce-scatter, graph capture); %s; %s", fusion, moe)
 
 
 def served_class(base: type) -> type:

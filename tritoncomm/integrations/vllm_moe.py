@@ -19,22 +19,38 @@ says otherwise is refused (each new map tensor is compared once, on the host).
 ``apply_router_weight_on_input`` (top-1 only, as in vLLM) scales the input and combines with unit
 weights.
 
-Written against vLLM 0.33.0, whose own modular kernel and batched experts the tests run
+**vLLM's own choice** (``install``, run by the vLLM plugin with ``TRITONCOMM_ENABLE=1`` and
+``TRITONCOMM_MOE=1``): in the deployments ``serves`` names (data + expert parallel on vLLM's default
+all-to-all backend, ``allgather_reducescatter``), vLLM's oracles pick batched-format experts and
+their ``maybe_make_prepare_finalize`` builds this prepare/finalize, on an ``MoEAllToAll`` per layer
+shape that ``MoEInstances`` keeps on the expert-parallel group's all-to-all manager. Other
+deployments keep vLLM's own path.
+
+Written against vLLM 0.33.0, whose own modular kernel, oracles and batched experts the tests run
 (``tests/integrations/test_vllm_moe.py``).
 """
 
 from __future__ import annotations
 
+import inspect
+import sys
+from typing import Any
+
 import torch
+import torch.distributed as dist
 import vllm.model_executor.layers.fused_moe.modular_kernel as mk
-from vllm.model_executor.layers.fused_moe.config import FusedMoEQuantConfig
+from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig, FusedMoEParallelConfig, FusedMoEQuantConfig
 from vllm.model_executor.layers.fused_moe.topk_weight_and_reduce import TopKWeightAndReduceDelegate
 
+from ..channels import Communicator
 from ..collectives import MoEAllToAll
-from ..collectives.moe import MoEHandle
+from ..collectives.moe import MoEHandle, heap_bytes_bound
+from ..config import CommConfig
 from ..errors import InvalidInputError
+from ..units import round_up
+from .capability import probe
 
-__all__ = ["TritonCommPrepareAndFinalize"]
+__all__ = ["MoEInstances", "TritonCommPrepareAndFinalize", "build_prepare_finalize", "install", "serves"]
 
 #: Columns per FP8 scale of the dispatch (``MoEAllToAll`` with ``fp8_dispatch``).
 FP8_BLOCK = 128
@@ -147,3 +163,162 @@ class TritonCommPrepareAndFinalize(mk.FusedMoEPrepareAndFinalizeModular):
                                     f">= {moe.capacity}, {moe.hidden}], got {list(y.shape)}")
         out = moe.combine(y[:, :moe.capacity], handle)
         output.copy_(out)
+
+
+# -- vLLM's own choice -------------------------------------------------------------------------------
+def serves(p: FusedMoEParallelConfig) -> bool:
+    """Whether tritoncomm takes a MoE layer's all-to-all once installed: expert parallelism over
+    data-parallel ranks on vLLM's default backend (``allgather_reducescatter``), one rank per
+    replica (no tensor, context or sequence parallelism: tensor-parallel ranks of a replica hold the
+    same tokens, which an all-to-all would send twice), and vLLM's linear expert placement (no
+    expert load balancing, which moves experts)."""
+    # with expert parallelism vLLM folds the deployment's tensor-parallel ranks into ``ep_size``
+    return (p.use_ag_rs_all2all_kernels and p.ep_size == p.dp_size and p.tp_size == 1 and p.pcp_size == 1
+            and not p.is_sequence_parallel and not p.enable_eplb)
+
+
+def _fp8_dispatch(quant_config: FusedMoEQuantConfig | None) -> bool:
+    """The dispatch's wire format the experts' quantisation asks for: bf16/fp16 rows, or e4m3 rows
+    with one scale per 128 columns; others are refused (before any rank waits)."""
+    if quant_config is None or quant_config.quant_dtype is None:
+        return False
+    if quant_config.quant_dtype == torch.float8_e4m3fn and list(quant_config.block_shape or ()) == [FP8_BLOCK,
+                                                                                                   FP8_BLOCK]:
+        return True
+    raise InvalidInputError(f"tritoncomm MoE: the experts quantise activations to {quant_config.quant_dtype} in "
+                            f"blocks {quant_config.block_shape}; the dispatch carries bf16/fp16 rows or e4m3 with "
+                            f"one scale per {FP8_BLOCK} columns. Unset TRITONCOMM_MOE for this model")
+
+
+class MoEInstances:
+    """The ``MoEAllToAll`` instances of one expert-parallel group, one per layer shape, each on a
+    communicator of its own whose heap ``heap_bytes_bound`` sizes. ``get`` is collective the first
+    time a shape is asked for (every rank builds its layers in the same order); ``close`` is
+    collective."""
+
+    def __init__(self, group: dist.ProcessGroup, device: torch.device) -> None:
+        self.group, self.device = group, device
+        self._made: dict[tuple, tuple[Communicator, MoEAllToAll]] = {}
+
+    def get(self, *, max_tokens: int, hidden: int, num_experts: int, top_k: int, dtype: torch.dtype,
+            fp8_dispatch: bool) -> MoEAllToAll:
+        key = (max_tokens, hidden, num_experts, top_k, dtype, fp8_dispatch)
+        if key not in self._made:
+            backend = "cpu" if self.device.type == "cpu" else "cuda"
+            world = dist.get_world_size(self.group)
+            heap = heap_bytes_bound(backend, self.device, world, max_tokens=max_tokens, hidden=hidden,
+                                    num_experts=num_experts, top_k=top_k, dtype=dtype, fp8_dispatch=fp8_dispatch)
+            config = CommConfig(heap_bytes=round_up(heap, 1 << 20))
+            verdict = probe(self.group, self.device, config)
+            if not verdict.ok:
+                raise InvalidInputError(f"tritoncomm MoE: cannot serve the expert-parallel all-to-all: "
+                                        f"{verdict.reason}. Unset TRITONCOMM_MOE")
+            comm = Communicator(self.group, device=self.device, config=config)
+            moe = MoEAllToAll(comm, max_tokens=max_tokens, hidden=hidden, num_experts=num_experts, top_k=top_k,
+                              dtype=dtype, fp8_dispatch=fp8_dispatch, name=f"vllm.moe{len(self._made)}")
+            self._made[key] = (comm, moe)
+        return self._made[key][1]
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    def close(self) -> None:
+        """Collective: close every instance and its communicator."""
+        for comm, moe in reversed(list(self._made.values())):
+            moe.close()
+            comm.close()
+        self._made.clear()
+
+
+def _instances(manager: Any, device: torch.device) -> MoEInstances:
+    """The group's ``MoEInstances``, kept on vLLM's all-to-all manager of the expert-parallel group
+    and closed when vLLM destroys it."""
+    found = getattr(manager, "tritoncomm_moe", None)
+    if found is None:
+        found = manager.tritoncomm_moe = MoEInstances(manager.cpu_group, device)
+        destroy = manager.destroy
+
+        def destroy_both() -> None:
+            found.close()
+            destroy()
+
+        manager.destroy = destroy_both
+    return found
+
+
+def _device(moe: FusedMoEConfig) -> torch.device:
+    dev = torch.device(moe.device) if moe.device is not None else torch.device("cuda")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def build_prepare_finalize(moe: FusedMoEConfig, quant_config: FusedMoEQuantConfig | None,
+                           all2all_manager: Any | None = None,
+                           use_monolithic: bool = False) -> TritonCommPrepareAndFinalize:
+    """The prepare/finalize ``install`` has vLLM build for a layer that ``serves`` names, on the
+    group's instance for its shape (collective the first time). Refuses, before any rank waits,
+    what it cannot serve: monolithic experts, micro-batching, elastic expert parallelism,
+    quantisations other than FP8 blocks of 128, experts that do not split evenly."""
+    from vllm.config import get_current_vllm_config
+    from vllm.model_executor.layers.fused_moe.all2all_utils import get_ep_all2all_manager
+
+    if use_monolithic:
+        raise InvalidInputError("tritoncomm MoE: monolithic experts route inside their kernel; the dispatch needs "
+                                "the routed ids. Choose other experts or unset TRITONCOMM_MOE")
+    parallel = get_current_vllm_config().parallel_config
+    if parallel.use_ubatching:
+        raise InvalidInputError("tritoncomm MoE: micro-batching (--enable-dbo, ubatch_size > 1) interleaves two "
+                                "dispatches; one instance serves one at a time. Unset TRITONCOMM_MOE")
+    if parallel.enable_elastic_ep:
+        raise InvalidInputError("tritoncomm MoE: elastic expert parallelism changes the group's size; an "
+                                "instance is built for one. Unset TRITONCOMM_MOE")
+    fp8 = _fp8_dispatch(quant_config)
+    manager = all2all_manager if all2all_manager is not None else get_ep_all2all_manager()
+    world = manager.world_size
+    if moe.num_experts % world or moe.num_experts // world != moe.num_local_experts:
+        raise InvalidInputError(f"tritoncomm MoE: {moe.num_experts} experts over {world} ranks with "
+                                f"{moe.num_local_experts} here; the dispatch needs them split evenly")
+    instances = _instances(manager, _device(moe))
+    return TritonCommPrepareAndFinalize(instances.get(
+        max_tokens=moe.max_num_tokens, hidden=moe.hidden_dim, num_experts=moe.num_experts,
+        top_k=moe.experts_per_token, dtype=moe.in_dtype, fp8_dispatch=fp8))
+
+
+def install() -> str:
+    """Has vLLM choose tritoncomm's prepare/finalize where ``serves`` says so (once per process;
+    no collective): vLLM's ``FusedMoEParallelConfig.use_batched_activation_format`` (read by its
+    oracles to pick the experts' format) also answers for those layers, and its
+    ``maybe_make_prepare_finalize``, wherever a module holds it, builds ``build_prepare_finalize``'s
+    for them and asks vLLM's own for the others. Returns a line for the log."""
+    from vllm.model_executor.layers.fused_moe import all2all_utils
+
+    original = all2all_utils.maybe_make_prepare_finalize
+    if getattr(original, "tritoncomm", False):
+        return "expert-parallel all-to-all already installed"
+    batched = FusedMoEParallelConfig.use_batched_activation_format
+
+    def use_batched_activation_format(self: FusedMoEParallelConfig) -> bool:
+        return batched.fget(self) or serves(self)
+
+    FusedMoEParallelConfig.use_batched_activation_format = property(use_batched_activation_format,
+                                                                    doc=batched.__doc__)
+    signature = inspect.signature(original)
+
+    def maybe_make_prepare_finalize(*args: Any, **kwargs: Any) -> mk.FusedMoEPrepareAndFinalize | None:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        if not (a["allow_new_interface"] and serves(a["moe"].moe_parallel_config)):
+            return original(*args, **kwargs)
+        return build_prepare_finalize(a["moe"], a["quant_config"], a["all2all_manager"], a["use_monolithic"])
+
+    maybe_make_prepare_finalize.tritoncomm = True
+    maybe_make_prepare_finalize.__doc__ = original.__doc__
+    rebound = 0
+    for module in list(sys.modules.values()):  # the oracles hold it by name (``from ... import``)
+        if getattr(module, "maybe_make_prepare_finalize", None) is original:
+            module.maybe_make_prepare_finalize = maybe_make_prepare_finalize
+            rebound += 1
+    return (f"expert-parallel all-to-all (data + expert parallel on the allgather_reducescatter backend; "
+            f"{rebound} vLLM modules rebound)")

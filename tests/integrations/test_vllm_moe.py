@@ -10,6 +10,10 @@ defined from vLLM's own ``SiluAndMul.forward_native``; in the CPU world the batc
 for graph capture, which asks the accelerator, answers "no". The same job runs on GPUs from
 ``test_engines_gpu.py``, where vLLM's CUDA platform also takes the combine's buffer for the experts'
 output.
+
+With ``TRITONCOMM_MOE=1`` vLLM builds the kernel itself: each rank runs vLLM's plugin loader, builds
+vLLM's parallel config and groups for a data + expert parallel deployment, and asks vLLM's own
+oracles (unquantized, FP8) for the kernel; the test checks what vLLM chose and the outputs.
 """
 
 from __future__ import annotations

@@ -205,6 +205,7 @@ def _deployment(ctx, **parallel):
         _as_cuda_platform()
     config = VllmConfig(parallel_config=ParallelConfig(data_parallel_size=ctx.world, enable_expert_parallel=True,
                                                        **parallel))
+    config.parallel_config.data_parallel_rank = ctx.rank  # as vLLM's engine core sets it per replica
     scope = set_current_vllm_config(config)
     scope.__enter__()  # for the life of the rank, as in a vLLM worker
     _RANK_STATE.append(scope)
@@ -255,6 +256,7 @@ def _switch_refusals(moe_config, parallel) -> list[bool]:
 
 def _switch_job(ctx, fp8: bool):
     from vllm.distributed.parallel_state import get_ep_group
+    from vllm.forward_context import set_forward_context
     from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG, FusedMoEQuantConfig
     from vllm.model_executor.layers.fused_moe.experts import fused_batched_moe
     from vllm.model_executor.layers.fused_moe.experts.fused_batched_moe import NaiveBatchedExperts
@@ -290,6 +292,14 @@ def _switch_job(ctx, fp8: bool):
                                                              NaiveBatchedExperts)
             kernels.append((kernel, w1, w2))
     built = all(isinstance(k.prepare_finalize, TritonCommPrepareAndFinalize) for k, _, _ in kernels)
+    instance = kernels[0][0].prepare_finalize.moe
+    bounds, dispatch = [], instance.dispatch
+
+    def recorded(*args, **kwargs):
+        bounds.append(kwargs.get("tokens_bound"))
+        return dispatch(*args, **kwargs)
+
+    instance.dispatch = recorded
     errs = []
     for rep in range(2):
         for kernel, a, b in kernels:
@@ -297,11 +307,15 @@ def _switch_job(ctx, fp8: bool):
             n = (rep + ctx.rank) % MAX_TOKENS + 1
             x = torch.randn(n, HIDDEN, generator=gx).to(torch.bfloat16)
             ids, weights = route(x, router, TOP_K, True)
-            out = kernel.apply(x.to(ctx.device), a, b, weights.to(ctx.device), ids.to(ctx.device),
-                               moe_config.activation, global_num_experts=router.shape[0], expert_map=None,
-                               apply_router_weight_on_input=False)
+            with set_forward_context(None, config, num_tokens=n):  # vLLM's: every DP rank's count, exchanged
+                out = kernel.apply(x.to(ctx.device), a, b, weights.to(ctx.device), ids.to(ctx.device),
+                                   moe_config.activation, global_num_experts=router.shape[0], expert_map=None,
+                                   apply_router_weight_on_input=False)
             ref = moe_reference(x, router, gate, up, down, TOP_K).float()
             errs.append(((out.float().cpu() - ref).abs().max() / ref.abs().max()).item())
+    del instance.dispatch
+    # each call bounded by the most tokens of any rank, from vLLM's forward context
+    bounded = bounds == [max((rep + r) % MAX_TOKENS + 1 for r in range(ctx.world)) for rep in range(2) for _ in kernels]
     manager = get_ep_group().device_communicator.all2all_manager
     shared = kernels[0][0].prepare_finalize.moe is kernels[1][0].prepare_finalize.moe and \
         len(manager.tritoncomm_moe) == 1
@@ -312,7 +326,7 @@ def _switch_job(ctx, fp8: bool):
     config.parallel_config.enable_eplb = False
     refused = _switch_refusals(moe_config, config.parallel_config)
     manager.destroy()  # vLLM's shutdown: closes the instances too
-    return ours, built, shared, errs, others, len(manager.tritoncomm_moe), picked, refused
+    return ours, built and bounded, shared, errs, others, len(manager.tritoncomm_moe), picked, refused
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -321,7 +335,8 @@ def test_vllm_builds_tritoncomm_prepare_finalize_with_the_switch(world):
     deployment (vLLM's parallel config and groups, default all-to-all backend): vLLM's MoE parallel
     config asks for batched-format experts, vLLM's own oracles (unquantized, FP8 blocks) build
     ``FusedMoEKernel``s whose prepare/finalize is tritoncomm's, two layers of one shape share one
-    instance, and their outputs match the single-process layer over repeated calls; tensor
+    instance, each call (inside vLLM's forward context) is bounded by the most tokens of any rank,
+    and their outputs match the single-process layer over repeated calls; tensor
     parallelism inside the MoE and expert load balancing keep vLLM's format; vLLM's destroy of the
     all-to-all manager closes the instances (bf16, then at 2 ranks FP8 on new instances). Micro-batching,
     elastic expert parallelism, monolithic experts and int8 activations are refused at build time."""

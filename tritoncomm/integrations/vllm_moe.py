@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+from vllm.forward_context import get_forward_context, is_forward_context_available
 from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig, FusedMoEParallelConfig, FusedMoEQuantConfig
 from vllm.model_executor.layers.fused_moe.topk_weight_and_reduce import TopKWeightAndReduceDelegate
 
@@ -61,9 +62,12 @@ class TritonCommPrepareAndFinalize(mk.FusedMoEPrepareAndFinalizeModular):
     vLLM's tokens per rank and call; its capacity per expert should be ``world * max_tokens`` (the
     default), the rows per expert vLLM's batched experts size their buffers for."""
 
-    def __init__(self, moe: MoEAllToAll) -> None:
+    def __init__(self, moe: MoEAllToAll, *, dp_bound: bool = False) -> None:
         super().__init__()
         self.moe = moe
+        #: bound each call by vLLM's most tokens of any data-parallel rank in the forward (``_tokens_bound``);
+        #: only where the expert-parallel group is the data-parallel group (``serves``)
+        self.dp_bound = dp_bound
         self._handle: MoEHandle | None = None
         self._checked_map: torch.Tensor | None = None  # the expert_map last checked (linear placement)
         dev = moe.comm.device
@@ -96,6 +100,19 @@ class TritonCommPrepareAndFinalize(mk.FusedMoEPrepareAndFinalizeModular):
         if tuple(shape) == tuple(buf.shape) and dtype == buf.dtype and torch.device(device) == buf.device:
             return buf
         return None
+
+    def _tokens_bound(self, n: int) -> int | None:
+        """With ``dp_bound``: the most tokens any data-parallel rank has in this forward (vLLM's forward
+        context holds every rank's count on the host, the same on every rank; padded alike for CUDA
+        graphs), when it is known and bounds this call; the dispatch then takes the path sized for it
+        (the one-kernel decode path on instances sized for prefill)."""
+        if not self.dp_bound or not is_forward_context_available():
+            return None
+        meta = get_forward_context().dp_metadata
+        if meta is None:
+            return None
+        bound = max(meta.num_tokens_across_dp_cpu.tolist())
+        return bound if n <= bound <= self.moe.max_tokens else None
 
     def _check_expert_map(self, expert_map: torch.Tensor | None) -> None:
         if expert_map is None or expert_map is self._checked_map:
@@ -138,7 +155,7 @@ class TritonCommPrepareAndFinalize(mk.FusedMoEPrepareAndFinalizeModular):
             n = a1.shape[0]
             a1 = torch.mul(a1, topk_weights.to(a1.dtype), out=self._weighted[:n])
             topk_weights = self._ones[:n]
-        h, counts, self._handle = moe.dispatch(a1, topk_ids, topk_weights)
+        h, counts, self._handle = moe.dispatch(a1, topk_ids, topk_weights, tokens_bound=self._tokens_bound(a1.shape[0]))
         meta = mk.ExpertTokensMetadata(expert_num_tokens=counts, expert_num_tokens_cpu=None)
         if isinstance(h, tuple):  # FP8: e4m3 rows and [local, capacity, hidden / 128] fp32 scales
             return h[0], h[1], meta, None, None
@@ -282,7 +299,7 @@ def build_prepare_finalize(moe: FusedMoEConfig, quant_config: FusedMoEQuantConfi
     instances = _instances(manager, _device(moe))
     return TritonCommPrepareAndFinalize(instances.get(
         max_tokens=moe.max_num_tokens, hidden=moe.hidden_dim, num_experts=moe.num_experts,
-        top_k=moe.experts_per_token, dtype=moe.in_dtype, fp8_dispatch=fp8))
+        top_k=moe.experts_per_token, dtype=moe.in_dtype, fp8_dispatch=fp8), dp_bound=True)
 
 
 def install() -> str:

@@ -300,6 +300,29 @@ def test_interleaved_throughput_combine_matches_reference(worlds, world, variant
         assert bad == []
 
 
+@pytest.mark.parametrize("world,chunks,variant", dealt([(c, v) for c in (1, 3, 8) for v in ("plain", "shares", "fp8")],
+                                                        2, 3, 4))
+def test_chunked_throughput_combine_matches_reference(worlds, world, chunks, variant):
+    """``MoEShape.combine_chunks`` 1, 3 and 8: no barrier; each program pushes its partials chunk by
+    chunk, publishes each chunk and sums its own tokens of the chunk before, its own part computed
+    from the expert buffer. Up to 30 tokens per rank over the 2 programs (one rank with none in the
+    first call: chunks with nothing to push or sum), capacity drops, four calls in a row (each
+    publishes higher counts than the last), every call exact and the bits as without it (the
+    reference sums in rank order); ``shares``: one or two tokens per rank, a token's columns in two
+    shares; ``fp8``: after an FP8 dispatch."""
+    shape = replace(SHAPES["cpu"], one_kernel=False, route_above=4, block_e=4, super_blocks=2, combine_chunks=chunks)
+    max_tokens = 2 if variant == "shares" else 30
+    for bad in worlds(world).run(_job, 4 * world, 3, 40 if variant == "plain" else 128, max_tokens, "hot", 4,
+                                 capacity=max_tokens * 2 // 3, mode="throughput", shape=shape, fp8=variant == "fp8"):
+        assert bad == []
+
+
+def test_chunked_combine_excludes_the_interleaved_one():
+    """Both use the combine's second barrier slots, with different counts: a shape asking for both is refused."""
+    with pytest.raises(InvalidInputError, match="combine_chunks"):
+        replace(SHAPES["cpu"], combine_chunks=2, combine_interleave_from=1)
+
+
 @pytest.mark.parametrize("world", world_sizes(2, 3))
 def test_interleaved_and_plain_calls_alternate_on_one_instance(worlds, world):
     """The interleaved send kernel and combine are chosen per call by its bound (``interleave_from``,
@@ -794,7 +817,8 @@ def test_missing_peer_turns_into_timeout_error(worlds, path):
 def _gpu_shape(ctx, max_tokens: int, path: str) -> MoEShape:
     """The default launch shape (``one-kernel`` at these sizes), or the send and gather kernels with
     the route kernel before the send (instances of more than 8 entries) (``routed``; ``routed-direct``:
-    every call's rows sent into their first kept slot on each peer)."""
+    every call's rows sent into their first kept slot on each peer; ``routed-chunked``: routed, the
+    throughput combine in 4 chunks without its barrier)."""
     from tritoncomm.collectives.moe import default_shape
 
     shape = default_shape("cuda", max_tokens, torch.cuda.get_device_properties(ctx.device).multi_processor_count)
@@ -802,7 +826,8 @@ def _gpu_shape(ctx, max_tokens: int, path: str) -> MoEShape:
         return replace(shape, packets=False)
     if path == "one-kernel":
         return shape
-    return replace(shape, one_kernel=False, route_above=8, direct_from_bytes=0 if path == "routed-direct" else NEVER)
+    return replace(shape, one_kernel=False, route_above=8, direct_from_bytes=0 if path == "routed-direct" else NEVER,
+                   combine_chunks=4 if path == "routed-chunked" else 0)
 
 
 def _graph_job(ctx, mode: str, path: str):
@@ -854,7 +879,7 @@ def _graph_job(ctx, mode: str, path: str):
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", world_sizes(2))
 @pytest.mark.parametrize("mode", ["latency", "throughput"])
-@pytest.mark.parametrize("path", ["one-kernel", "barrier", "routed", "routed-direct"])
+@pytest.mark.parametrize("path", ["one-kernel", "barrier", "routed", "routed-direct", "routed-chunked"])
 def test_cuda_graph_replays_with_new_routing(worlds, world, mode, path):
     for ok in worlds(world).run(_graph_job, mode, path):
         assert ok == [True] * 4, ok
@@ -911,7 +936,7 @@ def _straggler_job(ctx, calls: int, seed: int, path: str) -> list:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", world_sizes(2))
-@pytest.mark.parametrize("path", ["one-kernel", "barrier", "routed", "routed-direct"])
+@pytest.mark.parametrize("path", ["one-kernel", "barrier", "routed", "routed-direct", "routed-chunked"])
 def test_stragglers_with_no_host_sync(worlds, world, path):
     for bad in worlds(world).run(_straggler_job, 200, 11, path, timeout=600):
         assert bad == []

@@ -318,8 +318,10 @@ class MoEAllToAll:
                                 barrier_slots=2 * programs if self._interleave else programs)
         #: some calls interleave the throughput combine (``combine_interleave_from``): a half slot each too
         self._comb_interleave = w > 1 and sh.combine_interleave_from <= max_tokens
+        #: the throughput combine's chunks without its barrier (``combine_chunks``): a progress slot each too
+        self._comb_chunks = sh.combine_chunks if w > 1 else 0
         self._comb_ch = Channel(comm, f"{name}.combine", programs=programs,
-                                barrier_slots=2 * programs if self._comb_interleave else programs)
+                                barrier_slots=2 * programs if self._comb_interleave or self._comb_chunks else programs)
         #: the route kernel ends with a barrier of its own (``MoEShape.route_barrier``; routed packets need it)
         self._route_barrier = sh.route_barrier or self._routed_packets
         self._route_ch = Channel(comm, f"{name}.route", programs=programs,
@@ -539,7 +541,8 @@ class MoEAllToAll:
                        num_warps=sh.num_warps, launch_opts=self._decode_opts if decode else self._launch_opts,
                        trace=self._trace(1, handle.call - 1), pushers=sh.pushers(handle.bound, self.hidden),
                        throughput_block_h=sh.throughput_block_h,
-                       interleave=self._comb_interleave and not decode and handle.bound >= sh.combine_interleave_from)
+                       interleave=self._comb_interleave and not decode and handle.bound >= sh.combine_interleave_from,
+                       chunks=0 if decode else self._comb_chunks)
         return out[:handle.n_tokens]
 
     def close(self) -> None:

@@ -43,6 +43,10 @@ are apart: they never wait there).
   first half of its items, arrives at a second barrier slot ``grid + pid`` and waits there, then
   adds up the first half of its own items in full while it pushes its second half: both sides
   split a source's tokens alike, so those items' partials came in the peers' first halves.
+  Chunked (``MoEShape.combine_chunks``; ``_push_chunked``), no barrier: each program pushes its
+  items in chunks and publishes its count of pushed chunks at slot ``grid + pid``; after chunk
+  ``c`` it waits until every peer has published chunk ``c - 1`` and sums its own items of that
+  chunk in full, its own part computed from the expert buffer in registers.
 
 An owner's expert buffer is next written after its next dispatch (by the experts, or by
 ``combine``'s copy), and a peer writes a rank's partials or Lamport buffer again only in the next
@@ -129,6 +133,34 @@ def _final_item(out_ptr, owner_ptr, part, n_tokens, hidden, max_tokens, rank, it
     for c in range(lo, hi, BLOCK_HT):
         m = c + wide < hidden
         own = tl.load(out_ptr + tl.cast(t, tl.int64) * hidden + c + wide, mask=m, other=0.0).to(tl.float32)
+        acc = tl.zeros([BLOCK_HT], dtype=tl.float32)
+        for r in tl.static_range(WORLD):
+            peer = (r != rank) & (tl.sum((owner == r).to(tl.int32), axis=0) > 0)
+            got = tl.load(part + tl.cast(r * max_tokens + t, tl.int64) * hidden + c + wide, mask=m & peer,
+                          other=0.0).to(tl.float32)
+            acc += tl.where(r == rank, own, got)
+        tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + wide, round_to(acc, DTYPE), mask=m)
+
+
+@triton.jit
+def _final_direct_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, part, n_tokens, hidden, max_tokens, rank, item, grid,
+                       WORLD: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_HT: tl.constexpr):
+    """Chunked throughput mode: item ``item`` of this rank's own tokens summed in rank order, its own
+    partial computed here from the expert buffer ``ybuf`` (as ``_own_item`` computes it, never
+    stored) and each peer's read from the partials buffer ``part``; the result into ``out``."""
+    DTYPE: tl.constexpr = out_ptr.dtype.element_ty
+    kk = tl.arange(0, BLOCK_K)
+    km = kk < TOP_K
+    wide = tl.arange(0, BLOCK_HT)
+    wshares = column_shares(n_tokens, hidden, grid, BLOCK_HT)
+    t = item // wshares
+    owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
+    row = tl.load(row_ptr + t * TOP_K + kk, mask=km, other=-1)  # -1 unless kept here
+    wt = tl.load(w_ptr + t * TOP_K + kk, mask=km, other=0.0)
+    lo, hi = share_columns(item % wshares, wshares, hidden, BLOCK_HT)
+    for c in range(lo, hi, BLOCK_HT):
+        m = c + wide < hidden
+        own = _partial(_weighted_rows(ybuf, row, wt, c, hidden, m, TOP_K, BLOCK_K, BLOCK_HT), DTYPE).to(tl.float32)
         acc = tl.zeros([BLOCK_HT], dtype=tl.float32)
         for r in tl.static_range(WORLD):
             peer = (r != rank) & (tl.sum((owner == r).to(tl.int32), axis=0) > 0)
@@ -325,6 +357,41 @@ def _push_interleaved(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hi
 
 
 @triton.jit
+def _push_chunked(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, bases, rank, ybuf_off,
+                  ids, wtab, sizes, part_off, flags_off, e, timeout, diag, pid, grid, DTYPE: tl.constexpr,
+                  WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+                  BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, CHUNKS: tl.constexpr):
+    """Throughput mode, chunked (``MoEShape.combine_chunks``), no barrier. Program ``pid``'s items of
+    each source (``pid, pid + grid, ...``) are split into ``CHUNKS`` runs by their count, which both
+    sides compute alike. For chunk ``c`` the program pushes its run ``c`` of every peer's tokens, then
+    arrives at slot ``grid + pid`` with ``e * (CHUNKS + 1) + c + 1`` (the values grow from call to
+    call, as a slot's epochs must); then it waits there for ``... + c`` (every peer's program ``pid``
+    has pushed its run ``c - 1`` of this rank's tokens) and sums run ``c - 1`` of its own items in
+    full (``_final_direct_item``). A program waits only for chunks its counterparts publish before
+    they wait themselves, so no wait closes a cycle. Returns its count of own items (all summed)."""
+    ybuf = heap_ptr(bases, rank, ybuf_off, DTYPE)
+    part = heap_ptr(bases, rank, part_off, DTYPE)
+    n_own = program_items(n_tokens * column_shares(n_tokens, hidden, grid, BLOCK_H), pid, grid)
+    base = e * (CHUNKS + 1)
+    for c in range(0, CHUNKS + 1):
+        if c < CHUNKS:
+            for i in range(1, WORLD):
+                s = (rank + i) % WORLD
+                n_s = size_of(sizes, s, BLOCK_W)
+                n_p = program_items(n_s * column_shares(n_s, hidden, grid, BLOCK_H), pid, grid)
+                for k in range(c * n_p // CHUNKS, (c + 1) * n_p // CHUNKS):
+                    _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, part_off, max_tokens, rank, s,
+                               n_s, pid + k * grid, DTYPE, LOCAL, TOP_K, BLOCK_K, BLOCK_H, False, grid)
+            barrier_arrive(bases, rank, WORLD, flags_off, grid + pid, (base + c + 1).to(tl.uint32))
+        if c > 0:
+            barrier_wait(bases, rank, WORLD, flags_off, grid + pid, (base + c).to(tl.uint32), timeout, diag)
+            for k in range((c - 1) * n_own // CHUNKS, c * n_own // CHUNKS):
+                _final_direct_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, part, n_tokens, hidden, max_tokens, rank,
+                                   pid + k * grid, grid, WORLD, TOP_K, BLOCK_K, BLOCK_H)
+    return n_own
+
+
+@triton.jit
 def _push_packets(slot_ptr, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off, ids, wtab, sizes, lpart_off,
                   pid, grid, DTYPE: tl.constexpr, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr,
                   BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, DEAL: tl.constexpr):
@@ -355,7 +422,7 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
                        WORLD: tl.constexpr,
                        LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr,
                        BLOCK_H: tl.constexpr, TRACE: tl.constexpr, PUSHERS: tl.constexpr = 0,
-                       BLOCK_HT: tl.constexpr = 0, INTERLEAVE: tl.constexpr = False):
+                       BLOCK_HT: tl.constexpr = 0, INTERLEAVE: tl.constexpr = False, CHUNKS: tl.constexpr = 0):
     """``out[t]`` for ``t < n_tokens`` (see the module docstring). With ``TRACE`` each program
     stamps (``kernels.stamp``) ``COMBINE_STAGES`` points into ``trace_ptr``: started, mode known,
     partials pushed (throughput: and the barrier passed), done. With ``PUSHERS``, in the latency mode
@@ -369,7 +436,8 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
     throughput mode steps ``BLOCK_HT`` columns at a time (0: ``BLOCK_H``), the same on every rank.
     With ``INTERLEAVE`` (barrier slots ``grid + pid`` too) the throughput mode sums half of each
     program's own tokens while the second half of its pushes cross the links
-    (``_push_interleaved``)."""
+    (``_push_interleaved``). With ``CHUNKS`` (slots ``grid + pid`` too; not with ``INTERLEAVE``) the
+    throughput mode has no barrier and sums its own tokens chunk by chunk (``_push_chunked``)."""
     BLOCK_T: tl.constexpr = BLOCK_HT if BLOCK_HT > 0 else BLOCK_H
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
@@ -398,7 +466,11 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
     wtab = heap_ptr(bases, rank, wtab_off + parity * wtab_half, tl.float32)
     k_from = 0  # the program's own items summed in full before the barrier
     if from_partials:
-        if INTERLEAVE:
+        if CHUNKS > 0:
+            k_from = _push_chunked(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, bases,
+                                   rank, ybuf_off, ids, wtab, sizes, part_off, flags_off, e, timeout, diag, pid, grid,
+                                   DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_T, BLOCK_W, CHUNKS)
+        elif INTERLEAVE:
             k_from = _push_interleaved(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens,
                                        bases, rank, ybuf_off, ids, wtab, sizes, part_off, flags_off, e, timeout, diag,
                                        pid, grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_T, BLOCK_W)
@@ -406,8 +478,8 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
             _push_partials(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden, max_tokens, bases, rank,
                            ybuf_off, ids, wtab, sizes, part_off, pid, grid, DTYPE, WORLD, LOCAL, TOP_K, BLOCK_K,
                            BLOCK_T, BLOCK_W)
-        # every peer's partial of my tokens is here
-        barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
+        if CHUNKS == 0:  # every peer's partial of my tokens is here
+            barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
     else:
         # dealt on GPUs; in the CPU world only where pushing programs are apart (they never wait there)
         _push_packets(slot_ptr, hidden, max_tokens, lamport_rows, bases, rank, ybuf_off, ids, wtab, sizes, lpart_off,
@@ -429,19 +501,20 @@ def launch_combine(run: Launcher, comm, channel, header: torch.Tensor, out: torc
                    throughput_from: int, lamport_rows: int, local: int, ybuf_off: int, ids_off: int, ids_half: int,
                    wtab_off: int, wtab_half: int, part_off: int, lpart_off: int, block_h: int, num_warps: int,
                    launch_opts: dict[str, bool | int], trace: torch.Tensor | None = None, pushers: int = 0,
-                   throughput_block_h: int = 0, interleave: bool = False) -> None:
+                   throughput_block_h: int = 0, interleave: bool = False, chunks: int = 0) -> None:
     """Launch ``moe_combine_kernel`` through ``run`` (its launcher, one program per SM on GPUs), after
     the dispatch that left ``header`` (``header.py``); ``trace``: int64 ``[programs,
     COMBINE_STAGES, 2]`` for the stage stamps, or None; ``pushers``: in the latency mode the
     programs that push (the others sum); 0: all; ``throughput_block_h``: the throughput mode's
     columns per step (0: ``block_h``); ``interleave``: the throughput mode interleaved (the channel
-    has ``2 * programs`` barrier slots)."""
+    has ``2 * programs`` barrier slots); ``chunks``: the throughput mode chunked, without its barrier
+    (the channel has ``2 * programs`` barrier slots; not with ``interleave``)."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     run(out, w, owner, row, slot_of, n_tokens, out.shape[-1], max_tokens, throughput_from, lamport_rows, bases, rank,
         timeout, diag, channel.flags_off, channel.epochs_off, channel.programs, header, ybuf_off, ids_off, ids_half,
         wtab_off, wtab_half, part_off, lpart_off, w if trace is None else trace, WORLD=world,
         LOCAL=local, TOP_K=w.shape[-1], BLOCK_K=pow2_at_least(w.shape[-1]), BLOCK_W=pow2_at_least(world),
         BLOCK_H=block_h, TRACE=trace is not None, PUSHERS=pushers, BLOCK_HT=throughput_block_h,
-        INTERLEAVE=bool(interleave),
+        INTERLEAVE=bool(interleave), CHUNKS=chunks,
         num_warps=num_warps, enable_fp_fusion=False,
         **launch_opts)

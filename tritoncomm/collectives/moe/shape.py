@@ -225,6 +225,14 @@ class MoEShape:
     #: capture. ``NEVER``: no call (``default_shape`` sets it at four ranks on some GPUs:
     #: ``COMBINE_INTERLEAVE_FROM_TOKENS_EP4``).
     combine_interleave_from: int = NEVER
+    #: Above 0: the throughput combine without its barrier, in this many chunks. Each program pushes
+    #: its partials chunk by chunk and publishes after each how many chunks it has pushed (a barrier
+    #: slot of its own, the count in the epoch); then it sums its own tokens of the chunk before,
+    #: once every peer has published that chunk, computing its own part from its expert buffer (never
+    #: storing and reading it back through ``out``, the plain mode's extra HBM pass) and adding the
+    #: peers' partials in rank order: the same bits as the other modes. Not with
+    #: ``combine_interleave_from`` (the same barrier slots), not in decode-shaped launches.
+    combine_chunks: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_e", "send_block_h", "one_block_h", "throughput_block_h", "super_blocks",
@@ -238,6 +246,10 @@ class MoEShape:
         for name in ("interleave_from", "combine_interleave_from"):
             if getattr(self, name) < 1:
                 raise InvalidInputError(f"MoEShape: {name} must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.combine_chunks <= 64 or (self.combine_chunks and self.combine_interleave_from != NEVER):
+            raise InvalidInputError(f"MoEShape: combine_chunks must be in [0, 64] and 0 with combine_interleave_from, "
+                                    f"got {self.combine_chunks} (combine_interleave_from "
+                                    f"{self.combine_interleave_from})")
         if self.shared_copy_from < 0:
             raise InvalidInputError(f"MoEShape: shared_copy_from must be at least 0, got {self.shared_copy_from}")
         if self.programs < 1 or self.num_warps not in (1, 2, 4, 8, 16, 32):

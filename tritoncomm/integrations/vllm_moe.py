@@ -229,7 +229,9 @@ class MoEInstances:
             verdict = probe(self.group, self.device, config)
             if not verdict.ok:
                 raise InvalidInputError(f"tritoncomm MoE: cannot serve the expert-parallel all-to-all: "
-                                        f"{verdict.reason}. Unset TRITONCOMM_MOE")
+                                        f"{verdict.reason} (the expert buffers hold {world} x {max_tokens} rows per "
+                                        f"local expert; vLLM's --max-num-batched-tokens sets {max_tokens}). Lower it "
+                                        f"or unset TRITONCOMM_MOE")
             comm = Communicator(self.group, device=self.device, config=config)
             moe = MoEAllToAll(comm, max_tokens=max_tokens, hidden=hidden, num_experts=num_experts, top_k=top_k,
                               dtype=dtype, fp8_dispatch=fp8_dispatch, name=f"vllm.moe{len(self._made)}")

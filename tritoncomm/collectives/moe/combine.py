@@ -117,11 +117,14 @@ def _weighted_rows(ybuf, rows, wt, c, hidden, m, TOP_K: tl.constexpr, BLOCK_K: t
 
 
 @triton.jit
-def _final_item(out_ptr, owner_ptr, part, n_tokens, hidden, max_tokens, rank, item, grid, WORLD: tl.constexpr,
-                TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_HT: tl.constexpr):
+def _final_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, part, n_tokens, hidden, max_tokens, rank, item, grid,
+                WORLD: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_HT: tl.constexpr,
+                OWN_HERE: tl.constexpr = False):
     """Throughput mode: item ``item`` of this rank's own tokens (``column_shares(n_tokens)`` of
-    ``BLOCK_HT`` columns) summed in rank order, its own partial read back from ``out`` and each
-    peer's from the partials buffer ``part``, the result into ``out``."""
+    ``BLOCK_HT`` columns) summed in rank order, each peer's partial read from the partials buffer
+    ``part``, its own read back from ``out`` (where ``_own_item`` stored it) or, with ``OWN_HERE``
+    (the chunked mode), computed here from the expert buffer ``ybuf`` as ``_own_item`` computes it;
+    the result into ``out``."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
@@ -129,38 +132,17 @@ def _final_item(out_ptr, owner_ptr, part, n_tokens, hidden, max_tokens, rank, it
     wshares = column_shares(n_tokens, hidden, grid, BLOCK_HT)
     t = item // wshares
     owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
+    if OWN_HERE:
+        row = tl.load(row_ptr + t * TOP_K + kk, mask=km, other=-1)  # -1 unless kept here
+        wt = tl.load(w_ptr + t * TOP_K + kk, mask=km, other=0.0)
     lo, hi = share_columns(item % wshares, wshares, hidden, BLOCK_HT)
     for c in range(lo, hi, BLOCK_HT):
         m = c + wide < hidden
-        own = tl.load(out_ptr + tl.cast(t, tl.int64) * hidden + c + wide, mask=m, other=0.0).to(tl.float32)
-        acc = tl.zeros([BLOCK_HT], dtype=tl.float32)
-        for r in tl.static_range(WORLD):
-            peer = (r != rank) & (tl.sum((owner == r).to(tl.int32), axis=0) > 0)
-            got = tl.load(part + tl.cast(r * max_tokens + t, tl.int64) * hidden + c + wide, mask=m & peer,
-                          other=0.0).to(tl.float32)
-            acc += tl.where(r == rank, own, got)
-        tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + wide, round_to(acc, DTYPE), mask=m)
-
-
-@triton.jit
-def _final_direct_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, part, n_tokens, hidden, max_tokens, rank, item, grid,
-                       WORLD: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_HT: tl.constexpr):
-    """Chunked throughput mode: item ``item`` of this rank's own tokens summed in rank order, its own
-    partial computed here from the expert buffer ``ybuf`` (as ``_own_item`` computes it, never
-    stored) and each peer's read from the partials buffer ``part``; the result into ``out``."""
-    DTYPE: tl.constexpr = out_ptr.dtype.element_ty
-    kk = tl.arange(0, BLOCK_K)
-    km = kk < TOP_K
-    wide = tl.arange(0, BLOCK_HT)
-    wshares = column_shares(n_tokens, hidden, grid, BLOCK_HT)
-    t = item // wshares
-    owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
-    row = tl.load(row_ptr + t * TOP_K + kk, mask=km, other=-1)  # -1 unless kept here
-    wt = tl.load(w_ptr + t * TOP_K + kk, mask=km, other=0.0)
-    lo, hi = share_columns(item % wshares, wshares, hidden, BLOCK_HT)
-    for c in range(lo, hi, BLOCK_HT):
-        m = c + wide < hidden
-        own = _partial(_weighted_rows(ybuf, row, wt, c, hidden, m, TOP_K, BLOCK_K, BLOCK_HT), DTYPE).to(tl.float32)
+        if OWN_HERE:
+            own = _partial(_weighted_rows(ybuf, row, wt, c, hidden, m, TOP_K, BLOCK_K, BLOCK_HT),
+                           DTYPE).to(tl.float32)
+        else:
+            own = tl.load(out_ptr + tl.cast(t, tl.int64) * hidden + c + wide, mask=m, other=0.0).to(tl.float32)
         acc = tl.zeros([BLOCK_HT], dtype=tl.float32)
         for r in tl.static_range(WORLD):
             peer = (r != rank) & (tl.sum((owner == r).to(tl.int32), axis=0) > 0)
@@ -191,8 +173,8 @@ def _sum_tokens(out_ptr, w_ptr, owner_ptr, row_ptr, n_tokens, hidden, max_tokens
     if from_partials:  # names of its own: the branches' widths differ, and Triton merges shared names
         wshares = column_shares(n_tokens, hidden, grid, BLOCK_HT)
         for item in range(pid + k_from * grid, n_tokens * wshares, grid):
-            _final_item(out_ptr, owner_ptr, part, n_tokens, hidden, max_tokens, rank, item, grid, WORLD, TOP_K,
-                        BLOCK_K, BLOCK_HT)
+            _final_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, part, n_tokens, hidden, max_tokens, rank, item,
+                        grid, WORLD, TOP_K, BLOCK_K, BLOCK_HT)
     else:
         cols = tl.arange(0, BLOCK_H)
         shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
@@ -348,8 +330,8 @@ def _push_interleaved(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hi
                            pid + (half + j) * grid, DTYPE, LOCAL, TOP_K, BLOCK_K, BLOCK_H, False, grid)
             q = q_lo + j
             if q < tl.minimum(q_hi, h_own):
-                _final_item(out_ptr, owner_ptr, part, n_tokens, hidden, max_tokens, rank, pid + q * grid, grid, WORLD,
-                            TOP_K, BLOCK_K, BLOCK_H)
+                _final_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, part, n_tokens, hidden, max_tokens, rank,
+                            pid + q * grid, grid, WORLD, TOP_K, BLOCK_K, BLOCK_H)
             elif q < q_hi:
                 _own_item(out_ptr, w_ptr, row_ptr, ybuf, n_tokens, hidden, pid + (q + 1) * grid, grid, TOP_K,
                           BLOCK_K, BLOCK_H)
@@ -367,7 +349,7 @@ def _push_chunked(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden
     arrives at slot ``grid + pid`` with ``e * (CHUNKS + 1) + c + 1`` (the values grow from call to
     call, as a slot's epochs must); then it waits there for ``... + c`` (every peer's program ``pid``
     has pushed its run ``c - 1`` of this rank's tokens) and sums run ``c - 1`` of its own items in
-    full (``_final_direct_item``). A program waits only for chunks its counterparts publish before
+    full (``_final_item`` with ``OWN_HERE``). A program waits only for chunks its counterparts publish before
     they wait themselves, so no wait closes a cycle. Returns its count of own items (all summed)."""
     ybuf = heap_ptr(bases, rank, ybuf_off, DTYPE)
     part = heap_ptr(bases, rank, part_off, DTYPE)
@@ -386,8 +368,8 @@ def _push_chunked(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden
         if c > 0:
             barrier_wait(bases, rank, WORLD, flags_off, grid + pid, (base + c).to(tl.uint32), timeout, diag)
             for k in range((c - 1) * n_own // CHUNKS, c * n_own // CHUNKS):
-                _final_direct_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, part, n_tokens, hidden, max_tokens, rank,
-                                   pid + k * grid, grid, WORLD, TOP_K, BLOCK_K, BLOCK_H)
+                _final_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, part, n_tokens, hidden, max_tokens, rank,
+                            pid + k * grid, grid, WORLD, TOP_K, BLOCK_K, BLOCK_H, True)
     return n_own
 
 

@@ -9,7 +9,7 @@
 
 from . import distributed  # noqa: F401  (registers the "tritoncomm" torch.distributed backend)
 from .channels import Channel, Communicator
-from .collectives import AllGather, AllReduce, MoEAllToAll, ReduceScatter
+from .collectives import AllGather, AllReduce, AllToAll, MoEAllToAll, ReduceScatter
 from .config import CommConfig
 from .errors import (
     CollectiveMismatchError,
@@ -23,7 +23,7 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "AllGather", "AllReduce", "Channel", "CollectiveMismatchError", "CommConfig", "CommTimeoutError",
+    "AllGather", "AllReduce", "AllToAll", "Channel", "CollectiveMismatchError", "CommConfig", "CommTimeoutError",
     "Communicator", "InvalidInputError", "MoEAllToAll",
     "PeerAccessError", "ReduceScatter", "SetupMismatchError", "TritonCommError", "__version__",
 ]

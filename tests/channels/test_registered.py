@@ -263,6 +263,43 @@ def _job_allgather_direct(ctx, shards):
     return bad
 
 
+def _job_alltoall_direct(ctx, shards):
+    """The direct all-to-all into a registered output: the staged path's bits on every rank, call
+    after call (the entry barrier keeps a fast peer's stores out of a tensor still being read)."""
+    comm = make_comm(ctx, debug=True)
+    a2a = tc.AllToAll(comm, max_bytes=1 << 20)
+    w = ctx.world
+    out = _registrable(ctx, comm, w * max(shards))
+    comm.register(out)
+    bad = []
+    for it, m in enumerate(shards):
+        g = torch.Generator().manual_seed(17 * it + ctx.rank)
+        x = torch.randn(w * m, generator=g).to(torch.bfloat16).to(ctx.device)
+        staged = a2a(x)
+        for call in range(3):
+            o = out[:w * m]
+            o.fill_(float("nan"))
+            a2a(x, o, direct=True)
+            comm.synchronize()
+            if not torch.equal(o.view(torch.int16).cpu(), staged.view(torch.int16).cpu()):  # each rank its own
+                bad.append((m, call, "direct differs from staged"))
+            o.add_(1)  # the next call's peers must not store before this rank is done with the tensor
+    try:
+        a2a(torch.ones(2 * w, dtype=torch.bfloat16, device=ctx.device), direct=True)  # not registered
+        bad.append("direct=True on an unregistered output did not raise")
+    except tc.InvalidInputError:
+        pass
+    a2a.close()
+    comm.close()
+    return bad
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3))
+def test_direct_alltoall_gives_the_staged_bits(worlds, world):
+    for bad in worlds(world).run(_job_alltoall_direct, [1001, 7, 4096]):
+        assert bad == []
+
+
 @pytest.mark.parametrize("world", world_sizes(2, 3, 4))
 def test_direct_allgather_gives_the_staged_bits(worlds, world):
     for bad in worlds(world).run(_job_allgather_direct, [1001, 4096, 7, 20000]):

@@ -247,6 +247,56 @@ def test_allgather_and_reducescatter(worlds, world, dtype):
         assert bad == []
 
 
+def _job_alltoall(ctx, dtype, ms):
+    """``AllToAll`` against gloo's ``all_to_all_single`` on random data, outputs poisoned, repeated
+    calls at odd and even shard sizes, 2-D inputs, and a fallback past ``max_bytes``."""
+    comm = make_comm(ctx)
+    a2a = tc.AllToAll(comm, max_bytes=1 << 20, fallback_group=ctx.group)  # the device's group (gloo or NCCL)
+    w = ctx.world
+    bad = []
+    for rep in range(2):
+        for m in ms:
+            g = torch.Generator().manual_seed(m + 101 * ctx.rank + 7 * rep)
+            x = torch.randn(w * m, generator=g).to(dtype)
+            if m % 2 == 0:
+                x = x.view(w * 2, m // 2)  # rows: shard s is rows [2s, 2s + 2)
+            out = torch.full(x.shape, float("nan"), dtype=dtype, device=ctx.device)
+            a2a(x.to(ctx.device), out)
+            comm.synchronize()
+            ref = torch.empty_like(x)
+            dist.all_to_all_single(ref, x, group=ctx.cpu_group)
+            if not torch.equal(out.cpu(), ref):
+                bad.append(("alltoall", m, rep))
+    return bad + _alltoall_edges(ctx, comm, a2a)
+
+
+def _alltoall_edges(ctx, comm, a2a):
+    """Past ``max_bytes`` (the fallback group's answer), an input that does not split into equal
+    shards (refused before any rank waits), a new output when none is given; then closed."""
+    w, bad = ctx.world, []
+    m = (1 << 20) // 2 // w + 1  # bf16: past 1 MiB in all
+    x = torch.randn(w * m, generator=torch.Generator().manual_seed(ctx.rank)).to(torch.bfloat16)
+    ref = torch.empty_like(x)
+    dist.all_to_all_single(ref, x, group=ctx.cpu_group)
+    if not torch.equal(a2a(x.to(ctx.device)).cpu(), ref) or a2a.max_bytes != 1 << 20:
+        bad.append("fallback")
+    try:
+        a2a(torch.ones(w + 1, device=ctx.device))
+        bad.append("an uneven input did not raise")
+    except tc.InvalidInputError:
+        pass
+    a2a.close()
+    comm.close()
+    return bad
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3, 4))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_alltoall_matches_torch_distributed(worlds, world, dtype):
+    for bad in worlds(world).run(_job_alltoall, dtype, [1, 6, 1000, 4097]):
+        assert bad == []
+
+
 def _job_two_groups_two_streams(ctx, rounds):
     """Two communicators (two groups over the same ranks) and two all-reduces on one of them,
     used alternately; each result checked. Signal slots are never shared, so nothing mixes up."""

@@ -1,9 +1,10 @@
-"""World size 8 (one full node): every algorithm, all-gather and reduce-scatter, in the CPU world in
+"""World size 8 (one full node): every algorithm, all-gather, reduce-scatter and all-to-all, in the CPU world in
 CI and on 8 GPUs with ``TRITONCOMM_TEST_BACKEND=cuda`` (the nvidia-h200-x8 machine; see the README)."""
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 import tritoncomm as tc
 from tritoncomm.collectives import load_table
@@ -35,7 +36,12 @@ def _job_world8(ctx):
     big = torch.randn(8 * 500, generator=torch.Generator().manual_seed(7 + ctx.rank)).to(ctx.device)
     part = rs(big)
     check_close(part, reference_sum(ctx, big)[ctx.rank * 500:(ctx.rank + 1) * 500], torch.float32)
-    for obj in (ar, ag, rs, comm):
+    a2a = tc.AllToAll(comm, max_bytes=1 << 16)
+    swapped, want = a2a(big).cpu(), torch.empty_like(big.cpu())
+    dist.all_to_all_single(want, big.cpu(), group=ctx.cpu_group)
+    if not torch.equal(swapped, want):
+        bad.append(("alltoall",))
+    for obj in (ar, ag, rs, a2a, comm):
         obj.close()
     return bad
 

@@ -42,7 +42,7 @@ class _Count:
 
 def _group():
     g = dist.new_group(backend="tritoncomm")
-    counts = {k: _Count(getattr(g, k)) for k in ("ar", "ag", "rs")}
+    counts = {k: _Count(getattr(g, k)) for k in ("ar", "ag", "rs", "a2a")}
     for k, c in counts.items():
         setattr(g, k, c)
     return g, counts
@@ -83,6 +83,11 @@ def _served(ctx, dtype):
             frs = fc.wait_tensor(fc.reduce_scatter_tensor(x, "sum", 0, g))
             rsl = torch.empty(n, dtype=dtype, device=ctx.device)
             dist.reduce_scatter(rsl, list(x.chunk(w)), group=g)
+            a2a = torch.full((n * w,), float("nan"), dtype=dtype, device=ctx.device)
+            dist.all_to_all_single(a2a, x, group=g)  # no splits: equal
+            a2e = torch.full((w, n), float("nan"), dtype=dtype, device=ctx.device)
+            dist.all_to_all_single(a2e, x.view(w, n), [1] * w, [1] * w, group=g)  # equal splits given
+            fa2a = fc.wait_tensor(fc.all_to_all_single(x, None, None, g))
             sync_opts = dist.AllreduceOptions()
             sync_opts.asyncOp = False  # what dist.all_reduce passes without async_op
             b, c = x.clone(), x.clone()
@@ -94,7 +99,10 @@ def _served(ctx, dtype):
                       "all_gather": torch.equal(ag, torch.cat(_all(ctx, shard))),
                       "functional all_gather": torch.equal(fag, ag), "list all_gather": torch.equal(torch.cat(lst), ag),
                       "reduce_scatter": torch.equal(rs, want[r * n:(r + 1) * n]),
-                      "functional reduce_scatter": torch.equal(frs, rs), "list reduce_scatter": torch.equal(rsl, rs)}
+                      "functional reduce_scatter": torch.equal(frs, rs), "list reduce_scatter": torch.equal(rsl, rs),
+                      "all_to_all": torch.equal(a2a, torch.cat([p[r * n:(r + 1) * n] for p in _all(ctx, x)])),
+                      "all_to_all, equal splits": torch.equal(a2e.view(-1), a2a),
+                      "functional all_to_all": torch.equal(fa2a, a2a)}
             if ctx.device.type == "cuda":  # launched on a side stream, waited for from the current one
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
@@ -117,7 +125,7 @@ def test_served_ops_match_gloo(worlds, world, dtype):
     for bad, calls in worlds(world).run(_served, dtype):
         assert bad == []
         ars = 6 if BACKEND == "cuda" else 5  # the GPU adds the side-stream call
-        assert calls == {"ar": 4 * 2 * ars, "ag": 4 * 2 * 3, "rs": 4 * 2 * 3}, calls
+        assert calls == {"ar": 4 * 2 * ars, "ag": 4 * 2 * 3, "rs": 4 * 2 * 3, "a2a": 4 * 2 * 3}, calls
 
 
 def _delegated(ctx):
@@ -139,10 +147,12 @@ def _delegated(ctx):
     b = torch.full((3,), float(r), device=dev)
     dist.broadcast(b, 0, group=g)
     results["broadcast"] = b.tolist() == [0.0] * 3
-    a2a = torch.arange(w, dtype=torch.float32, device=dev) + 10 * r
-    o2a = torch.empty(w, device=dev)
-    dist.all_to_all_single(o2a, a2a, group=g)
-    results["all_to_all"] = o2a.tolist() == [float(r + 10 * k) for k in range(w)]
+    a2a = torch.arange(w + 1, dtype=torch.float32, device=dev) + 10 * r  # uneven: rank 0 gets two rows
+    o2a = torch.empty(2 * w if r == 0 else w, device=dev)
+    dist.all_to_all_single(o2a, a2a, [2 if r == 0 else 1] * w, [2] + [1] * (w - 1), group=g)
+    want = [float(k + 10 * s) for s in range(w) for k in range(2)] if r == 0 else \
+        [float(r + 1 + 10 * s) for s in range(w)]
+    results["uneven all_to_all"] = o2a.tolist() == want
     red = torch.ones(2, device=dev)
     dist.reduce(red, 0, group=g)
     results["reduce"] = r != 0 or red.tolist() == [float(w)] * 2
@@ -162,7 +172,7 @@ def _delegated(ctx):
         results["cpu tensor"] = cpu.tolist() == [float(w * (w + 1) // 2)] * 2
     dist.barrier(group=g)
     # every delegated operation went through the group's Python methods (the GIL released while waiting)
-    results["forwarded from Python"] = {"broadcast", "alltoall_base", "reduce", "barrier"} <= g._logged
+    results["forwarded from Python"] = {"broadcast", "this all_to_all", "reduce", "barrier"} <= g._logged
     results["calls"] = {k: c.calls for k, c in counts.items()}
     dist.destroy_process_group(g)
     return results
@@ -178,7 +188,7 @@ def test_delegated_ops_work(worlds, world):
     for res in worlds(world).run(_delegated):
         calls = res.pop("calls")
         assert [k for k, v in res.items() if not v] == []
-        assert calls == {"ar": 0, "ag": 0, "rs": 0}, calls
+        assert calls == {"ar": 0, "ag": 0, "rs": 0, "a2a": 0}, calls
 
 
 def _two_groups_and_compile(ctx):
@@ -265,7 +275,7 @@ def _graphs(ctx):
 def test_cuda_graphs_replay_served_calls(worlds):
     for ok, calls in worlds(2).run(_graphs):
         assert all(all(c.values()) for c in ok), ok
-        assert calls == {"ar": 4, "ag": 2, "rs": 2}, calls  # eager + capture; replays never call Python
+        assert calls == {"ar": 4, "ag": 2, "rs": 2, "a2a": 0}, calls  # eager + capture; replays never call Python
 
 
 # -- init_process_group in fresh processes ---------------------------------------------------------------------

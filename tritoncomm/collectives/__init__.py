@@ -6,7 +6,7 @@ one kernel and its launcher per module; the shared selection (``selection``), va
 (``validation``) and base classes (``base``) beside them.
 """
 
-from .allgather import AllGather, ReduceScatter
+from .allgather import AllGather, AllToAll, ReduceScatter
 from .allreduce import ALGORITHMS, AllReduce
 from .base import Algorithm, CollectiveBase, PeerOutput, Workspace
 from .fused_norm import FUSED_ALGORITHMS, MAX_HIDDEN, FusedAllReduceAddRMSNorm
@@ -20,7 +20,7 @@ FUSED_ALGOS = tuple(FUSED_ALGORITHMS)
 
 __all__ = [
     "ALGORITHMS", "FUSED_ALGORITHMS", "FUSED_ALGOS", "GEMM_PATHS", "MAX_HIDDEN", "SUPPORTED_DTYPES", "SUPPORTED_OPS",
-    "Algorithm", "AllGather", "AllReduce", "Choice", "CollectiveBase", "FusedAllReduceAddRMSNorm", "GemmAllReduce",
-    "GemmConfig", "MoEAllToAll", "MoEHandle", "PeerOutput", "ReduceScatter", "SelectionTable", "Workspace",
-    "default_table", "load_table",
+    "Algorithm", "AllGather", "AllReduce", "AllToAll", "Choice", "CollectiveBase", "FusedAllReduceAddRMSNorm",
+    "GemmAllReduce", "GemmConfig", "MoEAllToAll", "MoEHandle", "PeerOutput", "ReduceScatter", "SelectionTable",
+    "Workspace", "default_table", "load_table",
 ]

@@ -21,7 +21,7 @@ from .validation import DTYPE_NAMES
 __all__ = ["DTYPES", "OPS", "Choice", "SelectionTable", "default_table", "load_table", "table_path"]
 
 #: The collectives a table has rows for.
-OPS = ("allreduce", "allgather", "reducescatter")
+OPS = ("allreduce", "allgather", "reducescatter", "alltoall")
 #: The dtype keys of a table's rows.
 DTYPES = tuple(DTYPE_NAMES.values())
 TABLE_DIR = Path(__file__).with_name("tables")
@@ -181,6 +181,7 @@ def default_table(backend: str = "cuda") -> SelectionTable:
             rows[("allreduce", world, dtype)] = ar
             rows[("allgather", world, dtype)] = push
             rows[("reducescatter", world, dtype)] = push
+            rows[("alltoall", world, dtype)] = push
     return SelectionTable(rows, f"default ({backend})")
 
 

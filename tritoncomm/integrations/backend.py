@@ -1,8 +1,8 @@
 """The ``tritoncomm`` torch.distributed backend: every torch.distributed program gets tritoncomm.
 
 ``dist.init_process_group("cpu:gloo,cuda:tritoncomm")`` (or ``new_group(..., backend=...)``) builds a
-``TritonCommProcessGroup``: a ``torch.distributed.ProcessGroup`` whose all-reduce, all-gather and
-reduce-scatter run tritoncomm's kernels where they can, and whose every other operation goes to a
+``TritonCommProcessGroup``: a ``torch.distributed.ProcessGroup`` whose all-reduce, all-gather,
+reduce-scatter and all-to-all run tritoncomm's kernels where they can, and whose every other operation goes to a
 gloo (CPU tensors) or NCCL (CUDA tensors) backend it keeps inside, so nothing a program calls fails.
 
 Served (CUDA tensors on GPUs; CPU tensors in the CPU world, ``TRITON_INTERPRET=1``), when the input is
@@ -14,7 +14,8 @@ contiguous, of bf16/fp16/fp32, within the set-up size, and the reduction is a su
   ``allgather_into_tensor_coalesced`` (the functional all-gather) and the list form ``allgather`` (one
   input, outputs shaped like it);
 * ``reduce_scatter_single`` / ``_reduce_scatter_base`` (``dist.reduce_scatter_tensor``),
-  ``reduce_scatter_tensor_coalesced`` (functional) and the list form ``reduce_scatter``.
+  ``reduce_scatter_tensor_coalesced`` (functional) and the list form ``reduce_scatter``;
+* ``alltoall_base`` (``dist.all_to_all_single``) with equal splits (none given, or all equal).
 
 Anything else, and any call that does not qualify, goes to the inner backend with the same arguments;
 each kind of delegation is logged once per group. Whether a call is served depends only on what every
@@ -47,7 +48,7 @@ from torch.distributed import ProcessGroup, ReduceOp
 
 from ..channels import Communicator
 from ..channels.bootstrap import StoreBootstrap
-from ..collectives import AllGather, AllReduce, ReduceScatter
+from ..collectives import AllGather, AllReduce, AllToAll, ReduceScatter
 from ..collectives.validation import SUPPORTED_DTYPES, overlap
 from ..config import CommConfig
 from ..kernels.backend import interpreting
@@ -60,8 +61,8 @@ log = logging.getLogger("tritoncomm")
 #: The backend's name for ``init_process_group`` / ``new_group``.
 BACKEND = "tritoncomm"
 #: Served sizes (input bytes of an all-reduce, output bytes of an all-gather, input bytes of a
-#: reduce-scatter); ``TRITONCOMM_BACKEND_MAX_BYTES`` overrides all three.
-MAX_BYTES = {"cuda": (64 << 20, 16 << 20, 16 << 20), "cpu": (1 << 20, 1 << 20, 1 << 20)}
+#: reduce-scatter, of an all-to-all); ``TRITONCOMM_BACKEND_MAX_BYTES`` overrides all four.
+MAX_BYTES = {"cuda": (64 << 20, 16 << 20, 16 << 20, 16 << 20), "cpu": (1 << 20, 1 << 20, 1 << 20, 1 << 20)}
 
 
 def register() -> None:
@@ -153,6 +154,14 @@ def _is_sum(opts: Any) -> bool:
     return opts is None or opts.reduceOp == _SUM
 
 
+def _equal_splits(splits: Sequence[int], t: torch.Tensor, world: int) -> bool:
+    """Whether ``all_to_all_single``'s split sizes (rows of dim 0; none given: equal) split ``t`` into
+    ``world`` equal shards."""
+    if not splits:
+        return t.dim() == 0 or t.shape[0] % world == 0
+    return len(splits) == world and all(s == splits[0] for s in splits) and splits[0] * world == t.shape[0]
+
+
 class TritonCommProcessGroup(ProcessGroup):
     """See the module docstring. Built by torch.distributed through the registered creator."""
 
@@ -189,14 +198,15 @@ class TritonCommProcessGroup(ProcessGroup):
         self.ar: AllReduce | None = None
         self.ag: AllGather | None = None
         self.rs: ReduceScatter | None = None
+        self.a2a: AllToAll | None = None
         if not self._serve_type:
             return
         device = torch.device("cuda", torch.cuda.current_device()) if self._serve_type == "cuda" else \
             torch.device("cpu")
         env = os.environ.get("TRITONCOMM_BACKEND_MAX_BYTES")
-        ar_max, ag_max, rs_max = (int(env),) * 3 if env else MAX_BYTES[self._serve_type]
+        ar_max, ag_max, rs_max, a2a_max = (int(env),) * 4 if env else MAX_BYTES[self._serve_type]
         heap = CommConfig().resolved_heap_bytes(self._serve_type)
-        config = CommConfig(heap_bytes=max(heap, 3 * (ar_max + ag_max + rs_max) + (16 << 20)))
+        config = CommConfig(heap_bytes=max(heap, 3 * (ar_max + ag_max + rs_max + a2a_max) + (16 << 20)))
         boot = StoreBootstrap(dist.PrefixStore("tritoncomm/boot/", store), rank, size)
         verdict = probe(None, device, config, bootstrap=boot)
         if not verdict.ok:
@@ -206,6 +216,7 @@ class TritonCommProcessGroup(ProcessGroup):
         self.ar = AllReduce(self.comm, max_bytes=ar_max, name="backend.ar")
         self.ag = AllGather(self.comm, max_bytes=ag_max, name="backend.ag")
         self.rs = ReduceScatter(self.comm, max_bytes=rs_max, name="backend.rs")
+        self.a2a = AllToAll(self.comm, max_bytes=a2a_max, name="backend.a2a")
         self.device = device
 
     def getBackendName(self) -> str:
@@ -250,6 +261,13 @@ class TritonCommProcessGroup(ProcessGroup):
         return (self._ok(inp) and self._ok(out) and out.dtype == inp.dtype
                 and inp.numel() == out.numel() * self.size() and inp.nbytes <= self.rs.max_bytes
                 and not overlap(out, inp))
+
+    def _a2a_ok(self, out: torch.Tensor, inp: torch.Tensor, out_splits: Sequence[int],
+                in_splits: Sequence[int]) -> bool:
+        w = self.size()
+        return (self._ok(inp) and self._ok(out) and out.dtype == inp.dtype and out.numel() == inp.numel()
+                and inp.numel() % w == 0 and inp.nbytes <= self.a2a.max_bytes and not overlap(out, inp)
+                and _equal_splits(out_splits, out, w) and _equal_splits(in_splits, inp, w))
 
     # -- all-reduce -----------------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
@@ -338,6 +356,15 @@ class TritonCommProcessGroup(ProcessGroup):
         return self._delegated("this list reduce_scatter", "reduce_scatter", outputs, input_lists,
                                *self._opts(opts, dist.ReduceScatterOptions))
 
+    # -- all-to-all -----------------------------------------------------------------------------------
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
+                      input_split_sizes: Sequence[int], opts: Any = None) -> dist.Work:
+        if self._a2a_ok(output, input, output_split_sizes, input_split_sizes):
+            self.a2a(input, output)
+            return self._work([output], opts)
+        return self._delegated("this all_to_all", "alltoall_base", output, input, output_split_sizes,
+                               input_split_sizes, *self._opts(opts, dist.AllToAllOptions))
+
     # -- life ----------------------------------------------------------------------------------------
     @staticmethod
     def _opts(opts: Any, kind: Callable[[], Any]) -> tuple[Any, ...]:
@@ -347,7 +374,7 @@ class TritonCommProcessGroup(ProcessGroup):
         self.device = None  # nothing is served from here on
         self._last_delegated = None
         if self.comm is not None:
-            for c in (self.ar, self.ag, self.rs):
+            for c in (self.ar, self.ag, self.rs, self.a2a):
                 c.close()
             self.comm.close()
             self.comm = None
@@ -362,7 +389,7 @@ class TritonCommProcessGroup(ProcessGroup):
 
 
 #: Operations never served: forwarded to the inner backend through ``_delegated``.
-FORWARDED = ("broadcast", "alltoall_base", "alltoall", "send", "recv", "recv_anysource", "barrier", "reduce",
+FORWARDED = ("broadcast", "alltoall", "send", "recv", "recv_anysource", "barrier", "reduce",
              "gather", "scatter")
 
 

@@ -1,5 +1,5 @@
-"""All-gather and reduce-scatter into tensors: the host side and their registries (kernels and
-launchers in ``push`` and ``reducescatter``)."""
+"""All-gather, all-to-all and reduce-scatter into tensors: the host side and their registries
+(kernels and launchers in ``push`` and ``reducescatter``)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from ...errors import InvalidInputError
 from ..base import NO_PEER_OUTPUT, CollectiveBase, PeerOutput
 from ..selection import SelectionTable
 from ..validation import DTYPE_NAMES, check_input, check_op, check_out
-from .push import AllGatherDirect, AllGatherPush, PushAlgorithm
+from .push import AllGatherDirect, AllGatherPush, AllToAllDirect, AllToAllPush, PushAlgorithm
 from .reducescatter import ReduceScatterPush
 
-__all__ = ["AllGather", "ReduceScatter"]
+__all__ = ["AllGather", "AllToAll", "ReduceScatter"]
 
 
 class _PushCollective(CollectiveBase):
@@ -93,6 +93,51 @@ class AllGather(_PushCollective):
                                         "Communicator.register (or met inside graph_capture)")
         algo = "direct" if dest.row else "push"
         self._launch(algo, x, out, x.numel(), nbytes, dest)
+        return out
+
+
+class AllToAll(_PushCollective):
+    """``out[r*m:(r+1)*m] = x[rank*m:(rank+1)*m]`` of rank ``r``, for every rank ``r``, with ``m =
+    x.numel() / world`` (``all_to_all_single`` with equal splits): shard ``s`` of this rank's input
+    goes to rank ``s``, and shard ``r`` of the output comes from rank ``r``.
+
+    ``max_bytes`` bounds the input (= output) size. Workspace: about 2 x ``max_bytes`` per rank.
+    """
+
+    op = "alltoall"
+    ALGORITHMS = MappingProxyType({cls.name: cls for cls in (AllToAllPush, AllToAllDirect)})
+
+    def __init__(self, comm: Communicator, max_bytes: int | None = None, *, table: SelectionTable | None = None,
+                 fallback_group: dist.ProcessGroup | None = None, name: str = "alltoall") -> None:
+        super().__init__(comm, max_bytes, table, fallback_group, name)
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, *, direct: bool = False) -> torch.Tensor:
+        """``direct``: store straight into every rank's registered output (``Communicator.register``,
+        ``graph_capture``) after an entry barrier, instead of pushing into the heap and copying out;
+        every rank must pass the same."""
+        check_input(x, self.comm.device, "all_to_all")
+        w = self.world
+        if x.numel() % w:
+            raise InvalidInputError(f"all_to_all: {x.numel()} elements do not split into {w} equal shards")
+        m = x.numel() // w
+        if out is not None:
+            check_out(out, x, x.numel(), "all_to_all", may_alias=False)
+        self.comm.check()
+        if out is None:
+            out = torch.empty_like(x)
+        if m == 0:
+            return out
+        nbytes = x.numel() * x.element_size()
+        if self._too_large(x, m, nbytes, "all_to_all"):
+            dist.all_to_all_single(out, x, group=self.fallback_group)
+            return out
+        dest = NO_PEER_OUTPUT
+        if direct:
+            dest = self._peer_output(out, heap=False)
+            if not dest.row:
+                raise InvalidInputError("all_to_all: direct=True needs an output registered with "
+                                        "Communicator.register (or met inside graph_capture)")
+        self._launch("direct" if dest.row else "push", x, out, m, nbytes, dest)
         return out
 
 

@@ -1,4 +1,4 @@
-"""All-gather into a tensor, and the push layout it shares with reduce-scatter.
+"""All-gather and all-to-all into a tensor, and the push layout they share with reduce-scatter.
 
 Staged form (``AllGatherPush``): every rank pushes its shard into slot [my rank] of every peer's
 buffer, meets them at a barrier, then copies the other shards out.
@@ -9,6 +9,9 @@ row; after an entry barrier every rank stores its shard straight into every rank
 second barrier ends the launch (no copy-out). The
 entry barrier is what makes it safe: a peer may store into this rank's output only once this rank
 has started the launch, i.e. once its stream is past every earlier use of that memory.
+
+All-to-all (``ALLTOALL``, ``AllToAllPush``/``AllToAllDirect``): the same two forms, but each rank
+sends shard ``s`` of its input (not the whole input) to rank ``s``, into slot [my rank] there.
 
 Buffers alternate by epoch parity (halves of the channel buffer, each sized for the largest
 output): a rank cannot finish launch k+1 before every peer has started it, so the half it writes
@@ -29,32 +32,40 @@ from ...units import cdiv, round_up
 from ..base import Algorithm, PeerOutput, Workspace
 from ..selection import Choice
 
-__all__ = ["AllGatherDirect", "AllGatherPush", "PushAlgorithm", "allgather_kernel"]
+__all__ = ["AllGatherDirect", "AllGatherPush", "AllToAllDirect", "AllToAllPush", "PushAlgorithm",
+           "allgather_kernel"]
 
 
 @triton.jit
 def _push_shard(x_ptr, out_ptr, m, iters, pid, active, rank, table, dst_off, dst_elem, WORLD: tl.constexpr,
-                BLOCK: tl.constexpr):
-    """Store this program's blocks of ``x`` at ``out[rank*m:]`` and, for every peer ``s``, at byte
-    ``dst_off`` + element ``dst_elem`` of the memory ``table[s]`` points to (a heap base or a
-    registered output)."""
+                BLOCK: tl.constexpr, ALLTOALL: tl.constexpr):
+    """Store this program's blocks of ``x`` (with ``ALLTOALL``: of shard ``s`` of ``x``, ``m``
+    elements each) at ``out[rank*m:]`` (shard ``rank``) and, for every peer ``s``, at byte ``dst_off``
+    + element ``dst_elem`` of the memory ``table[s]`` points to (a heap base or a registered
+    output)."""
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     for i in range(0, iters):
         j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
         mask = j < m
-        v = tl.load(x_ptr + j, mask=mask)
+        if not ALLTOALL:
+            v = tl.load(x_ptr + j, mask=mask)
         for s in tl.static_range(WORLD):
             if s != rank:
+                if ALLTOALL:
+                    v = tl.load(x_ptr + s * m + j, mask=mask)
                 tl.store(heap_ptr(table, s, dst_off, DTYPE) + dst_elem + j, v, mask=mask)
+        if ALLTOALL:
+            v = tl.load(x_ptr + rank * m + j, mask=mask)
         tl.store(out_ptr + rank * m + j, v, mask=mask)
 
 
 @triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def allgather_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, flags_off, epochs_off, buf_off, half_bytes,
                      stride, active, out_tab=0, WORLD: tl.constexpr = 2, BLOCK: tl.constexpr = 1024,
-                     MDIV: tl.constexpr = 1, DIRECT: tl.constexpr = False):
-    """``out[r*m:(r+1)*m] = x`` of rank ``r``, for every rank; ``m`` is a multiple of ``MDIV``. Barrier
-    slots ``pid`` and (``DIRECT``) ``pid + grid``."""
+                     MDIV: tl.constexpr = 1, DIRECT: tl.constexpr = False, ALLTOALL: tl.constexpr = False):
+    """``out[r*m:(r+1)*m] = x`` of rank ``r`` (with ``ALLTOALL``: ``x[rank*m:(rank+1)*m]`` of rank
+    ``r``), for every rank; ``m`` is a multiple of ``MDIV``. Barrier slots ``pid`` and (``DIRECT``)
+    ``pid + grid``."""
     pid = tl.program_id(0)
     m = assume_multiple(m, MDIV)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
@@ -66,12 +77,12 @@ def allgather_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, flags_o
         if DIRECT:
             barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)  # every rank has entered
             _push_shard(x_ptr, out_ptr, m, iters, pid, active, rank, out_tab.to(tl.pointer_type(tl.int64)), 0,
-                        rank * m, WORLD, BLOCK)
+                        rank * m, WORLD, BLOCK, ALLTOALL)
             barrier(bases, rank, WORLD, flags_off, pid + tl.num_programs(0), e, timeout, diag)
         else:
             base = buf_off + (e & 1).to(tl.int64) * half_bytes
             _push_shard(x_ptr, out_ptr, m, iters, pid, active, rank, bases, base + rank * stride * ESIZE, 0,
-                        WORLD, BLOCK)
+                        WORLD, BLOCK, ALLTOALL)
             barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
             for i in range(0, iters):
                 j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
@@ -142,3 +153,19 @@ class AllGatherDirect(PushAlgorithm):
 
     def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput) -> None:
         self._run(x, out, m, c, dest.row, DIRECT=True)
+
+
+class AllToAllPush(AllGatherPush):
+    """Staged all-to-all (``allgather_kernel`` with ``ALLTOALL``): shard ``s`` pushed into rank
+    ``s``'s heap, barrier, copy out. The capacity bounds the output (as the all-gather's)."""
+
+    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput) -> None:
+        self._run(x, out, m, c, ALLTOALL=True)
+
+
+class AllToAllDirect(AllGatherDirect):
+    """Direct all-to-all into a registered output (``allgather_kernel`` with ``DIRECT`` and
+    ``ALLTOALL``): entry barrier, shard ``s`` stored into rank ``s``'s output, exit barrier."""
+
+    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput) -> None:
+        self._run(x, out, m, c, dest.row, DIRECT=True, ALLTOALL=True)

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..channels import Communicator
-from ..collectives import AllGather, AllReduce, ReduceScatter, SelectionTable
+from ..collectives import AllGather, AllReduce, AllToAll, ReduceScatter, SelectionTable
 from ..config import CommConfig
 from ..launch import RankContext
 from ..units import format_bytes
@@ -53,6 +53,8 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
         coll = AllReduce(comm, max_bytes=max_bytes, table=table)
     elif op == "allgather":
         coll = AllGather(comm, max_bytes=max_bytes, table=table)
+    elif op == "alltoall":
+        coll = AllToAll(comm, max_bytes=max_bytes, table=table)
     else:
         coll = ReduceScatter(comm, max_bytes=max_bytes, table=table)
 
@@ -60,7 +62,7 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
     if symmetric:
         hx_all, hout_all = comm.empty(max_bytes // esize, dtype), comm.empty(max_bytes // esize, dtype)
     # regular outputs mapped into peers (GPU world): the all-reduce's two-shot, the direct all-gather
-    registered = op in ("allreduce", "allgather") and comm.backend == "cuda"
+    registered = op in ("allreduce", "allgather", "alltoall") and comm.backend == "cuda"
     if registered:
         rout_all = torch.empty(max_bytes // esize, dtype=dtype, device=ctx.device)
         comm.register(rout_all)
@@ -97,6 +99,17 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
 
             def nccl(x=x, o=nccl_out) -> None:
                 dist.all_gather_into_tensor(o, x, group=ctx.group)
+        elif op == "alltoall":
+            x = torch.randn(n, generator=gen).to(dtype).to(ctx.device)
+            out = torch.full_like(x, float("nan"))
+            ref = torch.empty(n, dtype=torch.float32, device=ctx.device)
+            dist.all_to_all_single(ref, x.float(), group=ctx.group)
+            coll(x, out)
+            algo = "push" if n * esize <= coll.max_bytes else "fallback"
+            nccl_out = torch.empty_like(out)
+
+            def nccl(x=x, o=nccl_out) -> None:
+                dist.all_to_all_single(o, x, group=ctx.group)
         else:
             x = torch.randn(n, generator=gen).to(dtype).to(ctx.device)
             out = torch.full((n // w,), float("nan"), dtype=dtype, device=ctx.device)
@@ -115,7 +128,7 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
         correct = bool(not torch.isnan(o).any().item() and err <= TOL[dtype])
         digests: list[Any] = [None] * w
         dist.all_gather_object(digests, hashlib.sha1(out.cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
-                               if op != "reducescatter" else 0,
+                               if op in ("allreduce", "allgather") else 0,  # the same on every rank
                                group=ctx.cpu_group)
         times: dict[str, float | None] = {}
         for mode in modes:
@@ -134,7 +147,7 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
         if registered:  # a regular input and a registered regular output (Communicator.register)
             rout = rout_all[:out.numel()]
             rout.fill_(float("nan"))
-            kw = {"direct": True} if op == "allgather" else {}  # the all-gather's direct form at every size
+            kw = {"direct": True} if op in ("allgather", "alltoall") else {}  # their direct forms at every size
             coll(x, rout, **kw)
             reg_same = bool(torch.equal(rout, out))
             times["reg_graph"] = time_per_call_us(lambda x=x, rout=rout, kw=kw: coll(x, rout, **kw), ctx.device,
@@ -199,8 +212,8 @@ def bench_rank(ctx: RankContext, op: str, sizes: list[int], dtype_name: str, mod
                   + ("; heap_us: the same all-reduce on symmetric tensors (comm.empty), as torch symm_mem is "
                      "timed on its symmetric buffer; xSYMM compares those two" if symmetric else "")
                   + ("; reg_us: a regular input and a registered regular output (Communicator.register)"
-                     + ("; the direct form (entry barrier, stores into every rank's output)" if op == "allgather"
-                        else "") if registered else ""),
+                     + ("; the direct form (entry barrier, stores into every rank's output)"
+                        if op in ("allgather", "alltoall") else "") if registered else ""),
         **({"peers": {"flashinfer": fi.why_not or "timed", "vllm_ca": vca.why_not or "timed"}} if peers else {}),
         "rows": rows,
     }

@@ -27,8 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--json", default=None, help="also write the report here")
     demo.add_argument("--no-timing", action="store_true", help="check correctness only")
     bench = sub.add_parser("bench", help="nccl-tests style benchmark against NCCL and torch symmetric memory")
-    bench.add_argument("--op", default="allreduce", help="allreduce, allgather, reducescatter, primitives, costs, "
-                       "zerocopy, backend (the torch.distributed backend's cost per call), model (transformers "
+    bench.add_argument("--op", default="allreduce", help="allreduce, allgather, reducescatter, alltoall, primitives, "
+                       "costs, zerocopy, backend (the torch.distributed backend's cost per call), model (transformers "
                        "TP with the backend vs NCCL; GPUs) or moe (expert-parallel dispatch/combine) "
                        "(comma-separated)")
     bench.add_argument("--world", type=int, default=None)

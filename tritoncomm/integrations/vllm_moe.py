@@ -233,8 +233,12 @@ class MoEInstances:
                                         f"local expert; vLLM's --max-num-batched-tokens sets {max_tokens}). Lower it "
                                         f"or unset TRITONCOMM_MOE")
             comm = Communicator(self.group, device=self.device, config=config)
-            moe = MoEAllToAll(comm, max_tokens=max_tokens, hidden=hidden, num_experts=num_experts, top_k=top_k,
-                              dtype=dtype, fp8_dispatch=fp8_dispatch, name=f"vllm.moe{len(self._made)}")
+            try:
+                moe = MoEAllToAll(comm, max_tokens=max_tokens, hidden=hidden, num_experts=num_experts, top_k=top_k,
+                                  dtype=dtype, fp8_dispatch=fp8_dispatch, name=f"vllm.moe{len(self._made)}")
+            except BaseException:
+                comm.close()
+                raise
             self._made[key] = (comm, moe)
         return self._made[key][1]
 

@@ -231,7 +231,10 @@ def _moe_config(ctx, config, **kw):
 
 def _switch_refusals(moe_config, parallel) -> list[bool]:
     """Whether the builder refuses, before any rank waits, micro-batching, elastic expert
-    parallelism, monolithic experts and int8 activations."""
+    parallelism, monolithic experts and int8 activations; and fp32 activations (the instance
+    refuses them after its communicator is built, which is then closed)."""
+    from dataclasses import replace
+
     from vllm.model_executor.layers.fused_moe.config import FusedMoEQuantConfig
 
     from tritoncomm.integrations.vllm_moe import build_prepare_finalize
@@ -251,6 +254,11 @@ def _switch_refusals(moe_config, parallel) -> list[bool]:
         finally:
             if change:
                 setattr(parallel, change[0], saved)
+    try:
+        build_prepare_finalize(replace(moe_config, in_dtype=torch.float32), None)
+        got.append(False)
+    except InvalidInputError:
+        got.append(True)
     return got
 
 

@@ -26,6 +26,7 @@ from tritoncomm.errors import InvalidInputError
 from tritoncomm.integrations import moe_reference
 from tritoncomm.integrations.ep import route
 
+from ..conftest import SHARED_GPUS
 from ..helpers import make_comm
 from .enginetest import engine_world
 
@@ -210,8 +211,9 @@ def _deployment(ctx, **parallel):
     scope.__enter__()  # for the life of the rank, as in a vLLM worker
     _RANK_STATE.append(scope)
     local = ctx.rank if ctx.backend == "cpu" else ctx.device.index
-    ps.init_distributed_environment(world_size=ctx.world, rank=ctx.rank, local_rank=local, backend="gloo",
-                                    distributed_init_method=None)
+    nccl = ctx.backend == "cuda" and not SHARED_GPUS  # as vLLM's GPU workers; NCCL refuses shared GPUs
+    ps.init_distributed_environment(world_size=ctx.world, rank=ctx.rank, local_rank=local,
+                                    backend="nccl" if nccl else "gloo", distributed_init_method=None)
     ps.initialize_model_parallel(tensor_model_parallel_size=1)
     return config
 

@@ -122,6 +122,15 @@ def _job_functional_and_ops(ctx, compile_backend):
     assert g.shape == (10 * w,) and torch.equal(g[ctx.rank * 10:(ctx.rank + 1) * 10], x[:10])
     s = torch.ops.tritoncomm.reduce_scatter(x[: 8 * w].contiguous(), name, w)
     check_close(s, ref[: 8 * w][ctx.rank * 8:(ctx.rank + 1) * 8], torch.float32)
+    swap = torch.empty(8 * w)
+    dist.all_to_all_single(swap, x[: 8 * w].cpu(), group=ctx.cpu_group)
+    before = torch.ops.tritoncomm.all_to_all(x[: 8 * w], name)  # not set up: torch.distributed's
+    gc.setup_all_to_all(1 << 16)
+    served = torch.ops.tritoncomm.all_to_all(x[: 8 * w], name)
+    compiled_a2a = torch.compile(lambda a: torch.ops.tritoncomm.all_to_all(a * 1.0, name), fullgraph=True,
+                                 backend=compile_backend)
+    assert gc.a2a is not None and all(torch.equal(t.cpu(), swap) for t in (before, served,
+                                                                             compiled_a2a(x[: 8 * w])))
 
     def layer(a: torch.Tensor) -> torch.Tensor:
         h = torch.relu(a) * 2.0

@@ -15,6 +15,7 @@ from .torch_api import (  # importing it registers the tritoncomm:: custom ops w
     Registry,
     all_gather_into_tensor,
     all_reduce,
+    all_to_all_single,
     default_registry,
     reduce_scatter_tensor,
     shutdown,
@@ -35,6 +36,6 @@ __all__ = [
     "ColumnParallelLinear", "CustomAllReduceSlot", "ExpertParallelMoE", "FusedAddRMSNorm", "GroupCollectives",
     "HierarchicalAllReduce", "LlamaDecoderLayer", "MergedColumnParallelLinear", "NodeGroups", "Registry",
     "RowParallelLinear", "SGLangCustomAllreduce", "TorchReducer", "TritonCommCustomAllreduce", "TritonCommReducer",
-    "Verdict", "VocabParallelEmbedding", "all_gather_into_tensor", "all_reduce", "default_registry", "moe_reference",
-    "node_groups", "probe", "reduce_scatter_tensor", "shutdown",
+    "Verdict", "VocabParallelEmbedding", "all_gather_into_tensor", "all_reduce", "all_to_all_single",
+    "default_registry", "moe_reference", "node_groups", "probe", "reduce_scatter_tensor", "shutdown",
 ]

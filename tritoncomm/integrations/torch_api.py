@@ -15,6 +15,8 @@ and eager mode, carry the group by name and find its ``GroupCollectives`` in ``d
 * ``tritoncomm::all_reduce_(Tensor(a!) x, str group) -> ()`` (in place);
 * ``tritoncomm::all_gather(Tensor x, str group, int world) -> Tensor`` (dim 0 grows ``world`` times);
 * ``tritoncomm::reduce_scatter(Tensor x, str group, int world) -> Tensor`` (dim 0 shrinks);
+* ``tritoncomm::all_to_all(Tensor x, str group) -> Tensor`` (``all_to_all_single`` with equal splits;
+  set up with ``GroupCollectives.setup_all_to_all``, else torch.distributed's);
 * ``tritoncomm::fused_add_rms_norm(Tensor x, Tensor(a!) residual, Tensor weight, float eps, str group,
   bool gemma=False, Tensor? fp8_scale=None) -> Tensor`` (``residual += all_reduce(x)``; returns the
   normalised rows, FP8 e4m3 when ``fp8_scale`` is given; set up with ``GroupCollectives.setup_fused_norm``,
@@ -29,12 +31,12 @@ import torch
 import torch.distributed as dist
 
 from ..channels import Communicator
-from ..collectives import AllGather, AllReduce, FusedAllReduceAddRMSNorm, GemmAllReduce, ReduceScatter
+from ..collectives import AllGather, AllReduce, AllToAll, FusedAllReduceAddRMSNorm, GemmAllReduce, ReduceScatter
 from ..config import CommConfig
 from .capability import Verdict, probe
 
-__all__ = ["GroupCollectives", "Registry", "all_gather_into_tensor", "all_reduce", "default_registry",
-           "reduce_scatter_tensor", "shutdown"]
+__all__ = ["GroupCollectives", "Registry", "all_gather_into_tensor", "all_reduce", "all_to_all_single",
+           "default_registry", "reduce_scatter_tensor", "shutdown"]
 
 
 def _cpu_group_for(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
@@ -68,6 +70,13 @@ class GroupCollectives:
         self.world = dist.get_world_size(self.group)
         self.fused: FusedAllReduceAddRMSNorm | None = None
         self.gemm: dict[int, GemmAllReduce] = {}
+        self.a2a: AllToAll | None = None
+
+    def setup_all_to_all(self, max_bytes: int) -> None:
+        """Collective: set up the all-to-all (equal splits) for inputs up to ``max_bytes`` (its
+        workspace, about twice that, comes from the group's heap)."""
+        if self.comm is not None and self.a2a is None:
+            self.a2a = AllToAll(self.comm, max_bytes=max_bytes, fallback_group=self.group)
 
     def setup_fused_norm(self, max_tokens: int, hidden: int, eps: float = 1e-6) -> None:
         """Collective: set up the fused all-reduce + add + RMSNorm for inputs up to ``max_tokens`` x ``hidden``."""
@@ -132,14 +141,23 @@ class GroupCollectives:
             return out
         return self.rs(t, out)
 
+    def all_to_all_single(self, out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """``dist.all_to_all_single(out, t, group)`` with equal splits (tritoncomm's once set up)."""
+        if self.a2a is None:
+            dist.all_to_all_single(out, t, group=self.group)
+            return out
+        return self.a2a(t, out)
+
     def close(self) -> None:
         if self.comm is not None:
-            for c in (*self.gemm.values(), *([self.fused] if self.fused else []), self.ar, self.ag, self.rs):
+            for c in (*self.gemm.values(), *([self.fused] if self.fused else []), *([self.a2a] if self.a2a else []),
+                      self.ar, self.ag, self.rs):
                 c.close()
             self.comm.close()
             self.comm = None
             self.gemm.clear()
             self.fused = None
+            self.a2a = None
 
 
 class Registry:
@@ -191,6 +209,12 @@ def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor,
     return default_registry.setup(group).reduce_scatter_tensor(out, t)
 
 
+def all_to_all_single(out: torch.Tensor, t: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """``dist.all_to_all_single(out, t, group=group)`` with equal splits, through tritoncomm once
+    ``setup_all_to_all`` has run for the group."""
+    return default_registry.setup(group).all_to_all_single(out, t)
+
+
 def shutdown() -> None:
     """Collective: close everything ``default_registry`` set up."""
     default_registry.close()
@@ -240,6 +264,16 @@ def _op_reduce_scatter(x: torch.Tensor, group: str, world: int) -> torch.Tensor:
 def _(x: torch.Tensor, group: str, world: int) -> torch.Tensor:
     torch._check(x.shape[0] % world == 0, lambda: "reduce_scatter: dim 0 must split into world equal parts")
     return x.new_empty((x.shape[0] // world, *x.shape[1:]))
+
+
+@torch.library.custom_op("tritoncomm::all_to_all", mutates_args=())
+def _op_all_to_all(x: torch.Tensor, group: str) -> torch.Tensor:
+    return default_registry.get(group).all_to_all_single(torch.empty_like(x), x.contiguous())
+
+
+@_op_all_to_all.register_fake
+def _(x: torch.Tensor, group: str) -> torch.Tensor:
+    return torch.empty_like(x)
 
 
 @torch.library.custom_op("tritoncomm::fused_add_rms_norm", mutates_args=("residual",))

@@ -68,7 +68,7 @@ import torch
 from ...channels import HEAP_ALIGN, Channel, Communicator
 from ...channels.cuda_ipc import HostMappedWords
 from ...errors import InvalidInputError
-from ...kernels import lamport_fill, pow2_at_least
+from ...kernels import barrier_flag_bytes, lamport_fill, pow2_at_least
 from ...kernels.launcher import Launcher
 from ...units import round_up
 from .combine import COMBINE_STAGES, launch_combine, moe_combine_kernel
@@ -135,13 +135,12 @@ class MoEHandle:
     bound: int
 
 
-def _default_instance_shape(backend: str, device: torch.device, max_tokens: int, prefill_from: int, hidden: int,
-                            wire_bytes: int, world: int) -> MoEShape:
-    """The launch shape an instance given none takes on ``device`` (``default_shape``)."""
-    cuda = backend == "cuda"
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 1
-    name = torch.cuda.get_device_name(device) if cuda else ""
-    return default_shape(backend, max_tokens, sms, prefill_from, hidden, wire_bytes, world, name)
+def _device_facts(backend: str, device: torch.device | None) -> tuple[int, str]:
+    """What the default launch shapes depend on: ``device``'s SM count and name (1 and "" in the CPU
+    world)."""
+    if backend != "cuda":
+        return 1, ""
+    return torch.cuda.get_device_properties(device).multi_processor_count, torch.cuda.get_device_name(device)
 
 
 def heap_bytes_bound(backend: str, device: torch.device, world: int, *, max_tokens: int, hidden: int,
@@ -150,10 +149,13 @@ def heap_bytes_bound(backend: str, device: torch.device, world: int, *, max_toke
                      shape: MoEShape | None = None) -> int:
     """An upper bound of the heap bytes a ``MoEAllToAll`` of these arguments takes from its
     communicator (at ``world`` ranks on ``backend``/``device``): every buffer any of its paths may
-    allocate, each rounded to the heap's alignment, and its three channels. For sizing a
+    allocate and its three channels' slots, each rounded to the heap's alignment. For sizing a
     communicator that holds one instance; not for the launch path."""
-    sh = shape or _default_instance_shape(backend, device, max_tokens, prefill_from, hidden,
-                                          1 if fp8_dispatch else dtype.itemsize, world)
+    if shape is None:
+        sms, name = _device_facts(backend, device)
+        shape = default_shape(backend, max_tokens, sms, prefill_from, hidden, 1 if fp8_dispatch else dtype.itemsize,
+                              world, name)
+    sh = shape
     m, k, w, el = max_tokens, top_k, world, dtype.itemsize
     wire = 1 if fp8_dispatch else el
     peers, local = max(w - 1, 1), num_experts // max(w, 1)
@@ -170,8 +172,9 @@ def heap_bytes_bound(backend: str, device: torch.device, world: int, *, max_toke
         local * cap * (hidden * el + hidden * wire + scales),  # the expert buffer, the direct rows and scales
         2 * w * m * hidden * el,  # the partials and the Lamport partials
     ]
-    channels = 3 * (1 << 20)  # three channels' slots and flags (``Channel``), with room
-    return sum(round_up(max(b, 1), HEAP_ALIGN) for b in sizes) + channels
+    # three channels (``Channel``): an epoch per program, flags for up to two barrier slots per program
+    sizes += [4 * sh.programs, barrier_flag_bytes(2 * sh.programs)] * 3
+    return sum(round_up(max(b, 1), HEAP_ALIGN) for b in sizes)
 
 
 class MoEAllToAll:
@@ -193,7 +196,7 @@ class MoEAllToAll:
             raise InvalidInputError(f"MoEAllToAll: top_k {top_k} exceeds {num_experts} experts")
         if mode not in MODES:
             raise InvalidInputError(f"MoEAllToAll: mode must be one of {MODES}, got {mode!r}")
-        gpu_name = torch.cuda.get_device_name(comm.device) if comm.backend == "cuda" else ""
+        sms, gpu_name = _device_facts(comm.backend, comm.device)
         if throughput_from is None:
             throughput_from = default_throughput_from(w, hidden, gpu_name)
         if not isinstance(throughput_from, int) or throughput_from < 0:
@@ -217,9 +220,8 @@ class MoEAllToAll:
         self.fp8 = bool(fp8_dispatch)
         if shape is not None and not isinstance(shape, MoEShape):
             raise InvalidInputError(f"MoEAllToAll: shape must be a MoEShape, got {shape!r}")
-        sh = shape or _default_instance_shape(comm.backend, comm.device, max_tokens, prefill_from, hidden,
-                                              1 if fp8_dispatch else dtype.itemsize, w)
-        sms = torch.cuda.get_device_properties(comm.device).multi_processor_count if comm.backend == "cuda" else 1
+        sh = shape or default_shape(comm.backend, max_tokens, sms, prefill_from, hidden,
+                                    1 if fp8_dispatch else dtype.itemsize, w, gpu_name)
         if decode_shape is None and shape is None and max_tokens >= prefill_from:
             decode_shape = default_shape(comm.backend, prefill_from - 1, sms, prefill_from, world=w)
             decode_shape = decode_shape if decode_shape != sh else None  # the CPU world has one shape

@@ -139,12 +139,7 @@ class TritonCommPrepareAndFinalize(mk.FusedMoEPrepareAndFinalizeModular):
             raise InvalidInputError(f"tritoncomm MoE prepare: {num_experts} experts, the instance has "
                                     f"{moe.num_experts}")
         self._check_expert_map(expert_map)
-        wants_fp8 = quant_config.quant_dtype is not None
-        if wants_fp8 and not (quant_config.quant_dtype == torch.float8_e4m3fn
-                              and list(quant_config.block_shape or ()) == [FP8_BLOCK, FP8_BLOCK]):
-            raise InvalidInputError("tritoncomm MoE prepare: the dispatch quantises to e4m3 with one scale per "
-                                    f"{FP8_BLOCK} columns; the experts ask for {quant_config.quant_dtype} blocks "
-                                    f"{quant_config.block_shape}")
+        wants_fp8 = _fp8_dispatch(quant_config)
         if wants_fp8 != moe.fp8:
             raise InvalidInputError(f"tritoncomm MoE prepare: the experts {'want' if wants_fp8 else 'do not want'} "
                                     f"FP8 rows; build MoEAllToAll with fp8_dispatch={wants_fp8}")
@@ -204,7 +199,7 @@ def _fp8_dispatch(quant_config: FusedMoEQuantConfig | None) -> bool:
         return True
     raise InvalidInputError(f"tritoncomm MoE: the experts quantise activations to {quant_config.quant_dtype} in "
                             f"blocks {quant_config.block_shape}; the dispatch carries bf16/fp16 rows or e4m3 with "
-                            f"one scale per {FP8_BLOCK} columns. Unset TRITONCOMM_MOE for this model")
+                            f"one scale per {FP8_BLOCK} columns")
 
 
 class MoEInstances:

@@ -349,8 +349,11 @@ def _push_chunked(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, hidden
     arrives at slot ``grid + pid`` with ``e * (CHUNKS + 1) + c + 1`` (the values grow from call to
     call, as a slot's epochs must); then it waits there for ``... + c`` (every peer's program ``pid``
     has pushed its run ``c - 1`` of this rank's tokens) and sums run ``c - 1`` of its own items in
-    full (``_final_item`` with ``OWN_HERE``). A program waits only for chunks its counterparts publish before
-    they wait themselves, so no wait closes a cycle. Returns its count of own items (all summed)."""
+    full (``_final_item`` with ``OWN_HERE``). Ordering: ``barrier_arrive`` publishes (CTA barrier,
+    system-scope release) every partial this program stored before it, and ``barrier_wait`` (bounded,
+    like every wait) acquires them, so the partials of run ``c - 1`` are visible to every thread
+    that sums them. A program waits only for chunks its counterparts publish before they wait
+    themselves, so no wait closes a cycle. Returns its count of own items (all summed)."""
     ybuf = heap_ptr(bases, rank, ybuf_off, DTYPE)
     part = heap_ptr(bases, rank, part_off, DTYPE)
     n_own = program_items(n_tokens * column_shares(n_tokens, hidden, grid, BLOCK_H), pid, grid)

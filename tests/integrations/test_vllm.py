@@ -59,8 +59,22 @@ def _ca():
 # -- the plugin, through vLLM's loader ---------------------------------------------------------------
 _LOAD = """
 import os, sys
-if os.environ.get("BREAK_PASS_MANAGER"):  # as where vLLM's compiled attention kernels do not load
+if os.environ.get("BREAK_PASS_MANAGER") == "1":  # as where vLLM's compiled attention kernels do not load
     sys.modules["vllm.compilation.passes.pass_manager"] = None
+if os.environ.get("BREAK_PASS_MANAGER") == "op":  # as where vLLM's extension lacks an op its import reads
+    import importlib.abc, importlib.machinery
+
+    class NoOp(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path, target=None):
+            return importlib.machinery.ModuleSpec(name, self) if name.endswith("passes.pass_manager") else None
+
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module):
+            raise AttributeError("'_OpNamespace' '_C' object has no attribute 'rotary_embedding'")
+
+    sys.meta_path.insert(0, NoOp())
 import vllm.plugins
 from vllm.config.logging import LoggingConfig
 from vllm.logger import configure_logging
@@ -76,7 +90,7 @@ print("FI", fi_replaced, fi_replaced and issubclass(fi.FlashInferAllReduce, fi_o
 try:
     from vllm.compilation.passes.pass_manager import PostGradPassManager
     print("PASS", getattr(PostGradPassManager.configure, "tritoncomm", False))
-except ImportError:
+except (ImportError, AttributeError):
     print("PASS", False)
 """
 
@@ -87,7 +101,8 @@ _LOADS = {
     "on": ({}, True, True, "serving vLLM's custom all-reduce slot"),
     "batch-invariant": ({"VLLM_BATCH_INVARIANT": "1"}, False, False, "VLLM_BATCH_INVARIANT=1 keeps vLLM's"),
     "no-fusion": ({"TRITONCOMM_FUSION": "0"}, True, False, "TRITONCOMM_FUSION=0"),
-    "no-pass-manager": ({"BREAK_PASS_MANAGER": "1"}, True, False, "pass manager does not import"),
+    "no-pass-manager": ({"BREAK_PASS_MANAGER": "1"}, True, False, "pass manager does not import (ModuleNotFoundError"),
+    "pass-manager-op": ({"BREAK_PASS_MANAGER": "op"}, True, False, "pass manager does not import (AttributeError"),
 }
 loads = started_runs(_LOAD, {case: v[0] for case, v in _LOADS.items()}, "test_plugin_through_vllm_loader", "loads")
 

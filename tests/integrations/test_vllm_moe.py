@@ -1,15 +1,15 @@
 """vLLM 0.33.0's own modular MoE kernel on tritoncomm's all-to-all, in the CPU world.
 
-Each rank builds vLLM's ``FusedMoEKernel`` from ``TritonCommPrepareAndFinalize`` and vLLM's
-``NaiveBatchedExperts`` (its reference batched experts: SwiGLU per expert in torch) with its slice
-of full weights that every rank creates alike, and runs vLLM's ``apply``; the output is checked
-against ``moe_reference``, the layer in one process with the full weights. Different token counts
-per rank (one rank with none), bf16 and FP8 dispatch (vLLM's block-quantised experts), repeated
-calls. vLLM's compiled ``_C::silu_and_mul`` is absent (its extension is not loaded here): it is
-defined from vLLM's own ``SiluAndMul.forward_native``; in the CPU world the batched experts' probe
-for graph capture, which asks the accelerator, answers "no". The same job runs on GPUs from
-``test_engines_gpu.py``, where vLLM's CUDA platform also takes the combine's buffer for the experts'
-output.
+Each rank builds vLLM's ``FusedMoEKernel`` from ``TritonCommPrepareAndFinalize`` and vLLM's batched
+experts with its slice of full weights that every rank creates alike, and runs vLLM's ``apply``;
+the output is checked against ``moe_reference``, the layer in one process with the full weights.
+Different token counts per rank (one rank with none), bf16 and FP8 dispatch (vLLM's block-quantised
+experts), repeated calls. The experts are vLLM's ``NaiveBatchedExperts`` here (SwiGLU per expert in
+torch; in the CPU world the probe for graph capture, which asks the accelerator, answers "no"); the
+same jobs run on GPUs from ``test_engines_gpu.py`` with vLLM's ``BatchedTritonExperts``, the ones
+its CUDA selection picks, where vLLM's CUDA platform also takes the combine's buffer for the
+experts' output. The few ops of vLLM's compiled extension on this path, absent in both worlds, come
+from ``vllm_extension``.
 
 With ``TRITONCOMM_MOE=1`` vLLM builds the kernel itself: each rank runs vLLM's plugin loader, builds
 vLLM's parallel config and groups for a data + expert parallel deployment, and asks vLLM's own
@@ -28,6 +28,7 @@ from tritoncomm.integrations.ep import route
 
 from ..conftest import SHARED_GPUS
 from ..helpers import make_comm
+from . import vllm_extension
 from .enginetest import engine_world
 
 EXPERTS_PER_RANK, HIDDEN, INTER, TOP_K, MAX_TOKENS = 4, 256, 128, 3, 8  # FP8 blocks: 128 x 128
@@ -56,28 +57,24 @@ def _fp8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 _RANK_STATE: list = []  # inside a rank: what lives as long as the rank process
 
 
-def _silu_and_mul_op() -> None:
-    """vLLM's compiled ``_C::silu_and_mul`` (absent where vLLM's extension is not loaded: the CPU
-    world, the GPU image) from vLLM's own native formula, for CPU and CUDA tensors."""
-    from vllm.model_executor.layers.activation import SiluAndMul
+def _experts_class(ctx):
+    """vLLM's batched experts for this world: its Triton ones on GPUs (those vLLM's CUDA selection
+    picks), its reference ones in torch in the CPU world (its Triton ones need its CUDA platform).
+    On GPUs vLLM's kernels take their scratch from the worker's workspace manager, which vLLM's
+    GPU model runner creates: created here as there, once per rank."""
+    from vllm.model_executor.layers.fused_moe.experts import fused_batched_moe as fbm
 
-    try:
-        torch.ops._C.silu_and_mul  # noqa: B018 (present: nothing to add)
-        return
-    except (AttributeError, RuntimeError):
-        pass
-    lib = torch.library.Library("_C", "FRAGMENT")
-    lib.define("silu_and_mul(Tensor! out, Tensor input) -> ()")
-    def silu_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
-        out.copy_(SiluAndMul.forward_native(x))
+    if ctx.backend == "cuda":
+        from vllm.v1.worker import workspace
 
-    for key in ("CPU", "CUDA"):
-        lib.impl("silu_and_mul", silu_and_mul, key)
-    _RANK_STATE.append(lib)
+        if not workspace.is_workspace_manager_initialized():
+            workspace.init_workspace_manager(ctx.device)
+    return fbm.BatchedTritonExperts if ctx.backend == "cuda" else fbm.NaiveBatchedExperts
 
 
 def _kernel(ctx, moe: MoEAllToAll, fp8: bool, w1: torch.Tensor, w2: torch.Tensor):
-    """vLLM's modular kernel: our prepare/finalize and vLLM's reference batched experts."""
+    """vLLM's modular kernel: our prepare/finalize and vLLM's batched experts (``_experts_class``)."""
+    vllm_extension.define(_RANK_STATE)
     import vllm.model_executor.layers.fused_moe.modular_kernel as mk
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.config import (
@@ -88,7 +85,6 @@ def _kernel(ctx, moe: MoEAllToAll, fp8: bool, w1: torch.Tensor, w2: torch.Tensor
         RoutingMethodType,
     )
     from vllm.model_executor.layers.fused_moe.experts import fused_batched_moe
-    from vllm.model_executor.layers.fused_moe.experts.fused_batched_moe import NaiveBatchedExperts
 
     from tritoncomm.integrations.vllm_moe import TritonCommPrepareAndFinalize
 
@@ -108,8 +104,7 @@ def _kernel(ctx, moe: MoEAllToAll, fp8: bool, w1: torch.Tensor, w2: torch.Tensor
         quant = FUSED_MOE_UNQUANTIZED_CONFIG
     if ctx.backend == "cpu":  # its probe for graph capture asks the accelerator's stream
         fused_batched_moe._is_capturing_or_compiling = lambda: False
-    _silu_and_mul_op()
-    experts = NaiveBatchedExperts(config, quant, max_num_tokens=MAX_TOKENS, num_dispatchers=ctx.world)
+    experts = _experts_class(ctx)(config, quant, max_num_tokens=MAX_TOKENS, num_dispatchers=ctx.world)
     return mk.FusedMoEKernel(TritonCommPrepareAndFinalize(moe), experts), w1, w2, MoEActivation.SILU
 
 
@@ -265,11 +260,11 @@ def _switch_refusals(moe_config, parallel) -> list[bool]:
 
 
 def _switch_job(ctx, fp8: bool):
+    vllm_extension.define(_RANK_STATE)
     from vllm.distributed.parallel_state import get_ep_group
     from vllm.forward_context import set_forward_context
     from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG, FusedMoEQuantConfig
     from vllm.model_executor.layers.fused_moe.experts import fused_batched_moe
-    from vllm.model_executor.layers.fused_moe.experts.fused_batched_moe import NaiveBatchedExperts
     from vllm.model_executor.layers.fused_moe.oracle import fp8 as fp8_oracle
     from vllm.model_executor.layers.fused_moe.oracle import unquantized
 
@@ -286,20 +281,20 @@ def _switch_job(ctx, fp8: bool):
     w2 = down[mine].contiguous().to(ctx.device)
     if ctx.backend == "cpu":
         fused_batched_moe._is_capturing_or_compiling = lambda: False
-    _silu_and_mul_op()
+    experts_class = _experts_class(ctx)
     kernels = []
     for _ in range(2):  # two layers of one shape share an instance
         if fp8:
             (q1, s1), (q2, s2) = _fp8_blocks(w1), _fp8_blocks(w2)
             quant = FusedMoEQuantConfig.make(quant_dtype=torch.float8_e4m3fn, block_shape=[128, 128], w1_scale=s1,
                                              w2_scale=s2)
-            kernel = fp8_oracle.make_fp8_moe_kernel(quant, moe_config, NaiveBatchedExperts,
+            kernel = fp8_oracle.make_fp8_moe_kernel(quant, moe_config, experts_class,
                                                     fp8_oracle.Fp8MoeBackend.BATCHED_TRITON)
             kernels.append((kernel, q1, q2))
         else:
             kernel = unquantized.make_unquantized_moe_kernel(FUSED_MOE_UNQUANTIZED_CONFIG, moe_config,
                                                              unquantized.UnquantizedMoeBackend.BATCHED_TRITON,
-                                                             NaiveBatchedExperts)
+                                                             experts_class)
             kernels.append((kernel, w1, w2))
     built = all(isinstance(k.prepare_finalize, TritonCommPrepareAndFinalize) for k, _, _ in kernels)
     instance = kernels[0][0].prepare_finalize.moe

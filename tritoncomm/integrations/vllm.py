@@ -72,16 +72,16 @@ def plugin() -> None:
 
         try:
             fusion = install()
-        except ImportError as e:  # vLLM's pass manager imports its attention kernels; the slot needs none
-            fusion = f"fused all-reduce + RMSNorm off: vLLM's pass manager does not import ({e})"
+        except Exception as e:  # vLLM's pass manager imports its compiled ops; the slot needs none
+            fusion = f"fused all-reduce + RMSNorm off: vLLM's pass manager does not import ({type(e).__name__}: {e})"
     moe = f"expert-parallel all-to-all vLLM's own (set {MOE_ENV}=1 for tritoncomm's)"
     if moe_enabled():
         try:
             from .vllm_moe import install as install_moe
 
             moe = install_moe()
-        except ImportError as e:
-            moe = f"expert-parallel all-to-all vLLM's own: its fused MoE does not import ({e})"
+        except Exception as e:  # the plugin never stops vLLM's start: what it cannot install stays vLLM's
+            moe = f"expert-parallel all-to-all vLLM's own: its fused MoE does not import ({type(e).__name__}: {e})"
     log.info("tritoncomm: serving vLLM's custom all-reduce slot (TP all-reduce, sequence-parallel all-gather and "
              "reduce-scatter, graph capture); %s; %s", fusion, moe)
 

@@ -72,6 +72,20 @@ def _experts_class(ctx):
     return fbm.BatchedTritonExperts if ctx.backend == "cuda" else fbm.NaiveBatchedExperts
 
 
+def _capture_probe(ctx) -> None:
+    """vLLM's batched experts ask whether the stream captures a graph through
+    ``torch.accelerator.current_stream().is_capturing()``: in the CPU world there is no accelerator
+    (the answer is "no"); a torch without ``Stream.is_capturing`` (the GPU image's 2.11) gets the
+    CUDA form of the same question."""
+    from vllm.model_executor.layers.fused_moe.experts import fused_batched_moe as fbm
+
+    if ctx.backend == "cpu":
+        fbm._is_capturing_or_compiling = lambda: False
+    elif not hasattr(torch.Stream, "is_capturing"):
+        fbm._is_capturing_or_compiling = \
+            lambda: torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing()
+
+
 def _kernel(ctx, moe: MoEAllToAll, fp8: bool, w1: torch.Tensor, w2: torch.Tensor):
     """vLLM's modular kernel: our prepare/finalize and vLLM's batched experts (``_experts_class``)."""
     vllm_extension.define(_RANK_STATE)
@@ -84,7 +98,6 @@ def _kernel(ctx, moe: MoEAllToAll, fp8: bool, w1: torch.Tensor, w2: torch.Tensor
         FusedMoEQuantConfig,
         RoutingMethodType,
     )
-    from vllm.model_executor.layers.fused_moe.experts import fused_batched_moe
 
     from tritoncomm.integrations.vllm_moe import TritonCommPrepareAndFinalize
 
@@ -102,8 +115,7 @@ def _kernel(ctx, moe: MoEAllToAll, fp8: bool, w1: torch.Tensor, w2: torch.Tensor
                                          w2_scale=s2)
     else:
         quant = FUSED_MOE_UNQUANTIZED_CONFIG
-    if ctx.backend == "cpu":  # its probe for graph capture asks the accelerator's stream
-        fused_batched_moe._is_capturing_or_compiling = lambda: False
+    _capture_probe(ctx)
     experts = _experts_class(ctx)(config, quant, max_num_tokens=MAX_TOKENS, num_dispatchers=ctx.world)
     return mk.FusedMoEKernel(TritonCommPrepareAndFinalize(moe), experts), w1, w2, MoEActivation.SILU
 
@@ -264,7 +276,6 @@ def _switch_job(ctx, fp8: bool):
     from vllm.distributed.parallel_state import get_ep_group
     from vllm.forward_context import set_forward_context
     from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG, FusedMoEQuantConfig
-    from vllm.model_executor.layers.fused_moe.experts import fused_batched_moe
     from vllm.model_executor.layers.fused_moe.oracle import fp8 as fp8_oracle
     from vllm.model_executor.layers.fused_moe.oracle import unquantized
 
@@ -279,8 +290,7 @@ def _switch_job(ctx, fp8: bool):
     mine = slice(ctx.rank * EXPERTS_PER_RANK, (ctx.rank + 1) * EXPERTS_PER_RANK)
     w1 = torch.cat([gate[mine], up[mine]], dim=1).to(ctx.device)
     w2 = down[mine].contiguous().to(ctx.device)
-    if ctx.backend == "cpu":
-        fused_batched_moe._is_capturing_or_compiling = lambda: False
+    _capture_probe(ctx)
     experts_class = _experts_class(ctx)
     kernels = []
     for _ in range(2):  # two layers of one shape share an instance

@@ -4,7 +4,8 @@
 # it: the test now does too), and with the flash-attention stand-in the plugin's fusion install went further and
 # raised AttributeError (an op of vLLM's extension read on import), which the plugin let through: it now logs and
 # leaves the fusion to vLLM, as for an ImportError.
-# Prediction: the three vLLM MoE GPU tests pass (BatchedTritonExperts on our layout: bf16 within 2%, FP8 within 8%).
+# Call 3 (same script): MM1 ran; torch 2.11 lacks Stream.is_capturing, which vLLM 0.33 asks; the test now asks the
+# CUDA form there. Call 4 (same script). Prediction: the three vLLM MoE GPU tests pass (BatchedTritonExperts on our layout: bf16 within 2%, FP8 within 8%).
 set -uo pipefail
 source scripts/gpu_env.sh
 SHARED=1 TEST_TIMEOUT=300 TAIL=30 bash scripts/gpu_engines.sh -k "moe"

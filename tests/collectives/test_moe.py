@@ -755,9 +755,9 @@ def _host_copy(ctx, path: str) -> list:
     comm = make_comm(ctx, heap_bytes=16 << 20)
     moe = MoEAllToAll(comm, max_tokens=4, hidden=16, num_experts=2 * ctx.world, top_k=2, capacity=2,
                       shape=PATHS[path])
-    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(ctx.rank)).to(torch.bfloat16)
-    wts = torch.rand(4, 2)
-    hot = torch.tensor([[0, 1]] * 4)  # experts 0 and 1, both rank 0's
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(ctx.rank)).to(torch.bfloat16).to(ctx.device)
+    wts = torch.rand(4, 2).to(ctx.device)
+    hot = torch.tensor([[0, 1]] * 4, device=ctx.device)  # experts 0 and 1, both rank 0's
     seen = []
     out, _, h = moe.dispatch(x[:1], hot[:1], wts[:1])  # two entries per expert: all kept
     moe.combine(out, h)

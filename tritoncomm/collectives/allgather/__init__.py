@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 import torch
@@ -14,7 +14,7 @@ from ...errors import InvalidInputError
 from ..base import NO_PEER_OUTPUT, CollectiveBase, PeerOutput
 from ..selection import SelectionTable
 from ..validation import DTYPE_NAMES, check_input, check_op, check_out
-from .push import AllGatherDirect, AllGatherPush, AllToAllDirect, AllToAllPush, PushAlgorithm
+from .push import MAX_ROWS, AllGatherDirect, AllGatherPush, AllToAllDirect, AllToAllPush, PushAlgorithm
 from .reducescatter import ReduceScatterPush
 
 __all__ = ["AllGather", "AllToAll", "ReduceScatter"]
@@ -38,6 +38,40 @@ class _PushCollective(CollectiveBase):
         c = self._choice("push", DTYPE_NAMES[x.dtype], full_bytes)
         self._debug_check(x.dtype, m, algo, (dest.signature(self.comm)[2],) if dest.row else ())
         a.launch(x, out, m, c, dest)
+
+    def _rows(self, sizes: Sequence[int], mine: int, what: str) -> tuple[int, ...] | None:
+        """``sizes`` (rows per rank, the same list on every rank, ``mine`` this rank's) checked: None
+        where they are all equal (the equal-shard path serves them), else as a tuple."""
+        rows = tuple(sizes)
+        if len(rows) != self.world or any(not isinstance(n, int) or n < 0 for n in rows):
+            raise InvalidInputError(f"{what}: sizes must be {self.world} counts of rows, one per rank, got {sizes!r}")
+        if rows[self.comm.rank] != mine:
+            raise InvalidInputError(f"{what}: sizes[{self.comm.rank}] = {rows[self.comm.rank]} but this rank "
+                                    f"has {mine} rows")
+        return None if all(n == rows[0] for n in rows) else rows
+
+    def _var_too_large(self, x: torch.Tensor, rows: tuple[int, ...], row: int, what: str) -> bool:
+        """Whether shards of ``rows`` rows of ``row`` elements go to the fallback: the slots are as
+        wide as the largest shard, so ``world x`` its bytes must fit ``max_bytes`` (the decision
+        depends only on what every rank passes alike)."""
+        nbytes = self.world * max(rows) * row * x.element_size()
+        if max(rows) <= MAX_ROWS and self.world <= 8 and nbytes <= self.max_bytes:
+            return False
+        self._debug_check(x.dtype, sum(rows) * row, "fallback", (rows,))
+        if self.fallback_group is None:
+            raise InvalidInputError(f"{what}: shards of {rows} rows need {nbytes} bytes of slots (max_bytes="
+                                    f"{self.max_bytes}, at most {MAX_ROWS} rows a rank, 8 ranks) and no fallback "
+                                    "group was given")
+        self._note_fallback(nbytes, self.max_bytes)
+        return True
+
+    def _launch_var(self, x: torch.Tensor, out: torch.Tensor, rows: tuple[int, ...], row: int) -> None:
+        """One staged launch with shards of ``rows`` rows of ``row`` elements (``VAR``)."""
+        a: PushAlgorithm = self._algos["push"]  # type: ignore[assignment]
+        total = sum(rows) * row
+        c = self._choice("push", DTYPE_NAMES[x.dtype], total * x.element_size())
+        self._debug_check(x.dtype, total, "push", (rows,))
+        a.launch(x, out, rows[self.comm.rank] * row, c, NO_PEER_OUTPUT, var=(rows, row))
 
     def _too_large(self, x: torch.Tensor, m: int, nbytes: int, what: str) -> bool:
         if nbytes <= self.max_bytes:
@@ -67,12 +101,20 @@ class AllGather(_PushCollective):
                  fallback_group: dist.ProcessGroup | None = None, name: str = "allgather") -> None:
         super().__init__(comm, max_bytes, table, fallback_group, name)
 
-    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, *, direct: bool | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, *, direct: bool | None = None,
+                 sizes: Sequence[int] | None = None) -> torch.Tensor:
         """``direct``: store straight into every rank's registered output (``Communicator.register``,
         ``graph_capture``) after an entry barrier, instead of pushing into the heap and copying out.
         None (the default) takes it for registered outputs from ``DIRECT_FROM``'s size; True
-        needs a registered output; every rank must pass the same."""
+        needs a registered output; every rank must pass the same.
+
+        ``sizes`` (``all_gatherv``): the rows (along dim 0) of every rank's ``x``, the same list on
+        every rank; ``out`` then holds their sum of rows, rank ``r``'s after those of ranks before it.
+        Unequal sizes take the staged form."""
         check_input(x, self.comm.device, "all_gather")
+        rows = self._rows(sizes, x.shape[0] if x.dim() else -1, "all_gather") if sizes is not None else None
+        if rows is not None:
+            return self._gatherv(x, out, rows)
         w = self.world
         if out is not None:
             check_out(out, x, w * x.numel(), "all_gather", may_alias=False)
@@ -93,6 +135,23 @@ class AllGather(_PushCollective):
                                         "Communicator.register (or met inside graph_capture)")
         algo = "direct" if dest.row else "push"
         self._launch(algo, x, out, x.numel(), nbytes, dest)
+        return out
+
+    def _gatherv(self, x: torch.Tensor, out: torch.Tensor | None, rows: tuple[int, ...]) -> torch.Tensor:
+        row = int(torch.Size(x.shape[1:]).numel())
+        total = sum(rows)
+        if out is not None:
+            check_out(out, x, total * row, "all_gather", may_alias=False)
+        self.comm.check()
+        if out is None:
+            out = x.new_empty((total, *x.shape[1:]))
+        if total == 0 or row == 0:
+            return out
+        if self._var_too_large(x, rows, row, "all_gather"):
+            parts = list(out.view(total, row).split(list(rows)))
+            dist.all_gather(parts, x.reshape(-1, row), group=self.fallback_group)
+            return out
+        self._launch_var(x, out, rows, row)
         return out
 
 
@@ -153,9 +212,18 @@ class ReduceScatter(_PushCollective):
                  fallback_group: dist.ProcessGroup | None = None, name: str = "reducescatter") -> None:
         super().__init__(comm, max_bytes, table, fallback_group, name)
 
-    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, *, op: str = "sum") -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, *, op: str = "sum",
+                 sizes: Sequence[int] | None = None) -> torch.Tensor:
+        """``sizes`` (``reduce_scatterv``): rows (along dim 0) of every rank's part of ``x``, the same
+        list on every rank, summing to ``x``'s rows; ``out`` then holds this rank's rows, after those
+        of the ranks before it. Unequal sizes use the same kernel with shards at their offsets."""
         check_input(x, self.comm.device, "reduce_scatter")
         check_op(op, "reduce_scatter")
+        if sizes is not None:
+            rows = self._rows(sizes, tuple(sizes)[self.comm.rank] if len(sizes) == self.world else -1,
+                              "reduce_scatter")
+            if rows is not None:
+                return self._scatterv(x, out, rows)
         w = self.world
         if x.numel() % w:
             raise InvalidInputError(f"reduce_scatter: {x.numel()} elements do not split into {w} equal shards")
@@ -171,4 +239,25 @@ class ReduceScatter(_PushCollective):
             dist.reduce_scatter_tensor(out, x, group=self.fallback_group)
             return out
         self._launch("push", x, out, m, x.numel() * x.element_size(), NO_PEER_OUTPUT)
+        return out
+
+    def _scatterv(self, x: torch.Tensor, out: torch.Tensor | None, rows: tuple[int, ...]) -> torch.Tensor:
+        total, mine = sum(rows), rows[self.comm.rank]
+        if x.dim() == 0 or x.shape[0] != total:
+            raise InvalidInputError(f"reduce_scatter: x has {x.shape[0] if x.dim() else 0} rows, sizes sum to {total}")
+        row = int(torch.Size(x.shape[1:]).numel())
+        if out is not None:
+            check_out(out, x, mine * row, "reduce_scatter", may_alias=False)
+        self.comm.check()
+        if out is None:
+            out = x.new_empty((mine, *x.shape[1:]))
+        if total == 0 or row == 0:
+            return out
+        if self._var_too_large(x, rows, row, "reduce_scatter"):
+            summed = x.clone()
+            dist.all_reduce(summed, group=self.fallback_group)
+            start = sum(rows[:self.comm.rank])
+            out.copy_(summed[start:start + mine].view(out.shape))
+            return out
+        self._launch_var(x, out, rows, row)
         return out

@@ -13,6 +13,10 @@ has started the launch, i.e. once its stream is past every earlier use of that m
 All-to-all (``ALLTOALL``, ``AllToAllPush``/``AllToAllDirect``): the same two forms, but each rank
 sends shard ``s`` of its input (not the whole input) to rank ``s``, into slot [my rank] there.
 
+Shards of different sizes (``VAR``, the staged all-gather and the reduce-scatter, ``all_gatherv`` /
+``reduce_scatterv``): rank ``r``'s shard has ``rows[r]`` rows of ``row`` elements, every rank passing
+the same ``rows``, packed 16 bits a rank (``packed_rows``); the slots are as wide as the largest.
+
 Buffers alternate by epoch parity (halves of the channel buffer, each sized for the largest
 output): a rank cannot finish launch k+1 before every peer has started it, so the half it writes
 for launch k+1 is never the one a peer still reads for launch k. Program ``pid`` handles blocks
@@ -32,17 +36,48 @@ from ...units import cdiv, round_up
 from ..base import Algorithm, PeerOutput, Workspace
 from ..selection import Choice
 
-__all__ = ["AllGatherDirect", "AllGatherPush", "AllToAllDirect", "AllToAllPush", "PushAlgorithm",
-           "allgather_kernel"]
+__all__ = ["MAX_ROWS", "AllGatherDirect", "AllGatherPush", "AllToAllDirect", "AllToAllPush", "PushAlgorithm",
+           "allgather_kernel", "packed_rows", "shard"]
+
+#: Most rows a rank's shard may have with ``VAR`` (16 bits a rank in ``packed_rows``).
+MAX_ROWS = (1 << 16) - 1
+
+
+def packed_rows(rows: tuple[int, ...]) -> tuple[int, int]:
+    """``rows`` (one count per rank, at most 8 ranks, each at most ``MAX_ROWS``) as two int64 kernel
+    arguments: rank ``r``'s count in bits ``16 * (r % 4)`` and up of word ``r // 4``."""
+    words = [0, 0]
+    for r, n in enumerate(rows):
+        words[r // 4] |= n << (16 * (r % 4))
+    return tuple(w - (1 << 64) if w >= 1 << 63 else w for w in words)  # type: ignore[return-value]
 
 
 @triton.jit
-def _push_shard(x_ptr, out_ptr, m, iters, pid, active, rank, table, dst_off, dst_elem, WORLD: tl.constexpr,
-                BLOCK: tl.constexpr, ALLTOALL: tl.constexpr):
+def shard(s, m, rows_lo, rows_hi, row, WORLD: tl.constexpr, VAR: tl.constexpr):
+    """Element offset and count of rank ``s``'s shard: ``s * m`` and ``m``, or with ``VAR`` from the
+    packed rows (``packed_rows``) of ``row`` elements each."""
+    if VAR:
+        off = tl.zeros([], dtype=tl.int64)
+        n = tl.zeros([], dtype=tl.int64)
+        for r in tl.static_range(WORLD):
+            if r < 4:
+                nr = (rows_lo.to(tl.int64) >> (16 * r)) & 0xFFFF
+            else:
+                nr = (rows_hi.to(tl.int64) >> (16 * (r - 4))) & 0xFFFF
+            off += tl.where(r < s, nr, 0)
+            n += tl.where(r == s, nr, 0)
+        return off * row, n * row
+    else:
+        return s * m, m
+
+
+@triton.jit
+def _push_shard(x_ptr, out_ptr, m, own_off, iters, pid, active, rank, table, dst_off, dst_elem,
+                WORLD: tl.constexpr, BLOCK: tl.constexpr, ALLTOALL: tl.constexpr):
     """Store this program's blocks of ``x`` (with ``ALLTOALL``: of shard ``s`` of ``x``, ``m``
-    elements each) at ``out[rank*m:]`` (shard ``rank``) and, for every peer ``s``, at byte ``dst_off``
-    + element ``dst_elem`` of the memory ``table[s]`` points to (a heap base or a registered
-    output)."""
+    elements each) at ``out[own_off:]`` (shard ``rank``) and, for every peer ``s``, at byte
+    ``dst_off`` + element ``dst_elem`` of the memory ``table[s]`` points to (a heap base or a
+    registered output)."""
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     for i in range(0, iters):
         j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
@@ -56,41 +91,49 @@ def _push_shard(x_ptr, out_ptr, m, iters, pid, active, rank, table, dst_off, dst
                 tl.store(heap_ptr(table, s, dst_off, DTYPE) + dst_elem + j, v, mask=mask)
         if ALLTOALL:
             v = tl.load(x_ptr + rank * m + j, mask=mask)
-        tl.store(out_ptr + rank * m + j, v, mask=mask)
+        tl.store(out_ptr + own_off + j, v, mask=mask)
 
 
-@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
+@triton.jit(do_not_specialize=["rank", "rows_lo", "rows_hi"])  # one compiled kernel for every rank and size mix
 def allgather_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, flags_off, epochs_off, buf_off, half_bytes,
-                     stride, active, out_tab=0, WORLD: tl.constexpr = 2, BLOCK: tl.constexpr = 1024,
-                     MDIV: tl.constexpr = 1, DIRECT: tl.constexpr = False, ALLTOALL: tl.constexpr = False):
+                     stride, active, out_tab=0, rows_lo=0, rows_hi=0, row=1, WORLD: tl.constexpr = 2,
+                     BLOCK: tl.constexpr = 1024, MDIV: tl.constexpr = 1, DIRECT: tl.constexpr = False,
+                     ALLTOALL: tl.constexpr = False, VAR: tl.constexpr = False):
     """``out[r*m:(r+1)*m] = x`` of rank ``r`` (with ``ALLTOALL``: ``x[rank*m:(rank+1)*m]`` of rank
-    ``r``), for every rank; ``m`` is a multiple of ``MDIV``. Barrier slots ``pid`` and (``DIRECT``)
-    ``pid + grid``."""
+    ``r``; with ``VAR``: rank ``r``'s shard at its offset, ``m`` this rank's count, ``stride`` the
+    largest), for every rank; ``m`` (and with ``VAR`` ``row``) is a multiple of ``MDIV``. Barrier
+    slots ``pid`` and (``DIRECT``) ``pid + grid``."""
     pid = tl.program_id(0)
     m = assume_multiple(m, MDIV)
+    if VAR:
+        row = assume_multiple(row, MDIV)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
     diag = diag_addr.to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     if pid < active:
-        iters = tl.cdiv(tl.cdiv(m, BLOCK) - pid, active)
+        span = m
+        if VAR:
+            span = stride
+        iters = tl.cdiv(tl.cdiv(span, BLOCK) - pid, active)
+        own_off, _ = shard(rank, m, rows_lo, rows_hi, row, WORLD, VAR)
         if DIRECT:
             barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)  # every rank has entered
-            _push_shard(x_ptr, out_ptr, m, iters, pid, active, rank, out_tab.to(tl.pointer_type(tl.int64)), 0,
-                        rank * m, WORLD, BLOCK, ALLTOALL)
+            _push_shard(x_ptr, out_ptr, m, own_off, iters, pid, active, rank, out_tab.to(tl.pointer_type(tl.int64)),
+                        0, rank * m, WORLD, BLOCK, ALLTOALL)
             barrier(bases, rank, WORLD, flags_off, pid + tl.num_programs(0), e, timeout, diag)
         else:
             base = buf_off + (e & 1).to(tl.int64) * half_bytes
-            _push_shard(x_ptr, out_ptr, m, iters, pid, active, rank, bases, base + rank * stride * ESIZE, 0,
-                        WORLD, BLOCK, ALLTOALL)
+            _push_shard(x_ptr, out_ptr, m, own_off, iters, pid, active, rank, bases, base + rank * stride * ESIZE,
+                        0, WORLD, BLOCK, ALLTOALL)
             barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
             for i in range(0, iters):
                 j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
-                mask = j < m
                 for s in tl.static_range(WORLD):
                     if s != rank:
-                        v = tl.load(heap_ptr(bases, rank, base + s * stride * ESIZE, DTYPE) + j, mask=mask)
-                        tl.store(out_ptr + s * m + j, v, mask=mask)
+                        off, n = shard(s, m, rows_lo, rows_hi, row, WORLD, VAR)
+                        v = tl.load(heap_ptr(bases, rank, base + s * stride * ESIZE, DTYPE) + j, mask=j < n)
+                        tl.store(out_ptr + off + j, v, mask=j < n)
     epoch_commit(epoch_ptr, e)
 
 
@@ -116,12 +159,23 @@ class PushAlgorithm(Algorithm):
     def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput) -> None:
         raise NotImplementedError
 
-    def _run(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, *more: int, **extra) -> None:
+    def _run(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, *more: int,
+             var: tuple[tuple[int, ...], int] | None = None, **extra) -> None:
+        """One launch; ``more``: the kernel's runtime parameters after ``active``, in order (the
+        ``Launcher``'s fast path takes them positionally); ``var``: ``(rows per rank, elements per
+        row)`` for shards of different sizes (``VAR``), the same on every rank, this rank's ``m``
+        among them, appended to ``more`` as the kernel's ``rows_lo, rows_hi, row``."""
         bases, rank, world, timeout, diag = self.comm.kernel_args()
         ch = self.channel
+        stride, mdiv = round_up(m, 16), pow2_divisor(m)
+        if var is not None:
+            rows, row = var
+            more = (*more, *packed_rows(rows), row)
+            stride, mdiv = round_up(max(rows) * row, 16), pow2_divisor(row)
+            extra["VAR"] = True
         self.launcher(x, out, m, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off, self.half,
-                      round_up(m, 16), c.programs, *more, WORLD=world, BLOCK=c.block, MDIV=pow2_divisor(m),
-                      num_warps=c.num_warps, **extra)
+                      stride, c.programs, *more, WORLD=world, BLOCK=c.block, MDIV=mdiv, num_warps=c.num_warps,
+                      **extra)
 
 
 class AllGatherPush(PushAlgorithm):
@@ -130,8 +184,9 @@ class AllGatherPush(PushAlgorithm):
     name = "push"
     kernel = allgather_kernel
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput) -> None:
-        self._run(x, out, m, c)
+    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput,
+               var: tuple[tuple[int, ...], int] | None = None) -> None:
+        self._run(x, out, m, c, *((0,) if var else ()), var=var)  # out_tab, unused, before the rows
 
 
 class AllGatherDirect(PushAlgorithm):

@@ -271,6 +271,17 @@ def test_vllm_chooses_tritoncomm_moe_on_gpus(vep):
             assert others == (False, False) and left == 0, (others, left)
 
 
+def test_vllm_default_all_gather_reduce_scatter_on_gpus(vep):
+    """vLLM's default expert-parallel path (its all-gather + reduce-scatter manager) on GPUs: the
+    data-parallel group's ``all_gatherv`` / ``reduce_scatterv`` served by tritoncomm, exactly
+    (``test_vllm_moe._agrs_job``)."""
+    from .test_vllm_moe import _agrs_job
+
+    for served, calls, ok in vep.run(_agrs_job):
+        assert served and calls == [3, 3], calls
+        assert all(all(o) for o in ok), ok
+
+
 # -- SGLang ---------------------------------------------------------------------------------------------
 def _sglang_up(ctx) -> None:
     """SGLang's plugin loader and its TP group on this rank's GPU, once per rank process."""

@@ -101,6 +101,8 @@ _LOADS = {
     "on": ({}, True, True, "serving vLLM's custom all-reduce slot"),
     "batch-invariant": ({"VLLM_BATCH_INVARIANT": "1"}, False, False, "VLLM_BATCH_INVARIANT=1 keeps vLLM's"),
     "no-fusion": ({"TRITONCOMM_FUSION": "0"}, True, False, "TRITONCOMM_FUSION=0"),
+    "agrs": ({}, True, True, "data-parallel all-gather + reduce-scatter served"),
+    "no-agrs": ({"TRITONCOMM_AGRS": "0"}, True, True, "all-gather + reduce-scatter off (TRITONCOMM_AGRS=0)"),
     "no-pass-manager": ({"BREAK_PASS_MANAGER": "1"}, True, False, "pass manager does not import (ModuleNotFoundError"),
     "pass-manager-op": ({"BREAK_PASS_MANAGER": "op"}, True, False, "pass manager does not import (AttributeError"),
 }

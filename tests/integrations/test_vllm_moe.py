@@ -361,3 +361,55 @@ def test_vllm_builds_tritoncomm_prepare_finalize_with_the_switch(world):
                 assert ours and built and shared and all(refused), (ours, built, shared, refused)
                 assert max(errs) < (0.08 if fp8 else 0.02), errs
                 assert others == (False, False) and left == 0, (others, left)
+
+
+# -- vLLM's default path: all-gather + reduce-scatter over the data-parallel group ---------------------
+def _agrs_job(ctx):
+    """vLLM's ``AgRsAll2AllManager`` (its default expert-parallel all-to-all) dispatching and
+    combining inside vLLM's forward context, as its MoE layers do, with a different token count on
+    every rank (some none): the gathered hidden states, top-k weights (fp32) and ids (int32, moved
+    as bits) equal every rank's concatenated, the combine equals the rank-order sum of every rank's
+    input rows for this rank, over three calls; ``(served, calls of ours, results)``."""
+    from vllm.distributed.parallel_state import get_dp_group, get_ep_group
+    from vllm.forward_context import get_forward_context, set_forward_context
+
+    from .enginetest import Spy
+
+    config = _deployment(ctx)
+    served = get_dp_group().device_communicator.tritoncomm_dp
+    manager = get_ep_group().device_communicator.all2all_manager
+    spies = [Spy(served, "all_gatherv"), Spy(served, "reduce_scatterv")]
+    dev, ok = ctx.device, []
+    try:
+        for rep in range(3):
+            counts = [(3 * rep + 2 * r) % 5 for r in range(ctx.world)]  # 0-4 tokens a rank
+            gen = [torch.Generator().manual_seed(100 * rep + r) for r in range(ctx.world)]
+            xs = [torch.randn(n, HIDDEN, generator=g).to(torch.bfloat16) for n, g in zip(counts, gen, strict=True)]
+            ws = [torch.rand(n, TOP_K, generator=g) for n, g in zip(counts, gen, strict=True)]
+            ids = [torch.randint(0, 64, (n, TOP_K), generator=g, dtype=torch.int32)
+                   for n, g in zip(counts, gen, strict=True)]
+            ys = [torch.randn(sum(counts), HIDDEN, generator=g).to(torch.bfloat16) for g in gen]
+            me, start = ctx.rank, sum(counts[:ctx.rank])
+            with set_forward_context(None, config, num_tokens=counts[me]), \
+                    get_forward_context().dp_metadata.sp_local_sizes(1):
+                h, w, i = manager.dispatch(xs[me].to(dev), ws[me].to(dev), ids[me].to(dev))
+                out = manager.combine(ys[me].to(dev))
+            want = torch.stack([y.float() for y in ys]).sum(0).to(torch.bfloat16)[start:start + counts[me]]
+            ok.append((torch.equal(h.cpu(), torch.cat(xs)), torch.equal(w.cpu(), torch.cat(ws)),
+                       torch.equal(i.cpu(), torch.cat(ids)), torch.equal(out.cpu(), want)))
+    finally:
+        calls = [s.calls for s in spies]
+        for s in spies:
+            s.close()
+    return not served.disabled, calls, ok
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_vllm_default_all_gather_reduce_scatter_served(world):
+    """With ``TRITONCOMM_ENABLE=1`` vLLM's data-parallel group in a data + expert parallel
+    deployment on its default all-to-all backend serves its MoE layers' ``all_gatherv`` and
+    ``reduce_scatterv`` through tritoncomm (``integrations/vllm_agrs.py``), exactly."""
+    with engine_world(world) as w:
+        for served, calls, ok in w.run(_agrs_job):
+            assert served and calls == [3, 3], calls
+            assert all(all(o) for o in ok), ok

@@ -30,7 +30,7 @@ from torch.distributed import ProcessGroup
 
 from ..config import CommConfig
 from .custom_allreduce import CustomAllReduceSlot
-from .switch import ENABLE_ENV, FUSION_ENV, MOE_ENV, enabled, fusion_enabled, moe_enabled
+from .switch import AGRS_ENV, ENABLE_ENV, FUSION_ENV, MOE_ENV, agrs_enabled, enabled, fusion_enabled, moe_enabled
 
 __all__ = ["ENABLE_ENV", "FUSION_ENV", "MOE_ENV", "TritonCommCustomAllreduce", "plugin", "served_class",
            "yielding_flashinfer_class"]
@@ -74,6 +74,14 @@ def plugin() -> None:
             fusion = install()
         except Exception as e:  # vLLM's pass manager imports its compiled ops; the slot needs none
             fusion = f"fused all-reduce + RMSNorm off: vLLM's pass manager does not import ({type(e).__name__}: {e})"
+    agrs = f"data-parallel all-gather + reduce-scatter off ({AGRS_ENV}=0)"
+    if agrs_enabled():
+        try:
+            from .vllm_agrs import install as install_agrs
+
+            agrs = install_agrs()
+        except Exception as e:  # the plugin never stops vLLM's start: what it cannot install stays vLLM's
+            agrs = f"data-parallel all-gather + reduce-scatter vLLM's own ({type(e).__name__}: {e})"
     moe = f"expert-parallel all-to-all vLLM's own (set {MOE_ENV}=1 for tritoncomm's)"
     if moe_enabled():
         try:
@@ -83,7 +91,7 @@ def plugin() -> None:
         except Exception as e:  # the plugin never stops vLLM's start: what it cannot install stays vLLM's
             moe = f"expert-parallel all-to-all vLLM's own: its fused MoE does not import ({type(e).__name__}: {e})"
     log.info("tritoncomm: serving vLLM's custom all-reduce slot (TP all-reduce, sequence-parallel all-gather and "
-             "reduce-scatter, graph capture); %s; %s", fusion, moe)
+             "reduce-scatter, graph capture); %s; %s; %s", fusion, agrs, moe)
 
 
 def served_class(base: type) -> type:

@@ -1,0 +1,177 @@
+"""vLLM's default expert-parallel path on tritoncomm: the data-parallel group's ``all_gatherv`` and
+``reduce_scatterv``.
+
+In data + expert parallel deployments on vLLM's default all-to-all backend
+(``allgather_reducescatter``), every MoE layer gathers the tokens of all data-parallel ranks
+(``all_gatherv`` of the hidden states with the top-k weights and ids, each rank with its own count)
+and reduce-scatters the experts' outputs back to their ranks (``reduce_scatterv``), through NCCL.
+With the plugin, the DP group's device communicator serves both with tritoncomm's ``AllGather`` and
+``ReduceScatter`` (``sizes=``): the experts, their format and vLLM's choice of them stay vLLM's.
+
+Rules:
+* Built with the group (collective), where the deployment takes that path, after a probe's vote;
+  where the probe declines, every call stays vLLM's.
+* A call is served where every tensor is on the device, contiguous, gathered or scattered along
+  dim 0, of a dtype the kernels move (an all-gather copies bits, so integers travel as floats of
+  their width; a reduce-scatter sums floats) and the slots for its largest shard fit
+  ``max_bytes``. The decision reads only what every rank passes alike (the sizes, the shapes past
+  dim 0, the dtypes), so the ranks never disagree; what is not served takes vLLM's path.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+
+from ..channels import Communicator
+from ..collectives import AllGather, ReduceScatter
+from ..collectives.allgather.push import MAX_ROWS
+from ..collectives.validation import SUPPORTED_DTYPES
+from ..config import CommConfig
+from ..units import round_up
+from .capability import probe
+
+__all__ = ["MAX_BYTES", "DataParallelGatherScatter", "install", "serves"]
+
+log = logging.getLogger("tritoncomm")
+
+#: Bytes of the slots of one call (world x the largest shard), by backend: past them, vLLM's path.
+MAX_BYTES = {"cuda": 32 << 20, "cpu": 1 << 20}
+#: Floats of an element's width, for the all-gather's bit copies of other dtypes.
+_BITS = {2: torch.bfloat16, 4: torch.float32}
+#: What the all-gather moves: the kernels' floats, and integers as bits.
+_MOVABLE = (*SUPPORTED_DTYPES, torch.int16, torch.int32, torch.int64)
+
+
+class DataParallelGatherScatter:
+    """tritoncomm under a data-parallel group's ``all_gatherv`` / ``reduce_scatterv`` (module
+    docstring). ``group``: the group's CPU (gloo) group; ``device``: this rank's. Construction and
+    ``close`` are collective."""
+
+    def __init__(self, group: ProcessGroup, device: torch.device, *, max_bytes: int | None = None) -> None:
+        self.disabled = True
+        self.world = dist.get_world_size(group)
+        self.device = device
+        backend = "cpu" if device.type == "cpu" else "cuda"
+        self.max_bytes = max_bytes if max_bytes is not None else MAX_BYTES[backend]
+        config = CommConfig(heap_bytes=max(CommConfig().resolved_heap_bytes(backend),
+                                           round_up(4 * self.max_bytes + (16 << 20), 1 << 20)))
+        verdict = probe(group, device, config)
+        if not verdict.ok:
+            verdict.log_once()
+            return
+        self.comm = Communicator(group, device=device, config=config)
+        self.ag = AllGather(self.comm, max_bytes=self.max_bytes, name="vllm.dp.ag")
+        self.rs = ReduceScatter(self.comm, max_bytes=self.max_bytes, name="vllm.dp.rs")
+        self.disabled = False
+
+    def _fits(self, t: torch.Tensor, rows: list[int] | None, dtypes: tuple) -> bool:
+        if t.dim() == 0 or t.device != self.device or not t.is_contiguous() or t.dtype not in dtypes:
+            return False
+        most = max(rows) if rows is not None else t.shape[0]
+        row = int(torch.Size(t.shape[1:]).numel())
+        return most <= MAX_ROWS and self.world * most * row * t.element_size() <= self.max_bytes
+
+    def all_gatherv(self, input_: torch.Tensor | list[torch.Tensor],
+                    sizes: list[int] | None) -> torch.Tensor | list[torch.Tensor] | None:
+        """vLLM's ``all_gatherv`` along dim 0 (``sizes``: rows per rank, None for equal), or None
+        where vLLM's own path should take it."""
+        tensors = [input_] if isinstance(input_, torch.Tensor) else list(input_)
+        if self.disabled or not tensors or not all(self._fits(t, sizes, _MOVABLE) for t in tensors):
+            return None
+        outs = [self._gather(t, sizes) for t in tensors]
+        return outs[0] if isinstance(input_, torch.Tensor) else outs
+
+    def _gather(self, t: torch.Tensor, sizes: list[int] | None) -> torch.Tensor:
+        if t.dtype in SUPPORTED_DTYPES:
+            return self.ag(t, sizes=sizes)
+        flat = t.reshape(t.shape[0], int(torch.Size(t.shape[1:]).numel()))  # rows first, as bits
+        width = t.element_size()
+        bits = flat.view(_BITS[width]) if width in _BITS else flat.view(torch.float32)
+        out = self.ag(bits, sizes=sizes).view(t.dtype)
+        return out.reshape(out.shape[0], *t.shape[1:])
+
+    def reduce_scatterv(self, input_: torch.Tensor, sizes: list[int] | None,
+                        output: torch.Tensor | None) -> torch.Tensor | None:
+        """vLLM's ``reduce_scatterv`` along dim 0 into ``output`` (or a new tensor), or None where
+        vLLM's own path should take it."""
+        if self.disabled or not self._fits(input_, sizes, SUPPORTED_DTYPES):
+            return None
+        if sizes is None and input_.shape[0] % self.world:
+            return None
+        if output is not None and (output.dtype != input_.dtype or not output.is_contiguous()):
+            return None
+        return self.rs(input_, output, sizes=sizes)
+
+    def close(self) -> None:
+        if not self.disabled:
+            self.ag.close()
+            self.rs.close()
+            self.comm.close()
+            self.disabled = True
+
+
+def serves(unique_name: str, cpu_group: ProcessGroup) -> bool:
+    """Whether vLLM's group ``unique_name`` (on ``cpu_group``) carries the all-gather +
+    reduce-scatter MoE path: the data-parallel group of an expert-parallel deployment on vLLM's
+    default all-to-all backend; not elastic expert parallelism (its stateless groups)."""
+    from torch.distributed.distributed_c10d import _world
+    from vllm.config import get_current_vllm_config_or_none
+
+    config = get_current_vllm_config_or_none()
+    if config is None or unique_name.split(":")[0] != "dp" or _world.pg_map.get(cpu_group) is None:
+        return False
+    p = config.parallel_config
+    return (dist.get_world_size(cpu_group) > 1 and bool(p.enable_expert_parallel) and not p.enable_elastic_ep
+            and p.all2all_backend == "allgather_reducescatter")
+
+
+def install() -> str:
+    """Make vLLM's CUDA device communicator build ``DataParallelGatherScatter`` for the groups
+    ``serves`` names and ask it first in ``all_gatherv`` / ``reduce_scatterv``; closed by the
+    communicator's ``destroy``. Returns what it did, for the plugin's one line."""
+    from vllm.distributed.device_communicators.cuda_communicator import CudaCommunicator
+
+    if getattr(CudaCommunicator.all_gatherv, "tritoncomm", False):
+        return "data-parallel all-gather + reduce-scatter served"
+    init, gatherv, scatterv, destroy = (CudaCommunicator.__init__, CudaCommunicator.all_gatherv,
+                                        CudaCommunicator._reduce_scatterv, CudaCommunicator.destroy)
+
+    def __init__(self: CudaCommunicator, cpu_group: ProcessGroup, *args, **kwargs) -> None:
+        init(self, cpu_group, *args, **kwargs)
+        self.tritoncomm_dp = DataParallelGatherScatter(cpu_group, self.device) \
+            if serves(self.unique_name, cpu_group) else None
+
+    def all_gatherv(self: CudaCommunicator, input_, dim: int = 0, sizes: list[int] | None = None):
+        served = getattr(self, "tritoncomm_dp", None)
+        if served is not None and dim == 0:
+            out = served.all_gatherv(input_, sizes)
+            if out is not None:
+                return out
+        return gatherv(self, input_, dim, sizes)
+
+    def _reduce_scatterv(self: CudaCommunicator, input_: torch.Tensor, dim: int, sizes: list[int] | None,
+                         output: torch.Tensor | None = None) -> torch.Tensor:
+        served = getattr(self, "tritoncomm_dp", None)
+        if served is not None and dim in (0, -input_.dim()):
+            out = served.reduce_scatterv(input_, sizes, output)
+            if out is not None:
+                return out
+        return scatterv(self, input_, dim, sizes, output)
+
+    def destroy_(self: CudaCommunicator) -> None:
+        served = getattr(self, "tritoncomm_dp", None)
+        if served is not None:
+            served.close()
+            self.tritoncomm_dp = None
+        destroy(self)
+
+    all_gatherv.tritoncomm = True  # type: ignore[attr-defined]
+    CudaCommunicator.__init__ = __init__  # type: ignore[method-assign]
+    CudaCommunicator.all_gatherv = all_gatherv  # type: ignore[method-assign]
+    CudaCommunicator._reduce_scatterv = _reduce_scatterv  # type: ignore[method-assign]
+    CudaCommunicator.destroy = destroy_  # type: ignore[method-assign]
+    return "data-parallel all-gather + reduce-scatter served (vLLM's default expert-parallel path)"

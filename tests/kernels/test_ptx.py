@@ -185,6 +185,23 @@ def test_twoshot_and_push_collectives_compile_vectorised():
     assert o["st.release.sys.global.b32"] >= 2 and o["ld.acquire.sys.global.b32"] >= 2, o
 
 
+def test_shards_of_different_sizes_compile_vectorised():
+    """``VAR`` (``all_gatherv`` / ``reduce_scatterv``): each shard's offset and count come from the
+    packed rows times ``row``; with rows of 7168 bf16 elements (``MDIV`` 16) every access stays 16
+    bytes wide."""
+    from tritoncomm.collectives.allgather.push import allgather_kernel
+    from tritoncomm.collectives.allgather.reducescatter import reducescatter_kernel
+
+    sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "m": "i32", **COMMON, "flags_off": "i64", "epochs_off": "i64",
+           "buf_off": "i64", "half_bytes": "i64", "stride": "i64", "active": "i32"}
+    rows = {"rows_lo": "i64", "rows_hi": "i64", "row": "i32"}
+    aligned = {"x_ptr", "out_ptr", "m", "bases", "flags_off", "epochs_off", "buf_off", "half_bytes", "stride", "row"}
+    for kernel in (allgather_kernel, reducescatter_kernel):
+        ksig = dict(sig, out_tab="i64", **rows) if kernel is allgather_kernel else dict(sig, **rows)
+        o = ops(compile_ptx(kernel, ksig, {"WORLD": 4, "BLOCK": 4096, "MDIV": 16, "VAR": True}, aligned, 8))
+        assert o["ld.global.v4.b32"] >= 2 and o["st.global.v4.b32"] >= 2 and o["st.global.b16"] == 0, (kernel, o)
+
+
 def test_sizes_that_are_multiples_of_8_but_not_16_stay_vectorised():
     """Triton specialises integers on divisibility by 16 only: a shard of 375000 bf16 elements (a
     3 MB all-gather at TP4) once compiled to 2-byte accesses everywhere (0.36x NCCL). With the size's

@@ -147,9 +147,13 @@ class AllGather(_PushCollective):
             out = x.new_empty((total, *x.shape[1:]))
         if total == 0 or row == 0:
             return out
-        if self._var_too_large(x, rows, row, "all_gather"):
-            parts = list(out.view(total, row).split(list(rows)))
-            dist.all_gather(parts, x.reshape(-1, row), group=self.fallback_group)
+        if self._var_too_large(x, rows, row, "all_gather"):  # every shard padded to the largest
+            most = max(rows)
+            padded = x.new_zeros((most, row))
+            padded[:x.shape[0]] = x.reshape(-1, row)
+            gathered = x.new_empty((self.world * most, row))
+            dist.all_gather_into_tensor(gathered, padded, group=self.fallback_group)
+            torch.cat([gathered[r * most:r * most + n] for r, n in enumerate(rows)], out=out.view(total, row))
             return out
         self._launch_var(x, out, rows, row)
         return out

@@ -369,7 +369,8 @@ def _agrs_job(ctx):
     combining inside vLLM's forward context, as its MoE layers do, with a different token count on
     every rank (some none): the gathered hidden states, top-k weights (fp32) and ids (int32, moved
     as bits) equal every rank's concatenated, the combine equals the rank-order sum of every rank's
-    input rows for this rank, over three calls; ``(served, calls of ours, results)``."""
+    input rows for this rank, over four calls (the last with a shard at the size bound); one row
+    more is left to vLLM; ``(served, calls of ours, results)``."""
     from vllm.distributed.parallel_state import get_dp_group, get_ep_group
     from vllm.forward_context import get_forward_context, set_forward_context
 
@@ -381,8 +382,11 @@ def _agrs_job(ctx):
     spies = [Spy(served, "all_gatherv"), Spy(served, "reduce_scatterv")]
     dev, ok = ctx.device, []
     try:
-        for rep in range(3):
+        most = served.max_bytes // (ctx.world * HIDDEN * 2)  # the largest shard whose slots fit
+        for rep in range(4):
             counts = [(3 * rep + 2 * r) % 5 for r in range(ctx.world)]  # 0-4 tokens a rank
+            if rep == 3:  # at the bound: the heap holds both workspaces at their size
+                counts[0] = most
             gen = [torch.Generator().manual_seed(100 * rep + r) for r in range(ctx.world)]
             xs = [torch.randn(n, HIDDEN, generator=g).to(torch.bfloat16) for n, g in zip(counts, gen, strict=True)]
             ws = [torch.rand(n, TOP_K, generator=g) for n, g in zip(counts, gen, strict=True)]
@@ -397,6 +401,9 @@ def _agrs_job(ctx):
             want = torch.stack([y.float() for y in ys]).sum(0).to(torch.bfloat16)[start:start + counts[me]]
             ok.append((torch.equal(h.cpu(), torch.cat(xs)), torch.equal(w.cpu(), torch.cat(ws)),
                        torch.equal(i.cpu(), torch.cat(ids)), torch.equal(out.cpu(), want)))
+        past = torch.zeros(most + 1, HIDDEN, dtype=torch.bfloat16, device=dev)  # one row more: vLLM's own path
+        ok.append((served.all_gatherv(past, [most + 1] * ctx.world) is None,
+                   served.reduce_scatterv(past.repeat(ctx.world, 1), [most + 1] * ctx.world, None) is None))
     finally:
         calls = [s.calls for s in spies]
         for s in spies:
@@ -411,5 +418,5 @@ def test_vllm_default_all_gather_reduce_scatter_served(world):
     ``reduce_scatterv`` through tritoncomm (``integrations/vllm_agrs.py``), exactly."""
     with engine_world(world) as w:
         for served, calls, ok in w.run(_agrs_job):
-            assert served and calls == [3, 3], calls
+            assert served and calls == [5, 5], calls  # four through vLLM, one past the bound
             assert all(all(o) for o in ok), ok

@@ -57,8 +57,8 @@ class DataParallelGatherScatter:
         self.device = device
         backend = "cpu" if device.type == "cpu" else "cuda"
         self.max_bytes = max_bytes if max_bytes is not None else MAX_BYTES[backend]
-        config = CommConfig(heap_bytes=max(CommConfig().resolved_heap_bytes(backend),
-                                           round_up(4 * self.max_bytes + (16 << 20), 1 << 20)))
+        # two workspaces of two halves each, sized for max_bytes, and room for the channels' flags
+        config = CommConfig(heap_bytes=round_up(4 * self.max_bytes + (16 << 20), 1 << 20))
         verdict = probe(group, device, config)
         if not verdict.ok:
             verdict.log_once()

@@ -128,6 +128,39 @@ def test_served_ops_match_gloo(worlds, world, dtype):
         assert calls == {"ar": 4 * 2 * ars, "ag": 4 * 2 * 3, "rs": 4 * 2 * 3, "a2a": 4 * 2 * 3}, calls
 
 
+def _uneven(ctx, dtype):
+    """The list all_gather and reduce_scatter with shards of different rows (rank ``r``: ``r + 1``,
+    one rank with none where the world allows), served, against references built from every rank's
+    seeded inputs: the gathered rows exactly, the sums in rank order."""
+    g, counts = _group()
+    w, r = ctx.world, ctx.rank
+    rows = [(q + 1) % 4 for q in range(w)]  # world 4: a rank with none
+    bad = []
+    for rep in range(2):
+        mk = [torch.randn(n, 6, generator=torch.Generator().manual_seed(50 * rep + q)).to(dtype)
+              for q, n in enumerate(rows)]
+        outs = [torch.full((n, 6), float("nan"), dtype=dtype, device=ctx.device) for n in rows]
+        dist.all_gather(outs, _on_device(ctx, mk[r]), group=g)
+        if not all(torch.equal(o.cpu(), m) for o, m in zip(outs, mk, strict=True)):
+            bad.append(("list all_gather", rep))
+        parts = [[torch.randn(n, 6, generator=torch.Generator().manual_seed(900 + 50 * rep + 10 * q + s)).to(dtype)
+                  for s, n in enumerate(rows)] for q in range(w)]  # rank q's shard for rank s
+        out = torch.full((rows[r], 6), float("nan"), dtype=dtype, device=ctx.device)
+        dist.reduce_scatter(out, [_on_device(ctx, p) for p in parts[r]], group=g)
+        want = torch.stack([parts[q][r].float() for q in range(w)]).sum(0).to(dtype)
+        if not torch.equal(out.cpu(), want):
+            bad.append(("list reduce_scatter", rep))
+    calls = {k: c.calls for k, c in counts.items()}
+    dist.destroy_process_group(g)
+    return bad, calls
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_uneven_list_all_gather_and_reduce_scatter_served(worlds, world):
+    for bad, calls in worlds(world).run(_uneven, torch.bfloat16):
+        assert bad == [] and calls["ag"] == 2 and calls["rs"] == 2, (bad, calls)
+
+
 def _delegated(ctx):
     g, counts = _group()
     w, r, dev = ctx.world, ctx.rank, ctx.device

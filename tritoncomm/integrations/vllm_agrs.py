@@ -68,10 +68,10 @@ class DataParallelGatherScatter:
         self.rs = ReduceScatter(self.comm, max_bytes=self.max_bytes, name="vllm.dp.rs")
         self.disabled = False
 
-    def _fits(self, t: torch.Tensor, rows: list[int] | None, dtypes: tuple) -> bool:
+    def _fits(self, t: torch.Tensor, most: int, dtypes: tuple) -> bool:
+        """``t`` can be moved with shards of at most ``most`` rows."""
         if t.dim() == 0 or t.device != self.device or not t.is_contiguous() or t.dtype not in dtypes:
             return False
-        most = max(rows) if rows is not None else t.shape[0]
         row = int(torch.Size(t.shape[1:]).numel())
         return most <= MAX_ROWS and self.world * most * row * t.element_size() <= self.max_bytes
 
@@ -80,7 +80,8 @@ class DataParallelGatherScatter:
         """vLLM's ``all_gatherv`` along dim 0 (``sizes``: rows per rank, None for equal), or None
         where vLLM's own path should take it."""
         tensors = [input_] if isinstance(input_, torch.Tensor) else list(input_)
-        if self.disabled or not tensors or not all(self._fits(t, sizes, _MOVABLE) for t in tensors):
+        if self.disabled or not tensors or not all(
+                self._fits(t, max(sizes) if sizes else t.shape[0] if t.dim() else 0, _MOVABLE) for t in tensors):
             return None
         outs = [self._gather(t, sizes) for t in tensors]
         return outs[0] if isinstance(input_, torch.Tensor) else outs
@@ -98,9 +99,9 @@ class DataParallelGatherScatter:
                         output: torch.Tensor | None) -> torch.Tensor | None:
         """vLLM's ``reduce_scatterv`` along dim 0 into ``output`` (or a new tensor), or None where
         vLLM's own path should take it."""
-        if self.disabled or not self._fits(input_, sizes, SUPPORTED_DTYPES):
+        if self.disabled or input_.dim() == 0 or (sizes is None and input_.shape[0] % self.world):
             return None
-        if sizes is None and input_.shape[0] % self.world:
+        if not self._fits(input_, max(sizes) if sizes else input_.shape[0] // self.world, SUPPORTED_DTYPES):
             return None
         if output is not None and (output.dtype != input_.dtype or not output.is_contiguous()):
             return None

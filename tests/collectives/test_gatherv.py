@@ -97,8 +97,8 @@ def _fallback(ctx) -> list:
     """Shards past the slots' bound go to the fallback group: the all-gather exact, the
     reduce-scatter within rounding (the group's own order)."""
     comm = make_comm(ctx)
-    ag = tc.AllGather(comm, max_bytes=1 << 12, fallback_group=ctx.cpu_group)
-    rs = tc.ReduceScatter(comm, max_bytes=1 << 12, fallback_group=ctx.cpu_group)
+    ag = tc.AllGather(comm, max_bytes=1 << 12, fallback_group=ctx.group)  # the device's group (gloo or NCCL)
+    rs = tc.ReduceScatter(comm, max_bytes=1 << 12, fallback_group=ctx.group)
     rows = [40 + 9 * r for r in range(ctx.world)]  # 4 KB of slots hold 8 rows of 32 floats per rank at world 4
     xs = [_x(r, rows, 32, torch.float32, 5, "ag") for r in range(ctx.world)]
     ok = [torch.equal(ag(xs[ctx.rank].to(ctx.device), sizes=rows).cpu(), torch.cat(xs))]

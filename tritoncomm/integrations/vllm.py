@@ -23,6 +23,7 @@ Written against vLLM 0.33.0, whose own code the tests run (``tests/integrations/
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 import torch
@@ -66,32 +67,26 @@ def plugin() -> None:
     else:
         if not getattr(vllm_fi.FlashInferAllReduce, "yields_to_tritoncomm", False):
             vllm_fi.FlashInferAllReduce = yielding_flashinfer_class(vllm_fi.FlashInferAllReduce)
-    fusion = "fused all-reduce + RMSNorm off (TRITONCOMM_FUSION=0)"
-    if fusion_enabled():
-        from .vllm_fusion import install
-
-        try:
-            fusion = install()
-        except Exception as e:  # vLLM's pass manager imports its compiled ops; the slot needs none
-            fusion = f"fused all-reduce + RMSNorm off: vLLM's pass manager does not import ({type(e).__name__}: {e})"
-    agrs = f"data-parallel all-gather + reduce-scatter off ({AGRS_ENV}=0)"
-    if agrs_enabled():
-        try:
-            from .vllm_agrs import install as install_agrs
-
-            agrs = install_agrs()
-        except Exception as e:  # the plugin never stops vLLM's start: what it cannot install stays vLLM's
-            agrs = f"data-parallel all-gather + reduce-scatter vLLM's own ({type(e).__name__}: {e})"
-    moe = f"expert-parallel all-to-all vLLM's own (set {MOE_ENV}=1 for tritoncomm's)"
-    if moe_enabled():
-        try:
-            from .vllm_moe import install as install_moe
-
-            moe = install_moe()
-        except Exception as e:  # the plugin never stops vLLM's start: what it cannot install stays vLLM's
-            moe = f"expert-parallel all-to-all vLLM's own: its fused MoE does not import ({type(e).__name__}: {e})"
+    fusion = _part("vllm_fusion", fusion_enabled(), f"fused all-reduce + RMSNorm off ({FUSION_ENV}=0)",
+                   "fused all-reduce + RMSNorm off: vLLM's pass manager does not import")
+    agrs = _part("vllm_agrs", agrs_enabled(), f"data-parallel all-gather + reduce-scatter off ({AGRS_ENV}=0)",
+                 "data-parallel all-gather + reduce-scatter vLLM's own")
+    moe = _part("vllm_moe", moe_enabled(), f"expert-parallel all-to-all vLLM's own (set {MOE_ENV}=1 for tritoncomm's)",
+                "expert-parallel all-to-all vLLM's own: its fused MoE does not import")
     log.info("tritoncomm: serving vLLM's custom all-reduce slot (TP all-reduce, sequence-parallel all-gather and "
              "reduce-scatter, graph capture); %s; %s; %s", fusion, agrs, moe)
+
+
+def _part(module: str, on: bool, off: str, failed: str) -> str:
+    """One optional part of the plugin: ``install()`` of the sibling ``module`` where ``on`` (its
+    line), else ``off``; where installing raises, ``failed`` with the reason. The plugin never
+    stops vLLM's start: what it cannot install stays vLLM's."""
+    if not on:
+        return off
+    try:
+        return importlib.import_module(f".{module}", __package__).install()
+    except Exception as e:  # vLLM's modules import its compiled ops, which an install may lack
+        return f"{failed} ({type(e).__name__}: {e})"
 
 
 def served_class(base: type) -> type:

@@ -277,7 +277,7 @@ def test_vllm_default_all_gather_reduce_scatter_on_gpus(vep):
     (``test_vllm_moe._agrs_job``)."""
     from .test_vllm_moe import _agrs_job
 
-    for served, calls, ok in vep.run(_agrs_job):
+    for served, calls, ok, _ in vep.run(_agrs_job):
         assert served and calls == [5, 5], calls  # four through vLLM, one past the bound
         assert all(all(o) for o in ok), ok
 

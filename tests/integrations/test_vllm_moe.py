@@ -408,15 +408,40 @@ def _agrs_job(ctx):
         calls = [s.calls for s in spies]
         for s in spies:
             s.close()
-    return not served.disabled, calls, ok
+    return not served.disabled, calls, ok, _carriers()
+
+
+#: vLLM parallel configs -> (the data-parallel group carries the path, the expert-parallel group does)
+CARRIERS = {"dp2": (True, False), "tp2 dp2 (sequence-parallel MoE)": (False, True), "dp2 pcp2": (False, True),
+            "tp2": (False, False), "dp2 deepep": (False, False), "dp2, no EP": (False, False)}
+
+
+def _carriers() -> dict:
+    """``vllm_agrs.carries`` on vLLM's own ``ParallelConfig`` for the deployments of ``CARRIERS``."""
+    from vllm.config import ParallelConfig
+
+    from tritoncomm.integrations.vllm_agrs import carries
+
+    made = {"dp2": {}, "tp2 dp2 (sequence-parallel MoE)": dict(tensor_parallel_size=2),
+            "dp2 pcp2": dict(prefill_context_parallel_size=2),
+            "tp2": dict(tensor_parallel_size=2, data_parallel_size=1),
+            "dp2 deepep": dict(all2all_backend="deepep_low_latency"),
+            "dp2, no EP": dict(enable_expert_parallel=False)}
+    out = {}
+    for name, kw in made.items():
+        p = ParallelConfig(**{"data_parallel_size": 2, "enable_expert_parallel": True, **kw})
+        out[name] = (carries("dp", p), carries("ep", p))
+    return out
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_vllm_default_all_gather_reduce_scatter_served(world):
     """With ``TRITONCOMM_ENABLE=1`` vLLM's data-parallel group in a data + expert parallel
     deployment on its default all-to-all backend serves its MoE layers' ``all_gatherv`` and
-    ``reduce_scatterv`` through tritoncomm (``integrations/vllm_agrs.py``), exactly."""
+    ``reduce_scatterv`` through tritoncomm (``integrations/vllm_agrs.py``), exactly; the group that
+    gets it is the one vLLM's manager picks (on vLLM's own parallel configs)."""
     with engine_world(world) as w:
-        for served, calls, ok in w.run(_agrs_job):
+        for served, calls, ok, carriers in w.run(_agrs_job):
             assert served and calls == [5, 5], calls  # four through vLLM, one past the bound
             assert all(all(o) for o in ok), ok
+            assert carriers == CARRIERS, carriers

@@ -1,11 +1,12 @@
-"""vLLM's default expert-parallel path on tritoncomm: the data-parallel group's ``all_gatherv`` and
-``reduce_scatterv``.
+"""vLLM's default expert-parallel path on tritoncomm: the ``all_gatherv`` and ``reduce_scatterv`` of
+the group that carries it (the data-parallel group; the expert-parallel group with sequence-parallel
+MoE or context parallelism).
 
 In data + expert parallel deployments on vLLM's default all-to-all backend
 (``allgather_reducescatter``), every MoE layer gathers the tokens of all data-parallel ranks
 (``all_gatherv`` of the hidden states with the top-k weights and ids, each rank with its own count)
 and reduce-scatters the experts' outputs back to their ranks (``reduce_scatterv``), through NCCL.
-With the plugin, the DP group's device communicator serves both with tritoncomm's ``AllGather`` and
+With the plugin, that group's device communicator serves both with tritoncomm's ``AllGather`` and
 ``ReduceScatter`` (``sizes=``): the experts, their format and vLLM's choice of them stay vLLM's.
 
 Rules:
@@ -34,7 +35,7 @@ from ..config import CommConfig
 from ..units import round_up
 from .capability import probe
 
-__all__ = ["MAX_BYTES", "DataParallelGatherScatter", "install", "serves"]
+__all__ = ["MAX_BYTES", "DataParallelGatherScatter", "carries", "install", "serves"]
 
 log = logging.getLogger("tritoncomm")
 
@@ -115,19 +116,31 @@ class DataParallelGatherScatter:
             self.disabled = True
 
 
+def carries(group: str, p) -> bool:
+    """Whether vLLM's group named ``group`` (``"dp"``, ``"ep"``, ...) carries the all-gather +
+    reduce-scatter MoE path in a deployment of parallel config ``p``: the group vLLM's
+    ``AgRsAll2AllManager`` picks, the expert-parallel group for sequence-parallel MoE (tensor and
+    data parallelism both) or context parallelism, else the data-parallel group; never for elastic
+    expert parallelism (its stateless groups) or other backends."""
+    if not p.enable_expert_parallel or p.enable_elastic_ep or p.all2all_backend != "allgather_reducescatter":
+        return False
+    if p.use_sequence_parallel_moe:
+        return group == "ep"
+    if p.data_parallel_size > 1:
+        return group == ("ep" if p.prefill_context_parallel_size > 1 else "dp")
+    return False
+
+
 def serves(unique_name: str, cpu_group: ProcessGroup) -> bool:
-    """Whether vLLM's group ``unique_name`` (on ``cpu_group``) carries the all-gather +
-    reduce-scatter MoE path: the data-parallel group of an expert-parallel deployment on vLLM's
-    default all-to-all backend; not elastic expert parallelism (its stateless groups)."""
+    """Whether vLLM's group ``unique_name`` (on ``cpu_group``) of the current deployment gets
+    ``DataParallelGatherScatter`` (``carries``; a registered group of more than one rank)."""
     from torch.distributed.distributed_c10d import _world
     from vllm.config import get_current_vllm_config_or_none
 
     config = get_current_vllm_config_or_none()
-    if config is None or unique_name.split(":")[0] != "dp" or _world.pg_map.get(cpu_group) is None:
+    if config is None or _world.pg_map.get(cpu_group) is None or dist.get_world_size(cpu_group) < 2:
         return False
-    p = config.parallel_config
-    return (dist.get_world_size(cpu_group) > 1 and bool(p.enable_expert_parallel) and not p.enable_elastic_ep
-            and p.all2all_backend == "allgather_reducescatter")
+    return carries(unique_name.split(":")[0], config.parallel_config)
 
 
 def install() -> str:

@@ -21,8 +21,6 @@ Rules:
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
@@ -37,8 +35,6 @@ from .capability import probe
 
 __all__ = ["MAX_BYTES", "DataParallelGatherScatter", "carries", "install", "serves"]
 
-log = logging.getLogger("tritoncomm")
-
 #: Bytes of the slots of one call (world x the largest shard), by backend: past them, vLLM's path.
 MAX_BYTES = {"cuda": 32 << 20, "cpu": 1 << 20}
 #: Floats of an element's width, for the all-gather's bit copies of other dtypes.
@@ -48,8 +44,8 @@ _MOVABLE = (*SUPPORTED_DTYPES, torch.int16, torch.int32, torch.int64)
 
 
 class DataParallelGatherScatter:
-    """tritoncomm under a data-parallel group's ``all_gatherv`` / ``reduce_scatterv`` (module
-    docstring). ``group``: the group's CPU (gloo) group; ``device``: this rank's. Construction and
+    """tritoncomm under the ``all_gatherv`` / ``reduce_scatterv`` of the group that carries vLLM's
+    all-gather + reduce-scatter MoE path (``carries``; module docstring). ``group``: the group's CPU (gloo) group; ``device``: this rank's. Construction and
     ``close`` are collective."""
 
     def __init__(self, group: ProcessGroup, device: torch.device, *, max_bytes: int | None = None) -> None:

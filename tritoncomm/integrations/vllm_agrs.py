@@ -45,8 +45,8 @@ _MOVABLE = (*SUPPORTED_DTYPES, torch.int16, torch.int32, torch.int64)
 
 class DataParallelGatherScatter:
     """tritoncomm under the ``all_gatherv`` / ``reduce_scatterv`` of the group that carries vLLM's
-    all-gather + reduce-scatter MoE path (``carries``; module docstring). ``group``: the group's CPU (gloo) group; ``device``: this rank's. Construction and
-    ``close`` are collective."""
+    all-gather + reduce-scatter MoE path (``carries``; module docstring). ``group``: the group's
+    CPU (gloo) group; ``device``: this rank's. Construction and ``close`` are collective."""
 
     def __init__(self, group: ProcessGroup, device: torch.device, *, max_bytes: int | None = None) -> None:
         self.disabled = True

@@ -36,6 +36,9 @@ class _Count:
         self.calls += 1
         return self.collective(*args, **kwargs)
 
+    def fits_rows(self, *args):
+        return self.collective.fits_rows(*args)
+
     def close(self) -> None:
         self.collective.close()
 

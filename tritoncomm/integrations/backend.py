@@ -49,7 +49,6 @@ from torch.distributed import ProcessGroup, ReduceOp
 from ..channels import Communicator
 from ..channels.bootstrap import StoreBootstrap
 from ..collectives import AllGather, AllReduce, AllToAll, ReduceScatter
-from ..collectives.allgather.push import MAX_ROWS
 from ..collectives.validation import SUPPORTED_DTYPES, overlap
 from ..config import CommConfig
 from ..kernels.backend import interpreting
@@ -263,14 +262,14 @@ class TritonCommProcessGroup(ProcessGroup):
                 and inp.numel() == out.numel() * self.size() and inp.nbytes <= self.rs.max_bytes
                 and not overlap(out, inp))
 
-    def _rows_ok(self, t: torch.Tensor, parts: list[torch.Tensor], rows: list[int], limit: int) -> bool:
+    def _rows_ok(self, t: torch.Tensor, parts: list[torch.Tensor], rows: list[int],
+                 collective: AllGather | ReduceScatter) -> bool:
         """Shards of ``rows`` rows shaped like ``t`` past dim 0 (``parts``: one per rank, the same
-        shapes on every rank), whose slots (``world x`` the largest) fit ``limit``."""
+        shapes on every rank) that ``collective`` serves (``fits_rows``)."""
         if not (self._ok(t) and t.dim() > 0 and len(parts) == self.size() and all(
                 p.dim() == t.dim() and p.shape[1:] == t.shape[1:] and p.dtype == t.dtype for p in parts)):
             return False
-        row = int(torch.Size(t.shape[1:]).numel())
-        return max(rows) <= MAX_ROWS and self.size() <= 8 and self.size() * max(rows) * row * t.element_size() <= limit
+        return collective.fits_rows(rows, int(torch.Size(t.shape[1:]).numel()), t.element_size())
 
     def _a2a_ok(self, out: torch.Tensor, inp: torch.Tensor, out_splits: Sequence[int],
                 in_splits: Sequence[int]) -> bool:
@@ -331,7 +330,7 @@ class TritonCommProcessGroup(ProcessGroup):
         if len(inputs) == 1 and len(output_lists) == 1:  # shards of different rows (all_gatherv)
             inp, outs = inputs[0], output_lists[0]
             rows = [o.shape[0] if o.dim() else 0 for o in outs]
-            if self._rows_ok(inp, outs, rows, self.ag.max_bytes) and rows[self.rank()] == inp.shape[0]:
+            if self._rows_ok(inp, outs, rows, self.ag) and rows[self.rank()] == inp.shape[0]:
                 flat = self.ag(inp, sizes=rows)
                 for o, part in zip(outs, flat.split(rows), strict=True):
                     o.copy_(part)
@@ -374,7 +373,7 @@ class TritonCommProcessGroup(ProcessGroup):
         elif len(outputs) == 1 and len(input_lists) == 1 and _is_sum(opts):  # shards of different rows
             out, parts = outputs[0], input_lists[0]
             rows = [p.shape[0] if p.dim() else 0 for p in parts]
-            if self._rows_ok(out, parts, rows, self.rs.max_bytes) and rows[self.rank()] == out.shape[0] \
+            if self._rows_ok(out, parts, rows, self.rs) and rows[self.rank()] == out.shape[0] \
                     and all(p.device == out.device for p in parts):
                 self.rs(torch.cat(parts), out, sizes=rows)
                 return self._work(outputs, opts)

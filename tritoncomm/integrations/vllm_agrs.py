@@ -27,7 +27,6 @@ from torch.distributed import ProcessGroup
 
 from ..channels import Communicator
 from ..collectives import AllGather, ReduceScatter
-from ..collectives.allgather.push import MAX_ROWS
 from ..collectives.validation import SUPPORTED_DTYPES
 from ..config import CommConfig
 from ..units import round_up
@@ -65,12 +64,11 @@ class DataParallelGatherScatter:
         self.rs = ReduceScatter(self.comm, max_bytes=self.max_bytes, name="vllm.dp.rs")
         self.disabled = False
 
-    def _fits(self, t: torch.Tensor, most: int, dtypes: tuple) -> bool:
-        """``t`` can be moved with shards of at most ``most`` rows."""
+    def _fits(self, t: torch.Tensor, rows: list[int], dtypes: tuple, collective: AllGather | ReduceScatter) -> bool:
+        """``collective`` moves ``t`` with shards of ``rows`` rows (``fits_rows``)."""
         if t.dim() == 0 or t.device != self.device or not t.is_contiguous() or t.dtype not in dtypes:
             return False
-        row = int(torch.Size(t.shape[1:]).numel())
-        return most <= MAX_ROWS and self.world * most * row * t.element_size() <= self.max_bytes
+        return collective.fits_rows(rows, int(torch.Size(t.shape[1:]).numel()), t.element_size())
 
     def all_gatherv(self, input_: torch.Tensor | list[torch.Tensor],
                     sizes: list[int] | None) -> torch.Tensor | list[torch.Tensor] | None:
@@ -78,7 +76,7 @@ class DataParallelGatherScatter:
         where vLLM's own path should take it."""
         tensors = [input_] if isinstance(input_, torch.Tensor) else list(input_)
         if self.disabled or not tensors or not all(
-                self._fits(t, max(sizes) if sizes else t.shape[0] if t.dim() else 0, _MOVABLE) for t in tensors):
+                self._fits(t, sizes or [t.shape[0] if t.dim() else 0], _MOVABLE, self.ag) for t in tensors):
             return None
         outs = [self._gather(t, sizes) for t in tensors]
         return outs[0] if isinstance(input_, torch.Tensor) else outs
@@ -98,7 +96,7 @@ class DataParallelGatherScatter:
         vLLM's own path should take it."""
         if self.disabled or input_.dim() == 0 or (sizes is None and input_.shape[0] % self.world):
             return None
-        if not self._fits(input_, max(sizes) if sizes else input_.shape[0] // self.world, SUPPORTED_DTYPES):
+        if not self._fits(input_, sizes or [input_.shape[0] // self.world], SUPPORTED_DTYPES, self.rs):
             return None
         if output is not None and (output.dtype != input_.dtype or not output.is_contiguous()):
             return None

@@ -39,24 +39,32 @@ class _PushCollective(CollectiveBase):
         self._debug_check(x.dtype, m, algo, (dest.signature(self.comm)[2],) if dest.row else ())
         a.launch(x, out, m, c, dest)
 
-    def _rows(self, sizes: Sequence[int], mine: int, what: str) -> tuple[int, ...] | None:
-        """``sizes`` (rows per rank, the same list on every rank, ``mine`` this rank's) checked: None
-        where they are all equal (the equal-shard path serves them), else as a tuple."""
+    def fits_rows(self, rows: Sequence[int], row: int, element_size: int) -> bool:
+        """Whether shards of ``rows`` rows (one count per rank) of ``row`` elements of
+        ``element_size`` bytes go through the kernels rather than the fallback: the slots are as wide
+        as the largest shard, so ``world x`` its bytes must fit ``max_bytes``, and a count must fit
+        its 16 bits (``MAX_ROWS``). It reads only what every rank passes alike, so callers that ask it
+        first (the engines' adapters) never split the ranks."""
+        most = max(rows)
+        return most <= MAX_ROWS and self.world <= 8 and self.world * most * row * element_size <= self.max_bytes
+
+    def _rows(self, sizes: Sequence[int], mine: int | None, what: str) -> tuple[int, ...] | None:
+        """``sizes`` (rows per rank, the same list on every rank; ``mine``, where given, this rank's)
+        checked: None where they are all equal (the equal-shard path serves them), else as a tuple."""
         rows = tuple(sizes)
         if len(rows) != self.world or any(not isinstance(n, int) or n < 0 for n in rows):
             raise InvalidInputError(f"{what}: sizes must be {self.world} counts of rows, one per rank, got {sizes!r}")
-        if rows[self.comm.rank] != mine:
+        if mine is not None and rows[self.comm.rank] != mine:
             raise InvalidInputError(f"{what}: sizes[{self.comm.rank}] = {rows[self.comm.rank]} but this rank "
                                     f"has {mine} rows")
         return None if all(n == rows[0] for n in rows) else rows
 
     def _var_too_large(self, x: torch.Tensor, rows: tuple[int, ...], row: int, what: str) -> bool:
-        """Whether shards of ``rows`` rows of ``row`` elements go to the fallback: the slots are as
-        wide as the largest shard, so ``world x`` its bytes must fit ``max_bytes`` (the decision
-        depends only on what every rank passes alike)."""
-        nbytes = self.world * max(rows) * row * x.element_size()
-        if max(rows) <= MAX_ROWS and self.world <= 8 and nbytes <= self.max_bytes:
+        """Whether shards of ``rows`` rows of ``row`` elements go to the fallback (``fits_rows``);
+        without a fallback group that is an error, raised before any rank waits."""
+        if self.fits_rows(rows, row, x.element_size()):
             return False
+        nbytes = self.world * max(rows) * row * x.element_size()
         self._debug_check(x.dtype, sum(rows) * row, "fallback", (rows,))
         if self.fallback_group is None:
             raise InvalidInputError(f"{what}: shards of {rows} rows need {nbytes} bytes of slots (max_bytes="
@@ -224,8 +232,7 @@ class ReduceScatter(_PushCollective):
         check_input(x, self.comm.device, "reduce_scatter")
         check_op(op, "reduce_scatter")
         if sizes is not None:
-            rows = self._rows(sizes, tuple(sizes)[self.comm.rank] if len(sizes) == self.world else -1,
-                              "reduce_scatter")
+            rows = self._rows(sizes, None, "reduce_scatter")  # this rank's count is read from x below
             if rows is not None:
                 return self._scatterv(x, out, rows)
         w = self.world

@@ -151,11 +151,9 @@ def heap_bytes_bound(backend: str, device: torch.device, world: int, *, max_toke
     communicator (at ``world`` ranks on ``backend``/``device``): every buffer any of its paths may
     allocate and its three channels' slots, each rounded to the heap's alignment. For sizing a
     communicator that holds one instance; not for the launch path."""
-    if shape is None:
-        sms, name = _device_facts(backend, device)
-        shape = default_shape(backend, max_tokens, sms, prefill_from, hidden, 1 if fp8_dispatch else dtype.itemsize,
-                              world, name)
-    sh = shape
+    sms, name = _device_facts(backend, device) if shape is None else (1, "")
+    sh = shape or default_shape(backend, max_tokens, sms, prefill_from, hidden, 1 if fp8_dispatch else dtype.itemsize,
+                                world, name)
     m, k, w, el = max_tokens, top_k, world, dtype.itemsize
     wire = 1 if fp8_dispatch else el
     peers, local = max(w - 1, 1), num_experts // max(w, 1)

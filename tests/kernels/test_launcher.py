@@ -77,3 +77,61 @@ def test_launcher_rejects_bad_grids() -> None:
     for grid in (4, (), (1, 2, 3, 4), (1.5,)):
         with pytest.raises(TypeError, match="grid"):
             Launcher(_axpb_kernel, grid)
+
+
+#: What each entry (``launcher.ABIS``) takes, as Triton's own CUDA wrapper calls it.
+WRAPPER_CALLS = {
+    "args": ["gridX", "gridY", "gridZ", "stream", "function", "self.launch_cooperative_grid", "self.launch_pdl",
+             "global_scratch", "profile_scratch", "*args"],
+    "tuple": ["gridX", "gridY", "gridZ", "stream", "function", "self.launch_cooperative_grid", "self.launch_pdl",
+              "kernel_metadata", "launch_metadata", "launch_enter_hook", "launch_exit_hook", "global_scratch",
+              "profile_scratch", "self.arg_annotations", "self.kernel_signature", "args"],
+}
+
+
+def _wrapper_call() -> list[str]:
+    """The arguments of ``self.launch(...)`` in this Triton's ``CudaLauncher.__call__``, read from its
+    source (no GPU needed)."""
+    import ast
+    import inspect
+
+    from triton.backends.nvidia import driver as nvidia_driver
+
+    tree = ast.parse(inspect.getsource(nvidia_driver.CudaLauncher))
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "self.launch")
+    return [ast.unparse(a) for a in call.args]
+
+
+def test_this_triton_has_the_launch_entry_the_launcher_calls() -> None:
+    """The installed Triton's release is in ``ABIS`` and its own wrapper calls the C entry the way the
+    short path does (the last argument may be renamed: 3.8 and 3.9 call it ``kernel_args``)."""
+    from tritoncomm.kernels import launcher
+
+    assert launcher.ABI is not None, f"triton {triton.__version__} is not in launcher.ABIS"
+    got, want = _wrapper_call(), WRAPPER_CALLS[launcher.ABI]
+    assert got[:-1] == want[:-1] and got[-1] in (want[-1], "kernel_args"), (triton.__version__, got)
+
+
+def test_releases_read_and_unknown_ones_take_tritons_path() -> None:
+    from tritoncomm.kernels import launcher
+
+    assert launcher.triton_release("3.8.0") == (3, 8)
+    assert launcher.triton_release("3.9.0+git1a2b") == (3, 9)
+    assert launcher.triton_release("3.10.0rc1") == (3, 10)
+    assert launcher.triton_release("nightly") == (0, 0)
+    assert launcher.ABIS.get((3, 10)) is None and launcher.ABIS[(3, 6)] == "args"
+
+    class _Run:  # a compiled kernel's wrapper as each release builds it
+        launch = print  # any builtin
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid = launch_pdl = False
+        arg_annotations, kernel_signature = (), b""
+
+    class _Kernel:
+        run = _Run()
+
+    assert launcher._c_entry(_Kernel(), "tuple")[3] == ((), b"")
+    assert launcher._c_entry(_Kernel(), "args") is None  # a 3.7+ wrapper with 3.6's entry: the wrapper
+    assert launcher._c_entry(_Kernel(), None) is None  # an unknown release
+    _Run.gsan_enabled = True
+    assert launcher._c_entry(_Kernel(), "tuple") is None  # GSan adds arguments

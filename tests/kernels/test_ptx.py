@@ -28,12 +28,17 @@ def compile_sm90(fn, sig: dict[str, str], constexprs: dict[str, int], aligned: s
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    names = list(sig)
-    for prm in fn.params:  # constexpr parameters left out take their defaults, as at a launch
-        if prm.is_constexpr and prm.name not in constexprs and prm.default is not inspect.Parameter.empty:
+    sig = dict(sig)
+    for prm in fn.params:  # parameters left out take their defaults, as at a launch
+        if prm.name in sig or prm.name in constexprs or prm.default is inspect.Parameter.empty:
+            continue
+        if prm.is_constexpr or (prm.default == 1 and not prm.do_not_specialize):  # Triton specialises a 1
             constexprs = dict(constexprs, **{prm.name: prm.default})
+        else:
+            sig[prm.name] = "i32"  # an int default (no parameter defaults to a tensor)
+    names = [p.name for p in fn.params]
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-    full = dict(sig, **{k: "constexpr" for k in constexprs})
+    full = {n: sig.get(n, "constexpr") for n in names if n in sig or n in constexprs}  # in the kernel's order
     src = ASTSource(fn=fn, signature=full, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
@@ -145,7 +150,7 @@ def test_user_primitives_compile_with_their_ordering():
     cnt = compile_ptx(_counter_kernel, {"out": "*i32", "bases": "*i64", "rank": "i32", "world": "i32",
                                         "timeout": "i64", "diag_addr": "i64", "flags_off": "i64",
                                         "epochs_off": "i64"}, {}, {"bases", "flags_off", "epochs_off"})
-    assert re.search(r"atom\.global\.(sys\.release|release\.sys)\.add", cnt), ops(cnt)  # signal_add
+    assert re.search(r"(atom|red)\.global\.(sys\.release|release\.sys)\.add", cnt), ops(cnt)  # signal_add (red: result unused)
     pg = compile_ptx(_put_get_kernel, {"src": "*fp32", "out_put": "*fp32", "out_get": "*fp32", "n": "i32",
                                        "bases": "*i64", "rank": "i32", "world": "i32", "timeout": "i64",
                                        "diag_addr": "i64", "flags_off": "i64", "epochs_off": "i64",

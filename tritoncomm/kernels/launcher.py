@@ -26,23 +26,60 @@ Rules:
   internals differ from those this was written against (``FAST`` is then False).
 * The short path skips Triton's check that the kernel's global values are unchanged since it was
   compiled: kernels launched this way must not read globals that change.
+
+**Triton's C entry point changes between releases** (``ABIS``). Up to 3.6 it takes the launch
+fields, the scratch buffers and then the kernel's arguments one by one (``"args"``, a C function
+generated per signature); from 3.7 one generic entry takes them as a tuple, after the argument
+annotations and the kernel signature Triton's wrapper holds (``"tuple"``). The release is read
+once, at import: a release not in ``ABIS`` takes Triton's own path for every launch (``FAST`` is
+False, and this is logged once). A compiled kernel whose wrapper lacks what its release's entry
+needs, or that needs what the short path does not pass (scratch memory, tensor descriptors,
+GSan instrumentation), goes through that wrapper (``kernel.run``). Should the entry still refuse
+the arguments (a ``TypeError`` raised before anything is launched), that signature goes through
+the wrapper from then on, logged once per launcher: no call fails for it.
 """
 
 from __future__ import annotations
 
+import logging
 import types
+from types import MappingProxyType
 from typing import Any
 
-try:  # Triton internals this relies on (3.6); without them every launch goes through Triton.
+import triton
+
+log = logging.getLogger("tritoncomm")
+
+#: The C launch entry of each Triton release (major, minor) this module calls directly (docstring).
+ABIS = MappingProxyType({(3, 6): "args", (3, 7): "tuple", (3, 8): "tuple", (3, 9): "tuple"})
+
+
+def triton_release(version: str = triton.__version__) -> tuple[int, int]:
+    """``(major, minor)`` of a Triton version string (``"3.8.0"``, ``"3.9.0+git1234"``); (0, 0) if unreadable."""
+    try:
+        major, minor = version.split(".")[:2]
+        return int(major), int("".join(ch for ch in minor if ch.isdigit()) or "x")
+    except ValueError:
+        return 0, 0
+
+
+#: This process's Triton's entry (``ABIS``), or None where its release is not known.
+ABI = ABIS.get(triton_release())
+
+try:  # Triton internals the short path relies on; without them every launch goes through Triton.
     from triton import knobs
     from triton.runtime.driver import driver
     from triton.runtime.jit import JITFunction, native_specialize_impl
 
-    FAST = all(hasattr(knobs.runtime, h) for h in ("launch_enter_hook", "launch_exit_hook"))
+    FAST = ABI is not None and all(hasattr(knobs.runtime, h) for h in ("launch_enter_hook", "launch_exit_hook"))
 except ImportError:  # pragma: no cover - other Triton versions
     FAST = False
 
-__all__ = ["FAST", "MAX_SIGNATURES", "Launcher"]
+if ABI is None:
+    log.info("tritoncomm: Triton %s's launch entry is not one this release knows (%s); every kernel launches "
+             "through Triton's public path", triton.__version__, ", ".join(f"{a}.{b}" for a, b in ABIS))
+
+__all__ = ["ABI", "ABIS", "FAST", "MAX_SIGNATURES", "Launcher", "triton_release"]
 
 #: Signatures one launcher keeps; past this many, new ones go through Triton every time.
 MAX_SIGNATURES = 64
@@ -52,19 +89,25 @@ def _hook_idle(hook: object) -> bool:
     return hook is None or not getattr(hook, "calls", True)
 
 
-def _c_entry(kernel: Any) -> tuple[Any, bool, bool] | None:
-    """``(launch, cooperative, pdl)`` when ``kernel``'s launcher is Triton's CUDA launcher around a C
-    entry point taking ``(gx, gy, gz, stream, function, cooperative, pdl, global_scratch,
-    profile_scratch, packed_metadata, launch_metadata, enter_hook, exit_hook, *args)`` and the kernel
-    needs no scratch memory (which that wrapper would allocate per launch); else None. A kernel that
-    takes tensor descriptors fails the first test: Triton wraps its C entry point in a Python function
-    that builds them (``wrap_handle_tensordesc``)."""
+def _c_entry(kernel: Any, abi: str | None = ABI) -> tuple[Any, bool, bool, tuple] | None:
+    """``(launch, cooperative, pdl, extra)`` when ``kernel``'s launcher is Triton's CUDA launcher
+    around a C entry point of ``abi`` and the kernel needs nothing the short path leaves out; else
+    None. ``extra``: what the ``"tuple"`` entry takes after the scratch buffers and before the
+    arguments (the annotations and the kernel signature). Left out: scratch memory (the wrapper
+    allocates it per launch), tensor descriptors (the wrapper builds them, so its ``launch`` is a
+    Python function, not the C entry) and GSan (extra arguments)."""
     run = kernel.run
     launch = getattr(run, "launch", None)
-    if not isinstance(launch, types.BuiltinFunctionType) or getattr(run, "global_scratch_size", 1) \
-            or getattr(run, "profile_scratch_size", 1):
+    if abi is None or not isinstance(launch, types.BuiltinFunctionType) or getattr(run, "global_scratch_size", 1) \
+            or getattr(run, "profile_scratch_size", 1) or getattr(run, "gsan_enabled", False):
         return None
-    return launch, bool(run.launch_cooperative_grid), bool(run.launch_pdl)
+    has_tuple = hasattr(run, "arg_annotations") and hasattr(run, "kernel_signature")
+    if abi == "tuple" and has_tuple:
+        return launch, bool(run.launch_cooperative_grid), bool(run.launch_pdl), (run.arg_annotations,
+                                                                                 run.kernel_signature)
+    if abi == "args" and not has_tuple:
+        return launch, bool(run.launch_cooperative_grid), bool(run.launch_pdl), ()
+    return None
 
 
 class Launcher:
@@ -78,7 +121,7 @@ class Launcher:
             raise TypeError(f"Launcher: grid must be a tuple of 1-3 ints, got {grid!r}")
         self.fn, self.grid = fn, grid
         self._dims = (*grid, 1, 1)[:3]
-        self._cache: dict[tuple, tuple[Any, tuple, tuple[Any, bool, bool] | None]] = {}
+        self._cache: dict[tuple, tuple[Any, tuple, tuple[Any, bool, bool, tuple] | None]] = {}
         self.fast = FAST and isinstance(fn, JITFunction) and hasattr(fn, "device_caches")
         if self.fast:
             params = fn.params
@@ -96,6 +139,20 @@ class Launcher:
         self.direct = True
         #: Launches that took the short path (tests and benchmarks read it).
         self.short_launches = 0
+        #: Signatures whose C entry refused their arguments (module docstring; each then took the wrapper).
+        self.refused = 0
+
+    def _direct(self, entry: tuple[Any, bool, bool, tuple], stream: int, kernel: Any, values: tuple) -> None:
+        """Call Triton's C entry point (``_c_entry``) as its release's wrapper does, with no scratch,
+        no launch metadata and no hooks."""
+        launch, coop, pdl, extra = entry
+        g0, g1, g2 = self._dims
+        if extra:  # "tuple": annotations, signature, then the arguments as one tuple
+            launch(g0, g1, g2, stream, kernel.function, coop, pdl, kernel.packed_metadata, None, None, None, None,
+                   None, *extra, values)
+        else:  # "args": scratch before the wrapper's fields, then the arguments one by one
+            launch(g0, g1, g2, stream, kernel.function, coop, pdl, None, None, kernel.packed_metadata, None, None,
+                   None, *values)
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
         if self.fast and len(args) <= self._positional and self._runtime_names.isdisjoint(kwargs) \
@@ -114,13 +171,22 @@ class Launcher:
             if hit is not None:
                 kernel, tail, entry = hit
                 g0, g1, g2 = self._dims
+                stream = self._stream(dev)
                 if entry is not None and self.direct:
-                    launch, coop, pdl = entry
-                    launch(g0, g1, g2, self._stream(dev), kernel.function, coop, pdl, None, None,
-                           kernel.packed_metadata, None, None, None, *args, *tail)
+                    try:
+                        self._direct(entry, stream, kernel, (*args, *tail))
+                    except TypeError as exc:  # the entry refused the arguments: nothing was launched
+                        self._cache[key] = (kernel, tail, None)
+                        if not self.refused:
+                            log.warning("tritoncomm: Triton %s's launch entry refused %s's arguments (%s); that "
+                                        "signature launches through Triton's wrapper", triton.__version__,
+                                        getattr(self.fn, "__name__", self.fn), exc)
+                        self.refused += 1
+                        kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None,
+                                   *args, *tail)
                 else:
-                    kernel.run(g0, g1, g2, self._stream(dev), kernel.function, kernel.packed_metadata, None, None,
-                               None, *args, *tail)
+                    kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None,
+                               *args, *tail)
                 self.short_launches += 1
                 return
             kernel = self.fn[self.grid](*args, **kwargs)

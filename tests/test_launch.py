@@ -60,10 +60,10 @@ def test_torchrun_launches_the_cpu_world(tmp_path):
     import subprocess
     import sys
 
-    import numpy
+    from tritoncomm.kernels.interpreter import numpy_problem
 
-    if tuple(int(p) for p in numpy.__version__.split(".")[:2]) >= (2, 4):  # e.g. a GPU image's own Python
-        pytest.skip("the CPU world needs numpy<2.4 (see pyproject.toml); this Python has " + numpy.__version__)
+    if numpy_problem():  # e.g. a GPU image's own Python: Triton 3.6 with NumPy 2.4
+        pytest.skip(numpy_problem())
 
     from tritoncomm.launch import _free_port
 
@@ -74,6 +74,16 @@ def test_torchrun_launches_the_cpu_world(tmp_path):
                           env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stdout.count("matches torch.distributed") == 2
+
+
+def test_the_cpu_world_names_the_numpy_its_triton_needs():
+    """Only Triton 3.6's interpreter fails with NumPy 2.4 (it calls ``int()`` on 1-element arrays):
+    the CPU world says so, with the fix, before any rank starts."""
+    from tritoncomm.kernels.interpreter import numpy_problem
+
+    assert "numpy<2.4" in numpy_problem("3.6.0", "2.4.6")
+    assert numpy_problem("3.6.0", "2.3.5") is None
+    assert numpy_problem("3.8.0", "2.4.6") is None and numpy_problem("3.7.1", "2.5.0") is None
 
 
 def test_byte_sizes_round_trip():

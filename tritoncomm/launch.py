@@ -162,6 +162,12 @@ class LocalWorld:
         if self.backend not in ("cuda", "cpu"):
             raise ValueError(f"backend must be 'auto', 'cuda' or 'cpu', got {backend!r}")
         self.shared_gpus = shared_gpus and self.backend == "cuda"
+        if self.backend == "cpu":
+            from .kernels.interpreter import numpy_problem
+
+            problem = numpy_problem()
+            if problem:
+                raise RuntimeError(problem)
         if self.backend == "cuda":
             import torch
 

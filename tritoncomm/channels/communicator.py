@@ -24,6 +24,7 @@ from ..errors import (
 from ..kernels.backend import MAX_WORLD, interpreting
 from ..kernels.consistency import SIGNATURE_FIELDS, check_signatures, code_name, signature_table_bytes
 from ..kernels.diag import DIAG_WORDS, KIND_NAMES, F
+from ..kernels.interpreter import numpy_problem
 from ..kernels.lamport import KIND_LAMPORT
 from .bootstrap import Bootstrap, default_bootstrap
 from .channel import Channel
@@ -43,6 +44,10 @@ def resolve_backend(requested: str) -> str:
                               "triton is imported (tritoncomm's launcher does this)")
     if requested == "cuda" and interp:
         raise TritonCommError("backend 'cuda' requested but TRITON_INTERPRET=1 is set in this process")
+    if interp and requested in ("cpu", "auto"):
+        problem = numpy_problem()
+        if problem:
+            raise TritonCommError(problem)
     if requested == "auto":
         if interp:
             return "cpu"

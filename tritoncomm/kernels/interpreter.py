@@ -41,7 +41,8 @@ from typing import Any
 
 import triton.language as tl
 
-__all__ = ["fixed_np_dtypes", "skip_dead_overflow_checks", "skip_repatching", "skipping_repatching"]
+__all__ = ["fixed_np_dtypes", "numpy_problem", "skip_dead_overflow_checks", "skip_repatching",
+           "skipping_repatching"]
 
 _MARK = "_tritoncomm_installed"  # set on each function this module installs
 
@@ -138,3 +139,20 @@ def fixed_np_dtypes() -> bool:
     _get_np_dtype.__wrapped__ = original  # type: ignore[attr-defined]
     interpreter._get_np_dtype = _get_np_dtype
     return True
+
+
+def numpy_problem(triton_version: str | None = None, numpy_version: str | None = None) -> str | None:
+    """Why this Triton's interpreter cannot run our kernels with this NumPy, or None. Triton 3.6's
+    interpreter converts a 1-element array to a Python int with ``int()``, which NumPy 2.4 refuses
+    (Triton 3.7 and later do not): the CPU world on Triton 3.6 needs ``numpy<2.4``."""
+    import numpy
+    import triton
+
+    from .launcher import triton_release
+
+    tv = triton.__version__ if triton_version is None else triton_version
+    nv = numpy.__version__ if numpy_version is None else numpy_version
+    if (0, 0) < triton_release(tv) <= (3, 6) and triton_release(nv) >= (2, 4):
+        return (f"the CPU world runs kernels in Triton {tv}'s interpreter, which fails with NumPy {nv}: "
+                "pip install 'numpy<2.4' (or use Triton 3.7 or later)")
+    return None

@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 bash scripts/setup.sh
-exec "${PYTHON:-python3}" -m tritoncomm demo "$@"
+source scripts/python.sh
+exec "$PY" -m tritoncomm demo "$@"

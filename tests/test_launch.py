@@ -68,7 +68,8 @@ def test_torchrun_launches_the_cpu_world(tmp_path):
     from tritoncomm.launch import _free_port
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root, OMP_NUM_THREADS="1")
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)  # keep a carried Triton
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                            "--master-port", str(_free_port()), os.path.join(root, "examples", "torchrun_allreduce.py")],
                           env=env, capture_output=True, text=True, timeout=240)

@@ -20,7 +20,9 @@ from ..conftest import BACKEND
 from . import engines
 
 #: The CPU world runs the engines as their CPU builds would (no CUDA), with tritoncomm turned on.
-ENGINE_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRITONCOMM_ENABLE": "1"}
+#: The engines on a machine with no GPU. A CUDA build of torch brings NCCL's library, which vLLM's PyNccl would load
+#: and fail to start without a driver: vLLM's own switch keeps it off, as a missing library does with a CPU torch.
+ENGINE_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRITONCOMM_ENABLE": "1", "VLLM_DISABLE_PYNCCL": "1"}
 
 
 def engine_paths() -> list[str]:

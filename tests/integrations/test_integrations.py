@@ -234,3 +234,38 @@ def test_hierarchical_allreduce_2x2(worlds):
     results = worlds(4).run(_job_hierarchical)
     assert [r[0] for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert all(r[1] == [] for r in results), results
+
+
+class _OneOfTwo:
+    """A bootstrap of two ranks whose peer found what this rank found."""
+
+    world, rank = 2, 0
+
+    def all_gather(self, obj):
+        return [obj, obj]
+
+
+def test_probe_without_cuda_python_refuses_in_one_line(monkeypatch):
+    """A GPU but no ``cuda.bindings``: the probe says so (no ModuleNotFoundError), and callers log
+    "tritoncomm disabled because ..." and stay on NCCL."""
+    from tritoncomm.integrations import capability
+
+    monkeypatch.setattr(capability, "interpreting", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(capability, "has_cuda_bindings", lambda: False)
+    verdict = capability.probe(None, torch.device("cuda", 0), bootstrap=_OneOfTwo())
+    assert not verdict.ok and "cuda-python is not installed" in verdict.reason, verdict
+
+
+def test_sglang_plugin_without_sglang_logs_and_returns():
+    """With TRITONCOMM_ENABLE=1 and no SGLang, SGLang's plugin entry logs one line instead of raising."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, logging; sys.modules['sglang'] = None; logging.basicConfig(level=logging.INFO)\n"
+            "from tritoncomm.integrations.sglang import plugin\nplugin()\nprint('returned')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, TRITONCOMM_ENABLE="1"))
+    assert proc.returncode == 0 and "returned" in proc.stdout, proc.stderr[-2000:]
+    assert "not serving SGLang: its plugin hooks cannot be imported" in proc.stderr, proc.stderr[-2000:]

@@ -32,6 +32,10 @@ def _up(ctx) -> None:
 
     logging.basicConfig(level=logging.INFO)
     load_plugins()
+    if torch.accelerator.current_accelerator() is not None and not torch.accelerator.is_available():
+        # a CUDA build of torch on a machine with no GPU: SGLang's stream helper asks torch's accelerator module
+        # (torch.cuda there); answer as a CPU build of torch does, whose accelerator module is torch.cpu
+        ps.get_current_device_stream_fast = torch.cpu.current_stream
     tp = ps.init_model_parallel_group([list(range(ctx.world))], ctx.rank, "gloo", use_pynccl=False, group_name="tp")
     get_parallel().override_permanently(tp_group=tp, attn_tp_group=tp, tp_size=ctx.world, attn_tp_size=ctx.world,
                                         tp_rank=ctx.rank, attn_tp_rank=ctx.rank)

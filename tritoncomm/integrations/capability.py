@@ -20,7 +20,7 @@ from ..channels.topology import local_peer_access, rank_info
 from ..config import CommConfig
 from ..kernels.backend import MAX_WORLD, interpreting
 
-__all__ = ["Verdict", "probe"]
+__all__ = ["Verdict", "has_cuda_bindings", "probe"]
 
 log = logging.getLogger("tritoncomm")
 
@@ -35,10 +35,22 @@ class Verdict:
             log.warning("%s disabled because %s", what, self.reason)
 
 
+def has_cuda_bindings() -> bool:
+    """Whether cuda-python's ``cuda.bindings`` (CUDA IPC, mapped host memory) can be imported."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("cuda.bindings") is not None
+    except (ImportError, ValueError):  # no ``cuda`` package at all, or a broken one
+        return False
+
+
 def _local_backend(device: torch.device | None) -> tuple[str | None, str]:
     if interpreting():
         return "cpu", ""
     if device is not None and device.type == "cuda" and torch.cuda.is_available():
+        if not has_cuda_bindings():
+            return None, "cuda-python is not installed (pip install 'tritoncomm[gpu]'): CUDA IPC needs cuda.bindings"
         return "cuda", ""
     return None, "no CUDA device and not in the CPU world (TRITON_INTERPRET=1)"
 

@@ -55,7 +55,11 @@ def plugin() -> None:
     if not enabled():
         log.info("tritoncomm: installed, inactive (set %s=1 to serve SGLang's TP all-reduce)", ENABLE_ENV)
         return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    except ImportError as exc:  # SGLang absent, or one without the hook registry (before 0.5.23)
+        log.warning("tritoncomm: not serving SGLang: its plugin hooks cannot be imported (%s)", exc)
+        return
 
     HookRegistry.register(DISPATCH_TARGET, _dispatch, HookType.AROUND)
     HookRegistry.register(FI_FIRST_TARGET, _flashinfer_steps_aside, HookType.AROUND)

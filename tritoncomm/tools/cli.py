@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("--sizes", default=None)
     tune.add_argument("--out", default=None, help="table JSON to write (merged with an existing file)")
     args = parser.parse_args(argv)
+    problem = _problem(args)
+    if problem:
+        parser.error(problem)  # one line, exit 2, before any rank starts
     if args.cmd == "bench":
         return _bench(args)
     if args.cmd == "tune":
@@ -86,6 +89,54 @@ def main(argv: list[str] | None = None) -> int:
         write_json(report, args.json)
     ok = all(r["correct"] and r["identical"] for r in report["rows"])
     return 0 if ok else 1
+
+
+#: What each subcommand's list options accept (checked before any rank starts).
+CHOICES = {
+    ("bench", "op"): ("allreduce", "allgather", "reducescatter", "alltoall", "primitives", "costs", "zerocopy",
+                      "backend", "model", "moe"),
+    ("tune", "op"): ("allreduce", "allgather", "reducescatter", "moe"),
+    ("bench", "modes"): ("graph", "eager"),
+    ("layers", "parts"): ("norm", "gemm", "decoder", "hier"),
+    ("bench", "shapes"): ("deepseek-v3", "qwen3-moe", "tiny"),
+    ("tune", "shapes"): ("deepseek-v3", "qwen3-moe", "tiny"),
+}
+
+#: The CPU world's caveat, printed with every table it times.
+CPU_CAVEAT = ("CPU world: kernels run in Triton's interpreter and NCCL's columns are gloo. A correctness harness: "
+              "these times are not speed.")
+
+
+def _problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line, in one line, or None."""
+    import os
+
+    if getattr(args, "world", None) is not None and args.world < 2:
+        return f"--world {args.world}: a collective needs at least 2 ranks"
+    for (cmd, name), allowed in CHOICES.items():
+        value = getattr(args, name, None) if args.cmd == cmd else None
+        if value is not None:
+            bad = [v for v in value.split(",") if v not in allowed]
+            if bad or not value:
+                return f"--{name} {value}: {', '.join(bad) or 'nothing'} not one of {', '.join(allowed)}"
+    if getattr(args, "sizes", None):
+        for text in args.sizes.split(","):
+            try:
+                if parse_size(text) < 1:
+                    return f"--sizes: {text!r} is not a positive size"
+            except ValueError:
+                return f"--sizes: {text!r} is not a size (bytes, or a number with K, M or G: 2K,1M)"
+    if getattr(args, "tokens", None):
+        if not all(t.strip().isdigit() and int(t) > 0 for t in args.tokens.split(",")):
+            return f"--tokens {args.tokens}: positive whole numbers, comma-separated"
+    for name in ("json", "plot", "out"):
+        path = getattr(args, name, None)
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            return f"--{name} {path}: no folder {folder}"
+        if folder and not os.access(folder, os.W_OK):
+            return f"--{name} {path}: folder {folder} is not writable"
+    return None
 
 
 def _world(args: argparse.Namespace, backend: str) -> int:
@@ -138,6 +189,8 @@ def _bench(args: argparse.Namespace) -> int:
             if args.json and "{op}" in args.json:
                 write_json(rep, args.json.replace("{op}", "model"))
             all_reports.append(rep)
+    if ops and backend == "cpu":
+        print(CPU_CAVEAT, flush=True)
     if ops:
         with LocalWorld(_world(args, backend), backend) as world:
             for op in ops:
@@ -165,6 +218,9 @@ def _bench(args: argparse.Namespace) -> int:
                     print(format_bench(rep), flush=True)
                     ok &= all(r["correct"] and r["identical"] for r in rep["rows"])
                     reports.append(rep)
+                if backend == "cpu":
+                    print(CPU_CAVEAT, flush=True)
+                    rep["caveat"] = CPU_CAVEAT
                 if args.json and "{op}" in args.json:
                     write_json(rep, args.json.replace("{op}", op))
                 all_reports.append(rep)

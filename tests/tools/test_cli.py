@@ -1,0 +1,54 @@
+"""The command line refuses a bad one in one line, before any rank starts (exit 2), and says in the CPU
+world that its times are not speed."""
+
+from __future__ import annotations
+
+import pytest
+
+from tritoncomm.tools import cli
+
+BAD = [
+    ("bench --op allreducee", "allreducee not one of"),
+    ("bench --modes foo", "foo not one of graph, eager"),
+    ("demo --world 1", "at least 2 ranks"),
+    ("demo --world 0", "at least 2 ranks"),
+    ("demo --sizes 12Q", "'12Q' is not a size"),
+    ("bench --sizes 1K,0", "'0' is not a positive size"),
+    ("demo --json /no/such/folder/out.json", "no folder /no/such/folder"),
+    ("bench --plot /no/such/folder/p.png", "no folder"),
+    ("layers --parts norm,foo", "foo not one of"),
+    ("tune --op allreduce,alltoall", "alltoall not one of"),
+    ("bench --op moe --tokens 8,x", "positive whole numbers"),
+    ("bench --op moe --shapes deepseek", "deepseek not one of"),
+]
+
+
+@pytest.mark.parametrize("argv,says", BAD, ids=[b[0] for b in BAD])
+def test_a_bad_command_line_is_one_line_before_any_rank(argv, says, capsys, monkeypatch):
+    def no_ranks(*args, **kwargs):
+        raise AssertionError("ranks started")
+
+    monkeypatch.setattr(cli, "LocalWorld", no_ranks)
+    monkeypatch.setattr(cli, "launch", no_ranks)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv.split())
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert says in err[-1] and err[-1].startswith("python -m tritoncomm: error:"), err
+
+
+def test_the_moe_shapes_accepted_are_the_benchmarks():
+    from tritoncomm.tools.moebench import MOE_SHAPES
+
+    assert set(cli.CHOICES[("bench", "shapes")]) == set(MOE_SHAPES) == set(cli.CHOICES[("tune", "shapes")])
+
+
+def test_bench_in_the_cpu_world_says_its_times_are_not_speed(capsys, tmp_path):
+    out = tmp_path / "r.json"
+    assert cli.main(["bench", "--backend", "cpu", "--world", "2", "--op", "allgather", "--sizes", "1K",
+                     "--modes", "eager", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.count(cli.CPU_CAVEAT) == 2, text  # before the run and under its table
+    import json
+
+    assert json.loads(out.read_text())["reports"][0]["caveat"] == cli.CPU_CAVEAT

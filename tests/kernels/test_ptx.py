@@ -490,6 +490,23 @@ def _moe_build(kernel: str, options: dict, overrides: dict[str, int]):
     return compile_sm90(fn, sig, {**cx, **overrides}, aligned, options)
 
 
+def _triton_at_least(major: int, minor: int) -> bool:
+    from tritoncomm.kernels.launcher import triton_release
+
+    return triton_release() >= (major, minor)
+
+
+#: Known differences of newer Tritons, open in issue 71: each test still runs, and passes on a release before it.
+LAMPORT_RESET_NARROW = pytest.mark.xfail(
+    _triton_at_least(3, 7), strict=True,
+    reason="Triton 3.7-3.9 lay the one-kernel dispatch's Lamport reset store (gather.py, place_packets) out one "
+           "element per thread: 2-byte stores where 3.6 has 16-byte ones")
+COMBINE_SPILLS = pytest.mark.xfail(
+    _triton_at_least(3, 8), strict=True,
+    reason="Triton 3.8-3.9 spill the prefill combine at its 128-register cap (STACK:24, 3.6 and 3.7: none)")
+
+
+@LAMPORT_RESET_NARROW
 def test_moe_kernels_move_tokens_in_16_byte_vectors():
     """The send kernel's stores into peers' receive buffers, the gather's copies, the one-kernel
     dispatch's both, and the combine's loads of expert rows and stores (its output and pushed
@@ -504,6 +521,7 @@ def test_moe_kernels_move_tokens_in_16_byte_vectors():
             assert "v4.b32" in accesses and "b16" not in accesses, (kernel, op, sorted(set(accesses)))
 
 
+@COMBINE_SPILLS
 def test_moe_prefill_combine_fits_its_register_cap():
     """The prefill shape's combine, as launched (its warps, its columns per step in each mode, the
     register cap that keeps two programs per SM resident: ``collectives/moe/shape.py``,

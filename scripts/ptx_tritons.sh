@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The compile checks (tests/kernels/test_ptx.py, the launch-entry test) on other Triton releases than the installed
+# The compile checks (tests/kernels/test_ptx.py, the launch-entry tests) on other Triton releases than the installed
 # one: each from the package index into .tritons/<version> (no dependencies, about 250 MB), then put ahead of the
 # installed one on the path. Usage: bash scripts/ptx_tritons.sh [VERSION ...] (default: 3.6.0 3.7.1 3.9.0).
 set -euo pipefail
@@ -17,6 +17,6 @@ for v in $versions; do
   [ "$got" = "$v" ] || { echo "ptx_tritons.sh: .tritons/$v imports triton $got" >&2; exit 1; }
   echo "== compile checks on triton $v"
   PYTHONPATH=".tritons/$v" "$PY" -m pytest -q -p no:cacheprovider tests/kernels/test_ptx.py \
-    tests/kernels/test_launcher.py | tail -n 3 || rc=1
+    tests/kernels/test_launcher.py -k "not matches_triton" | tail -n 3 || rc=1  # that one runs ranks: the suite's
 done
 exit $rc

@@ -131,6 +131,51 @@ def test_served_ops_match_gloo(worlds, world, dtype):
         assert calls == {"ar": 4 * 2 * ars, "ag": 4 * 2 * 3, "rs": 4 * 2 * 3, "a2a": 4 * 2 * 3}, calls
 
 
+def _layouts(ctx):
+    """The same calls with another layout on each rank (rank 0 contiguous, rank 1 column-major, the
+    others strided), and an all-gather whose input is its output's own shard: every rank serves them (no
+    split between kernel and inner backend), with the references' results."""
+    g, counts = _group()
+    w, r, dev = ctx.world, ctx.rank, ctx.device
+
+    def laid(t: torch.Tensor) -> torch.Tensor:  # t's values in this rank's layout
+        if r == 0:
+            return t.clone()
+        if r == 1 and t.dim() == 2:
+            return t.t().contiguous().t()
+        return torch.zeros(2 * t.numel(), dtype=t.dtype, device=dev)[::2].view(t.shape).copy_(t) if t.dim() == 1 \
+            else torch.zeros(t.shape[0], 2 * t.shape[1], dtype=t.dtype, device=dev)[:, ::2].copy_(t)
+
+    base = _on_device(ctx, torch.randn(8, 8 * w, generator=torch.Generator().manual_seed(31 + r)))
+    shard = base[:, :8].reshape(-1)
+    y = laid(base)
+    checks = {"rank 0 alone contiguous": y.is_contiguous() == (r == 0)}
+    dist.all_reduce(y, group=g)
+    checks["all_reduce"] = torch.equal(y, rank_order_sum(_all(ctx, base), torch.float32))
+    want_ag = torch.cat(_all(ctx, shard))
+    out = laid(torch.full((w * 64,), float("nan"), device=dev))
+    dist.all_gather_into_tensor(out, laid(shard), group=g)
+    checks["all_gather"] = torch.equal(out, want_ag)
+    inplace = torch.full((w * 64,), float("nan"), device=dev)
+    inplace[r * 64:(r + 1) * 64] = shard
+    dist.all_gather_into_tensor(inplace, inplace[r * 64:(r + 1) * 64], group=g)  # input: the output's shard
+    checks["in-place all_gather"] = torch.equal(inplace, want_ag)
+    flat = base.reshape(-1)
+    part = laid(torch.full((8 * 8,), float("nan"), device=dev))
+    dist.reduce_scatter_tensor(part, laid(flat), group=g)
+    checks["reduce_scatter"] = torch.equal(part, rank_order_sum(_all(ctx, flat), torch.float32).view(w, -1)[r])
+    checks["served everywhere"] = (counts["ar"].calls, counts["ag"].calls, counts["rs"].calls) == (1, 2, 1)
+    dist.destroy_process_group(g)
+    return checks
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3))
+def test_layout_never_splits_the_ranks(worlds, world):
+    """Serving depends on what every rank shares, never on layout or addresses (the ranks never split)."""
+    for checks in worlds(world).run(_layouts):
+        assert all(checks.values()), checks
+
+
 def _uneven(ctx, dtype):
     """The list all_gather and reduce_scatter with shards of different rows (rank ``r``: ``r + 1``,
     one rank with none where the world allows), served, against references built from every rank's

@@ -19,7 +19,9 @@ contiguous, of bf16/fp16/fp32, within the set-up size, and the reduction is a su
 
 Anything else, and any call that does not qualify, goes to the inner backend with the same arguments;
 each kind of delegation is logged once per group. Whether a call is served depends only on what every
-rank of a collective agrees on (op, dtype, shape, layout), so the ranks never split.
+rank of a collective agrees on (op, dtype, element count, the group, the sizes), never on a tensor's
+layout or address, so the ranks never split: a served tensor that is not contiguous, or an input that
+overlaps its output, goes through a local contiguous copy (``_into``).
 
 Ordering: a served collective runs on the caller's current CUDA stream, at the call. Its work
 object's ``wait()`` makes the then-current stream wait for it, like NCCL's (see ``TritonCommWork``);
@@ -224,7 +226,24 @@ class TritonCommProcessGroup(ProcessGroup):
 
     # -- what is served ------------------------------------------------------------------------------
     def _ok(self, t: torch.Tensor) -> bool:
-        return t.device == self.device and t.dtype in SUPPORTED_DTYPES and t.is_contiguous()
+        return t.device == self.device and t.dtype in SUPPORTED_DTYPES
+
+    @staticmethod
+    def _into(collective: Callable[[torch.Tensor, torch.Tensor], Any], inp: torch.Tensor, out: torch.Tensor) -> None:
+        """``collective(inp, out)`` whatever their layouts: an input that is not contiguous, or that
+        overlaps a distinct output, is copied first; an output that is not contiguous is produced in a
+        contiguous tensor and copied back. Contiguous, separate (or identical, in place) tensors go
+        straight through."""
+        i = inp
+        if not inp.is_contiguous():
+            i = inp.contiguous()
+        elif out is not inp and overlap(out, inp):
+            i = inp.clone()
+        o = out if out.is_contiguous() else (i if out is inp else torch.empty(out.shape, dtype=out.dtype,
+                                                                              device=out.device))
+        collective(i, o)
+        if o is not out:
+            out.copy_(o)
 
     def _delegated(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """``method`` of the inner backend. Every delegated call goes through here, from Python, so the
@@ -249,18 +268,15 @@ class TritonCommProcessGroup(ProcessGroup):
         return done
 
     def _ar_ok(self, t: torch.Tensor) -> bool:
-        return t.device == self.device and t.nbytes <= self.ar.max_bytes and t.dtype in SUPPORTED_DTYPES \
-            and t.is_contiguous()
+        return t.device == self.device and t.nbytes <= self.ar.max_bytes and t.dtype in SUPPORTED_DTYPES
 
     def _ag_ok(self, out: torch.Tensor, inp: torch.Tensor) -> bool:
         return (self._ok(inp) and self._ok(out) and out.dtype == inp.dtype
-                and out.numel() == inp.numel() * self.size() and out.nbytes <= self.ag.max_bytes
-                and not overlap(out, inp))
+                and out.numel() == inp.numel() * self.size() and out.nbytes <= self.ag.max_bytes)
 
     def _rs_ok(self, out: torch.Tensor, inp: torch.Tensor) -> bool:
         return (self._ok(inp) and self._ok(out) and out.dtype == inp.dtype
-                and inp.numel() == out.numel() * self.size() and inp.nbytes <= self.rs.max_bytes
-                and not overlap(out, inp))
+                and inp.numel() == out.numel() * self.size() and inp.nbytes <= self.rs.max_bytes)
 
     def _rows_ok(self, t: torch.Tensor, parts: list[torch.Tensor], rows: list[int],
                  collective: AllGather | ReduceScatter) -> bool:
@@ -275,20 +291,20 @@ class TritonCommProcessGroup(ProcessGroup):
                 in_splits: Sequence[int]) -> bool:
         w = self.size()
         return (self._ok(inp) and self._ok(out) and out.dtype == inp.dtype and out.numel() == inp.numel()
-                and inp.numel() % w == 0 and inp.nbytes <= self.a2a.max_bytes and not overlap(out, inp)
+                and inp.numel() % w == 0 and inp.nbytes <= self.a2a.max_bytes
                 and _equal_splits(out_splits, out, w) and _equal_splits(in_splits, inp, w))
 
     # -- all-reduce -----------------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         if len(tensors) == 1 and self._ar_ok(tensors[0]) and _is_sum(opts):  # the hot path: checks cheapest first
-            self.ar(tensors[0], tensors[0])
+            self._into(self.ar, tensors[0], tensors[0])
             return self._work(tensors, opts)
         return self._delegated("this all_reduce", "allreduce", tensors, *self._opts(opts, dist.AllreduceOptions))
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         if _is_sum(opts) and all(self._ar_ok(t) for t in tensors):
             for t in tensors:
-                self.ar(t, t)
+                self._into(self.ar, t, t)
             return self._work(tensors, opts)
         return self._delegated("this all_reduce_coalesced", "allreduce_coalesced", tensors,
                                *self._opts(opts, AllreduceCoalescedOptions))
@@ -296,14 +312,14 @@ class TritonCommProcessGroup(ProcessGroup):
     # -- all-gather -----------------------------------------------------------------------------------
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         if self._ag_ok(output, input):
-            self.ag(input, output)
+            self._into(self.ag, input, output)
             return self._work([output], opts)
         return self._delegated("this all_gather", "all_gather_single", output, input,
                                *self._opts(opts, AllgatherOptions))
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         if self._ag_ok(output, input):
-            self.ag(input, output)
+            self._into(self.ag, input, output)
             return self._work([output], opts)
         return self._delegated("this all_gather", "_allgather_base", output, input,
                                *self._opts(opts, AllgatherOptions))
@@ -312,7 +328,7 @@ class TritonCommProcessGroup(ProcessGroup):
                                         opts: Any = None) -> dist.Work:
         if all(self._ag_ok(o, i) for o, i in zip(outputs, inputs, strict=True)):
             for o, i in zip(outputs, inputs, strict=True):
-                self.ag(i, o)
+                self._into(self.ag, i, o)
             return self._work(list(outputs), opts)
         return self._delegated("this functional all_gather", "allgather_into_tensor_coalesced", outputs, inputs,
                                *self._opts(opts, AllgatherOptions))
@@ -323,7 +339,7 @@ class TritonCommProcessGroup(ProcessGroup):
                 o.shape == inputs[0].shape and o.dtype == inputs[0].dtype for o in output_lists[0]):
             flat = inputs[0].new_empty((self.size() * inputs[0].numel(),))
             if self._ag_ok(flat, inputs[0]):
-                self.ag(inputs[0], flat)
+                self._into(self.ag, inputs[0], flat)
                 for r, o in enumerate(output_lists[0]):
                     o.copy_(flat[r * inputs[0].numel():(r + 1) * inputs[0].numel()].view_as(o))
                 return self._work(output_lists[0], opts)
@@ -331,7 +347,7 @@ class TritonCommProcessGroup(ProcessGroup):
             inp, outs = inputs[0], output_lists[0]
             rows = [o.shape[0] if o.dim() else 0 for o in outs]
             if self._rows_ok(inp, outs, rows, self.ag) and rows[self.rank()] == inp.shape[0]:
-                flat = self.ag(inp, sizes=rows)
+                flat = self.ag(inp.contiguous(), sizes=rows)
                 for o, part in zip(outs, flat.split(rows), strict=True):
                     o.copy_(part)
                 return self._work(outs, opts)
@@ -341,14 +357,14 @@ class TritonCommProcessGroup(ProcessGroup):
     # -- reduce-scatter ---------------------------------------------------------------------------------
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         if _is_sum(opts) and self._rs_ok(output, input):
-            self.rs(input, output)
+            self._into(self.rs, input, output)
             return self._work([output], opts)
         return self._delegated("this reduce_scatter", "reduce_scatter_single", output, input,
                                *self._opts(opts, dist.ReduceScatterOptions))
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         if _is_sum(opts) and self._rs_ok(output, input):
-            self.rs(input, output)
+            self._into(self.rs, input, output)
             return self._work([output], opts)
         return self._delegated("this reduce_scatter", "_reduce_scatter_base", output, input,
                                *self._opts(opts, dist.ReduceScatterOptions))
@@ -357,7 +373,7 @@ class TritonCommProcessGroup(ProcessGroup):
                                         opts: Any = None) -> dist.Work:
         if _is_sum(opts) and all(self._rs_ok(o, i) for o, i in zip(outputs, inputs, strict=True)):
             for o, i in zip(outputs, inputs, strict=True):
-                self.rs(i, o)
+                self._into(self.rs, i, o)
             return self._work(list(outputs), opts)
         return self._delegated("this functional reduce_scatter", "reduce_scatter_tensor_coalesced", outputs, inputs,
                                *self._opts(opts, dist.ReduceScatterOptions))
@@ -368,14 +384,14 @@ class TritonCommProcessGroup(ProcessGroup):
                 and all(i.shape == outputs[0].shape and i.dtype == outputs[0].dtype for i in input_lists[0])):
             flat = torch.cat([i.reshape(-1) for i in input_lists[0]])
             if self._rs_ok(outputs[0], flat):
-                self.rs(flat, outputs[0])
+                self._into(self.rs, flat, outputs[0])
                 return self._work(outputs, opts)
         elif len(outputs) == 1 and len(input_lists) == 1 and _is_sum(opts):  # shards of different rows
             out, parts = outputs[0], input_lists[0]
             rows = [p.shape[0] if p.dim() else 0 for p in parts]
             if self._rows_ok(out, parts, rows, self.rs) and rows[self.rank()] == out.shape[0] \
                     and all(p.device == out.device for p in parts):
-                self.rs(torch.cat(parts), out, sizes=rows)
+                self._into(lambda i, o: self.rs(i, o, sizes=rows), torch.cat(parts), out)
                 return self._work(outputs, opts)
         return self._delegated("this list reduce_scatter", "reduce_scatter", outputs, input_lists,
                                *self._opts(opts, dist.ReduceScatterOptions))
@@ -384,7 +400,7 @@ class TritonCommProcessGroup(ProcessGroup):
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
                       input_split_sizes: Sequence[int], opts: Any = None) -> dist.Work:
         if self._a2a_ok(output, input, output_split_sizes, input_split_sizes):
-            self.a2a(input, output)
+            self._into(self.a2a, input, output)
             return self._work([output], opts)
         return self._delegated("this all_to_all", "alltoall_base", output, input, output_split_sizes,
                                input_split_sizes, *self._opts(opts, dist.AllToAllOptions))

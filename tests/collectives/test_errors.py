@@ -149,3 +149,46 @@ def test_dead_peer_turns_into_timeout_error(worlds, algo):
     assert "rank 0" in msg and "peer 1" in msg and f"slot {slot}" in msg
     if BACKEND == "cuda":
         assert elapsed < 10
+
+
+def _job_use_after_close(ctx):
+    """Every use of a closed collective or communicator raises ``TritonCommError`` naming what is
+    closed: no KeyError or IndexError from inside."""
+    from tritoncomm.errors import TritonCommError
+
+    comm = make_comm(ctx)
+    x = torch.ones(64, device=ctx.device)
+    ar, ag = tc.AllReduce(comm, max_bytes=4096), tc.AllGather(comm, max_bytes=4096)
+    moe = tc.MoEAllToAll(comm, max_tokens=4, hidden=64, num_experts=2 * ctx.world, top_k=2)
+    ar.close()
+    ag.close()
+    moe.close()
+    moe.close()  # idempotent
+    said = {}
+    for what, call in {"ar(x)": lambda: ar(x), "ag(x)": lambda: ag(x),
+                       "moe.dispatch": lambda: moe.dispatch(torch.ones(1, 64, device=ctx.device, dtype=torch.bfloat16),
+                                                            torch.zeros(1, 2, dtype=torch.int64, device=ctx.device),
+                                                            torch.ones(1, 2, device=ctx.device))}.items():
+        try:
+            call()
+            said[what] = "no error"
+        except TritonCommError as e:
+            said[what] = str(e)
+    comm.close()
+    for what, call in {"AllReduce(comm)": lambda: tc.AllReduce(comm), "comm.empty": lambda: comm.empty(8),
+                       "comm.register": lambda: comm.register(x), "MoEAllToAll(comm)": lambda: tc.MoEAllToAll(
+                           comm, max_tokens=4, hidden=64, num_experts=2 * ctx.world, top_k=2)}.items():
+        try:
+            call()
+            said[what] = "no error"
+        except TritonCommError as e:
+            said[what] = str(e)
+    return said
+
+
+def test_use_after_close_is_a_clear_error(worlds):
+    for said in worlds(2).run(_job_use_after_close):
+        assert said["ar(x)"] == "allreduce is closed" and said["ag(x)"] == "allgather is closed", said
+        assert said["moe.dispatch"] == "MoEAllToAll is closed", said
+        for what in ("AllReduce(comm)", "comm.empty", "comm.register", "MoEAllToAll(comm)"):
+            assert said[what].endswith("the communicator is closed"), (what, said)

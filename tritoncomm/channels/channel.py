@@ -41,6 +41,7 @@ class Channel:
 
     def __init__(self, comm: Communicator, name: str, *, programs: int, barrier_slots: int = 0,
                  buffer_bytes: int = 0, lamport_bytes: int = 0) -> None:
+        comm.require_open(f"channel {name}")
         if programs <= 0:
             raise ValueError("a channel needs at least one program")
         if not 0 <= lamport_bytes <= buffer_bytes or lamport_bytes % 16:

@@ -118,6 +118,11 @@ class Communicator:
                                           buffer_bytes=signature_table_bytes())
         self.bootstrap.barrier()
 
+    def require_open(self, what: str) -> None:
+        """Raise ``TritonCommError`` naming ``what`` once this communicator is closed (its heap is gone)."""
+        if self._closed:
+            raise TritonCommError(f"{what}: the communicator is closed")
+
     # -- what kernels take -------------------------------------------------------------------
     def kernel_args(self) -> tuple[torch.Tensor, int, int, int, int]:
         """``(bases, rank, world, timeout, diag_addr)``: the arguments every kernel built on the
@@ -140,6 +145,7 @@ class Communicator:
         synchronisation of the primitives (the collectives' first barrier publishes every rank's
         input, prior kernels on its stream included); plain torch ops give peers no guarantee.
         """
+        self.require_open("Communicator.empty")
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         numel = 1
         for d in shape:
@@ -180,6 +186,7 @@ class Communicator:
         Ordering: registering publishes addresses only; what peers store into the tensor is
         visible after the collective that stores it returns on this rank's stream.
         """
+        self.require_open("Communicator.register")
         self.registered.register(list(tensors))
 
     def peer_row(self, t: torch.Tensor) -> int | None:

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..channels import Channel, Communicator
-from ..errors import InvalidInputError, SetupMismatchError
+from ..errors import InvalidInputError, SetupMismatchError, TritonCommError
 from ..kernels.consistency import DTYPE_CODES, FALLBACK_CODE, OP_CODES
 from ..kernels.launcher import Launcher
 from .selection import DTYPES, Choice, SelectionTable, default_table, load_table
@@ -143,6 +143,7 @@ class CollectiveBase:
 
     def __init__(self, comm: Communicator, *, table: SelectionTable | None, fallback_group: dist.ProcessGroup | None,
                  name: str) -> None:
+        comm.require_open(name)
         self.comm = comm
         self.name = name
         self.world = comm.world
@@ -158,6 +159,14 @@ class CollectiveBase:
         if any(d != digests[0] for d in digests):
             raise SetupMismatchError(f"{name}: ranks loaded different selection tables ({digests}); every rank "
                                      "must make the same algorithm choice")
+
+    def check(self) -> None:
+        """Raise if a call cannot be served: ``TritonCommError`` once this collective (or its
+        communicator) is closed, ``CommTimeoutError`` once a wait expired (``Communicator.check``).
+        Host-only, no synchronisation."""
+        if self._closed:
+            raise TritonCommError(f"{self.name} is closed")
+        self.comm.check()
 
     # -- set-up --------------------------------------------------------------------------------
     def _table_names(self) -> tuple[str, ...]:

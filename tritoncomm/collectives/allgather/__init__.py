@@ -126,7 +126,7 @@ class AllGather(_PushCollective):
         w = self.world
         if out is not None:
             check_out(out, x, w * x.numel(), "all_gather", may_alias=False)
-        self.comm.check()
+        self.check()
         if out is None:
             out = x.new_empty((w * x.shape[0], *x.shape[1:]) if x.dim() else (w,))
         if x.numel() == 0:
@@ -150,7 +150,7 @@ class AllGather(_PushCollective):
         total = sum(rows)
         if out is not None:
             check_out(out, x, total * row, "all_gather", may_alias=False)
-        self.comm.check()
+        self.check()
         if out is None:
             out = x.new_empty((total, *x.shape[1:]))
         if total == 0 or row == 0:
@@ -193,7 +193,7 @@ class AllToAll(_PushCollective):
         m = x.numel() // w
         if out is not None:
             check_out(out, x, x.numel(), "all_to_all", may_alias=False)
-        self.comm.check()
+        self.check()
         if out is None:
             out = torch.empty_like(x)
         if m == 0:
@@ -241,7 +241,7 @@ class ReduceScatter(_PushCollective):
         m = x.numel() // w
         if out is not None:
             check_out(out, x, m, "reduce_scatter", may_alias=False)
-        self.comm.check()
+        self.check()
         if out is None:
             out = x.new_empty((x.shape[0] // w, *x.shape[1:]) if x.dim() and x.shape[0] % w == 0 else (m,))
         if m == 0:
@@ -259,7 +259,7 @@ class ReduceScatter(_PushCollective):
         row = int(torch.Size(x.shape[1:]).numel())
         if out is not None:
             check_out(out, x, mine * row, "reduce_scatter", may_alias=False)
-        self.comm.check()
+        self.check()
         if out is None:
             out = x.new_empty((mine, *x.shape[1:]))
         if total == 0 or row == 0:

@@ -91,7 +91,7 @@ class AllReduce(CollectiveBase):
             raise InvalidInputError(f"all_reduce: {nbytes} bytes exceed {algo}'s capacity {self._algos[algo].capacity}")
         if programs is not None and (not isinstance(programs, int) or programs < 1):
             raise InvalidInputError(f"all_reduce: programs must be a positive int, got {programs!r}")
-        comm.check()
+        self.check()
         if out is None:
             out = torch.empty_like(x)
         if x.numel() == 0:

@@ -160,7 +160,7 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
         elif algo not in self._algos or nbytes > self._algos[algo].capacity:
             raise InvalidInputError(f"fused all-reduce + add + RMSNorm: variant {algo!r} is not set up for {nbytes} "
                                     f"bytes (capacities {self.capacity})")
-        self.comm.check()
+        self.check()
         if t == 0:
             return out
         self._debug_check(x.dtype, x.numel(), algo)

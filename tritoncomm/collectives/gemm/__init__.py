@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from ...channels import Channel, Communicator
-from ...errors import InvalidInputError
+from ...errors import InvalidInputError, TritonCommError
 from ...kernels import MAX_WORLD
 from ...kernels.consistency import DTYPE_CODES, OP_CODES
 from ...units import cdiv
@@ -117,7 +117,9 @@ class GemmAllReduce:
                  name: str = "gemm_allreduce") -> None:
         if max_tokens <= 0 or n <= 0:
             raise InvalidInputError(f"max_tokens and n must be positive, got {max_tokens}, {n}")
+        comm.require_open("GemmAllReduce")
         self.comm, self.max_tokens, self.n = comm, max_tokens, n
+        self._closed = False
         self.overlap_min_tokens = overlap_min_tokens
         # the overlapped kernel loads through TMA descriptors: Hopper or newer (the CPU world emulates them)
         self._tma = comm.backend != "cuda" or torch.cuda.get_device_capability(comm.device)[0] >= 9
@@ -233,6 +235,8 @@ class GemmAllReduce:
         ``chunks``, ``side_programs`` and ``sm_carveout`` override the chunked path's settings
         (every rank must pass the same)."""
         what = "gemm + all_reduce"
+        if self._closed:
+            raise TritonCommError("GemmAllReduce is closed")
         check_input(x, self.comm.device, what)
         check_input(w, self.comm.device, what + " (weight)")
         if x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype:
@@ -306,7 +310,10 @@ class GemmAllReduce:
         return out
 
     def close(self) -> None:
-        """Collective: return the workspace to the heap."""
+        """Collective: return the workspace to the heap. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         if self._stage is not None:
             self.comm.free(self._stage)
             self._stage = None

@@ -67,7 +67,7 @@ import torch
 
 from ...channels import HEAP_ALIGN, Channel, Communicator
 from ...channels.cuda_ipc import HostMappedWords
-from ...errors import InvalidInputError
+from ...errors import InvalidInputError, TritonCommError
 from ...kernels import barrier_flag_bytes, lamport_fill, pow2_at_least
 from ...kernels.launcher import Launcher
 from ...units import round_up
@@ -372,6 +372,7 @@ class MoEAllToAll:
         # ids out of range, entries dropped on own experts; then both as last copied into _bad_host
         self._bad = torch.zeros(4, dtype=torch.int64, device=dev)
         self._bad_host = HostMappedWords(2, comm.backend == "cuda")  # _bad[:2] as last copied by a dispatch
+        self._closed = False
         self._bad_reported = 0
         self._call = 0
         self._open_handle = -1
@@ -461,7 +462,7 @@ class MoEAllToAll:
         if tokens_bound is not None and (not isinstance(tokens_bound, int) or not n <= tokens_bound <= self.max_tokens):
             raise InvalidInputError(f"moe dispatch: tokens_bound must be an int in [{n}, {self.max_tokens}] (this "
                                     f"rank's tokens to max_tokens), got {tokens_bound!r}")
-        self.comm.check()
+        self.check()
         path, sh = self.dispatch_path(tokens_bound)
         bound = self.max_tokens if tokens_bound is None else tokens_bound  # the same on every rank
         decode = sh is not self.shape
@@ -524,7 +525,7 @@ class MoEAllToAll:
         if tuple(y.shape) != shape or y.dtype != self.dtype or y.device != self.comm.device:
             raise InvalidInputError(f"moe combine: y must be {self.dtype} {list(shape)} on {self.comm.device}, got "
                                     f"{y.dtype} {list(y.shape)} on {y.device}")
-        self.comm.check()
+        self.check()
         self._open_handle = -1
         if y.data_ptr() != self._ybuf.data_ptr():
             self._ybuf.copy_(y)
@@ -545,8 +546,17 @@ class MoEAllToAll:
                        chunks=0 if decode else self._comb_chunks)
         return out[:handle.n_tokens]
 
+    def check(self) -> None:
+        """Raise ``TritonCommError`` once closed, ``CommTimeoutError`` once a wait expired (host-only)."""
+        if self._closed:
+            raise TritonCommError("MoEAllToAll is closed")
+        self.comm.check()
+
     def close(self) -> None:
-        """Collective: release the heap memory and channels."""
+        """Collective: release the heap memory and channels. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         for ch in (self._send_ch, self._comb_ch, self._route_ch):
             if ch is not None:
                 ch.close()

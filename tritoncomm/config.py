@@ -29,8 +29,6 @@ class CommConfig:
         heap_bytes: size of each rank's symmetric heap. ``None`` picks 512 MiB on CUDA and
             32 MiB in the CPU world.
         timeout_s: bound on every wait inside a kernel; ``0`` disables the bound.
-        cpu_spins_per_s: in the CPU world waits count spins instead of time: the bound is
-            ``timeout_s * cpu_spins_per_s`` spins (an interpreted spin takes roughly 0.1-1 ms).
         debug: before every collective, the ranks compare (op, dtype, element count, algorithm)
             through the heap and raise ``CollectiveMismatchError`` on every rank if they differ
             (one small kernel and, outside graph capture, one stream synchronisation per call).
@@ -46,7 +44,6 @@ class CommConfig:
     backend: str = "auto"
     heap_bytes: int | None = None
     timeout_s: float = 60.0
-    cpu_spins_per_s: int = 2000
     debug: bool = False
     registered_slots: int = 16384
     shared_gpus: bool = field(default_factory=_shared_gpus_default)
@@ -60,8 +57,6 @@ class CommConfig:
             raise ValueError(f"timeout_s must be >= 0, got {self.timeout_s!r}")
         if not isinstance(self.registered_slots, int) or self.registered_slots < 1:
             raise ValueError(f"registered_slots must be a positive int, got {self.registered_slots!r}")
-        if self.cpu_spins_per_s <= 0:
-            raise ValueError(f"cpu_spins_per_s must be > 0, got {self.cpu_spins_per_s!r}")
 
     def resolved_heap_bytes(self, backend: str) -> int:
         """Heap size to allocate for a resolved backend."""
@@ -70,9 +65,8 @@ class CommConfig:
         return (512 << 20) if backend == "cuda" else (32 << 20)
 
     def timeout_units(self, backend: str) -> int:
-        """The wait bound in the kernels' unit: nanoseconds on CUDA, spins in the CPU world."""
+        """The wait bound in the kernels' unit, nanoseconds of wall-clock time in both worlds
+        (``backend`` is kept for callers; 0: unbounded)."""
         if self.timeout_s == 0:
             return 0
-        if backend == "cuda":
-            return int(self.timeout_s * 1e9)
-        return max(1, int(self.timeout_s * self.cpu_spins_per_s))
+        return max(1, int(self.timeout_s * 1e9))

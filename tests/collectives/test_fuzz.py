@@ -106,13 +106,13 @@ def test_capacities_cover_every_size_the_table_routes(rows, max_bytes):
 
 @FAST
 @given(backend=st.sampled_from(["auto", "cuda", "cpu", "gpu", ""]), heap=st.one_of(st.none(), st.integers(-5, 1 << 31)),
-       timeout=st.one_of(st.floats(-1, 100), st.just(float("nan"))), spins=st.integers(-2, 10))
-def test_config_validation(backend, heap, timeout, spins):
-    bad = (backend not in ("auto", "cuda", "cpu") or (heap is not None and heap < 1 << 20) or not timeout >= 0
-           or spins <= 0)
+       timeout=st.one_of(st.floats(-1, 100), st.just(float("nan"))))
+def test_config_validation(backend, heap, timeout):
+    bad = backend not in ("auto", "cuda", "cpu") or (heap is not None and heap < 1 << 20) or not timeout >= 0
     if bad:
         with pytest.raises(ValueError):
-            tc.CommConfig(backend=backend, heap_bytes=heap, timeout_s=timeout, cpu_spins_per_s=spins)
+            tc.CommConfig(backend=backend, heap_bytes=heap, timeout_s=timeout)
     else:
-        cfg = tc.CommConfig(backend=backend, heap_bytes=heap, timeout_s=timeout, cpu_spins_per_s=spins)
-        assert cfg.timeout_units("cuda") >= 0 and cfg.timeout_units("cpu") >= 0
+        cfg = tc.CommConfig(backend=backend, heap_bytes=heap, timeout_s=timeout)
+        assert cfg.timeout_units("cuda") == cfg.timeout_units("cpu") == (0 if timeout == 0 else
+                                                                         max(1, int(timeout * 1e9)))

@@ -18,8 +18,8 @@ Contracts (per lane):
 * ``ld_volatile(p)``: a relaxed load that is never cached or hoisted out of a loop; no ordering.
 * ``st_relaxed(p, v)``: a relaxed system-scope store; no ordering.
 * ``fence_sys()``: a full acquire-release fence at system scope for this thread.
-* ``clock_ns()``: ``%globaltimer`` on the GPU (nanoseconds). The interpreter has no clock; it
-  returns 0 and waits bound themselves by counting spins instead.
+* ``clock_ns()``: nanoseconds: ``%globaltimer`` on the GPU, the host's monotonic clock in the
+  interpreter, so that every bounded wait measures wall-clock time in both worlds.
 
 Programmatic dependent launch (Hopper; a kernel launched with ``launch_pdl=True`` may start before the
 previous kernel on its stream has ended):
@@ -36,6 +36,8 @@ Both are no-ops without PDL and in the interpreter.
 """
 
 from __future__ import annotations
+
+import time
 
 import triton
 import triton.language as tl
@@ -128,11 +130,20 @@ def fence_sys():
                                   is_pure=False, pack=1)
 
 
+def _host_ns(*args: object, **kwargs: object) -> int:
+    """The host's monotonic clock (ns), read by ``clock_ns`` in the interpreter. Marked a builtin so
+    that Triton's compiler, which never traces the interpreter's branch, accepts the reference."""
+    return time.monotonic_ns()
+
+
+_host_ns.__triton_builtin__ = True  # type: ignore[attr-defined]
+
+
 @triton.jit
 def clock_ns():
-    """Global nanosecond timer on the GPU; 0 in the interpreter (which bounds waits by spins)."""
+    """Nanoseconds: the GPU's global timer, or the host's monotonic clock in the interpreter."""
     if INTERPRET:
-        return tl.full([], 0, tl.uint64)
+        return tl.full([], _host_ns(), tl.uint64)
     else:
         return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.uint64,
                                          is_pure=False, pack=1)

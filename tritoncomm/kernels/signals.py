@@ -33,7 +33,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .backend import INTERPRET
 from .diag import already_failed, record_timeout
 from .memory import heap_ptr
 from .ordering import (
@@ -136,14 +135,11 @@ def _behind(seen, expected):
 @triton.jit
 def _expired(t0, spins, timeout):
     """Whether a wait that started at ``t0`` (``clock_ns``) has run past ``timeout`` ns; the
-    timer is read every ``_CLOCK_EVERY`` spins only. The interpreter counts spins instead."""
-    if INTERPRET:
-        return spins > timeout
-    else:
-        expired = False
-        if (spins % _CLOCK_EVERY) == 0:
-            expired = (clock_ns() - t0).to(tl.int64) > timeout
-        return expired
+    timer is read every ``_CLOCK_EVERY`` spins only (in both worlds: wall-clock time)."""
+    expired = False
+    if (spins % _CLOCK_EVERY) == 0:
+        expired = (clock_ns() - t0).to(tl.int64) > timeout
+    return expired
 
 
 @triton.jit

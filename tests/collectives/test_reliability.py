@@ -54,6 +54,37 @@ def test_debug_mode_catches_mismatched_calls_on_every_rank(worlds):
         assert ok, "communicator unusable after a caught mismatch"
 
 
+def _job_zero_elements(ctx):
+    """A call with no elements is a no-op on every rank; in debug mode it takes part in the signature
+    check, so a rank passing none where another passes some raises on both and later calls pair as
+    they should (the sums below would be off by a call otherwise)."""
+    comm = make_comm(ctx, debug=True)
+    ar, ag = tc.AllReduce(comm, max_bytes=1 << 16), tc.AllGather(comm, max_bytes=1 << 16)
+    dev, r = ctx.device, ctx.rank
+    ar(torch.ones(0, device=dev))  # every rank: nothing moves, nothing waits
+    ag(torch.ones(0, device=dev))
+    caught = []
+    for case in (lambda: ar(torch.ones(0 if r == 0 else 10, device=dev)),
+                 lambda: ag(torch.ones(0 if r == 1 else 8, device=dev))):
+        try:
+            case()
+            comm.synchronize()
+            caught.append(None)
+        except tc.CollectiveMismatchError as e:
+            caught.append(e.field)
+    sums = [ar(torch.full((100,), float(r + k), device=dev))[0].item() for k in (1, 10)]
+    ar.close()
+    ag.close()
+    comm.close()
+    return caught, sums
+
+
+def test_zero_element_calls_are_checked_in_debug_mode(worlds):
+    for caught, sums in worlds(3).run(_job_zero_elements):
+        assert caught == ["element count", "element count"], caught
+        assert sums == [float(sum(r + k for r in range(3))) for k in (1, 10)], sums
+
+
 # --------------------------------------------------------------------------------------------
 # stress: many back-to-back calls of random sizes over every algorithm, with stragglers
 

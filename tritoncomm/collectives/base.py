@@ -238,6 +238,13 @@ class CollectiveBase:
                                 f"(capacities {self.capacity})")
 
     # -- debug mode and fallback ---------------------------------------------------------------
+    def _nothing_to_move(self, dtype: torch.dtype) -> None:
+        """A call with no elements is a no-op on every rank (no kernel, no wait, nothing for the
+        other ranks to pair with), by rule. In debug mode it still takes part in the ranks' signature
+        check, with count 0: a rank that passes none where another passes some raises
+        ``CollectiveMismatchError`` on both, instead of shifting the pairing of later calls."""
+        self._debug_check(dtype, 0, "")
+
     def _debug_check(self, dtype: torch.dtype, count: int, algo: str, variant: tuple = ()) -> None:
         """Debug mode: all ranks must call with the same (op, dtype, count, algorithm); ``variant``
         (e.g. the output's peer form and the launch shape) must agree too, folded into the algorithm

@@ -130,6 +130,7 @@ class AllGather(_PushCollective):
         if out is None:
             out = x.new_empty((w * x.shape[0], *x.shape[1:]) if x.dim() else (w,))
         if x.numel() == 0:
+            self._nothing_to_move(x.dtype)
             return out
         nbytes = out.numel() * out.element_size()
         if self._too_large(x, x.numel(), nbytes, "all_gather"):
@@ -154,6 +155,7 @@ class AllGather(_PushCollective):
         if out is None:
             out = x.new_empty((total, *x.shape[1:]))
         if total == 0 or row == 0:
+            self._nothing_to_move(x.dtype)
             return out
         if self._var_too_large(x, rows, row, "all_gather"):  # every shard padded to the largest
             most = max(rows)
@@ -197,6 +199,7 @@ class AllToAll(_PushCollective):
         if out is None:
             out = torch.empty_like(x)
         if m == 0:
+            self._nothing_to_move(x.dtype)
             return out
         nbytes = x.numel() * x.element_size()
         if self._too_large(x, m, nbytes, "all_to_all"):
@@ -245,6 +248,7 @@ class ReduceScatter(_PushCollective):
         if out is None:
             out = x.new_empty((x.shape[0] // w, *x.shape[1:]) if x.dim() and x.shape[0] % w == 0 else (m,))
         if m == 0:
+            self._nothing_to_move(x.dtype)
             return out
         if self._too_large(x, m, x.numel() * x.element_size(), "reduce_scatter"):
             dist.reduce_scatter_tensor(out, x, group=self.fallback_group)
@@ -263,6 +267,7 @@ class ReduceScatter(_PushCollective):
         if out is None:
             out = x.new_empty((mine, *x.shape[1:]))
         if total == 0 or row == 0:
+            self._nothing_to_move(x.dtype)
             return out
         if self._var_too_large(x, rows, row, "reduce_scatter"):
             summed = x.clone()

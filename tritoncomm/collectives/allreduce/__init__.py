@@ -95,6 +95,7 @@ class AllReduce(CollectiveBase):
         if out is None:
             out = torch.empty_like(x)
         if x.numel() == 0:
+            self._nothing_to_move(x.dtype)
             return out
         if nbytes > self.max_bytes:
             return self._fallback(x, out, nbytes)

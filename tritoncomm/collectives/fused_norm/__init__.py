@@ -162,6 +162,7 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
                                     f"bytes (capacities {self.capacity})")
         self.check()
         if t == 0:
+            self._nothing_to_move(x.dtype)
             return out
         self._debug_check(x.dtype, x.numel(), algo)
         scale = fp8_scale if fp8_scale is not None else weight  # any pointer when unused; no copy

@@ -176,6 +176,47 @@ def test_layout_never_splits_the_ranks(worlds, world):
         assert all(checks.values()), checks
 
 
+def _skipped_call(ctx):
+    """Rank 1 skips one all-reduce of a group whose timeout is 1 s: rank 0's work for that call never
+    reports success (``wait`` raises, ``is_success`` False, ``exception`` and the future hold the error),
+    and a synchronous call after it raises too."""
+    from datetime import timedelta
+
+    g = dist.new_group(backend="tritoncomm", timeout=timedelta(seconds=1))
+    x = torch.ones(64, device=ctx.device)
+    seen = {}
+    if ctx.rank == 0:
+        work = dist.all_reduce(x, group=g, async_op=True)
+        try:
+            work.wait()
+            seen["wait"] = "returned"
+        except tritoncomm.CommTimeoutError as e:
+            seen["wait"] = f"raised: rank {e.rank} peer {e.peer}"
+        seen["is_success"] = work.is_success()
+        seen["exception"] = type(work.exception()).__name__
+        try:
+            work.get_future().wait()
+            seen["future"] = "returned"
+        except Exception as e:  # the future carries the same error
+            seen["future"] = type(e).__name__
+        try:
+            dist.all_reduce(x.clone(), group=g)
+            seen["next"] = "returned"
+        except tritoncomm.CommTimeoutError:
+            seen["next"] = "raised"
+    t0 = time.monotonic()
+    dist.destroy_process_group(g)  # a broken group closes within its bound
+    seen["closed within"] = time.monotonic() - t0 < 30
+    return seen
+
+
+def test_a_timed_out_call_never_reports_success(worlds):
+    seen = worlds(2).run(_skipped_call)[0]
+    assert seen["wait"] == "raised: rank 0 peer 1" and seen["is_success"] is False, seen
+    assert seen["exception"] == seen["future"] == "CommTimeoutError", seen
+    assert seen["next"] == "raised" and seen["closed within"], seen
+
+
 def _uneven(ctx, dtype):
     """The list all_gather and reduce_scatter with shards of different rows (rank ``r``: ``r + 1``,
     one rank with none where the world allows), served, against references built from every rank's

@@ -53,6 +53,7 @@ from ..channels.bootstrap import StoreBootstrap
 from ..collectives import AllGather, AllReduce, AllToAll, ReduceScatter
 from ..collectives.validation import SUPPORTED_DTYPES, overlap
 from ..config import CommConfig
+from ..errors import CommTimeoutError
 from ..kernels.backend import interpreting
 from .capability import probe
 
@@ -100,12 +101,20 @@ class TritonCommWork(dist.Work):
     recorded at the launch: ``wait()`` on the launch stream has nothing to do (stream order), and from
     another stream it records one on the launch stream then, which orders after the collective (and
     after whatever the launch stream took since; never a cycle, since a wait only refers to records
-    made before it)."""
+    made before it).
 
-    def __init__(self, outputs: list[torch.Tensor], stream: tuple[int, int, int] | None = None) -> None:
+    A call whose kernel gave up waiting never reports success. ``failure`` returns the group's
+    recorded timeout (read from host-visible memory, no synchronisation): ``wait()`` raises it once it
+    is recorded (in the CPU world, where kernels run at the call, always; on GPUs if the kernel has
+    already ended, else the next call raises it), and once the work has completed ``is_success()`` is
+    False, ``exception()`` holds it and the future carries it."""
+
+    def __init__(self, outputs: list[torch.Tensor], stream: tuple[int, int, int] | None = None,
+                 failure: Callable[[], BaseException | None] | None = None) -> None:
         super().__init__()
         self._outputs, self._stream = outputs, stream
         self._event: torch.cuda.Event | None = None
+        self._failure = failure if failure is not None else _no_failure
 
     def _recorded(self) -> torch.cuda.Event:
         if self._event is None:
@@ -118,16 +127,19 @@ class TritonCommWork(dist.Work):
         s = self._stream
         if s is not None and current_stream_key(s[1]) != s:
             torch.cuda.current_stream(s[1]).wait_event(self._recorded())
+        err = self._failure()
+        if err is not None:
+            raise err
         return True
 
     def is_completed(self) -> bool:
         return self._stream is None or self._recorded().query()
 
     def is_success(self) -> bool:
-        return True
+        return self.is_completed() and self._failure() is None
 
-    def exception(self) -> None:
-        return None
+    def exception(self) -> BaseException | None:
+        return self._failure()
 
     def synchronize(self) -> None:
         if self._stream is not None:
@@ -138,8 +150,16 @@ class TritonCommWork(dist.Work):
 
     def get_future(self) -> torch.futures.Future:
         fut: torch.futures.Future = torch.futures.Future()
-        fut.set_result(self._outputs)
+        err = self._failure()
+        if err is not None:
+            fut.set_exception(err)
+        else:
+            fut.set_result(self._outputs)
         return fut
+
+
+def _no_failure() -> None:
+    return None
 
 
 _SUM = ReduceOp.SUM
@@ -193,7 +213,7 @@ class TritonCommProcessGroup(ProcessGroup):
         self._backends = backends
         #: Every synchronous served call returns this: creating a work object costs microseconds of
         #: host time, and a synchronous call's work has nothing left to wait for.
-        self._done = TritonCommWork([])
+        self._done = TritonCommWork([], failure=self._failure)
         self._serve_type = "cpu" if interpreting() else ("cuda" if torch.cuda.is_available() else "")
         self.comm: Communicator | None = None
         self.device: torch.device | None = None  # the served device; None while nothing is served
@@ -208,7 +228,10 @@ class TritonCommProcessGroup(ProcessGroup):
         env = os.environ.get("TRITONCOMM_BACKEND_MAX_BYTES")
         ar_max, ag_max, rs_max, a2a_max = (int(env),) * 4 if env else MAX_BYTES[self._serve_type]
         heap = CommConfig().resolved_heap_bytes(self._serve_type)
-        config = CommConfig(heap_bytes=max(heap, 3 * (ar_max + ag_max + rs_max + a2a_max) + (16 << 20)))
+        # the kernels' waits: bounded by the group's timeout (as NCCL's collectives are), and by the default
+        wait_s = min(CommConfig().timeout_s, timeout.total_seconds()) if timeout.total_seconds() > 0 else None
+        config = CommConfig(heap_bytes=max(heap, 3 * (ar_max + ag_max + rs_max + a2a_max) + (16 << 20)),
+                            **({"timeout_s": wait_s} if wait_s else {}))
         boot = StoreBootstrap(dist.PrefixStore("tritoncomm/boot/", store), rank, size)
         verdict = probe(None, device, config, bootstrap=boot)
         if not verdict.ok:
@@ -223,6 +246,18 @@ class TritonCommProcessGroup(ProcessGroup):
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    def _failure(self) -> BaseException | None:
+        """What a served call's work reports as its failure: the communicator's recorded timeout
+        (host-visible memory, no synchronisation; the communicator is unusable from then on), or None."""
+        comm = self.comm
+        if comm is None or comm.closed:
+            return None
+        try:
+            comm.check()
+        except CommTimeoutError as e:
+            return e
+        return None
 
     # -- what is served ------------------------------------------------------------------------------
     def _ok(self, t: torch.Tensor) -> bool:
@@ -262,7 +297,8 @@ class TritonCommProcessGroup(ProcessGroup):
 
     def _work(self, outputs: list[torch.Tensor], opts: Any) -> TritonCommWork:
         if opts is not None and getattr(opts, "asyncOp", False):
-            return TritonCommWork(outputs, current_stream_key() if self._serve_type == "cuda" else None)
+            return TritonCommWork(outputs, current_stream_key() if self._serve_type == "cuda" else None,
+                                  self._failure)
         done = self._done
         done._outputs = outputs
         return done

@@ -149,3 +149,40 @@ def test_debug_signature_words_name_every_op_and_dtype():
     for dtype, code in DTYPE_CODES.items():
         assert code_name(1, code) == dtype
     assert code_name(2, 12345) == "12345" and code_name(0, 77) == "77"
+
+
+class _PeerDiesBeforeTheBarrier:
+    """Rank 0's view of a two-rank set-up whose rank 1 creates its segment, sends its name and dies
+    before the barrier (a stand-in bootstrap: no processes)."""
+
+    world, rank = 2, 0
+
+    def __init__(self) -> None:
+        self.token: str | None = None
+
+    def all_gather(self, obj):
+        import _posixshmem
+
+        from tritoncomm.channels.shm import segment_name
+
+        if self.token is None:  # the first exchange draws the token (rank 0's)
+            self.token = obj
+            return [obj, "unused"]
+        peer = segment_name(self.token, 1)
+        fd = _posixshmem.shm_open("/" + peer, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)  # as rank 1 made it
+        os.ftruncate(fd, 1 << 20)
+        os.close(fd)
+        return [obj, peer]
+
+    def barrier(self, timeout=None):
+        raise RuntimeError("rank 1 is gone")
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
+def test_a_set_up_that_fails_leaves_no_segment_not_even_the_dead_ranks():
+    from tritoncomm.channels.shm import ShmPeerMemory
+
+    boot = _PeerDiesBeforeTheBarrier()
+    with pytest.raises(RuntimeError, match="rank 1 is gone"):
+        ShmPeerMemory(1 << 20, boot)
+    assert boot.token and not [n for n in os.listdir("/dev/shm") if boot.token in n]

@@ -1,7 +1,9 @@
 """CPU world: each rank's heap is a POSIX shared-memory segment that every rank maps.
 
 The segment is unlinked as soon as every rank has mapped it, so no name is left in ``/dev/shm``
-even if a process dies later; the memory goes away with the last mapping.
+even if a process dies later; the memory goes away with the last mapping. A set-up that fails (a
+peer died before every rank had mapped every segment) unlinks every rank's segment this rank can
+name, so a dead rank's segment does not outlive it: names are the communicator's token and the rank.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 
 from .bootstrap import Bootstrap
 
-__all__ = ["SHM_PREFIX", "ShmPeerMemory"]
+__all__ = ["SHM_PREFIX", "ShmPeerMemory", "segment_name"]
 
 #: Every segment name starts with this (tests look for leftovers by it).
 SHM_PREFIX = "tritoncomm-"
@@ -34,6 +36,18 @@ def _map(name: str, nbytes: int, create: bool) -> mmap.mmap:
         os.close(fd)
 
 
+def segment_name(token: str, rank: int) -> str:
+    """The segment of ``rank`` in the communicator whose set-up drew ``token``."""
+    return f"{SHM_PREFIX}{token}-r{rank}"
+
+
+def _unlink(name: str) -> None:
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass
+
+
 class ShmPeerMemory:
     """``PeerMemory`` over POSIX shared memory (collective construction and close)."""
 
@@ -42,7 +56,7 @@ class ShmPeerMemory:
         self.bootstrap = bootstrap
         self.rank = bootstrap.rank
         token = bootstrap.all_gather(uuid.uuid4().hex[:12])[0]
-        self.name = f"{SHM_PREFIX}{token}-{os.getpid()}-r{self.rank}"
+        self.name = segment_name(token, self.rank)
         self._maps: list[mmap.mmap] = []
         self._anchors: list[ctypes.Array] = []
         own = _map(self.name, nbytes, create=True)
@@ -53,8 +67,15 @@ class ShmPeerMemory:
                 self._maps.append(mm)
                 self._anchors.append((ctypes.c_char * nbytes).from_buffer(mm))
             bootstrap.barrier()  # every rank has mapped every segment
+        except BaseException:
+            for r in range(bootstrap.world):  # a peer may have died holding its segment: unlink them all
+                _unlink(segment_name(token, r))
+            self._anchors.clear()
+            for mm in self._maps:
+                mm.close()
+            raise
         finally:
-            _posixshmem.shm_unlink("/" + self.name)
+            _unlink(self.name)
         self.peer_addrs = [ctypes.addressof(a) for a in self._anchors]
 
     def view(self, offset: int, nbytes: int) -> torch.Tensor:

@@ -20,7 +20,7 @@ from tritoncomm.kernels import Launcher, barrier, epoch_commit, epoch_next, get,
 def broadcast_kernel(x, out, n, root, bases, rank, world, timeout, diag_addr, flags_off, epochs_off, buf_off,
                      BLOCK: tl.constexpr):
     DT: tl.constexpr = x.dtype.element_ty
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
     ep = heap_ptr(bases, rank, epochs_off, tl.uint32)  # this launch's epoch lives in device memory
     e = epoch_next(ep)
     if rank == root:  # 1. the root writes its data into every peer's buffer (and its own output)

@@ -39,7 +39,7 @@ from tritoncomm.units import round_up
 def lamport_allgather_kernel(x, out, n, bases, rank, world, timeout, diag_addr, epochs_off, buf_off, slot_elems,
                              BLOCK: tl.constexpr):
     DT: tl.constexpr = x.dtype.element_ty
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
     ep, e = program_epoch(bases, rank, epochs_off)  # this program's launch count, kept in device memory
     parity = (e & 1).to(tl.int64)
     for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):

@@ -37,7 +37,7 @@ def _ring_kernel(src, out, n, bases, rank, world, timeout, diag_addr, epochs_off
                  BLOCK: tl.constexpr):
     """Rank r stores ``src`` into slot [parity] of rank r+1's buffer; polls its own slot (from r-1),
     copies what it read to ``out`` and resets the slot."""
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     parity = (e & 1).to(tl.int64)
     DT: tl.constexpr = src.dtype.element_ty
@@ -190,7 +190,7 @@ def _look_kernel(buf, vals, missing, n, rank, timeout, diag_addr, POLL: tl.const
     offs = tl.arange(0, BLOCK)
     m = offs < n
     if POLL:
-        v = lamport_poll(buf + offs, m, 0, 0, rank, timeout, diag_addr.to(tl.pointer_type(tl.int64)))
+        v = lamport_poll(buf + offs, m, 0, 0, rank, timeout, diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64)))
         miss = tl.zeros([BLOCK], tl.int32)
     else:
         v, miss = lamport_try(buf + offs, m)
@@ -305,7 +305,8 @@ def _lagging_reader_kernel(buf, out, rank, timeout, diag_addr, prompt, lag_ns, w
         lamport_store(buf + offs, (offs + 1).to(tl.float32))
     else:
         lag = _lag(offs, prompt, lag_ns)
-        v = lamport_poll(buf + offs + lag, offs < BLOCK, 1, 0, rank, timeout, diag_addr.to(tl.pointer_type(tl.int64)))
+        diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+        v = lamport_poll(buf + offs + lag, offs < BLOCK, 1, 0, rank, timeout, diag)
         lamport_reset(buf + offs, SYNC=SYNC)
         tl.store(out + offs, v)
 
@@ -372,7 +373,8 @@ def _trickle_kernel(buf, out, rank, timeout, diag_addr, gap_ns, BLOCK: tl.conste
             j = BLOCK - 1 - i
             lamport_store(buf + j, (j + 1).to(tl.float32))
     else:
-        v = lamport_poll(buf + offs, offs < BLOCK, 1, 0, rank, timeout, diag_addr.to(tl.pointer_type(tl.int64)))
+        diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+        v = lamport_poll(buf + offs, offs < BLOCK, 1, 0, rank, timeout, diag)
         lamport_reset(buf + offs)
         tl.store(out + offs, v)
 

@@ -41,7 +41,7 @@ from ..helpers import make_comm, world_sizes
 @triton.jit
 def _put_get_kernel(src, out_put, out_get, n, bases, rank, world, timeout, diag_addr, flags_off, epochs_off, buf_off,
                     half_bytes, BLOCK: tl.constexpr):
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
     ep = heap_ptr(bases, rank, epochs_off, tl.uint32)
     e = epoch_next(ep)
     nxt = (rank + 1) % world
@@ -61,7 +61,7 @@ def _handshake_kernel(out_bad, rounds, n, bases, rank, world, timeout, diag_addr
                       BLOCK: tl.constexpr):
     """Ring ping-pong: each round writes fresh data into the next rank, signals, and waits for the
     previous rank's data; a wait that returned early would read the last round's values."""
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
     ep = heap_ptr(bases, rank, epochs_off, tl.uint32)
     base = epoch_next(ep) - 1
     nxt = (rank + 1) % world
@@ -94,7 +94,7 @@ def _handshake_kernel(out_bad, rounds, n, bases, rank, world, timeout, diag_addr
 def _barrier_kernel(out_bad, iters, bases, rank, world, timeout, diag_addr, flags_off, epochs_off, buf_off):
     """``iters`` barriers in a row. Before each, a rank publishes its round in a cell; after it,
     every peer's cell must show this round or the next one (a peer may already be one ahead)."""
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
     ep = heap_ptr(bases, rank, epochs_off, tl.uint32)
     first = epoch_next(ep)
     lanes = tl.arange(0, MAX_WORLD)
@@ -119,7 +119,7 @@ def _ll_kernel(src, out, out_check, nwords, bases, rank, world, timeout, diag_ad
     every peer sent; ``out`` gets the words of the previous rank. Exchanging with every peer is what
     makes two buffers (by epoch parity) enough: nobody can finish launch k+1 before every peer has
     started it, so nobody overwrites a buffer that a peer still reads (the LL contract)."""
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
     ep = heap_ptr(bases, rank, epochs_off, tl.uint32)
     e = epoch_next(ep)
     parity = (e & 1).to(tl.int64)
@@ -161,7 +161,7 @@ def _try_kernel(src, out, out_missing, nwords, bases, rank, world, buf_off, flag
 @triton.jit
 def _counter_kernel(out, bases, rank, world, timeout, diag_addr, flags_off, epochs_off):
     """Every rank adds 1 to a counter on rank 0; rank 0 waits for ``world`` per launch."""
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
     ep = heap_ptr(bases, rank, epochs_off, tl.uint32)
     e = epoch_next(ep)
     counter = heap_ptr(bases, 0, flags_off, tl.uint32)

@@ -617,7 +617,8 @@ def test_a_timeout_record_needs_no_barrier_and_a_reset_one():
 @triton.jit
 def _poll_kernel(buf, out, rank, timeout, diag_addr, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
-    v = lamport_poll(buf + offs, offs < BLOCK, 1, 0, rank, timeout, diag_addr.to(tl.pointer_type(tl.int64)))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    v = lamport_poll(buf + offs, offs < BLOCK, 1, 0, rank, timeout, diag)
     tl.store(out + offs, v)
 
 

@@ -54,7 +54,7 @@ def signature_table_bytes() -> int:
 
 @triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def check_signatures(w0, w1, w2, w3, bases, rank, world, timeout, diag_addr, flags_off, epochs_off, table_off):
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
     ep = heap_ptr(bases, rank, epochs_off, tl.uint32)
     e = epoch_next(ep)
     base = table_off + (e & 1).to(tl.int64) * (MAX_WORLD * SIGNATURE_WORDS * 8)

@@ -109,7 +109,7 @@ def allgather_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, flags_o
         row = assume_multiple(row, MDIV)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     if pid < active:
         span = m
@@ -119,7 +119,8 @@ def allgather_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, flags_o
         own_off, _ = shard(rank, m, rows_lo, rows_hi, row, WORLD, VAR)
         if DIRECT:
             barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)  # every rank has entered
-            _push_shard(x_ptr, out_ptr, m, own_off, iters, pid, active, rank, out_tab.to(tl.pointer_type(tl.int64)),
+            row_tab = out_tab.to(tl.int64).to(tl.pointer_type(tl.int64))
+            _push_shard(x_ptr, out_ptr, m, own_off, iters, pid, active, rank, row_tab,
                         0, rank * m, WORLD, BLOCK, ALLTOALL)
             barrier(bases, rank, WORLD, flags_off, pid + tl.num_programs(0), e, timeout, diag)
         else:

@@ -33,7 +33,7 @@ def reducescatter_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, fla
         row = assume_multiple(row, MDIV)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     if pid < active:
         base = buf_off + (e & 1).to(tl.int64) * half_bytes

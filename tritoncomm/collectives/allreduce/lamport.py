@@ -137,7 +137,7 @@ def lamport_oneshot_kernel(x_ptr, out_ptr, n, bases, rank, timeout, diag_addr, e
     n = assume_multiple(n, NDIV)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
     W2: tl.constexpr = next_pow2(WORLD)
     k = tl.arange(0, W2)
     peer_bases = tl.load(bases + tl.where(k < WORLD, k, rank))  # set once at start-up: safe before the wait
@@ -199,7 +199,7 @@ def lamport_twoshot_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
     W2: tl.constexpr = next_pow2(WORLD)
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
     pdl_wait()  # launched with PDL: the previous kernel has ended
     if EARLY:
         pdl_launch_dependents()

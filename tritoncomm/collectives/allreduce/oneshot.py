@@ -47,7 +47,7 @@ def oneshot_allreduce_kernel(x_ptr, out_ptr, n, bases, rank, timeout, diag_addr,
     n = assume_multiple(n, NDIV)
     nprog = active
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     stage_off = buf_off + (e & 1).to(tl.int64) * slot_bytes
     if pid < nprog:

@@ -101,7 +101,7 @@ def twoshot_reduce_block(x_ptr, out_ptr, n, shard, b, bases, rank, rs_off, ag_of
             if OUT_HEAP:
                 tl.store(heap_ptr(bases, s, out_off, DTYPE) + idx, red, mask=m)
             elif OUT_REG:
-                tl.store(heap_ptr(out_tab.to(tl.pointer_type(tl.int64)), s, 0, DTYPE) + idx, red, mask=m)
+                tl.store(heap_ptr(out_tab.to(tl.int64).to(tl.pointer_type(tl.int64)), s, 0, DTYPE) + idx, red, mask=m)
             else:
                 tl.store(heap_ptr(bases, s, ag_off + rank * slot_bytes, DTYPE) + j, red, mask=m)
     tl.store(out_ptr + idx, red, mask=m)
@@ -140,7 +140,7 @@ def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, dia
     k+1 only after that peer has arrived at a barrier of launch k+1."""
     pid = tl.program_id(0)
     n = assume_multiple(n, NDIV)
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     if pid < active:
         iters = tl.cdiv(tl.cdiv(shard, BLOCK) - pid, active)

@@ -43,7 +43,7 @@ def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr,
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     BW: tl.constexpr = BLOCK_C // 2
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     parity = (e & 1).to(tl.int64)
     wds = tl.arange(0, BW)

@@ -80,7 +80,7 @@ def ll_twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, 
     BW: tl.constexpr = BLOCK_C // 2
     W2: tl.constexpr = next_pow2(WORLD)
     CH: tl.constexpr = NQ * WORLD
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     parity = (e & 1).to(tl.int64)
     k = tl.arange(0, W2)

@@ -436,7 +436,7 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
         sum_pid = tl.where(pid < PUSHERS, 1 << 30, pid - PUSHERS)
         sum_grid = grid - PUSHERS
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
     pdl_wait()  # launched with PDL: the previous kernel has ended
     pdl_launch_dependents()
     if TRACE:

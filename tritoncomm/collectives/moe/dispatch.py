@@ -265,7 +265,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
     epoch_ptr, e, half = launch_epoch(bases, rank, epochs_off)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 3)

@@ -226,7 +226,7 @@ def finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, ba
     now = tl.load(bad_ptr + two) + tl.where(two == 0, bad_ids, dropped).to(tl.int64)
     tl.store(bad_ptr + two, now)
     changed = now != tl.load(bad_ptr + 2 + two)
-    tl.store(bad_host_addr.to(tl.pointer_type(tl.int64)) + two, now, mask=changed)
+    tl.store(bad_host_addr.to(tl.int64).to(tl.pointer_type(tl.int64)) + two, now, mask=changed)
     tl.store(bad_ptr + 2 + two, now, mask=changed)
 
 

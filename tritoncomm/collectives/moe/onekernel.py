@@ -155,7 +155,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
         lay_grid = grid - SENDERS
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
     ROW: tl.constexpr = BLOCK_N  # a copy row: the ids, -2 past the source's entries up to the bound
-    diag = diag_addr.to(tl.pointer_type(tl.int64))
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
     epoch_ptr, e, half = launch_epoch(bases, rank, epochs_off)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES)

@@ -192,3 +192,30 @@ def test_use_after_close_is_a_clear_error(worlds):
         assert said["moe.dispatch"] == "MoEAllToAll is closed", said
         for what in ("AllReduce(comm)", "comm.empty", "comm.register", "MoEAllToAll(comm)"):
             assert said[what].endswith("the communicator is closed"), (what, said)
+
+
+def _job_close_with_a_gone_peer(ctx):
+    """Rank 1 never comes to close: rank 0's ``close`` of a collective returns within its bound
+    (the wait bound plus a minute) with a CommTimeoutError naming rank 1, and the communicator's close
+    then releases and unmaps this rank's memory at once."""
+    comm = make_comm(ctx, timeout_s=1.0)
+    ar = tc.AllReduce(comm, max_bytes=4096)
+    if ctx.rank == 1:
+        return None  # gone, as far as rank 0 can tell
+    t0 = time.monotonic()
+    try:
+        ar.close()
+        said = "returned"
+    except tc.CommTimeoutError as e:
+        said = (e.rank, e.peer, "rank(s) [1]" in str(e))
+    waited = time.monotonic() - t0
+    t0 = time.monotonic()
+    comm.close()
+    return said, waited, time.monotonic() - t0, comm.closed, comm.heap.memory.peer_addrs
+
+
+def test_close_with_a_gone_peer_is_bounded_and_names_it(worlds):
+    result, _ = worlds(2).run(_job_close_with_a_gone_peer, timeout=300)
+    said, waited, closing, closed, addrs = result
+    assert said == (0, 1, True), said
+    assert 61 <= waited < 90 and closing < 5 and closed and addrs == [], (waited, closing, closed, addrs)

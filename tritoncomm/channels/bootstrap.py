@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import torch.distributed as dist
 
-__all__ = ["Bootstrap", "GroupBootstrap", "StoreBootstrap", "default_bootstrap"]
+__all__ = ["BarrierTimeout", "Bootstrap", "GroupBootstrap", "StoreBootstrap", "default_bootstrap"]
 
 
 class Bootstrap(Protocol):
@@ -31,6 +31,15 @@ class Bootstrap(Protocol):
     def barrier(self, timeout: float | None = None) -> None:
         """Return once every rank has called it; with ``timeout`` (seconds), raise if that takes
         longer. Ranks must agree on whether they pass a timeout (it selects the protocol)."""
+
+
+class BarrierTimeout(TimeoutError):
+    """A timed barrier expired on ``rank``; ``missing``: the ranks that had not reached it."""
+
+    def __init__(self, rank: int, world: int, missing: list[int], timeout: float) -> None:
+        super().__init__(f"rank {rank}: {world - len(missing)} of {world} ranks reached the barrier within "
+                         f"{timeout:g} s; rank(s) {missing} did not")
+        self.rank, self.missing, self.timeout = rank, missing, timeout
 
 
 class GroupBootstrap:
@@ -68,16 +77,16 @@ class GroupBootstrap:
             return
         key = f"{self._prefix}/{self._timed}"
         self._timed += 1
+        store.set(f"{key}/r{self.rank}", b"1")
         if store.add(key, 1) == self.world:
             store.set(f"{key}/all", b"1")
         try:
             store.wait([f"{key}/all"], datetime.timedelta(seconds=timeout))
         except Exception as e:  # the store raises its own timeout type
-            arrived = store.add(key, 0)
-            raise TimeoutError(f"rank {self.rank}: {arrived} of {self.world} ranks reached the barrier "
-                               f"within {timeout:g} s") from e
+            missing = [r for r in range(self.world) if not store.check([f"{key}/r{r}"])]
+            raise BarrierTimeout(self.rank, self.world, missing, timeout) from e
         if store.add(f"{key}/left", 1) == self.world:  # the last rank out removes the barrier's keys
-            for k in (key, f"{key}/all", f"{key}/left"):
+            for k in (key, f"{key}/all", f"{key}/left", *(f"{key}/r{r}" for r in range(self.world))):
                 store.delete_key(k)
 
     def _store(self) -> dist.Store | None:
@@ -113,7 +122,16 @@ class StoreBootstrap:
         return [pickle.loads(self.store.get(k)) for k in keys]
 
     def barrier(self, timeout: float | None = None) -> None:
-        self.all_gather(None, timeout)
+        try:
+            self.all_gather(None, timeout)
+        except BarrierTimeout:
+            raise
+        except Exception as e:  # the store's own timeout type
+            if timeout is None:
+                raise
+            r = self._round - 1
+            missing = [i for i in range(self.world) if not self.store.check([f"{self.prefix}/{r}/{i}"])]
+            raise BarrierTimeout(self.rank, self.world, missing, timeout) from e
 
 
 def default_bootstrap(group: dist.ProcessGroup | None = None) -> Bootstrap:

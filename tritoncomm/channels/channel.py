@@ -101,10 +101,12 @@ class Channel:
         memory is gone anyway and nothing is waited for."""
         if not self._regions:
             return
-        if not self.comm.closed:
-            if self.comm.backend == "cuda" and not self.comm.broken:
-                torch.cuda.synchronize(self.comm.device)
-            self.comm.close_barrier()
-        for region in self._regions:
-            self.comm.heap.free(region)
-        self._regions = []
+        try:
+            if not self.comm.closed:
+                if self.comm.backend == "cuda" and not self.comm.broken:
+                    torch.cuda.synchronize(self.comm.device)
+                self.comm.close_barrier()
+        finally:  # released here even when a peer never came (the communicator is then broken)
+            for region in self._regions:
+                self.comm.heap.free(region)
+            self._regions = []

@@ -330,7 +330,17 @@ class Communicator:
         ``BROKEN_CLOSE_WAIT_S`` and then goes on alone. Never hangs."""
         if self._broken is None:
             limit = (self.config.timeout_s or 600.0) + 60.0
-            self.bootstrap.barrier(timeout=limit)
+            try:
+                self.bootstrap.barrier(timeout=limit)
+            except TimeoutError as e:  # a peer is dead or hung: release alone from now on
+                missing = list(getattr(e, "missing", []))
+                peer = next((r for r in missing if r != self.rank), -1)
+                self._broken = CommTimeoutError(
+                    f"tritoncomm close: rank {self.rank} waited {limit:g} s for rank(s) {missing or 'unknown'} at "
+                    "the close barrier: they are dead or hung. This rank releases its memory without them.",
+                    rank=self.rank, peer=peer, slot=-1, expected=0, seen=0, kind="close barrier", program=-1)
+                self._peers_gone = True
+                raise self._broken from e
             return
         if self._peers_gone:
             return
@@ -356,7 +366,12 @@ class Communicator:
             self._debug_channel.close()
         self._closed = True
         self.registered.close()
-        self.heap.close(barrier=self.close_barrier)
+        try:
+            self.heap.close(barrier=self.close_barrier)
+        except CommTimeoutError:
+            self.heap.close(barrier=lambda: None)  # the peers are gone: unmap and release alone
+            self.diag.close()
+            raise
         self.diag.close()
 
     def __enter__(self) -> Communicator:

@@ -37,8 +37,8 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
 def make_comm(ctx, **config) -> tc.Communicator:
-    # In the CPU world the bound counts interpreted spins, whose speed depends on how loaded the two
-    # cores are; a generous bound keeps a starved-but-alive rank from failing a test.
+    # In the CPU world interpreted kernels share two cores with every other rank: a generous bound keeps
+    # a starved-but-alive rank from failing a test.
     config.setdefault("timeout_s", 30.0 if ctx.backend == "cuda" else 300.0)
     return tc.Communicator(ctx.cpu_group, config=tc.CommConfig(**config))
 

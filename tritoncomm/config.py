@@ -29,6 +29,10 @@ class CommConfig:
         heap_bytes: size of each rank's symmetric heap. ``None`` picks 512 MiB on CUDA and
             32 MiB in the CPU world.
         timeout_s: bound on every wait inside a kernel; ``0`` disables the bound.
+        watchdog_s: how often the watchdog looks for a timeout recorded by a kernel (``channels.watchdog``:
+            it logs it within that long, graph replays included); ``0`` disables the watchdog.
+        abort_on_timeout: the watchdog ends the process once it has logged a timeout (default:
+            ``TRITONCOMM_ABORT_ON_TIMEOUT=1`` in the environment), as ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` does.
         debug: before every collective, the ranks compare (op, dtype, element count, algorithm)
             through the heap and raise ``CollectiveMismatchError`` on every rank if they differ
             (one small kernel and, outside graph capture, one stream synchronisation per call).
@@ -44,6 +48,8 @@ class CommConfig:
     backend: str = "auto"
     heap_bytes: int | None = None
     timeout_s: float = 60.0
+    watchdog_s: float = 2.0
+    abort_on_timeout: bool = field(default_factory=lambda: os.environ.get("TRITONCOMM_ABORT_ON_TIMEOUT", "0") == "1")
     debug: bool = False
     registered_slots: int = 16384
     shared_gpus: bool = field(default_factory=_shared_gpus_default)
@@ -55,6 +61,8 @@ class CommConfig:
             raise ValueError(f"heap_bytes must be an int of at least 1 MiB, got {self.heap_bytes!r}")
         if not (self.timeout_s >= 0):
             raise ValueError(f"timeout_s must be >= 0, got {self.timeout_s!r}")
+        if not (self.watchdog_s >= 0):
+            raise ValueError(f"watchdog_s must be >= 0, got {self.watchdog_s!r}")
         if not isinstance(self.registered_slots, int) or self.registered_slots < 1:
             raise ValueError(f"registered_slots must be a positive int, got {self.registered_slots!r}")
 

@@ -219,3 +219,56 @@ def test_close_with_a_gone_peer_is_bounded_and_names_it(worlds):
     said, waited, closing, closed, addrs = result
     assert said == (0, 1, True), said
     assert 61 <= waited < 90 and closing < 5 and closed and addrs == [], (waited, closing, closed, addrs)
+
+
+def _job_watchdog(ctx):
+    """Rank 1 skips one all-reduce; rank 0 calls nothing after its timed-out call (no ``check``): its
+    watchdog logs the timeout, naming rank, peer and slot, within a few periods."""
+    import logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("tritoncomm").addHandler(handler)
+    comm = make_comm(ctx, timeout_s=1.0, watchdog_s=0.25)
+    ar = tc.AllReduce(comm, max_bytes=4096)
+    fired_after = None
+    if ctx.rank == 0:
+        ar(torch.ones(64, device=ctx.device))  # returns; on GPUs the kernel is still waiting
+        t0 = time.monotonic()
+        while comm.watchdog.fired is None and time.monotonic() - t0 < 30:
+            time.sleep(0.05)
+        fired_after = time.monotonic() - t0
+    logged = [r.getMessage() for r in records if r.getMessage().startswith("tritoncomm watchdog")]
+    comm.bootstrap.barrier()
+    try:
+        comm.close()
+    except tc.CommTimeoutError:
+        pass
+    logging.getLogger("tritoncomm").removeHandler(handler)
+    return fired_after, logged
+
+
+def test_the_watchdog_logs_a_recorded_timeout_within_seconds(worlds):
+    (fired_after, logged), (_, quiet) = worlds(2).run(_job_watchdog, timeout=300)
+    assert fired_after is not None and fired_after < 5 and not quiet, (fired_after, quiet)
+    assert len(logged) == 1 and "rank 0 waiting for peer 1 (slot" in logged[0], logged
+
+
+def _abort_job(ctx):
+    comm = make_comm(ctx, timeout_s=1.0, watchdog_s=0.25, abort_on_timeout=True)
+    ar = tc.AllReduce(comm, max_bytes=4096)
+    if ctx.rank == 0:
+        ar(torch.ones(64, device=ctx.device))
+        time.sleep(30)  # the watchdog ends this process first
+    return "still here"
+
+
+def test_abort_on_timeout_ends_the_process():
+    from tritoncomm.launch import LocalWorld, RankError
+
+    with LocalWorld(2, BACKEND, shared_gpus=BACKEND == "cuda") as world:
+        t0 = time.monotonic()
+        with pytest.raises(RankError, match=r"rank 0 (exited|died)"):  # SIGABRT, long before its sleep ends
+            world.run(_abort_job, timeout=120)
+        assert time.monotonic() - t0 < 25

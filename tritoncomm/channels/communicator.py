@@ -32,6 +32,7 @@ from .cuda_ipc import HostMappedWords
 from .heap import Region, SymmetricHeap
 from .registered import RegisteredBuffers
 from .topology import check_topology
+from .watchdog import Watchdog
 
 __all__ = ["Communicator", "resolve_backend"]
 
@@ -112,6 +113,9 @@ class Communicator:
                                             self.config.registered_slots)
         #: Wait bound in kernel units (ns on CUDA, spins on CPU); 0 = unbounded.
         self.timeout = self.config.timeout_units(self.backend)
+        #: Looks for a recorded timeout every ``config.watchdog_s`` seconds (``channels.watchdog``), or None.
+        self.watchdog = Watchdog(self.recorded_timeout, self.config.watchdog_s, self.config.abort_on_timeout,
+                                 f"tritoncomm-watchdog-r{self.rank}") if self.config.watchdog_s > 0 else None
         self._debug_channel = None
         if self.config.debug:
             self._debug_channel = Channel(self, "debug", programs=1, barrier_slots=1,
@@ -269,7 +273,6 @@ class Communicator:
         status = words[F.STATUS]
         if status == 0 or (status == -1 and not any(words[1:])):
             return
-        kind = KIND_NAMES.get(status, f"wait kind {status}")
         if status == 3:  # consistency check: nothing ran, epochs agree; clear and stay usable
             slot = words[F.SLOT]
             field = SIGNATURE_FIELDS[slot] if 0 <= slot < len(SIGNATURE_FIELDS) else str(slot)
@@ -279,9 +282,16 @@ class Communicator:
                 f"tritoncomm debug: rank {words[F.RANK]} and rank {words[F.PEER]} called different collectives: "
                 f"{field} {mine} here, {theirs} there",
                 rank=words[F.RANK], peer=words[F.PEER], field=field, mine=words[F.EXPECTED], theirs=words[F.SEEN])
+        self._broken = self._timeout_error(words)
+        raise self._broken
+
+    def _timeout_error(self, words: list[int]) -> CommTimeoutError:
+        """The ``CommTimeoutError`` of a diagnostic record that holds a timeout."""
+        status = words[F.STATUS]
+        kind = KIND_NAMES.get(status, f"wait kind {status}")
         what = (f"{words[F.SEEN]} elements still at the sentinel{self._heap_place(words[F.EXPECTED])}"
                 if status == KIND_LAMPORT.value else f"expected epoch {words[F.EXPECTED]}, saw {words[F.SEEN]}")
-        err = CommTimeoutError(
+        return CommTimeoutError(
             f"tritoncomm: {kind} timed out on rank {words[F.RANK]} waiting for peer {words[F.PEER]} "
             f"(slot {words[F.SLOT]}, program {words[F.PROGRAM]}): {what} "
             f"after {words[F.SPINS]} spins (limit {self.config.timeout_s:g} s). "
@@ -289,8 +299,17 @@ class Communicator:
             "no longer usable.",
             rank=words[F.RANK], peer=words[F.PEER], slot=words[F.SLOT], expected=words[F.EXPECTED],
             seen=words[F.SEEN], kind=kind, program=words[F.PROGRAM])
-        self._broken = err
-        raise err
+
+    def recorded_timeout(self) -> str | None:
+        """The timeout a kernel of this communicator has recorded, as its error's message, or None.
+        Reads host-visible memory only; changes nothing (the watchdog calls it from its thread)."""
+        if self._closed or self.diag.word(F.STATUS) == 0:
+            return None
+        words = self.diag.read()
+        status = words[F.STATUS]
+        if status in (0, 3) or (status == -1 and not any(words[1:])):  # 3: debug mode's check, raised at the call
+            return None
+        return str(self._timeout_error(words))
 
     def _heap_place(self, addr: int) -> str:
         """Where a kernel's address lies: " (from byte B of <buffer tag> at heap offset O of rank R)", or ""."""
@@ -355,6 +374,8 @@ class Communicator:
         after ``BROKEN_CLOSE_WAIT_S`` even if the others never arrive."""
         if self._closed:
             return
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if self._broken is None:
             try:
                 self.check()

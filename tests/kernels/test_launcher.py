@@ -59,7 +59,8 @@ def _launcher_job(ctx, rounds: int) -> dict:
     short = run.short_launches
     run(x, out, 1000, 2.0, k=5, BLOCK=256)  # a runtime parameter by keyword: Triton's path, still right
     kw_ok = torch.equal(out, x * 2.0 + 5) and run.short_launches == short
-    return {"fast": run.fast, "short": short, "bad": bad, "same": same, "direct": direct, "kw_ok": kw_ok}
+    return {"fast": run.fast, "short": short, "bad": bad, "same": same, "direct": direct, "kw_ok": kw_ok,
+            "refused": run.refused}
 
 
 def test_launcher_matches_triton(worlds) -> None:
@@ -70,6 +71,7 @@ def test_launcher_matches_triton(worlds) -> None:
         assert (r["fast"], r["short"]) == (False, 0)
     else:
         assert r["fast"] and r["same"] == [True] * len(CASES) and r["direct"] == [True] * len(CASES)
+        assert r["refused"] == 0  # Triton's C entry took every direct call (none fell back to its wrapper)
         assert r["short"] == 3 * len(CASES) - 9  # 1 + 8 distinct signatures went through Triton
 
 

@@ -124,8 +124,6 @@ class StoreBootstrap:
     def barrier(self, timeout: float | None = None) -> None:
         try:
             self.all_gather(None, timeout)
-        except BarrierTimeout:
-            raise
         except Exception as e:  # the store's own timeout type
             if timeout is None:
                 raise

@@ -470,7 +470,7 @@ def _moe_build(kernel: str, options: dict, overrides: dict[str, int]):
                                                      "BLOCK_H": 1024, "BLOCK_N": 1024, "BLOCK_X": 256, "FP8": False,
                                                      "PACKETS": kernel != "one", "SHARED": kernel != "one",
                                                      "BLOCK_W": 2, "TRACE": kernel == "one-packets-traced",
-                                                     "LOOKAHEAD": True}
+                                                     "LOOKAHEAD": True, "ROWS16": True}  # hidden 7168
     else:
         sig = {"out_ptr": "*bf16", "w_ptr": "*fp32", "owner_ptr": "*i32", "row_ptr": "*i32", "slot_ptr": "*i32",
                "n_tokens": "i32", "hidden": "i32", "max_tokens": "i32", "throughput_from": "i32",
@@ -497,16 +497,11 @@ def _triton_at_least(major: int, minor: int) -> bool:
 
 
 #: Known differences of newer Tritons, open in issue 71: each test still runs, and passes on a release before it.
-LAMPORT_RESET_NARROW = pytest.mark.xfail(
-    _triton_at_least(3, 7), strict=True,
-    reason="Triton 3.7-3.9 lay the one-kernel dispatch's Lamport reset store (gather.py, place_packets) out one "
-           "element per thread: 2-byte stores where 3.6 has 16-byte ones")
 COMBINE_SPILLS = pytest.mark.xfail(
     _triton_at_least(3, 8), strict=True,
     reason="Triton 3.8-3.9 spill the prefill combine at its 128-register cap (STACK:24, 3.6 and 3.7: none)")
 
 
-@LAMPORT_RESET_NARROW
 def test_moe_kernels_move_tokens_in_16_byte_vectors():
     """The send kernel's stores into peers' receive buffers, the gather's copies, the one-kernel
     dispatch's both, and the combine's loads of expert rows and stores (its output and pushed

@@ -24,7 +24,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["assume_multiple", "heap_base", "heap_ptr", "next_pow2", "pow2_at_least", "pow2_divisor", "translate"]
+__all__ = [
+    "aligned_runs", "assume_multiple", "heap_base", "heap_ptr", "next_pow2", "pow2_at_least", "pow2_divisor",
+    "translate",
+]
 
 
 def pow2_at_least(n: int) -> int:
@@ -53,6 +56,19 @@ def assume_multiple(n, D: tl.constexpr):
         return (n // D) * D
     else:
         return n
+
+
+@triton.jit
+def aligned_runs(base, offsets, RUN: tl.constexpr, ALIGNED: tl.constexpr):
+    """``base + offsets``, where ``offsets`` is a 2-D block whose rows are runs of ``RUN``
+    consecutive elements, marked (with ``ALIGNED``) as runs that start on 16-byte boundaries; the
+    caller promises that they do. Triton 3.7 and later can lose both facts for an address built
+    from a loop's index inside a large kernel, and then store one element per thread where 16 bytes
+    are due. (The sum is made here: a hint on a function's argument would mark nothing.)"""
+    ptrs = base + offsets
+    if ALIGNED:
+        ptrs = tl.max_contiguous(tl.multiple_of(ptrs, [1, 16]), [1, RUN])
+    return ptrs
 
 
 @triton.jit

@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from ...kernels import (
+    aligned_runs,
     heap_ptr,
     lamport_poll,
     lamport_poll_from,
@@ -160,7 +161,8 @@ def place_pair(out_ptr, sc_out_ptr, slot_ptr, recv, sc, e, at, i0, row, skip, e2
 @triton.jit
 def place_packets(out_ptr, sc_out_ptr, slot_ptr, ids_tab, wtab, recv, sc, pw, e, at, i0, item, shares, rank, s, t,
                   recv_row, hidden, timeout, diag, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
-                  BLOCK_H: tl.constexpr, FP8: tl.constexpr, LOOKAHEAD: tl.constexpr = False):
+                  BLOCK_H: tl.constexpr, FP8: tl.constexpr, LOOKAHEAD: tl.constexpr = False,
+                  ROWS16: tl.constexpr = False):
     """``place_item`` for packets: one work item of source ``s``'s row ``t`` (entries ``e``, slots
     ``at``, ``i0`` its first entry in the tables; row ``recv_row`` of the packet buffers). The row's
     first item writes the source's ids and, for this rank's experts, ``slot_of``; if the row has an
@@ -169,7 +171,8 @@ def place_packets(out_ptr, sc_out_ptr, slot_ptr, ids_tab, wtab, recv, sc, pw, e,
     slots and resets every packet it read. The first look at the columns is issued before the weights
     are polled (two waits, one after the other, never in one loop: ``kernels/lamport.py``); with
     ``LOOKAHEAD`` each next block's first look is issued before this block's stores (a look, not a
-    wait). Called by the one-kernel dispatch and, with routed packets, the send kernel."""
+    wait). ``ROWS16``: the receive rows start on 16-byte boundaries (``aligned_runs``). Called by
+    the one-kernel dispatch and, with routed packets, the send kernel."""
     G: tl.constexpr = BLOCK_H // 128 if FP8 else 1
     GW: tl.constexpr = 128 if FP8 else BLOCK_H
     kk = tl.arange(0, BLOCK_K)
@@ -205,7 +208,7 @@ def place_packets(out_ptr, sc_out_ptr, slot_ptr, ids_tab, wtab, recv, sc, pw, e,
                 scale = lamport_poll(sc + r64 * (hidden // 128) + c // 128 + groups, gm, s, t, rank, timeout, diag)
                 lamport_reset(sc + r64 * (hidden // 128) + c // 128 + groups, gm)
             store_slots(out_ptr, sc_out_ptr, at, v, scale, c, hidden, TOP_K, BLOCK_K, BLOCK_H, FP8)
-            lamport_reset(row + c + cols, m)
+            lamport_reset(aligned_runs(row, c + cols, GW, ROWS16), m)
             if LOOKAHEAD:
                 v = v_next
 

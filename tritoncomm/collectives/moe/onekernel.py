@@ -130,7 +130,8 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
                             WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                             BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_X: tl.constexpr, FP8: tl.constexpr,
                             PACKETS: tl.constexpr, SHARED: tl.constexpr, BLOCK_W: tl.constexpr, TRACE: tl.constexpr,
-                            SENDERS: tl.constexpr = 0, LOOKAHEAD: tl.constexpr = False):
+                            SENDERS: tl.constexpr = 0, LOOKAHEAD: tl.constexpr = False,
+                            ROWS16: tl.constexpr = False):
     """See the module docstring. The copy table holds, per half, ``grid * WORLD`` rows of ``BLOCK_N``
     int32 (with ``SHARED``: the first ``WORLD``): the source's ids, then -2 up to ``bound * TOP_K``
     (``bound``: the call's bound on every rank's tokens, the same on every rank). The
@@ -257,7 +258,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
             if PACKETS:
                 place_packets(out_ptr, sc_out_ptr, slot_ptr, ids_tab, wtab, recv, sc, pw, ex, at,
                               (s * max_tokens + t) * TOP_K, item, shares, rank, s, t, peer_row + t, hidden, timeout,
-                              diag, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, LOOKAHEAD)
+                              diag, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, LOOKAHEAD, ROWS16)
             else:
                 place_item(out_ptr, sc_out_ptr, slot_ptr, recv, sc, ex, at, (s * max_tokens + t) * TOP_K, item,
                            shares, rank, peer_row + t, hidden, -1, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8)
@@ -300,7 +301,8 @@ def launch_dispatch_one_kernel(run: Launcher, comm, channel, out: torch.Tensor, 
     the same on every rank (``tokens_bound``, else ``max_tokens``). ``trace``: int64 ``[programs,
     DISPATCH_STAGES, 2]`` for the stage stamps, or None. ``header``: what ``combine`` reads
     (``header.py``). ``senders``: with packets, the programs that send (the others lay out); 0: all.
-    ``lookahead``: loads one column block ahead."""
+    ``lookahead``: loads one column block ahead. The receive rows start 16-byte aligned (``ROWS16``)
+    when a row's bytes are a multiple of 16: the buffer is 256-byte aligned."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
@@ -312,4 +314,5 @@ def launch_dispatch_one_kernel(run: Launcher, comm, channel, out: torch.Tensor, 
         bad if trace is None else trace,
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_N=block_n,
         BLOCK_X=block_x, FP8=fp8, PACKETS=packets, SHARED=readers is not None, BLOCK_W=pow2_at_least(world),
-        TRACE=trace is not None, SENDERS=senders, LOOKAHEAD=bool(lookahead), num_warps=num_warps, **launch_opts)
+        TRACE=trace is not None, SENDERS=senders, LOOKAHEAD=bool(lookahead),
+        ROWS16=x.shape[1] * (1 if fp8 else x.element_size()) % 16 == 0, num_warps=num_warps, **launch_opts)

@@ -317,6 +317,20 @@ def test_chunked_throughput_combine_matches_reference(worlds, world, chunks, var
         assert bad == []
 
 
+@pytest.mark.parametrize("world,variant", dealt(["plain", "interleaved", "chunked"], 2, 3))
+def test_throughput_items_wider_than_a_step(worlds, world, variant):
+    """Throughput items of twice ``THROUGHPUT_STEP`` columns (as on H200s), summed one step at a
+    time in each throughput combine (``plain``, ``interleaved``, ``chunked``): hidden two items
+    and 40 columns, so that an item's second step and the last item are partial."""
+    from tritoncomm.collectives.moe.combine import THROUGHPUT_STEP
+
+    extra = {"interleaved": {"combine_interleave_from": 1}, "chunked": {"combine_chunks": 3}}.get(variant, {})
+    shape = replace(SHAPES["cpu"], one_kernel=False, throughput_block_h=2 * THROUGHPUT_STEP, **extra)
+    for bad in worlds(world).run(_job, 2 * world, 2, 4 * THROUGHPUT_STEP + 40, 3, "random", 2, mode="throughput",
+                                 shape=shape):
+        assert bad == []
+
+
 def test_chunked_combine_excludes_the_interleaved_one():
     """Both use the combine's second barrier slots, with different counts: a shape asking for both is refused."""
     with pytest.raises(InvalidInputError, match="combine_chunks"):

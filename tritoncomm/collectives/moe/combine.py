@@ -83,11 +83,18 @@ from ...kernels.launcher import Launcher
 from .header import load_header, size_of
 from .shares import column_shares, dealt_first, first_half, pick, program_items, share_columns
 
-__all__ = ["COMBINE_STAGES", "launch_combine", "moe_combine_kernel"]
+__all__ = ["COMBINE_STAGES", "THROUGHPUT_STEP", "launch_combine", "moe_combine_kernel"]
 
 #: Stage stamps per program of the traced combine (``TRACE``).
 COMBINE_STAGES = 4
 _STAGES = tl.constexpr(COMBINE_STAGES)
+
+#: Columns one step of the throughput mode sums, at most. Its items are wider
+#: (``MoEShape.throughput_block_h``, 4096 on H200s) and are summed this many columns at a time: a
+#: 4096-column step spills at the prefill shape's register cap on Triton 3.8 and 3.9. The columns
+#: are independent, so the step changes no bit of the result.
+THROUGHPUT_STEP = 2048
+_STEP = tl.constexpr(THROUGHPUT_STEP)
 
 
 @triton.jit
@@ -128,7 +135,8 @@ def _final_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, part, n_tokens, hidden
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
-    wide = tl.arange(0, BLOCK_HT)
+    STEP: tl.constexpr = BLOCK_HT if BLOCK_HT <= _STEP else _STEP
+    wide = tl.arange(0, STEP)
     wshares = column_shares(n_tokens, hidden, grid, BLOCK_HT)
     t = item // wshares
     owner = tl.load(owner_ptr + t * TOP_K + kk, mask=km, other=-1)
@@ -136,14 +144,14 @@ def _final_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, part, n_tokens, hidden
         row = tl.load(row_ptr + t * TOP_K + kk, mask=km, other=-1)  # -1 unless kept here
         wt = tl.load(w_ptr + t * TOP_K + kk, mask=km, other=0.0)
     lo, hi = share_columns(item % wshares, wshares, hidden, BLOCK_HT)
-    for c in range(lo, hi, BLOCK_HT):
+    for c in range(lo, hi, STEP):
         m = c + wide < hidden
         if OWN_HERE:
-            own = _partial(_weighted_rows(ybuf, row, wt, c, hidden, m, TOP_K, BLOCK_K, BLOCK_HT),
+            own = _partial(_weighted_rows(ybuf, row, wt, c, hidden, m, TOP_K, BLOCK_K, STEP),
                            DTYPE).to(tl.float32)
         else:
             own = tl.load(out_ptr + tl.cast(t, tl.int64) * hidden + c + wide, mask=m, other=0.0).to(tl.float32)
-        acc = tl.zeros([BLOCK_HT], dtype=tl.float32)
+        acc = tl.zeros([STEP], dtype=tl.float32)
         for r in tl.static_range(WORLD):
             peer = (r != rank) & (tl.sum((owner == r).to(tl.int32), axis=0) > 0)
             got = tl.load(part + tl.cast(r * max_tokens + t, tl.int64) * hidden + c + wide, mask=m & peer,
@@ -207,7 +215,8 @@ def _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, dst_off, ds
     ``_sum_tokens``): this rank's partial, pushed into row ``rank * dst_rows + t`` of the buffer at
     heap offset ``dst_off`` of ``s`` (as Lamport packets with ``LAMPORT``) when one of the token's
     entries is on this rank, kept or not."""
-    cols = tl.arange(0, BLOCK_H)
+    STEP: tl.constexpr = BLOCK_H if BLOCK_H <= _STEP else _STEP
+    cols = tl.arange(0, STEP)
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     shares = column_shares(n_s, hidden, grid, BLOCK_H)
@@ -221,9 +230,9 @@ def _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, dst_off, ds
     if tl.sum(here.to(tl.int32), axis=0) > 0:
         dst = heap_ptr(bases, s, dst_off, DTYPE) + tl.cast(rank * dst_rows + t, tl.int64) * hidden
         lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
-        for c in range(lo, hi, BLOCK_H):
+        for c in range(lo, hi, STEP):
             m = c + cols < hidden
-            part = _weighted_rows(ybuf, slot, wt, c, hidden, m, TOP_K, BLOCK_K, BLOCK_H)
+            part = _weighted_rows(ybuf, slot, wt, c, hidden, m, TOP_K, BLOCK_K, STEP)
             if LAMPORT:
                 lamport_store(dst + c + cols, _partial(part, DTYPE), mask=m)
             else:
@@ -237,7 +246,7 @@ def _own_item(out_ptr, w_ptr, row_ptr, ybuf, n_tokens, hidden, item, grid, TOP_K
     partial of this rank's experts, stored into ``out``, where the same program reads it back after
     the barrier."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
-    cols = tl.arange(0, BLOCK_H)
+    STEP: tl.constexpr = BLOCK_H if BLOCK_H <= _STEP else _STEP
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     shares = column_shares(n_tokens, hidden, grid, BLOCK_H)
@@ -245,10 +254,11 @@ def _own_item(out_ptr, w_ptr, row_ptr, ybuf, n_tokens, hidden, item, grid, TOP_K
     row = tl.load(row_ptr + t * TOP_K + kk, mask=km, other=-1)  # -1 unless kept here
     wt = tl.load(w_ptr + t * TOP_K + kk, mask=km, other=0.0)
     lo, hi = share_columns(item % shares, shares, hidden, BLOCK_H)
-    for c in range(lo, hi, BLOCK_H):
-        m = c + cols < hidden
-        summed = _weighted_rows(ybuf, row, wt, c, hidden, m, TOP_K, BLOCK_K, BLOCK_H)
-        tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + cols, _partial(summed, DTYPE), mask=m)
+    sub = tl.arange(0, STEP)
+    for c in range(lo, hi, STEP):
+        m = c + sub < hidden
+        summed = _weighted_rows(ybuf, row, wt, c, hidden, m, TOP_K, BLOCK_K, STEP)
+        tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + c + sub, _partial(summed, DTYPE), mask=m)
 
 
 @triton.jit

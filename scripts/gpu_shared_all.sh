@@ -19,9 +19,9 @@ kx=(); [ -n "${K:-}" ] && kx=(-k "$K")
 export TRITONCOMM_TEST_BACKEND=cuda TRITONCOMM_TEST_SHARED_GPUS=1
 pytest_() {  # name, worlds, limit, pytest arguments
   local name=$1 worlds=$2 limit=$3; shift 3
-  TRITONCOMM_TEST_WORLDS=$worlds timeout "$limit" python3 -m pytest -q -p no:cacheprovider -rfE --maxfail=8 \
+  TRITONCOMM_TEST_WORLDS=$worlds timeout "$limit" python3 -m pytest -v -p no:cacheprovider -rfE --maxfail=8 \
     "${kx[@]}" "$@" > "$OUT/$name.log" 2>&1
-  echo "$name: rc $? $(tail -1 "$OUT/$name.log")" >> "$OUT/summary"
+  echo "$name: rc $? $(grep -c " PASSED" "$OUT/$name.log") passed; $(tail -1 "$OUT/$name.log" | cut -c1-120)" >> "$OUT/summary"
 }
 : > "$OUT/summary"
 has() { [[ $parts == *" $1 "* ]]; }
@@ -34,5 +34,5 @@ if has demo; then
   timeout 120 python3 -m tritoncomm demo --world 2 --shared-gpus --json "$OUT/demo.json" > "$OUT/demo.log" 2>&1
   echo "demo: rc $? $(grep -m1 -i 'checks passed\|failed' "$OUT/demo.log")" >> "$OUT/summary"
 fi
-grep -h "^FAILED\|^ERROR" "$OUT"/*.log | cut -c1-200 | head -20
+grep -h " FAILED\|^FAILED\|^ERROR" "$OUT"/*.log | cut -c1-200 | head -20
 cat "$OUT/versions" "$OUT/summary"

@@ -5,7 +5,7 @@
 # stragglers) with ranks sharing the GPU. With TRITON=3.8 (say) the Triton unpacked into /tmp/triton-3.8.0
 # (../shared/tools/triton_to_device.sh) comes first on the path. Logs under $OUT; a table last.
 # Usage: TRITON=3.8 [K=pytest -k expression] bash scripts/gpu_shared_all.sh [PART ...]
-# Parts (default: all, in about 9 minutes): launcher, allreduce, rest, demo; allreduce and rest run side by side.
+# Parts (default: all): launcher, allreduce, rest (two streams), demo; allreduce and rest's streams run side by side.
 set -uo pipefail
 if [ -n "${TRITON:-}" ]; then
   dir=$(ls -d /tmp/triton-"$TRITON"* 2>/dev/null | head -1)
@@ -27,8 +27,9 @@ pytest_() {  # name, worlds, limit, pytest arguments
 has() { [[ $parts == *" $1 "* ]]; }
 has launcher && pytest_ launcher-w1 1 100 tests/kernels/test_launcher.py
 has allreduce && pytest_ allreduce-w2 2 "${LIMIT:-330}" tests/collectives/test_allreduce.py tests/kernels/test_lamport.py &
-has rest && pytest_ rest-w2 2 "${LIMIT:-330}" tests --ignore=tests/collectives/test_allreduce.py \
-  --ignore=tests/kernels/test_lamport.py --ignore=tests/kernels/test_launcher.py --ignore=tests/kernels/test_ptx.py &
+has rest && pytest_ collectives-w2 2 "${LIMIT:-330}" tests/collectives --ignore=tests/collectives/test_allreduce.py &
+has rest && pytest_ others-w2 2 "${LIMIT:-330}" tests --ignore=tests/collectives --ignore=tests/kernels/test_lamport.py \
+  --ignore=tests/kernels/test_launcher.py --ignore=tests/kernels/test_ptx.py &
 wait
 if has demo; then
   timeout 120 python3 -m tritoncomm demo --world 2 --shared-gpus --json "$OUT/demo.json" > "$OUT/demo.log" 2>&1

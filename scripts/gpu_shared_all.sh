@@ -5,7 +5,8 @@
 # stragglers) with ranks sharing the GPU. With TRITON=3.8 (say) the Triton unpacked into /tmp/triton-3.8.0
 # (../shared/tools/triton_to_device.sh) comes first on the path. Logs under $OUT; a table last.
 # Usage: TRITON=3.8 [K=pytest -k expression] bash scripts/gpu_shared_all.sh [PART ...]
-# Parts (default: all): launcher, allreduce, rest (two streams), demo; allreduce and rest's streams run side by side.
+# Parts (default: all but files): launcher, allreduce, rest (two streams), demo, files (pytest arguments in $FILES,
+# with $FILES2 as a second stream beside it); the streams run side by side.
 set -uo pipefail
 if [ -n "${TRITON:-}" ]; then
   dir=$(ls -d /tmp/triton-"$TRITON"* 2>/dev/null | head -1)
@@ -26,10 +27,14 @@ pytest_() {  # name, worlds, limit, pytest arguments
 : > "$OUT/summary"
 has() { [[ $parts == *" $1 "* ]]; }
 has launcher && pytest_ launcher-w1 1 100 tests/kernels/test_launcher.py
+has rest && pytest_ heap-w2 2 100 tests/channels/test_heap.py  # reads the device's free memory: alone on the GPU
 has allreduce && pytest_ allreduce-w2 2 "${LIMIT:-330}" tests/collectives/test_allreduce.py tests/kernels/test_lamport.py &
 has rest && pytest_ collectives-w2 2 "${LIMIT:-330}" tests/collectives --ignore=tests/collectives/test_allreduce.py &
-has rest && pytest_ others-w2 2 "${LIMIT:-330}" tests --ignore=tests/collectives --ignore=tests/kernels/test_lamport.py \
+has rest && pytest_ others-w2 2 "${LIMIT:-330}" tests --ignore=tests/collectives --ignore=tests/channels/test_heap.py \
+  --ignore=tests/kernels/test_lamport.py \
   --ignore=tests/kernels/test_launcher.py --ignore=tests/kernels/test_ptx.py &
+has files && pytest_ files-w2 2 "${LIMIT:-330}" $FILES &
+has files && [ -n "${FILES2:-}" ] && pytest_ files2-w2 2 "${LIMIT:-330}" $FILES2 &
 wait
 if has demo; then
   timeout 120 python3 -m tritoncomm demo --world 2 --shared-gpus --json "$OUT/demo.json" > "$OUT/demo.log" 2>&1

@@ -179,7 +179,8 @@ def test_layout_never_splits_the_ranks(worlds, world):
 def _skipped_call(ctx):
     """Rank 1 skips one all-reduce of a group whose timeout is 1 s: rank 0's work for that call never
     reports success (``wait`` raises, ``is_success`` False, ``exception`` and the future hold the error),
-    and a synchronous call after it raises too."""
+    and a synchronous call after it raises too. On GPUs ``wait`` does not block the host (as NCCL's
+    does not): it raises only once the kernel has ended, so the checks follow ``synchronize``."""
     from datetime import timedelta
 
     g = dist.new_group(backend="tritoncomm", timeout=timedelta(seconds=1))
@@ -187,6 +188,9 @@ def _skipped_call(ctx):
     seen = {}
     if ctx.rank == 0:
         work = dist.all_reduce(x, group=g, async_op=True)
+        if ctx.backend == "cuda":
+            seen["success before its end"] = work.is_success()
+            work.synchronize()
         try:
             work.wait()
             seen["wait"] = "returned"
@@ -215,6 +219,7 @@ def test_a_timed_out_call_never_reports_success(worlds):
     assert seen["wait"] == "raised: rank 0 peer 1" and seen["is_success"] is False, seen
     assert seen["exception"] == seen["future"] == "CommTimeoutError", seen
     assert seen["next"] == "raised" and seen["closed within"], seen
+    assert seen.get("success before its end") in (None, False), seen
 
 
 def _uneven(ctx, dtype):

@@ -9,7 +9,7 @@ import torch
 
 import tritoncomm as tc
 
-from ..conftest import BACKEND
+from ..conftest import BACKEND, SHARED_GPUS
 from ..helpers import make_comm
 
 
@@ -147,8 +147,9 @@ def test_dead_peer_turns_into_timeout_error(worlds, algo):
     else:
         assert expected == 1 and seen != 1
     assert "rank 0" in msg and "peer 1" in msg and f"slot {slot}" in msg
-    # the 1 s bound is wall-clock time in both worlds (the CPU world's interpreter reads the host's clock)
-    assert 1.0 <= elapsed < (3.0 if BACKEND == "cuda" else 8.0), elapsed
+    # the 1 s bound is wall-clock time in both worlds (the CPU world's interpreter reads the host's clock; ranks
+    # sharing a GPU with other jobs take turns)
+    assert 1.0 <= elapsed < (3.0 if BACKEND == "cuda" and not SHARED_GPUS else 8.0), elapsed
 
 
 def _job_use_after_close(ctx):

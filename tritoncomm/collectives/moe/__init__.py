@@ -575,6 +575,7 @@ class MoEAllToAll:
 
     # -- checks before any rank waits --------------------------------------------------------------
     def _check(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> int:
+        self.check()  # first: a closed instance's host counters are gone
         bad_ids = self._bad_host.read()[0] - self._bad_reported  # a cumulative count
         if bad_ids:
             self._bad_reported += bad_ids

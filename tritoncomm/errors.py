@@ -50,10 +50,14 @@ class CommTimeoutError(TritonCommError):
 
 
 class CollectiveMismatchError(TritonCommError):
-    """Debug mode: the ranks called a collective with different arguments (op, dtype, element
-    count or algorithm). Raised on every rank before the collective runs; the communicator stays
-    usable. ``field`` names the first differing word, ``mine``/``theirs`` its values here and on
-    ``peer``."""
+    """The ranks called a collective with different arguments (op, dtype, element count or algorithm).
+
+    Debug mode checks every call before it runs: raised on every rank at the call, the communicator
+    stays usable; ``field`` names the first differing word, ``mine``/``theirs`` its values here and
+    on ``peer``. Without debug mode the collectives' barriers compare every call's signature: the
+    call writes no output, the error surfaces as a timeout does (``Communicator.check``), with
+    ``field`` "signature" and ``mine``/``theirs`` the packed signatures, and the communicator is
+    unusable afterwards."""
 
     def __init__(self, message: str, *, rank: int, peer: int, field: str, mine: int, theirs: int) -> None:
         super().__init__(message)

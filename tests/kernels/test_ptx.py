@@ -55,7 +55,7 @@ def oneshot_ptx() -> str:
     from tritoncomm.collectives.allreduce.oneshot import oneshot_allreduce_kernel
 
     sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", **COMMON, "flags_off": "i64", "epochs_off": "i64",
-           "buf_off": "i64", "slot_bytes": "i64", "active": "i32"}
+           "buf_off": "i64", "slot_bytes": "i64", "active": "i32", "sig": "i64"}
     return compile_ptx(oneshot_allreduce_kernel, sig, {"WORLD": 4, "BLOCK": 4096},
                        {"x_ptr", "out_ptr", "n", "bases", "flags_off", "epochs_off", "buf_off", "slot_bytes"}, 8)
 
@@ -166,7 +166,8 @@ def test_twoshot_and_push_collectives_compile_vectorised():
     from tritoncomm.collectives.allreduce.twoshot import twoshot_allreduce_kernel
 
     sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "shard": "i32", **COMMON, "flags_off": "i64",
-           "epochs_off": "i64", "rs_off": "i64", "ag_off": "i64", "active": "i32", "out_off": "i64", "out_tab": "i64"}
+           "epochs_off": "i64", "rs_off": "i64", "ag_off": "i64", "active": "i32", "out_off": "i64", "out_tab": "i64",
+           "sig": "i64"}
     aligned2 = {"x_ptr", "out_ptr", "n", "shard", "bases", "flags_off", "epochs_off", "rs_off", "ag_off", "out_off",
                 "out_tab"}
     # staged; zero-copy with the output in the heap; zero-copy through a registered row
@@ -227,7 +228,8 @@ def test_sizes_that_are_multiples_of_8_but_not_16_stay_vectorised():
         o = ops(compile_ptx(kernel, ksig, {"WORLD": 4, "BLOCK": 4096, "MDIV": pow2_divisor(375000)}, aligned, 8))
         assert o["ld.global.v4.b32"] >= 2 and o["st.global.v4.b32"] >= 2 and o["st.global.b16"] == 0, (kernel, o)
     sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "shard": "i32", **COMMON, "flags_off": "i64",
-           "epochs_off": "i64", "rs_off": "i64", "ag_off": "i64", "active": "i32", "out_off": "i64", "out_tab": "i64"}
+           "epochs_off": "i64", "rs_off": "i64", "ag_off": "i64", "active": "i32", "out_off": "i64", "out_tab": "i64",
+           "sig": "i64"}
     aligned2 = {"x_ptr", "out_ptr", "shard", "bases", "flags_off", "epochs_off", "rs_off", "ag_off", "out_off",
                 "out_tab"}  # not n
     o = ops(compile_ptx(twoshot_allreduce_kernel, sig, {"WORLD": 4, "BLOCK": 4096, "NDIV": 8}, aligned2, 8))

@@ -22,7 +22,14 @@ from ..errors import (
     TritonCommError,
 )
 from ..kernels.backend import MAX_WORLD, interpreting
-from ..kernels.consistency import SIGNATURE_FIELDS, check_signatures, code_name, signature_table_bytes
+from ..kernels.barrier import KIND_SIGNATURE
+from ..kernels.consistency import (
+    SIGNATURE_FIELDS,
+    check_signatures,
+    code_name,
+    describe_signature,
+    signature_table_bytes,
+)
 from ..kernels.diag import DIAG_WORDS, KIND_NAMES, F
 from ..kernels.interpreter import numpy_problem
 from ..kernels.lamport import KIND_LAMPORT
@@ -258,7 +265,8 @@ class Communicator:
 
     # -- health ------------------------------------------------------------------------------
     def check(self) -> None:
-        """Raise ``CommTimeoutError`` if a kernel of this communicator gave up waiting.
+        """Raise ``CommTimeoutError`` if a kernel of this communicator gave up waiting, and
+        ``CollectiveMismatchError`` if a barrier found ranks calling different collectives.
 
         Reads host-visible memory only: no synchronisation, safe on the launch path. A kernel
         that is still running is not yet reflected; ``synchronize`` waits for it first.
@@ -270,20 +278,37 @@ class Communicator:
         if self.diag.word(F.STATUS) == 0:
             return
         words = self.diag.read()
+        err = self._recorded_error(words)
+        if err is None:
+            return
+        if words[F.STATUS] == 3:  # debug mode's check: nothing ran, epochs agree; clear and stay usable
+            self.diag.clear()
+            raise err
+        self._broken = err
+        raise err
+
+    def _recorded_error(self, words: list[int]) -> TritonCommError | None:
+        """The error a diagnostic record holds, or None for a clean (or half-written) one."""
         status = words[F.STATUS]
         if status == 0 or (status == -1 and not any(words[1:])):
-            return
-        if status == 3:  # consistency check: nothing ran, epochs agree; clear and stay usable
+            return None
+        if status == 3:  # debug mode's check, before the collective ran
             slot = words[F.SLOT]
             field = SIGNATURE_FIELDS[slot] if 0 <= slot < len(SIGNATURE_FIELDS) else str(slot)
             mine, theirs = code_name(slot, words[F.EXPECTED]), code_name(slot, words[F.SEEN])
-            self.diag.clear()
-            raise CollectiveMismatchError(
+            return CollectiveMismatchError(
                 f"tritoncomm debug: rank {words[F.RANK]} and rank {words[F.PEER]} called different collectives: "
                 f"{field} {mine} here, {theirs} there",
                 rank=words[F.RANK], peer=words[F.PEER], field=field, mine=words[F.EXPECTED], theirs=words[F.SEEN])
-        self._broken = self._timeout_error(words)
-        raise self._broken
+        if status == KIND_SIGNATURE.value:  # a barrier's signature check: no output written
+            mine, theirs = describe_signature(words[F.EXPECTED]), describe_signature(words[F.SEEN])
+            return CollectiveMismatchError(
+                f"tritoncomm: rank {words[F.RANK]} and rank {words[F.PEER]} called different collectives: "
+                f"{mine} here, {theirs} there (barrier slot {words[F.SLOT]}). No output was written; this "
+                "communicator is no longer usable.",
+                rank=words[F.RANK], peer=words[F.PEER], field="signature", mine=words[F.EXPECTED],
+                theirs=words[F.SEEN])
+        return self._timeout_error(words)
 
     def _timeout_error(self, words: list[int]) -> CommTimeoutError:
         """The ``CommTimeoutError`` of a diagnostic record that holds a timeout."""
@@ -301,15 +326,16 @@ class Communicator:
             seen=words[F.SEEN], kind=kind, program=words[F.PROGRAM])
 
     def recorded_timeout(self) -> str | None:
-        """The timeout a kernel of this communicator has recorded, as its error's message, or None.
+        """The failure (a timeout, or a barrier's mismatch) a kernel of this communicator has recorded,
+        as its error's message, or None.
         Reads host-visible memory only; changes nothing (the watchdog calls it from its thread)."""
         if self._closed or self.diag.word(F.STATUS) == 0:
             return None
         words = self.diag.read()
-        status = words[F.STATUS]
-        if status in (0, 3) or (status == -1 and not any(words[1:])):  # 3: debug mode's check, raised at the call
+        if words[F.STATUS] == 3:  # debug mode's check, raised at the call
             return None
-        return str(self._timeout_error(words))
+        err = self._recorded_error(words)
+        return None if err is None else str(err)
 
     def _heap_place(self, addr: int) -> str:
         """Where a kernel's address lies: " (from byte B of <buffer tag> at heap offset O of rank R)", or ""."""

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from ..channels import Channel, Communicator
 from ..errors import InvalidInputError, SetupMismatchError, TritonCommError
-from ..kernels.consistency import DTYPE_CODES, FALLBACK_CODE, OP_CODES
+from ..kernels.consistency import DTYPE_CODES, FALLBACK_CODE, OP_CODES, pack_signature
 from ..kernels.launcher import Launcher
 from .selection import DTYPES, Choice, SelectionTable, default_table, load_table
 from .validation import DTYPE_NAMES
@@ -244,6 +244,13 @@ class CollectiveBase:
         check, with count 0: a rank that passes none where another passes some raises
         ``CollectiveMismatchError`` on both, instead of shifting the pairing of later calls."""
         self._debug_check(dtype, 0, "")
+
+    def _signature(self, dtype: torch.dtype, count: int, algo: str) -> int:
+        """The call's signature that the barriers compare, always (``kernels.barrier``): op, dtype,
+        element count and the algorithm's code, as ``_debug_check`` numbers it."""
+        names = tuple(self.ALGORITHMS)
+        code = names.index(algo) + 1 if algo in names else FALLBACK_CODE
+        return pack_signature(OP_CODES[self.debug_op or self.op], DTYPE_CODES[DTYPE_NAMES[dtype]], count, code)
 
     def _debug_check(self, dtype: torch.dtype, count: int, algo: str, variant: tuple = ()) -> None:
         """Debug mode: all ranks must call with the same (op, dtype, count, algorithm); ``variant``

@@ -53,7 +53,7 @@ from ..channels.bootstrap import StoreBootstrap
 from ..collectives import AllGather, AllReduce, AllToAll, ReduceScatter
 from ..collectives.validation import SUPPORTED_DTYPES, overlap
 from ..config import CommConfig
-from ..errors import CommTimeoutError
+from ..errors import CollectiveMismatchError, CommTimeoutError
 from ..kernels.backend import interpreting
 from .capability import probe
 
@@ -248,14 +248,15 @@ class TritonCommProcessGroup(ProcessGroup):
         return BACKEND
 
     def _failure(self) -> BaseException | None:
-        """What a served call's work reports as its failure: the communicator's recorded timeout
-        (host-visible memory, no synchronisation; the communicator is unusable from then on), or None."""
+        """What a served call's work reports as its failure: the communicator's recorded timeout or
+        mismatch (host-visible memory, no synchronisation; the communicator is unusable from then on),
+        or None."""
         comm = self.comm
         if comm is None or comm.closed:
             return None
         try:
             comm.check()
-        except CommTimeoutError as e:
+        except (CommTimeoutError, CollectiveMismatchError) as e:
             return e
         return None
 

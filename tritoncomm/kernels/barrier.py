@@ -15,6 +15,14 @@ program ``pid``. Epochs must grow from one use of a slot to the next (``signals.
 
 ``barrier_arrive`` and ``barrier_wait`` are the two halves, for pipelines that arrive at one slot,
 do other work, and wait on it (or on another slot) later.
+
+Signatures: with ``sig`` (an int64 that names the call, ``consistency.pack_signature``) a rank stores
+its signature beside its flag in every peer's entry before it signals (the signal's release covers
+it), and after the wait compares every rank's with its own. The first that differs is recorded
+(kind ``KIND_SIGNATURE``: rank, peer, slot, this rank's signature, the peer's) and the barrier
+returns False: the caller then writes no output. Every rank compares every signature, so every
+rank finds the mismatch. Without ``sig`` nothing is stored or compared and the barrier returns
+True. Each entry holds the flag (uint32) and the signature (int64, at byte 8): 16 bytes.
 """
 
 from __future__ import annotations
@@ -25,10 +33,16 @@ import triton
 import triton.language as tl
 
 from .backend import MAX_WORLD
+from .diag import record_timeout
 from .memory import heap_base
 from .signals import signal, wait
 
-__all__ = ["barrier", "barrier_arrive", "barrier_flag_bytes", "barrier_wait"]
+__all__ = ["KIND_SIGNATURE", "barrier", "barrier_arrive", "barrier_flag_bytes", "barrier_wait"]
+
+#: The diagnostic record's kind for a signature that differs at a barrier (``diag.KIND_NAMES``).
+KIND_SIGNATURE = tl.constexpr(5)
+#: Bytes of one rank's entry in a slot: the flag, then the signature at byte 8.
+_ENTRY = tl.constexpr(16)
 
 #: Each program's first warp alone stores the barrier's flags (after a CTA barrier) and polls them (the
 #: other warps wait at a CTA barrier): one system-scope release and one stream of system-scope acquire
@@ -40,31 +54,45 @@ _FIRST_WARP = tl.constexpr(os.environ.get("TRITONCOMM_BARRIER_ALL_WARPS", "0") !
 
 def barrier_flag_bytes(slots: int) -> int:
     """Bytes of flag storage that ``slots`` barrier slots need in every rank's heap."""
-    return slots * MAX_WORLD.value * 4
+    return slots * MAX_WORLD.value * _ENTRY.value
 
 
 @triton.jit
-def barrier_arrive(bases, rank, world, flags_off, slot, epoch):
-    """First half of ``barrier``: publish this program's writes and mark slot ``slot`` as reached
-    (epoch ``epoch``) in every rank's flag table, this rank's included. Does not wait."""
+def barrier_arrive(bases, rank, world, flags_off, slot, epoch, sig=None):
+    """First half of ``barrier``: publish this program's writes (and ``sig``) and mark slot ``slot``
+    as reached (epoch ``epoch``) in every rank's flag table, this rank's included. Does not wait."""
     lanes = tl.arange(0, MAX_WORLD)
     peers = tl.where(lanes < world, lanes, rank)
-    remote = (heap_base(bases, peers) + flags_off + (slot * MAX_WORLD + rank) * 4).to(tl.pointer_type(tl.uint32))
-    signal(remote, epoch, _FIRST_WARP)
+    entry = heap_base(bases, peers) + flags_off + (slot * MAX_WORLD + rank) * _ENTRY
+    if sig is not None:
+        tl.store((entry + 8).to(tl.pointer_type(tl.int64)), sig + tl.zeros([MAX_WORLD], tl.int64))
+    signal(entry.to(tl.pointer_type(tl.uint32)), epoch, _FIRST_WARP)
 
 
 @triton.jit
-def barrier_wait(bases, rank, world, flags_off, slot, epoch, timeout, diag):
+def barrier_wait(bases, rank, world, flags_off, slot, epoch, timeout, diag, sig=None):
     """Second half of ``barrier``: wait until every rank has arrived at ``slot`` with ``epoch``;
-    afterwards their writes made before arriving are visible to this program (acquire)."""
+    afterwards their writes made before arriving are visible to this program (acquire). Returns
+    whether every rank's signature equals ``sig`` (True without ``sig``; module docstring)."""
     lanes = tl.arange(0, MAX_WORLD)
     peers = tl.where(lanes < world, lanes, rank)
-    local = (heap_base(bases, rank) + flags_off + (slot * MAX_WORLD + peers) * 4).to(tl.pointer_type(tl.uint32))
-    wait(local, epoch, peers, slot, rank, timeout, diag, _FIRST_WARP)
+    entry = heap_base(bases, rank) + flags_off + (slot * MAX_WORLD + peers) * _ENTRY
+    wait(entry.to(tl.pointer_type(tl.uint32)), epoch, peers, slot, rank, timeout, diag, _FIRST_WARP)
+    same = tl.full([], 1, tl.int1)
+    if sig is not None:
+        theirs = tl.load((entry + 8).to(tl.pointer_type(tl.int64)), mask=lanes < world, other=sig)
+        differ = theirs != sig
+        if tl.sum(differ.to(tl.int32), axis=0) > 0:
+            peer = tl.min(tl.where(differ, lanes, MAX_WORLD), axis=0)
+            record_timeout(diag, KIND_SIGNATURE, rank, peer, slot, sig, tl.sum(tl.where(lanes == peer, theirs, 0),
+                                                                               axis=0), 0)
+            same = tl.full([], 0, tl.int1)
+    return same
 
 
 @triton.jit
-def barrier(bases, rank, world, flags_off, slot, epoch, timeout, diag):
-    """Cross-rank barrier on ``slot`` of the flag table at heap offset ``flags_off``."""
-    barrier_arrive(bases, rank, world, flags_off, slot, epoch)
-    barrier_wait(bases, rank, world, flags_off, slot, epoch, timeout, diag)
+def barrier(bases, rank, world, flags_off, slot, epoch, timeout, diag, sig=None):
+    """Cross-rank barrier on ``slot`` of the flag table at heap offset ``flags_off``; returns whether
+    every rank's signature equals ``sig`` (True without ``sig``)."""
+    barrier_arrive(bases, rank, world, flags_off, slot, epoch, sig)
+    return barrier_wait(bases, rank, world, flags_off, slot, epoch, timeout, diag, sig)

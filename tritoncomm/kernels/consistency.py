@@ -23,7 +23,7 @@ from .memory import heap_ptr
 from .signals import epoch_commit, epoch_next
 
 __all__ = ["DTYPE_CODES", "FALLBACK_CODE", "OP_CODES", "SIGNATURE_FIELDS", "SIGNATURE_WORDS", "check_signatures",
-           "code_name", "signature_table_bytes"]
+           "code_name", "describe_signature", "pack_signature", "signature_table_bytes"]
 
 SIGNATURE_WORDS = tl.constexpr(4)
 KIND_MISMATCH = tl.constexpr(3)
@@ -45,6 +45,31 @@ def code_name(field: int, value: int) -> str:
     if names is None:
         return str(value)
     return next((n for n, c in names.items() if c == value), str(value))
+
+
+#: Bits of each field in a packed signature (``pack_signature``), low to high; the count takes the rest
+#: below bit 62, which is always set (the kernels then take it as an int64 at every size).
+_OP_BITS, _DTYPE_BITS, _ALGO_BITS = 6, 4, 8
+_COUNT_SHIFT = _OP_BITS + _DTYPE_BITS + _ALGO_BITS
+_COUNT_MAX = (1 << (62 - _COUNT_SHIFT)) - 1
+_MARK = 1 << 62
+
+
+def pack_signature(op: int, dtype: int, count: int, algo: int) -> int:
+    """One int64 that names a call (the always-on check at barriers, ``kernels.barrier``): the op and
+    dtype codes, the algorithm's code (its low 8 bits) and the element count (modulo 2**44)."""
+    fields = op | dtype << _OP_BITS | (algo & 0xFF) << (_OP_BITS + _DTYPE_BITS)
+    return _MARK | fields | (count & _COUNT_MAX) << _COUNT_SHIFT
+
+
+def describe_signature(sig: int) -> str:
+    """A packed signature as a person reads it: ``"allreduce bf16 x 1024, algorithm 3"``."""
+    op = sig & ((1 << _OP_BITS) - 1)
+    dtype = sig >> _OP_BITS & ((1 << _DTYPE_BITS) - 1)
+    algo = sig >> (_OP_BITS + _DTYPE_BITS) & 0xFF
+    count = sig >> _COUNT_SHIFT & _COUNT_MAX
+    algo_name = "fallback" if algo == FALLBACK_CODE else f"algorithm {algo}"
+    return f"{code_name(0, op)} {code_name(1, dtype)} x {count}, {algo_name}"
 
 
 def signature_table_bytes() -> int:

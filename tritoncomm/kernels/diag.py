@@ -42,7 +42,8 @@ _PROGRAM = tl.constexpr(F.PROGRAM)
 _SPINS = tl.constexpr(F.SPINS)
 
 #: STATUS values (>0) and what they name in error messages.
-KIND_NAMES = {1: "signal wait", 2: "LL packet poll", 3: "cross-rank consistency check", 4: "Lamport buffer poll"}
+KIND_NAMES = {1: "signal wait", 2: "LL packet poll", 3: "cross-rank consistency check", 4: "Lamport buffer poll",
+              5: "signature check at a barrier"}
 
 
 #: The GPU's record, made by one thread alone: claim word 0 (0 -> -1), fill words 1-7, then publish

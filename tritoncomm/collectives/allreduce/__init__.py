@@ -100,22 +100,22 @@ class AllReduce(CollectiveBase):
         if nbytes > self.max_bytes:
             return self._fallback(x, out, nbytes)
         if algo is None:
-            algo, c = self._plan(x.dtype, nbytes)
+            algo, c, sig = self._plan(x.dtype, nbytes)
         else:
-            c = self._choice(algo, DTYPE_NAMES[x.dtype], nbytes)
+            c, sig = self._choice(algo, DTYPE_NAMES[x.dtype], nbytes), self._signature(x.dtype, x.numel(), algo)
         if programs is not None and programs < c.programs:
             c = replace(c, programs=programs)
         a = self._algos[algo]
         dest = self._peer_output(out) if a.writes_peer_outputs else NO_PEER_OUTPUT
         if comm.debug:
             self._debug_check(x.dtype, x.numel(), algo, (*dest.signature(comm), c.programs))
-        a.launch(x, out, c, dest)
+        a.launch(x, out, c, dest, sig)
         return out
 
-    def _plan(self, dtype: torch.dtype, nbytes: int) -> tuple[str, Choice]:
+    def _plan(self, dtype: torch.dtype, nbytes: int) -> tuple[str, Choice, int]:
         """The algorithm (the table's, or the first set up here that serves ``nbytes`` where the table
-        names one that does not) and its launch shape for a call, kept per (dtype, bytes) while
-        ``self.table`` is the same table: the launch path looks them up once."""
+        names one that does not), its launch shape and the call's signature, kept per (dtype, bytes)
+        while ``self.table`` is the same table: the launch path looks them up once."""
         plans = self._plans
         if plans.table is not self.table:
             plans.clear()
@@ -127,7 +127,7 @@ class AllReduce(CollectiveBase):
         algo = self.table.lookup(self.op, self.world, name, nbytes).algo
         if algo not in self._algos or nbytes > self._algos[algo].capacity:  # a table/algos mismatch
             algo = self._first_serving(nbytes)
-        hit = (algo, self._choice(algo, name, nbytes))
+        hit = (algo, self._choice(algo, name, nbytes), self._signature(dtype, nbytes // dtype.itemsize, algo))
         plans.keep((dtype, nbytes), hit)
         return hit
 

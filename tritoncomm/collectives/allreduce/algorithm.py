@@ -13,7 +13,9 @@ __all__ = ["AllReduceAlgorithm"]
 class AllReduceAlgorithm(Algorithm):
     """An all-reduce algorithm: ``launch`` sums ``x`` over the ranks into ``out`` (which may be
     ``x``) with launch shape ``c``; ``dest`` says where peers may store into ``out`` (only for
-    algorithms with ``writes_peer_outputs``). Host-only: no allocation, sync or collective."""
+    algorithms with ``writes_peer_outputs``); ``sig`` names the call (``kernels.consistency.
+    pack_signature``), for the algorithms whose barriers compare it. Host-only: no allocation, sync or
+    collective."""
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput) -> None:
+    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput, sig: int) -> None:
         raise NotImplementedError

@@ -37,12 +37,13 @@ from .algorithm import AllReduceAlgorithm
 __all__ = ["OneShot", "oneshot_allreduce_kernel"]
 
 
-@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
+@triton.jit(do_not_specialize=["rank", "sig"])  # one compiled kernel for every rank and call
 def oneshot_allreduce_kernel(x_ptr, out_ptr, n, bases, rank, timeout, diag_addr, flags_off, epochs_off,
-                             buf_off, slot_bytes, active, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                             buf_off, slot_bytes, active, sig, WORLD: tl.constexpr, BLOCK: tl.constexpr,
                              NDIV: tl.constexpr = 1):
     """Sum ``n`` elements of ``x_ptr`` over the ranks into ``out_ptr`` (may equal ``x_ptr``).
-    Programs ``>= active`` only keep their epoch in step with the others."""
+    Programs ``>= active`` only keep their epoch in step with the others. ``sig``: the call's
+    signature, compared at the barrier; where a rank's differs nothing is written."""
     pid = tl.program_id(0)
     n = assume_multiple(n, NDIV)
     nprog = active
@@ -56,7 +57,8 @@ def oneshot_allreduce_kernel(x_ptr, out_ptr, n, bases, rank, timeout, diag_addr,
         for i in range(0, iters):
             offs = (pid + i * nprog) * BLOCK + tl.arange(0, BLOCK)
             copy_block(mine, x_ptr, offs, offs < n)
-        barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
+        if not barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag, sig):
+            iters = 0  # a rank called another collective: write nothing
         for i in range(0, iters):
             offs = (pid + i * nprog) * BLOCK + tl.arange(0, BLOCK)
             mask = offs < n
@@ -88,10 +90,10 @@ class OneShot(AllReduceAlgorithm):
         return [Choice("oneshot", min(progs, max(1, nbytes // 2 // block)), block, 8)
                 for block in (2048, 8192) for progs in (8, 32, 64)]
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput) -> None:
+    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput, sig: int) -> None:
         bases, rank, world, timeout, diag = self.comm.kernel_args()
         ch = self.channel
         n = x.numel()
         self.launcher(
             x, out, n, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off, self.stage_bytes,
-            c.programs, WORLD=world, BLOCK=c.block, NDIV=pow2_divisor(n), num_warps=c.num_warps)
+            c.programs, sig, WORLD=world, BLOCK=c.block, NDIV=pow2_divisor(n), num_warps=c.num_warps)

@@ -121,9 +121,9 @@ def twoshot_gather_block(out_ptr, n, shard, b, bases, rank, ag_off, WORLD: tl.co
     tl.store(out_ptr + idx, v, mask=m)
 
 
-@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
+@triton.jit(do_not_specialize=["rank", "sig"])  # one compiled kernel for every rank and call
 def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_addr, flags_off, epochs_off,
-                             rs_off, ag_off, active, out_off, out_tab, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                             rs_off, ag_off, active, out_off, out_tab, sig, WORLD: tl.constexpr, BLOCK: tl.constexpr,
                              OUT_HEAP: tl.constexpr = False, OUT_REG: tl.constexpr = False, NDIV: tl.constexpr = 1,
                              ROUNDS: tl.constexpr = 1):
     """Sum ``n`` elements (a multiple of ``NDIV``) over the ranks into ``out_ptr`` (may equal
@@ -137,7 +137,8 @@ def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, dia
     arrive that ends round c, a release, comes after that copy). Barrier slots: ``pid + k * grid``
     for k < 2 x ROUNDS, so the channel needs 2 x ROUNDS x grid slots. The reuse argument of the
     module docstring holds per round: a rank pushes into a peer's ``rs``/``ag`` blocks of launch
-    k+1 only after that peer has arrived at a barrier of launch k+1."""
+    k+1 only after that peer has arrived at a barrier of launch k+1. ``sig``: the call's signature,
+    compared at the first barrier; where a rank's differs nothing more is pushed or written."""
     pid = tl.program_id(0)
     n = assume_multiple(n, NDIV)
     diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
@@ -150,7 +151,12 @@ def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, dia
             hi = iters * (c + 1) // ROUNDS
             for i in range(lo, hi):  # 1. reduce-scatter push
                 twoshot_scatter_block(x_ptr, n, shard, pid + i * active, bases, rank, rs_off, WORLD, BLOCK)
-            barrier(bases, rank, WORLD, flags_off, pid + (2 * c) * grid, e, timeout, diag)
+            if c == 0:
+                if not barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag, sig):
+                    iters = 0  # a rank called another collective: push and write nothing more
+                    hi = 0
+            else:
+                barrier(bases, rank, WORLD, flags_off, pid + (2 * c) * grid, e, timeout, diag)
             for i in range(lo, hi):  # 2. reduce my shard, write it out, push it to every peer
                 twoshot_reduce_block(x_ptr, out_ptr, n, shard, pid + i * active, bases, rank, rs_off, ag_off, WORLD,
                                      BLOCK, out_off, OUT_HEAP, out_tab, OUT_REG)
@@ -213,7 +219,7 @@ class TwoShot(AllReduceAlgorithm):
         iters = cdiv(cdiv(round_up(cdiv(n, world), 16), c.block), c.programs)  # blocks of program 0
         return TWOSHOT_ROUNDS if iters >= TWOSHOT_ROUNDS * TWOSHOT_ROUND_MIN_ITERS and not direct else 1
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput) -> None:
+    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput, sig: int) -> None:
         if c.rounds is not None and c.rounds > TWOSHOT_ROUNDS:
             raise InvalidInputError(f"all_reduce: the two-shot runs at most {TWOSHOT_ROUNDS} rounds, got {c.rounds}")
         bases, rank, world, timeout, diag = self.comm.kernel_args()
@@ -222,6 +228,6 @@ class TwoShot(AllReduceAlgorithm):
         out_heap, out_reg = dest.heap_off >= 0, dest.row != 0
         self.launcher(
             x, out, n, round_up(cdiv(n, world), 16), bases, rank, timeout, diag, ch.flags_off, ch.epochs_off,
-            ch.buffer_off, ch.buffer_off + world * self.shard_cap, c.programs, max(dest.heap_off, 0), dest.row,
+            ch.buffer_off, ch.buffer_off + world * self.shard_cap, c.programs, max(dest.heap_off, 0), dest.row, sig,
             WORLD=world, BLOCK=c.block, OUT_HEAP=out_heap, OUT_REG=out_reg, NDIV=pow2_divisor(n),
             ROUNDS=self.rounds_for(c, n, world, out_heap or out_reg), num_warps=c.num_warps)

@@ -21,39 +21,81 @@ CASES = {
 }
 
 
-def _mismatched(ctx, algo: str, case: str):
+#: The calls under test: (the op's name in the error, what to build, how to call it).
+CALLS = {
+    "allreduce-oneshot": ("allreduce", lambda comm: tc.AllReduce(comm, max_bytes=64 << 10, algos=("oneshot",)),
+                          lambda c, x: c(x, algo="oneshot")),
+    "allreduce-twoshot": ("allreduce", lambda comm: tc.AllReduce(comm, max_bytes=64 << 10, algos=("twoshot",)),
+                          lambda c, x: c(x, algo="twoshot")),
+    "allgather": ("allgather", lambda comm: tc.AllGather(comm, max_bytes=64 << 10), lambda c, x: c(x)),
+    "reducescatter": ("reducescatter", lambda comm: tc.ReduceScatter(comm, max_bytes=64 << 10), lambda c, x: c(x)),
+    "alltoall": ("alltoall", lambda comm: tc.AllToAll(comm, max_bytes=64 << 10), lambda c, x: c(x)),
+}
+
+
+def _mismatched(ctx, call: str, case: str):
     comm = make_comm(ctx, timeout_s=20.0 if ctx.backend == "cuda" else 120.0)
-    ar = tc.AllReduce(comm, max_bytes=64 << 10, algos=(algo,))
+    _, build, run = CALLS[call]
+    coll = build(comm)
     n, dtype = CASES[case][0 if ctx.rank == 0 else 1]
+    n = n // 8 * ctx.world  # a multiple of the world (reduce-scatter, all-to-all); about a kilo-element
     g = torch.Generator().manual_seed(7 + ctx.rank)
     x = torch.randn(n, generator=g).to(dtype).to(ctx.device)
-    out = torch.full_like(x, float("nan"))
     said = {}
+    out = None
     try:
-        ar(x, out, algo=algo)
+        out = run(coll, x)
         comm.synchronize()
         said["call"] = "returned"
     except CollectiveMismatchError as e:
         said["call"] = str(e)
-    said["untouched"] = bool(torch.isnan(out.float()).all())
+    said["n"] = n // ctx.world if call in ("reducescatter", "alltoall") else n  # the count each call names
     try:  # the communicator stays broken
-        ar(x, out, algo=algo)
+        run(coll, x)
         said["next"] = "returned"
     except TritonCommError as e:
         said["next"] = type(e).__name__
-    ar.close()
+    coll.close()
     comm.close()
-    return said
+    return said, out
+
+
+def _untouched(ctx, call: str, case: str):
+    """With an output given, poisoned: nothing written into it."""
+    comm = make_comm(ctx, timeout_s=20.0 if ctx.backend == "cuda" else 120.0)
+    _, build, _ = CALLS[call]
+    coll = build(comm)
+    n, dtype = CASES[case][0 if ctx.rank == 0 else 1]
+    n = n // 8 * ctx.world
+    x = torch.randn(n, generator=torch.Generator().manual_seed(3 + ctx.rank)).to(dtype).to(ctx.device)
+    out = torch.full({"allgather": (n * ctx.world,), "reducescatter": (n // ctx.world,)}.get(call, (n,)),
+                     float("nan"), dtype=dtype, device=ctx.device)
+    try:
+        if call.startswith("allreduce"):
+            coll(x, out, algo=call.split("-")[1])
+        else:
+            coll(x, out)
+        comm.synchronize()
+    except CollectiveMismatchError:
+        pass
+    untouched = bool(torch.isnan(out.float()).all())
+    coll.close()
+    comm.close()
+    return untouched
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
-@pytest.mark.parametrize("algo", ["oneshot", "twoshot"])
+@pytest.mark.parametrize("call", list(CALLS))
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_mismatched_call_raises_on_every_rank_and_writes_nothing(worlds, world, algo, case):
-    for rank, said in enumerate(worlds(world).run(_mismatched, algo, case)):
-        assert "called different collectives" in said["call"] and "allreduce" in said["call"], (rank, said)
-        assert said["untouched"] and said["next"] == "CollectiveMismatchError", (rank, said)
-        (n0, d0), (n1, d1) = CASES[case]
-        for n, d in ((n0, d0), (n1, d1)):
-            assert f"x {n}," in said["call"] and {torch.float32: "fp32", torch.bfloat16: "bf16",
-                                                  torch.float16: "fp16"}[d] in said["call"], (rank, said)
+def test_a_mismatched_call_raises_on_every_rank_and_writes_nothing(worlds, world, call, case):
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+    results = worlds(world).run(_mismatched, call, case)
+    counts = {r: said["n"] for r, (said, _) in enumerate(results)}
+    for rank, (said, _) in enumerate(results):
+        assert "called different collectives" in said["call"] and CALLS[call][0] in said["call"], (rank, said)
+        assert said["next"] == "CollectiveMismatchError", (rank, said)
+        here, there = said["call"].split(" here, ")
+        assert f"x {counts[rank]}," in here and names[CASES[case][0 if rank == 0 else 1][1]] in here, (rank, said)
+        other = 1 if rank == 0 else 0
+        assert f"x {counts[other]}," in there and names[CASES[case][other][1]] in there, (rank, said)
+    assert all(worlds(world).run(_untouched, call, case))

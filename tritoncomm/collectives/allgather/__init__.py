@@ -37,7 +37,7 @@ class _PushCollective(CollectiveBase):
         a: PushAlgorithm = self._algos[algo]  # type: ignore[assignment]
         c = self._choice("push", DTYPE_NAMES[x.dtype], full_bytes)
         self._debug_check(x.dtype, m, algo, (dest.signature(self.comm)[2],) if dest.row else ())
-        a.launch(x, out, m, c, dest)
+        a.launch(x, out, m, c, dest, self._signature(x.dtype, m, algo))
 
     def fits_rows(self, rows: Sequence[int], row: int, element_size: int) -> bool:
         """Whether shards of ``rows`` rows (one count per rank) of ``row`` elements of
@@ -79,7 +79,8 @@ class _PushCollective(CollectiveBase):
         total = sum(rows) * row
         c = self._choice("push", DTYPE_NAMES[x.dtype], total * x.element_size())
         self._debug_check(x.dtype, total, "push", (rows,))
-        a.launch(x, out, rows[self.comm.rank] * row, c, NO_PEER_OUTPUT, var=(rows, row))
+        a.launch(x, out, rows[self.comm.rank] * row, c, NO_PEER_OUTPUT, self._signature(x.dtype, total, "push"),
+                 var=(rows, row))
 
     def _too_large(self, x: torch.Tensor, m: int, nbytes: int, what: str) -> bool:
         if nbytes <= self.max_bytes:

@@ -72,12 +72,25 @@ def shard(s, m, rows_lo, rows_hi, row, WORLD: tl.constexpr, VAR: tl.constexpr):
 
 
 @triton.jit
+def _own_shard(x_ptr, out_ptr, m, own_off, iters, pid, active, rank, BLOCK: tl.constexpr, ALLTOALL: tl.constexpr):
+    """Store this program's blocks of this rank's shard of ``x`` at ``out[own_off:]``."""
+    for i in range(0, iters):
+        j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
+        mask = j < m
+        if ALLTOALL:
+            v = tl.load(x_ptr + rank * m + j, mask=mask)
+        else:
+            v = tl.load(x_ptr + j, mask=mask)
+        tl.store(out_ptr + own_off + j, v, mask=mask)
+
+
+@triton.jit
 def _push_shard(x_ptr, out_ptr, m, own_off, iters, pid, active, rank, table, dst_off, dst_elem,
-                WORLD: tl.constexpr, BLOCK: tl.constexpr, ALLTOALL: tl.constexpr):
+                WORLD: tl.constexpr, BLOCK: tl.constexpr, ALLTOALL: tl.constexpr, OWN: tl.constexpr):
     """Store this program's blocks of ``x`` (with ``ALLTOALL``: of shard ``s`` of ``x``, ``m``
-    elements each) at ``out[own_off:]`` (shard ``rank``) and, for every peer ``s``, at byte
-    ``dst_off`` + element ``dst_elem`` of the memory ``table[s]`` points to (a heap base or a
-    registered output)."""
+    elements each), for every peer ``s``, at byte ``dst_off`` + element ``dst_elem`` of the memory
+    ``table[s]`` points to (a heap base or a registered output), and with ``OWN`` at
+    ``out[own_off:]`` (shard ``rank``) in the same pass."""
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     for i in range(0, iters):
         j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
@@ -89,20 +102,23 @@ def _push_shard(x_ptr, out_ptr, m, own_off, iters, pid, active, rank, table, dst
                 if ALLTOALL:
                     v = tl.load(x_ptr + s * m + j, mask=mask)
                 tl.store(heap_ptr(table, s, dst_off, DTYPE) + dst_elem + j, v, mask=mask)
-        if ALLTOALL:
-            v = tl.load(x_ptr + rank * m + j, mask=mask)
-        tl.store(out_ptr + own_off + j, v, mask=mask)
+        if OWN:
+            if ALLTOALL:
+                v = tl.load(x_ptr + rank * m + j, mask=mask)
+            tl.store(out_ptr + own_off + j, v, mask=mask)
 
 
-@triton.jit(do_not_specialize=["rank", "rows_lo", "rows_hi"])  # one compiled kernel for every rank and size mix
+@triton.jit(do_not_specialize=["rank", "rows_lo", "rows_hi", "sig"])  # one kernel for every rank and size mix
 def allgather_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, flags_off, epochs_off, buf_off, half_bytes,
-                     stride, active, out_tab=0, rows_lo=0, rows_hi=0, row=1, WORLD: tl.constexpr = 2,
+                     stride, active, out_tab=0, rows_lo=0, rows_hi=0, row=1, sig=None, WORLD: tl.constexpr = 2,
                      BLOCK: tl.constexpr = 1024, MDIV: tl.constexpr = 1, DIRECT: tl.constexpr = False,
                      ALLTOALL: tl.constexpr = False, VAR: tl.constexpr = False):
     """``out[r*m:(r+1)*m] = x`` of rank ``r`` (with ``ALLTOALL``: ``x[rank*m:(rank+1)*m]`` of rank
     ``r``; with ``VAR``: rank ``r``'s shard at its offset, ``m`` this rank's count, ``stride`` the
     largest), for every rank; ``m`` (and with ``VAR`` ``row``) is a multiple of ``MDIV``. Barrier
-    slots ``pid`` and (``DIRECT``) ``pid + grid``."""
+    slots ``pid`` and (``DIRECT``) ``pid + grid``. ``sig``: the call's signature, compared at the first
+    barrier; where a rank's differs nothing more is pushed or written (the staged form copies its own
+    shard into ``out`` after that barrier)."""
     pid = tl.program_id(0)
     m = assume_multiple(m, MDIV)
     if VAR:
@@ -118,16 +134,19 @@ def allgather_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, flags_o
         iters = tl.cdiv(tl.cdiv(span, BLOCK) - pid, active)
         own_off, _ = shard(rank, m, rows_lo, rows_hi, row, WORLD, VAR)
         if DIRECT:
-            barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)  # every rank has entered
+            if not barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag, sig):  # every rank has entered
+                iters = iters * 0  # a rank called another collective: store nothing
             row_tab = out_tab.to(tl.int64).to(tl.pointer_type(tl.int64))
             _push_shard(x_ptr, out_ptr, m, own_off, iters, pid, active, rank, row_tab,
-                        0, rank * m, WORLD, BLOCK, ALLTOALL)
+                        0, rank * m, WORLD, BLOCK, ALLTOALL, True)
             barrier(bases, rank, WORLD, flags_off, pid + tl.num_programs(0), e, timeout, diag)
         else:
             base = buf_off + (e & 1).to(tl.int64) * half_bytes
             _push_shard(x_ptr, out_ptr, m, own_off, iters, pid, active, rank, bases, base + rank * stride * ESIZE,
-                        0, WORLD, BLOCK, ALLTOALL)
-            barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
+                        0, WORLD, BLOCK, ALLTOALL, False)
+            if not barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag, sig):
+                iters = iters * 0  # a rank called another collective: write nothing
+            _own_shard(x_ptr, out_ptr, m, own_off, iters, pid, active, rank, BLOCK, ALLTOALL)
             for i in range(0, iters):
                 j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
                 for s in tl.static_range(WORLD):
@@ -157,23 +176,26 @@ class PushAlgorithm(Algorithm):
         return [Choice(cls.name, min(progs, max(1, nbytes // 2 // block)), block, 8 if block > 1024 else 4)
                 for block in (1024, 4096) for progs in (8, 32, 64)]
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput) -> None:
+    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput, sig: int) -> None:
+        """``sig`` names the call (``kernels.consistency.pack_signature``): the barriers compare it."""
         raise NotImplementedError
 
-    def _run(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, *more: int,
+    def _run(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, sig: int, *more: int,
              var: tuple[tuple[int, ...], int] | None = None, **extra) -> None:
-        """One launch; ``more``: the kernel's runtime parameters after ``active``, in order (the
-        ``Launcher``'s fast path takes them positionally); ``var``: ``(rows per rank, elements per
-        row)`` for shards of different sizes (``VAR``), the same on every rank, this rank's ``m``
-        among them, appended to ``more`` as the kernel's ``rows_lo, rows_hi, row``."""
+        """One launch; ``more``: the kernel's runtime parameters after ``active`` and before the rows,
+        in order (the ``Launcher``'s fast path takes them positionally); then ``rows_lo, rows_hi,
+        row`` and ``sig``. ``var``: ``(rows per rank, elements per row)`` for shards of different sizes
+        (``VAR``), the same on every rank, this rank's ``m`` among them; else the rows' defaults."""
         bases, rank, world, timeout, diag = self.comm.kernel_args()
         ch = self.channel
         stride, mdiv = round_up(m, 16), pow2_divisor(m)
         if var is not None:
             rows, row = var
-            more = (*more, *packed_rows(rows), row)
+            more = (*more, *packed_rows(rows), row, sig)
             stride, mdiv = round_up(max(rows) * row, 16), pow2_divisor(row)
             extra["VAR"] = True
+        else:
+            more = (*more, 0, 0, 1, sig)
         self.launcher(x, out, m, bases, rank, timeout, diag, ch.flags_off, ch.epochs_off, ch.buffer_off, self.half,
                       stride, c.programs, *more, WORLD=world, BLOCK=c.block, MDIV=mdiv, num_warps=c.num_warps,
                       **extra)
@@ -185,9 +207,9 @@ class AllGatherPush(PushAlgorithm):
     name = "push"
     kernel = allgather_kernel
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput,
+    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput, sig: int,
                var: tuple[tuple[int, ...], int] | None = None) -> None:
-        self._run(x, out, m, c, *((0,) if var else ()), var=var)  # out_tab, unused, before the rows
+        self._run(x, out, m, c, sig, 0, var=var)  # out_tab, unused, before the rows
 
 
 class AllGatherDirect(PushAlgorithm):
@@ -207,21 +229,21 @@ class AllGatherDirect(PushAlgorithm):
     def candidates(cls, nbytes: int, backend: str) -> list[Choice]:
         return []
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput) -> None:
-        self._run(x, out, m, c, dest.row, DIRECT=True)
+    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput, sig: int) -> None:
+        self._run(x, out, m, c, sig, dest.row, DIRECT=True)
 
 
 class AllToAllPush(AllGatherPush):
     """Staged all-to-all (``allgather_kernel`` with ``ALLTOALL``): shard ``s`` pushed into rank
     ``s``'s heap, barrier, copy out. The capacity bounds the output (as the all-gather's)."""
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput) -> None:
-        self._run(x, out, m, c, ALLTOALL=True)
+    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput, sig: int) -> None:
+        self._run(x, out, m, c, sig, 0, ALLTOALL=True)
 
 
 class AllToAllDirect(AllGatherDirect):
     """Direct all-to-all into a registered output (``allgather_kernel`` with ``DIRECT`` and
     ``ALLTOALL``): entry barrier, shard ``s`` stored into rank ``s``'s output, exit barrier."""
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput) -> None:
-        self._run(x, out, m, c, dest.row, DIRECT=True, ALLTOALL=True)
+    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput, sig: int) -> None:
+        self._run(x, out, m, c, sig, dest.row, DIRECT=True, ALLTOALL=True)

@@ -20,13 +20,14 @@ from .push import PushAlgorithm, shard
 __all__ = ["ReduceScatterPush", "reducescatter_kernel"]
 
 
-@triton.jit(do_not_specialize=["rank", "rows_lo", "rows_hi"])  # one compiled kernel for every rank and size mix
+@triton.jit(do_not_specialize=["rank", "rows_lo", "rows_hi", "sig"])  # one kernel for every rank and size mix
 def reducescatter_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, flags_off, epochs_off, buf_off,
-                         half_bytes, stride, active, rows_lo=0, rows_hi=0, row=1, WORLD: tl.constexpr = 2,
+                         half_bytes, stride, active, rows_lo=0, rows_hi=0, row=1, sig=None, WORLD: tl.constexpr = 2,
                          BLOCK: tl.constexpr = 1024, MDIV: tl.constexpr = 1, VAR: tl.constexpr = False):
     """``out = sum over ranks r of x_r[rank*m:(rank+1)*m]`` (with ``VAR``: of rank ``rank``'s shard
     at its offset, ``m`` its count, ``stride`` the largest); ``m`` (and with ``VAR`` ``row``) is a
-    multiple of ``MDIV``."""
+    multiple of ``MDIV``. ``sig``: the call's signature, compared at the barrier; where a rank's
+    differs nothing is written."""
     pid = tl.program_id(0)
     m = assume_multiple(m, MDIV)
     if VAR:
@@ -48,7 +49,8 @@ def reducescatter_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, fla
                     off, n = shard(s, m, rows_lo, rows_hi, row, WORLD, VAR)
                     v = tl.load(x_ptr + off + j, mask=j < n)
                     tl.store(heap_ptr(bases, s, base + rank * stride * ESIZE, DTYPE) + j, v, mask=j < n)
-        barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
+        if not barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag, sig):
+            iters = iters * 0  # a rank called another collective: write nothing
         own_off, _ = shard(rank, m, rows_lo, rows_hi, row, WORLD, VAR)
         for i in range(0, iters):
             j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
@@ -70,6 +72,6 @@ class ReduceScatterPush(PushAlgorithm):
     name = "push"
     kernel = reducescatter_kernel
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput,
+    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput, sig: int,
                var: tuple[tuple[int, ...], int] | None = None) -> None:
-        self._run(x, out, m, c, var=var)
+        self._run(x, out, m, c, sig, var=var)

@@ -58,7 +58,7 @@ def oneshot_allreduce_kernel(x_ptr, out_ptr, n, bases, rank, timeout, diag_addr,
             offs = (pid + i * nprog) * BLOCK + tl.arange(0, BLOCK)
             copy_block(mine, x_ptr, offs, offs < n)
         if not barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag, sig):
-            iters = 0  # a rank called another collective: write nothing
+            iters = iters * 0  # a rank called another collective: write nothing
         for i in range(0, iters):
             offs = (pid + i * nprog) * BLOCK + tl.arange(0, BLOCK)
             mask = offs < n

@@ -153,8 +153,8 @@ def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, dia
                 twoshot_scatter_block(x_ptr, n, shard, pid + i * active, bases, rank, rs_off, WORLD, BLOCK)
             if c == 0:
                 if not barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag, sig):
-                    iters = 0  # a rank called another collective: push and write nothing more
-                    hi = 0
+                    iters = iters * 0  # a rank called another collective: push and write nothing more
+                    hi = hi * 0
             else:
                 barrier(bases, rank, WORLD, flags_off, pid + (2 * c) * grid, e, timeout, diag)
             for i in range(lo, hi):  # 2. reduce my shard, write it out, push it to every peer

@@ -30,15 +30,38 @@ CALLS = {
     "allgather": ("allgather", lambda comm: tc.AllGather(comm, max_bytes=64 << 10), lambda c, x: c(x)),
     "reducescatter": ("reducescatter", lambda comm: tc.ReduceScatter(comm, max_bytes=64 << 10), lambda c, x: c(x)),
     "alltoall": ("alltoall", lambda comm: tc.AllToAll(comm, max_bytes=64 << 10), lambda c, x: c(x)),
+    "fused-oneshot": ("fused_add_rmsnorm", lambda comm: _fused(comm, "oneshot"), lambda c, x: _norm(c, x, "oneshot")),
+    "fused-twoshot": ("fused_add_rmsnorm", lambda comm: _fused(comm, "twoshot"), lambda c, x: _norm(c, x, "twoshot")),
 }
+#: The fused norm's rows are this wide.
+HIDDEN = 64
+
+
+def _call_of(call: str, rank: int, case: str, world: int) -> tuple[int, torch.dtype]:
+    """Rank ``rank``'s element count and dtype in ``case`` (the fused norm takes bf16 for fp32)."""
+    n, dtype = CASES[case][0 if rank == 0 else 1]
+    if call.startswith("fused") and dtype == torch.float32:
+        dtype = torch.bfloat16
+    return n // 8 * world, dtype  # a multiple of the world (reduce-scatter, all-to-all), about a kilo-element
+
+
+def _fused(comm, algo: str):
+    from tritoncomm.collectives.fused_norm import FusedAllReduceAddRMSNorm
+
+    return FusedAllReduceAddRMSNorm(comm, max_tokens=64, max_hidden=HIDDEN, algos=(algo,))
+
+
+def _norm(c, x: torch.Tensor, algo: str, out: torch.Tensor | None = None, residual_out: torch.Tensor | None = None):
+    rows = x.view(-1, HIDDEN)
+    return c(rows, torch.ones_like(rows), torch.ones(HIDDEN, dtype=x.dtype, device=x.device), algo=algo, out=out,
+             residual_out=residual_out)
 
 
 def _mismatched(ctx, call: str, case: str):
     comm = make_comm(ctx, timeout_s=20.0 if ctx.backend == "cuda" else 120.0)
     _, build, run = CALLS[call]
     coll = build(comm)
-    n, dtype = CASES[case][0 if ctx.rank == 0 else 1]
-    n = n // 8 * ctx.world  # a multiple of the world (reduce-scatter, all-to-all); about a kilo-element
+    n, dtype = _call_of(call, ctx.rank, case, ctx.world)
     g = torch.Generator().manual_seed(7 + ctx.rank)
     x = torch.randn(n, generator=g).to(dtype).to(ctx.device)
     said = {}
@@ -65,20 +88,22 @@ def _untouched(ctx, call: str, case: str):
     comm = make_comm(ctx, timeout_s=20.0 if ctx.backend == "cuda" else 120.0)
     _, build, _ = CALLS[call]
     coll = build(comm)
-    n, dtype = CASES[case][0 if ctx.rank == 0 else 1]
-    n = n // 8 * ctx.world
+    n, dtype = _call_of(call, ctx.rank, case, ctx.world)
     x = torch.randn(n, generator=torch.Generator().manual_seed(3 + ctx.rank)).to(dtype).to(ctx.device)
     out = torch.full({"allgather": (n * ctx.world,), "reducescatter": (n // ctx.world,)}.get(call, (n,)),
                      float("nan"), dtype=dtype, device=ctx.device)
+    residual_out = torch.full((n // HIDDEN, HIDDEN), float("nan"), dtype=dtype, device=ctx.device)
     try:
         if call.startswith("allreduce"):
             coll(x, out, algo=call.split("-")[1])
+        elif call.startswith("fused"):
+            _norm(coll, x, call.split("-")[1], out.view(-1, HIDDEN), residual_out)
         else:
             coll(x, out)
         comm.synchronize()
     except CollectiveMismatchError:
         pass
-    untouched = bool(torch.isnan(out.float()).all())
+    untouched = bool(torch.isnan(out.float()).all() and torch.isnan(residual_out.float()).all())
     coll.close()
     comm.close()
     return untouched
@@ -95,7 +120,7 @@ def test_a_mismatched_call_raises_on_every_rank_and_writes_nothing(worlds, world
         assert "called different collectives" in said["call"] and CALLS[call][0] in said["call"], (rank, said)
         assert said["next"] == "CollectiveMismatchError", (rank, said)
         here, there = said["call"].split(" here, ")
-        assert f"x {counts[rank]}," in here and names[CASES[case][0 if rank == 0 else 1][1]] in here, (rank, said)
         other = 1 if rank == 0 else 0
-        assert f"x {counts[other]}," in there and names[CASES[case][other][1]] in there, (rank, said)
+        assert f"x {counts[rank]}," in here and names[_call_of(call, rank, case, world)[1]] in here, (rank, said)
+        assert f"x {counts[other]}," in there and names[_call_of(call, other, case, world)[1]] in there, (rank, said)
     assert all(worlds(world).run(_untouched, call, case))

@@ -259,7 +259,7 @@ def test_fused_oneshot_compiles_with_row_chunk_exchange(fp8):
     from tritoncomm.collectives.fused_norm.oneshot import allreduce_add_rmsnorm_kernel
 
     sig = dict(FUSED_SIG, out_ptr="*fp8e4nv" if fp8 else "*bf16", flags_off="i64", epochs_off="i64", buf_off="i64",
-               slot_bytes="i64", xch_off="i64")
+               slot_bytes="i64", xch_off="i64", sig="i64")
     o = ops(compile_ptx(allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "CH": 4, "BLOCK_C": 2048, "GEMMA": False,
                                                             "FP8": fp8},
                         FUSED_ALIGNED | {"flags_off", "epochs_off", "buf_off", "slot_bytes", "xch_off"}, 4))
@@ -305,7 +305,7 @@ def test_fused_ll_and_twoshot_compile():
     assert not any(k.startswith(("st.release", "ld.acquire", "fence")) for k in o), o
     assert "membar" not in ptx
     sig = dict(FUSED_SIG, flags_off="i64", epochs_off="i64", rs_off="i64", ag_off="i64", rstd_off="i64",
-               slot_bytes="i64", rstd_slot="i64", xch_off="i64")
+               slot_bytes="i64", rstd_slot="i64", xch_off="i64", sig="i64")
     o = ops(compile_ptx(twoshot_allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "CH": 1, "BLOCK_C": 2048,
                                                                     "GEMMA": False, "FP8": False},
                         FUSED_ALIGNED | {"flags_off", "epochs_off", "rs_off", "ag_off", "rstd_off", "slot_bytes",

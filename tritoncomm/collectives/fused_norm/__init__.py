@@ -168,7 +168,7 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
         scale = fp8_scale if fp8_scale is not None else weight  # any pointer when unused; no copy
         self._algos[algo].launch(x, residual, residual_out, weight, out, scale, gemma=gemma,
                                  fp8=fp8_scale is not None, eps=self.eps if eps is None else eps,
-                                 engine=self.rounding == "engine")
+                                 engine=self.rounding == "engine", sig=self._signature(x.dtype, x.numel(), algo))
         return out
 
     def _check(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, fp8_scale: torch.Tensor | None,

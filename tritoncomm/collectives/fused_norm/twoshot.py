@@ -50,10 +50,10 @@ TWOSHOT_MAX_COLS = 2048
 TWOSHOT_MAX_COLS_CPU = 1024
 
 
-@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
+@triton.jit(do_not_specialize=["rank", "sig"])  # one compiled kernel for every rank and call
 def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, scale_ptr, T, H, CW, eps,
                                          bases, rank, timeout, diag_addr, flags_off, epochs_off, rs_off, ag_off,
-                                         rstd_off, slot_bytes, rstd_slot, xch_off, WORLD: tl.constexpr,
+                                         rstd_off, slot_bytes, rstd_slot, xch_off, sig, WORLD: tl.constexpr,
                                          CH: tl.constexpr, BLOCK_C: tl.constexpr, GEMMA: tl.constexpr,
                                          FP8: tl.constexpr, ENGINE: tl.constexpr = False):
     pid = tl.program_id(0)
@@ -77,7 +77,8 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
             m = (others & (rows < T))[:, None] & cmask[None, :]
             v = tl.load(x_ptr + rows[:, None] * H + cols[None, :], mask=m)  # every load before the first store
             tl.store(dst[:, None] + cols[None, :], v, mask=m)
-    barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
+    if not barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag, sig):
+        iters = iters * 0  # a rank called another collective: push and write nothing more
     for i in range(0, iters):  # 2. my rows: reduce, add, normalise; push the new residual and rstd
         r, c = work_item(pid, i, nprog, CH)
         row = rank * R + r
@@ -146,7 +147,7 @@ class FusedTwoShot(FusedAlgorithm):
 
     def launch(self, x: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor,
                out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float,
-               engine: bool = False) -> None:
+               engine: bool = False, sig: int = 0) -> None:
         t, h = x.shape
         ch, cw = self.plan.chunks(cdiv(t, self.world), h, self.grid)  # a shard's rows
         block = min(self._block(cw), TWOSHOT_MAX_COLS if self.plan.cuda else TWOSHOT_MAX_COLS_CPU)
@@ -155,5 +156,5 @@ class FusedTwoShot(FusedAlgorithm):
         ag = rs + self.world * self.shard_bytes
         self.launcher(
             *self._args(x, residual, residual_out, weight, out, scale, cw, eps), c.flags_off, c.epochs_off, rs, ag,
-            ag + self.world * self.shard_bytes, self.shard_bytes, self.rstd_slot, c.buffer_off + self.xch_rel,
+            ag + self.world * self.shard_bytes, self.shard_bytes, self.rstd_slot, c.buffer_off + self.xch_rel, sig,
             **self._meta(ch, block, block * pow2_at_least(self.world), gemma, fp8, engine))

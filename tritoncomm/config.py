@@ -33,6 +33,10 @@ class CommConfig:
             it logs it within that long, graph replays included); ``0`` disables the watchdog.
         abort_on_timeout: the watchdog ends the process once it has logged a timeout (default:
             ``TRITONCOMM_ABORT_ON_TIMEOUT=1`` in the environment), as ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` does.
+        check_calls: the collectives' barriers compare every call's signature (op, dtype, element count,
+            algorithm) and a mismatch raises ``CollectiveMismatchError`` on every rank with no output
+            written (``kernels.barrier``; default: on unless ``TRITONCOMM_CHECK_CALLS=0``). Off compiles
+            the kernels without the check; for measuring its cost.
         debug: before every collective, the ranks compare (op, dtype, element count, algorithm)
             through the heap and raise ``CollectiveMismatchError`` on every rank if they differ
             (one small kernel and, outside graph capture, one stream synchronisation per call).
@@ -50,6 +54,7 @@ class CommConfig:
     timeout_s: float = 60.0
     watchdog_s: float = 2.0
     abort_on_timeout: bool = field(default_factory=lambda: os.environ.get("TRITONCOMM_ABORT_ON_TIMEOUT", "0") == "1")
+    check_calls: bool = field(default_factory=lambda: os.environ.get("TRITONCOMM_CHECK_CALLS", "1") != "0")
     debug: bool = False
     registered_slots: int = 16384
     shared_gpus: bool = field(default_factory=_shared_gpus_default)

@@ -124,3 +124,94 @@ def test_a_mismatched_call_raises_on_every_rank_and_writes_nothing(worlds, world
         assert f"x {counts[rank]}," in here and names[_call_of(call, rank, case, world)[1]] in here, (rank, said)
         assert f"x {counts[other]}," in there and names[_call_of(call, other, case, world)[1]] in there, (rank, said)
     assert all(worlds(world).run(_untouched, call, case))
+
+
+#: Dtypes the random draws take (the fused norm's draws take only the 16-bit ones).
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _one(g: torch.Generator, unit: int, dtypes: tuple[torch.dtype, ...]) -> tuple[int, torch.dtype]:
+    n = unit * int(torch.randint(1, 9, (1,), generator=g))
+    return n, dtypes[int(torch.randint(len(dtypes), (1,), generator=g))]
+
+
+def _draws(seed: int, world: int, count: int) -> list[tuple[str, tuple[int, torch.dtype], tuple[int, torch.dtype]]]:
+    """``count`` draws, the same on every rank: a collective, rank 0's (elements, dtype) and the
+    other ranks'; about one in four draws is the same call on every rank."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        call = list(CALLS)[int(torch.randint(len(CALLS), (1,), generator=g))]
+        dtypes = DTYPES[:2] if call.startswith("fused") else DTYPES
+        unit = HIDDEN * world  # whole rows of the fused norm, shards of the reduce-scatter and all-to-all
+
+        first = _one(g, unit, dtypes)
+        out.append((call, first, first if int(torch.randint(4, (1,), generator=g)) == 0 else _one(g, unit, dtypes)))
+    return out
+
+
+def _random_job(ctx, seed: int, count: int):
+    """Every draw on a fresh communicator: what each call raised (or "ok"), and whether a poisoned
+    output stayed untouched when it raised a mismatch."""
+    seen = []
+    for call, first, other in _draws(seed, ctx.world, count):
+        comm = make_comm(ctx, timeout_s=20.0 if ctx.backend == "cuda" else 120.0)
+        coll = CALLS[call][1](comm)
+        n, dtype = first if ctx.rank == 0 else other
+        x = torch.randn(n, generator=torch.Generator().manual_seed(seed + ctx.rank)).to(dtype).to(ctx.device)
+        out = torch.full({"allgather": (n * ctx.world,), "reducescatter": (n // ctx.world,)}.get(call, (n,)),
+                         float("nan"), dtype=dtype, device=ctx.device)
+        residual_out = torch.full((n // HIDDEN, HIDDEN), float("nan"), dtype=dtype, device=ctx.device)
+        try:
+            if call.startswith("allreduce"):
+                coll(x, out, algo=call.split("-")[1])
+            elif call.startswith("fused"):
+                _norm(coll, x, call.split("-")[1], out.view(-1, HIDDEN), residual_out)
+            else:
+                coll(x, out)
+            comm.synchronize()
+            seen.append(("ok", True))
+        except CollectiveMismatchError:
+            written = not (torch.isnan(out.float()).all() and torch.isnan(residual_out.float()).all())
+            seen.append(("CollectiveMismatchError", not written))
+        coll.close()
+        comm.close()
+    return seen
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3, 4))
+def test_random_mismatches_never_give_a_silent_result(worlds, world):
+    """The randomized suite: collectives, element counts and dtypes drawn per call (rank 0's and
+    the others'); every mismatched call raises on every rank and writes nothing, every matched one
+    returns."""
+    count = 24
+    seed = 1000 + world
+    results = worlds(world).run(_random_job, seed, count)
+    for i, (call, first, other) in enumerate(_draws(seed, world, count)):
+        want = "ok" if first == other else "CollectiveMismatchError"
+        for rank, seen in enumerate(results):
+            assert seen[i] == (want, True), (i, call, first, other, rank, seen[i])
+
+
+def _checked_and_unchecked(ctx):
+    """The same calls on a communicator with the call check and one without (``check_calls``): the
+    same bits, and no signature compared without it."""
+    same = {}
+    comms = {on: make_comm(ctx, check_calls=on) for on in (True, False)}
+    n = HIDDEN * ctx.world * 4
+    x = torch.randn(n, generator=torch.Generator().manual_seed(5 + ctx.rank)).to(torch.bfloat16).to(ctx.device)
+    for call in CALLS:
+        outs = {}
+        for on, comm in comms.items():
+            coll = CALLS[call][1](comm)
+            outs[on] = CALLS[call][2](coll, x).clone()
+            coll.close()
+        same[call] = torch.equal(outs[True], outs[False])
+    for comm in comms.values():
+        comm.close()
+    return same
+
+
+def test_unchecked_kernels_give_the_same_bits(worlds):
+    for same in worlds(2).run(_checked_and_unchecked):
+        assert all(same.values()), same

@@ -245,9 +245,12 @@ class CollectiveBase:
         ``CollectiveMismatchError`` on both, instead of shifting the pairing of later calls."""
         self._debug_check(dtype, 0, "")
 
-    def _signature(self, dtype: torch.dtype, count: int, algo: str) -> int:
-        """The call's signature that the barriers compare, always (``kernels.barrier``): op, dtype,
-        element count and the algorithm's code, as ``_debug_check`` numbers it."""
+    def _signature(self, dtype: torch.dtype, count: int, algo: str) -> int | None:
+        """The call's signature that the barriers compare (``kernels.barrier``): op, dtype, element
+        count and the algorithm's code, as ``_debug_check`` numbers it; None where the communicator's
+        ``check_calls`` is off (the kernels then compile without the check)."""
+        if not self.comm.config.check_calls:
+            return None
         names = tuple(self.ALGORITHMS)
         code = names.index(algo) + 1 if algo in names else FALLBACK_CODE
         return pack_signature(OP_CODES[self.debug_op or self.op], DTYPE_CODES[DTYPE_NAMES[dtype]], count, code)

@@ -176,11 +176,11 @@ class PushAlgorithm(Algorithm):
         return [Choice(cls.name, min(progs, max(1, nbytes // 2 // block)), block, 8 if block > 1024 else 4)
                 for block in (1024, 4096) for progs in (8, 32, 64)]
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput, sig: int) -> None:
+    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput, sig: int | None) -> None:
         """``sig`` names the call (``kernels.consistency.pack_signature``): the barriers compare it."""
         raise NotImplementedError
 
-    def _run(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, sig: int, *more: int,
+    def _run(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, sig: int | None, *more: int,
              var: tuple[tuple[int, ...], int] | None = None, **extra) -> None:
         """One launch; ``more``: the kernel's runtime parameters after ``active`` and before the rows,
         in order (the ``Launcher``'s fast path takes them positionally); then ``rows_lo, rows_hi,
@@ -207,7 +207,7 @@ class AllGatherPush(PushAlgorithm):
     name = "push"
     kernel = allgather_kernel
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput, sig: int,
+    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput, sig: int | None,
                var: tuple[tuple[int, ...], int] | None = None) -> None:
         self._run(x, out, m, c, sig, 0, var=var)  # out_tab, unused, before the rows
 
@@ -229,7 +229,7 @@ class AllGatherDirect(PushAlgorithm):
     def candidates(cls, nbytes: int, backend: str) -> list[Choice]:
         return []
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput, sig: int) -> None:
+    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput, sig: int | None) -> None:
         self._run(x, out, m, c, sig, dest.row, DIRECT=True)
 
 
@@ -237,7 +237,7 @@ class AllToAllPush(AllGatherPush):
     """Staged all-to-all (``allgather_kernel`` with ``ALLTOALL``): shard ``s`` pushed into rank
     ``s``'s heap, barrier, copy out. The capacity bounds the output (as the all-gather's)."""
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput, sig: int) -> None:
+    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput, sig: int | None) -> None:
         self._run(x, out, m, c, sig, 0, ALLTOALL=True)
 
 
@@ -245,5 +245,5 @@ class AllToAllDirect(AllGatherDirect):
     """Direct all-to-all into a registered output (``allgather_kernel`` with ``DIRECT`` and
     ``ALLTOALL``): entry barrier, shard ``s`` stored into rank ``s``'s output, exit barrier."""
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput, sig: int) -> None:
+    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput, sig: int | None) -> None:
         self._run(x, out, m, c, sig, dest.row, DIRECT=True, ALLTOALL=True)

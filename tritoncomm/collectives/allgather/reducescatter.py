@@ -72,6 +72,6 @@ class ReduceScatterPush(PushAlgorithm):
     name = "push"
     kernel = reducescatter_kernel
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput, sig: int,
+    def launch(self, x: torch.Tensor, out: torch.Tensor, m: int, c: Choice, dest: PeerOutput, sig: int | None,
                var: tuple[tuple[int, ...], int] | None = None) -> None:
         self._run(x, out, m, c, sig, var=var)

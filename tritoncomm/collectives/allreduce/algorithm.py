@@ -17,5 +17,5 @@ class AllReduceAlgorithm(Algorithm):
     pack_signature``), for the algorithms whose barriers compare it. Host-only: no allocation, sync or
     collective."""
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput, sig: int) -> None:
+    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput, sig: int | None) -> None:
         raise NotImplementedError

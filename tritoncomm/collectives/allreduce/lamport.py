@@ -297,7 +297,7 @@ class LamportOneShot(_Lamport):
             return []
         return _one_block_shapes("lamport", cdiv(nbytes, 2))
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput, sig: int) -> None:
+    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput, sig: int | None) -> None:
         bases, rank, world, timeout, diag = self.comm.kernel_args()
         ch = self.channel
         n = x.numel()
@@ -329,7 +329,7 @@ class LamportTwoShot(_Lamport):
             return []
         return [c for w in (2, 4, 8) for c in _one_block_shapes("lamport_twoshot", cdiv(cdiv(nbytes, 2), w))]
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput, sig: int) -> None:
+    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput, sig: int | None) -> None:
         bases, rank, world, timeout, diag = self.comm.kernel_args()
         ch = self.channel
         n = x.numel()

@@ -172,7 +172,7 @@ class LL(AllReduceAlgorithm):
         return [Choice("ll", min(progs, cdiv(words, block)), block, 4)
                 for block in (256, 1024) for progs in (4, 16, 32)]
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput, sig: int) -> None:
+    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput, sig: int | None) -> None:
         bases, rank, world, timeout, diag = self.comm.kernel_args()
         ch = self.channel
         n, nwords = x.numel(), cdiv(x.numel() * x.element_size(), 4)

@@ -257,7 +257,7 @@ class LLTwoShot(AllReduceAlgorithm):
         return [Choice("ll_twoshot", min(progs, cdiv(words, block)), block, warps)
                 for block, warps in ((256, 4), (1024, 8)) for progs in (16, 32, 64, 128)]
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput, sig: int) -> None:
+    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput, sig: int | None) -> None:
         bases, rank, world, timeout, diag = self.comm.kernel_args()
         ch = self.channel
         n, nwords = x.numel(), cdiv(x.numel() * x.element_size(), 4)

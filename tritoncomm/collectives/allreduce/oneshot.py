@@ -90,7 +90,7 @@ class OneShot(AllReduceAlgorithm):
         return [Choice("oneshot", min(progs, max(1, nbytes // 2 // block)), block, 8)
                 for block in (2048, 8192) for progs in (8, 32, 64)]
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput, sig: int) -> None:
+    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput, sig: int | None) -> None:
         bases, rank, world, timeout, diag = self.comm.kernel_args()
         ch = self.channel
         n = x.numel()

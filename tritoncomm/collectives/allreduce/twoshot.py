@@ -219,7 +219,7 @@ class TwoShot(AllReduceAlgorithm):
         iters = cdiv(cdiv(round_up(cdiv(n, world), 16), c.block), c.programs)  # blocks of program 0
         return TWOSHOT_ROUNDS if iters >= TWOSHOT_ROUNDS * TWOSHOT_ROUND_MIN_ITERS and not direct else 1
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput, sig: int) -> None:
+    def launch(self, x: torch.Tensor, out: torch.Tensor, c: Choice, dest: PeerOutput, sig: int | None) -> None:
         if c.rounds is not None and c.rounds > TWOSHOT_ROUNDS:
             raise InvalidInputError(f"all_reduce: the two-shot runs at most {TWOSHOT_ROUNDS} rounds, got {c.rounds}")
         bases, rank, world, timeout, diag = self.comm.kernel_args()

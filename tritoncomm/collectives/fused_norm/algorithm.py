@@ -38,7 +38,7 @@ class FusedAlgorithm(Algorithm):
 
     def launch(self, x: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor,
                out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float,
-               engine: bool = False, sig: int = 0) -> None:
+               engine: bool = False, sig: int | None = None) -> None:
         """Run the variant; ``engine``: the unfused path's rounding points (``fused_norm.rows``:
         ``add_residual``, ``norm_values``); ``sig``: the call's signature
         (``kernels.consistency.pack_signature``), for the variants whose barriers compare it."""

@@ -102,7 +102,7 @@ class FusedLamport(FusedAlgorithm):
 
     def launch(self, x: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor,
                out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float,
-               engine: bool = False, sig: int = 0) -> None:
+               engine: bool = False, sig: int | None = None) -> None:
         t, h = x.shape
         ch, cw = self.plan.chunks(t, h, self.grid) if t < LAMPORT_WHOLE_ROWS_FROM else (1, round_up(h, 16))
         block = self._block(cw)

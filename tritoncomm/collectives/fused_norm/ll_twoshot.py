@@ -158,7 +158,7 @@ class FusedLLTwoShot(FusedAlgorithm):
 
     def launch(self, x: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor,
                out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float,
-               engine: bool = False, sig: int = 0) -> None:
+               engine: bool = False, sig: int | None = None) -> None:
         t, h = x.shape
         nq, cw = self.plan.ll2_groups(t, h)  # NQ groups of W chunks per row
         block = self._block(cw)

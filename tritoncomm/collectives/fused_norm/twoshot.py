@@ -147,7 +147,7 @@ class FusedTwoShot(FusedAlgorithm):
 
     def launch(self, x: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor,
                out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float,
-               engine: bool = False, sig: int = 0) -> None:
+               engine: bool = False, sig: int | None = None) -> None:
         t, h = x.shape
         ch, cw = self.plan.chunks(cdiv(t, self.world), h, self.grid)  # a shard's rows
         block = min(self._block(cw), TWOSHOT_MAX_COLS if self.plan.cuda else TWOSHOT_MAX_COLS_CPU)

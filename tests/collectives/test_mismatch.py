@@ -215,3 +215,36 @@ def _checked_and_unchecked(ctx):
 def test_unchecked_kernels_give_the_same_bits(worlds):
     for same in worlds(2).run(_checked_and_unchecked):
         assert all(same.values()), same
+
+
+def _changing_calls(ctx, rounds: int):
+    """Matched calls that change from one call to the next (size, dtype), back to back on one
+    instance each: none may be taken for a mismatch (a peer that has passed a barrier may arrive at it
+    again, for its next call, before this rank has read the signature: ``kernels.barrier``)."""
+    comm = make_comm(ctx)
+    colls = {call: CALLS[call][1](comm) for call in ("allreduce-oneshot", "allgather", "fused-oneshot")}
+    bad = []
+    for i in range(rounds):
+        n = HIDDEN * ctx.world * (1 + i % 3)
+        dtype = (torch.bfloat16, torch.float16)[i % 2]
+        x = torch.ones(n, dtype=dtype, device=ctx.device) * (ctx.rank + 1)
+        for call, coll in colls.items():
+            try:
+                out = CALLS[call][2](coll, x)
+                comm.check()
+            except TritonCommError as e:
+                bad.append((i, call, str(e)[:120]))
+                break
+            if call == "allreduce-oneshot" and not bool((out == ctx.world * (ctx.world + 1) // 2).all()):
+                bad.append((i, call, "wrong sum"))
+    comm.synchronize()
+    for coll in colls.values():
+        coll.close()
+    comm.close()
+    return bad
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3))
+def test_changing_matched_calls_are_never_taken_for_mismatches(worlds, world):
+    for bad in worlds(world).run(_changing_calls, 12):
+        assert bad == []

@@ -22,7 +22,10 @@ it), and after the wait compares every rank's with its own. The first that diffe
 (kind ``KIND_SIGNATURE``: rank, peer, slot, this rank's signature, the peer's) and the barrier
 returns False: the caller then writes no output. Every rank compares every signature, so every
 rank finds the mismatch. Without ``sig`` nothing is stored or compared and the barrier returns
-True. Each entry holds the flag (uint32) and the signature (int64, at byte 8): 16 bytes.
+True. Each entry holds the flag (uint32) and two signature words (int64, at bytes 8 and 16), used
+by epoch parity: a peer that has passed this barrier may already arrive at it in its next launch
+(the epoch after) before this rank has read the signature, and must not overwrite it; it cannot
+get two launches ahead, since its next launch's barrier waits for this rank. 32 bytes an entry.
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ __all__ = ["KIND_SIGNATURE", "barrier", "barrier_arrive", "barrier_flag_bytes", 
 
 #: The diagnostic record's kind for a signature that differs at a barrier (``diag.KIND_NAMES``).
 KIND_SIGNATURE = tl.constexpr(5)
-#: Bytes of one rank's entry in a slot: the flag, then the signature at byte 8.
-_ENTRY = tl.constexpr(16)
+#: Bytes of one rank's entry in a slot: the flag, then the signatures of even and odd epochs at bytes 8, 16.
+_ENTRY = tl.constexpr(32)
 
 #: Each program's first warp alone stores the barrier's flags (after a CTA barrier) and polls them (the
 #: other warps wait at a CTA barrier): one system-scope release and one stream of system-scope acquire
@@ -65,7 +68,8 @@ def barrier_arrive(bases, rank, world, flags_off, slot, epoch, sig=None):
     peers = tl.where(lanes < world, lanes, rank)
     entry = heap_base(bases, peers) + flags_off + (slot * MAX_WORLD + rank) * _ENTRY
     if sig is not None:
-        tl.store((entry + 8).to(tl.pointer_type(tl.int64)), sig + tl.zeros([MAX_WORLD], tl.int64))
+        at = entry + 8 + (tl.cast(epoch, tl.uint32) & 1).to(tl.int64) * 8
+        tl.store(at.to(tl.pointer_type(tl.int64)), sig + tl.zeros([MAX_WORLD], tl.int64))
     signal(entry.to(tl.pointer_type(tl.uint32)), epoch, _FIRST_WARP)
 
 
@@ -80,7 +84,8 @@ def barrier_wait(bases, rank, world, flags_off, slot, epoch, timeout, diag, sig=
     wait(entry.to(tl.pointer_type(tl.uint32)), epoch, peers, slot, rank, timeout, diag, _FIRST_WARP)
     same = tl.full([], 1, tl.int1)
     if sig is not None:
-        theirs = tl.load((entry + 8).to(tl.pointer_type(tl.int64)), mask=lanes < world, other=sig)
+        at = entry + 8 + (tl.cast(epoch, tl.uint32) & 1).to(tl.int64) * 8
+        theirs = tl.load(at.to(tl.pointer_type(tl.int64)), mask=lanes < world, other=sig)
         differ = theirs != sig
         if tl.sum(differ.to(tl.int32), axis=0) > 0:
             peer = tl.min(tl.where(differ, lanes, MAX_WORLD), axis=0)

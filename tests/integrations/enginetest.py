@@ -33,13 +33,14 @@ def engine_paths() -> list[str]:
 
 
 @contextmanager
-def engine_world(world: int) -> Iterator[LocalWorld]:
-    """A world whose ranks import the engines (their folders go on the spawned ranks' path only)."""
+def engine_world(world: int, env: dict[str, str] | None = None) -> Iterator[LocalWorld]:
+    """A world whose ranks import the engines (their folders go on the spawned ranks' path only), with
+    ``env`` on top of ``ENGINE_ENV``."""
     paths = engine_paths()
     saved = list(sys.path)
     sys.path[:0] = paths
     try:
-        w = LocalWorld(world, "cpu", env=ENGINE_ENV, setup_timeout=120)
+        w = LocalWorld(world, "cpu", env={**ENGINE_ENV, **(env or {})}, setup_timeout=120)
     finally:
         sys.path[:] = saved
     try:
@@ -48,12 +49,12 @@ def engine_world(world: int) -> Iterator[LocalWorld]:
         w.close()
 
 
-def module_world(up: Callable[..., None], name: str) -> Any:
-    """A module-scoped fixture ``name``: a two-rank ``engine_world`` on which ``up`` has run."""
+def module_world(up: Callable[..., None], name: str, env: dict[str, str] | None = None) -> Any:
+    """A module-scoped fixture ``name``: a two-rank ``engine_world`` (with ``env``) on which ``up`` has run."""
 
     @pytest.fixture(scope="module", name=name)
     def fixture() -> Iterator[LocalWorld]:
-        with engine_world(2) as w:
+        with engine_world(2, env) as w:
             w.run(up)
             yield w
 

@@ -75,12 +75,18 @@ class CustomAllReduceSlot:
         register_graph_buffers: on GPUs, map the outputs captured inside ``capture()`` into every peer
             on exit, so that graph replays write them directly (else the kernels copy out of the heap).
         config: the communicator's configuration (default: the default with ``heap_bytes_for``'s heap).
+        batch_invariant: the engine's deterministic mode: the all-reduce serves every size (the engine's
+            own fallbacks past ``max_size`` do not sum in a fixed order), inputs larger than the
+            all-reduce's capacity in pieces of it. Each element's sum is the same fp32 sum over ranks
+            0..W-1 with one rounding whatever the algorithm, the size or the piece, so a row's bits
+            follow neither the batch it sits in nor where the pieces fall.
     """
 
     def __init__(self, group: ProcessGroup, device: int | str | torch.device, *, max_size: int,
                  max_all_gather_size: int, max_reduce_scatter_size: int, register_graph_buffers: bool = True,
-                 config: CommConfig | None = None) -> None:
+                 config: CommConfig | None = None, batch_invariant: bool = False) -> None:
         self._IS_CAPTURING = False
+        self.batch_invariant = batch_invariant
         self._register = register_graph_buffers
         self.disabled = True
         self.fully_connected = False
@@ -143,13 +149,22 @@ class CustomAllReduceSlot:
                 and inp.device == self.device and 0 < inp.numel() * inp.element_size() <= limit)
 
     def should_custom_ar(self, inp: torch.Tensor) -> bool:
-        return self._serves(inp, self.max_size - 1)
+        return self._serves(inp, (1 << 62) if self.batch_invariant else self.max_size - 1)
 
     def all_reduce(self, inp: torch.Tensor, *, out: torch.Tensor | None = None,
                    registered: bool = False) -> torch.Tensor:
         """Out-of-place sum. ``registered`` (an engine's promise that ``inp`` is IPC-registered)
-        changes nothing: tritoncomm pushes from any input."""
-        return self.ar(inp, out=out)
+        changes nothing: tritoncomm pushes from any input. Past the all-reduce's capacity (only in
+        ``batch_invariant`` mode) the input goes in pieces of the capacity, every rank cutting alike."""
+        piece = self.ar.max_bytes // inp.element_size()
+        if inp.numel() <= piece:
+            return self.ar(inp, out=out)
+        if out is None:
+            out = torch.empty_like(inp)
+        src, dst = inp.view(-1), out.view(-1)
+        for lo in range(0, src.numel(), piece):
+            self.ar(src[lo:lo + piece], out=dst[lo:lo + piece])
+        return out
 
     def custom_all_reduce(self, input: torch.Tensor) -> torch.Tensor | None:
         """The sum of ``input`` over the group, or None when the engine should take its own path."""

@@ -49,6 +49,17 @@ FUSED_NORM_TARGET = "sglang.srt.layers.flashinfer_comm_fusion.flashinfer_allredu
 FI_FIRST_TARGET = "sglang.srt.distributed.parallel_state.GroupCoordinator._can_use_flashinfer_allreduce"
 
 
+def _deterministic() -> bool:
+    """SGLang's deterministic collectives (``GroupCoordinator._deterministic_collectives_enabled``)."""
+    try:
+        from sglang.srt.environ import envs
+    except ImportError:
+        return False
+    if envs.SGLANG_USE_1STAGE_ALLREDUCE.is_set():
+        return bool(envs.SGLANG_USE_1STAGE_ALLREDUCE.get())
+    return bool(envs.SGLANG_ENABLE_DETERMINISTIC_INFERENCE.get())
+
+
 def plugin() -> None:
     """SGLang's general plugin: registers the hooks (module docstring) when ``TRITONCOMM_ENABLE=1``.
     Logs one line saying whether it took over, and why not."""
@@ -64,7 +75,9 @@ def plugin() -> None:
     HookRegistry.register(DISPATCH_TARGET, _dispatch, HookType.AROUND)
     HookRegistry.register(FI_FIRST_TARGET, _flashinfer_steps_aside, HookType.AROUND)
     fused = "fused add-RMSNorm off (TRITONCOMM_FUSION=0)"
-    if fusion_enabled():
+    if _deterministic():
+        fused = "fused add-RMSNorm SGLang's own (deterministic inference: not yet batch-invariant on GPUs)"
+    elif fusion_enabled():
         HookRegistry.register(FUSED_NORM_TARGET, _fused_norm, HookType.AROUND)
         fused = "fused all-reduce + add-RMSNorm served"
     log.info("tritoncomm: serving SGLang's custom all-reduce slot (TP all-reduce, graph capture); %s", fused)

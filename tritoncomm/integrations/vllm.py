@@ -11,8 +11,10 @@ plugin's FlashInfer class declines what the slot serves (``yielding_flashinfer_c
 
 The plugin (entry point ``vllm.general_plugins``, which ``vllm.plugins.load_general_plugins`` runs
 in every vLLM process) puts ``TritonCommCustomAllreduce`` in the place of vLLM's class when
-``TRITONCOMM_ENABLE=1`` (not in batch-invariant mode, whose fixed-order all-reduce stays vLLM's), so
-vLLM's own gates decide where it serves; whatever it declines takes vLLM's own path. With
+``TRITONCOMM_ENABLE=1``, so vLLM's own gates decide where it serves; whatever it declines takes vLLM's
+own path. In batch-invariant mode (``VLLM_BATCH_INVARIANT=1``) vLLM asks its custom all-reduce at every
+size, relying on its fixed order: the slot then serves every size (``CustomAllReduceSlot``'s
+``batch_invariant``), and the parts below stay vLLM's. With
 compilation it also installs ``vllm_fusion.TritonCommFusionPass``, which rewrites all-reduce +
 RMSNorm (+ static FP8 quant) into one tritoncomm kernel (``TRITONCOMM_FUSION=0`` leaves it out).
 With ``TRITONCOMM_MOE=1`` it also has vLLM build tritoncomm's MoE prepare/finalize in data + expert
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 
 import torch
 from torch.distributed import ProcessGroup
@@ -33,8 +36,8 @@ from ..config import CommConfig
 from .custom_allreduce import CustomAllReduceSlot
 from .switch import AGRS_ENV, ENABLE_ENV, FUSION_ENV, MOE_ENV, agrs_enabled, enabled, fusion_enabled, moe_enabled
 
-__all__ = ["ENABLE_ENV", "FUSION_ENV", "MOE_ENV", "TritonCommCustomAllreduce", "plugin", "served_class",
-           "yielding_flashinfer_class"]
+__all__ = ["ENABLE_ENV", "FUSION_ENV", "MOE_ENV", "TritonCommCustomAllreduce", "batch_invariant_mode", "plugin",
+           "served_class", "yielding_flashinfer_class"]
 
 _LOGGER = "vllm.tritoncomm"  # under vLLM's logger, so the line shows in vLLM's log
 
@@ -51,13 +54,10 @@ def plugin() -> None:
         return
     try:
         import vllm.distributed.device_communicators.custom_all_reduce as vllm_car
-        import vllm.envs as vllm_envs
     except ImportError as e:
         log.warning("tritoncomm: not taking over: vLLM's custom all-reduce does not import (%s)", e)
         return
-    if vllm_envs.VLLM_BATCH_INVARIANT:
-        log.info("tritoncomm: not taking over: VLLM_BATCH_INVARIANT=1 keeps vLLM's fixed-order all-reduce")
-        return
+    invariant = batch_invariant_mode()
     if not getattr(vllm_car.CustomAllreduce, "served_by_tritoncomm", False):
         vllm_car.CustomAllreduce = served_class(vllm_car.CustomAllreduce)
     try:
@@ -67,6 +67,11 @@ def plugin() -> None:
     else:
         if not getattr(vllm_fi.FlashInferAllReduce, "yields_to_tritoncomm", False):
             vllm_fi.FlashInferAllReduce = yielding_flashinfer_class(vllm_fi.FlashInferAllReduce)
+    if invariant:  # what is not yet batch-invariant on GPUs stays vLLM's (docs/engines.md)
+        log.info("tritoncomm: serving vLLM's custom all-reduce slot in batch-invariant mode (TP all-reduce at every "
+                 "size, sequence-parallel all-gather and reduce-scatter, graph capture); fused all-reduce + RMSNorm, "
+                 "data-parallel all-gather + reduce-scatter and expert-parallel all-to-all vLLM's own")
+        return
     fusion = _part("vllm_fusion", fusion_enabled(), f"fused all-reduce + RMSNorm off ({FUSION_ENV}=0)",
                    "fused all-reduce + RMSNorm off: vLLM's pass manager does not import")
     agrs = _part("vllm_agrs", agrs_enabled(), f"data-parallel all-gather + reduce-scatter off ({AGRS_ENV}=0)",
@@ -75,6 +80,15 @@ def plugin() -> None:
                 "expert-parallel all-to-all vLLM's own: its fused MoE does not import")
     log.info("tritoncomm: serving vLLM's custom all-reduce slot (TP all-reduce, sequence-parallel all-gather and "
              "reduce-scatter, graph capture); %s; %s; %s", fusion, agrs, moe)
+
+
+def batch_invariant_mode() -> bool:
+    """Whether vLLM runs batch-invariant (``VLLM_BATCH_INVARIANT``, read as vLLM reads it)."""
+    try:
+        import vllm.envs as vllm_envs
+    except ImportError:
+        return bool(int(os.environ.get("VLLM_BATCH_INVARIANT", "0") or "0"))
+    return bool(vllm_envs.VLLM_BATCH_INVARIANT)
 
 
 def _part(module: str, on: bool, off: str, failed: str) -> str:
@@ -153,7 +167,8 @@ class TritonCommCustomAllreduce(CustomAllReduceSlot):
                  register_graph_buffers: bool = True, config: CommConfig | None = None) -> None:
         super().__init__(group, device, max_size=max_size, max_all_gather_size=max_all_gather_size,
                          max_reduce_scatter_size=max_reduce_scatter_size,
-                         register_graph_buffers=register_graph_buffers, config=config)
+                         register_graph_buffers=register_graph_buffers, config=config,
+                         batch_invariant=batch_invariant_mode())
         self.symm_mem_enabled = symm_mem_enabled
 
     def should_mnnvl_multimem_reduce_scatter(self, inp: torch.Tensor) -> bool:

@@ -3,7 +3,10 @@ integer arithmetic that lays buffers out (``cdiv``, ``round_up``)."""
 
 from __future__ import annotations
 
-__all__ = ["cdiv", "format_bytes", "parse_size", "round_up"]
+__all__ = ["NO_LIMIT", "cdiv", "format_bytes", "parse_size", "round_up"]
+
+#: A byte count larger than any message: "no limit" (a selection table's last row, an unbounded size check).
+NO_LIMIT = 1 << 62
 
 
 def cdiv(x: int, m: int) -> int:

@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..units import NO_LIMIT
 from .validation import DTYPE_NAMES
 
 __all__ = ["DTYPES", "OPS", "Choice", "SelectionTable", "default_table", "load_table", "table_path"]
@@ -151,7 +152,7 @@ def _default_allreduce_cuda(world: int) -> list[tuple[int, Choice]]:
 
     if world == 1:
         return [(128 << 10, Choice("ll", 16, 1024, 4)), (1 << 20, Choice("oneshot", 32, 4096, 8)),
-                (1 << 62, Choice("twoshot", 64, 4096, 8))]
+                (NO_LIMIT, Choice("twoshot", 64, 4096, 8))]
     rows: list[tuple[int, Choice]] = []
     one = LamportOneShot.limit if world == 2 else LAMPORT_ONESHOT_UP_TO_WIDE
     nbytes = 2 << 10
@@ -161,14 +162,14 @@ def _default_allreduce_cuda(world: int) -> list[tuple[int, Choice]]:
         else:
             rows.append((nbytes, _one_block("lamport_twoshot", nbytes // 2 // world, LAMPORT_MAX_PROGRAMS)))
         nbytes *= 2
-    rows.append((1 << 62, Choice("twoshot", 64, 8192, 8)))
+    rows.append((NO_LIMIT, Choice("twoshot", 64, 8192, 8)))
     return rows
 
 
 def default_table(backend: str = "cuda") -> SelectionTable:
     """Rules of thumb, used where no measured table has rows."""
     rows: dict[tuple[str, int, str], list[tuple[int, Choice]]] = {}
-    big = 1 << 62
+    big = NO_LIMIT
     for world in range(1, 9):
         for dtype in DTYPES:
             if backend == "cuda":

@@ -34,7 +34,7 @@ from ..collectives.fused_norm import MAX_HIDDEN
 from ..collectives.validation import SUPPORTED_DTYPES
 from ..config import CommConfig
 from ..errors import InvalidInputError
-from ..units import round_up
+from ..units import NO_LIMIT, round_up
 from .capability import probe
 
 __all__ = ["FUSED_RESERVE_BYTES", "CustomAllReduceSlot", "heap_bytes_for"]
@@ -149,7 +149,7 @@ class CustomAllReduceSlot:
                 and inp.device == self.device and 0 < inp.numel() * inp.element_size() <= limit)
 
     def should_custom_ar(self, inp: torch.Tensor) -> bool:
-        return self._serves(inp, (1 << 62) if self.batch_invariant else self.max_size - 1)
+        return self._serves(inp, NO_LIMIT if self.batch_invariant else self.max_size - 1)
 
     def all_reduce(self, inp: torch.Tensor, *, out: torch.Tensor | None = None,
                    registered: bool = False) -> torch.Tensor:

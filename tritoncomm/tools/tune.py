@@ -20,6 +20,7 @@ from ..collectives import AllGather, AllReduce, Choice, ReduceScatter, Selection
 from ..collectives.selection import DTYPES as DTYPE_KEYS
 from ..config import CommConfig
 from ..launch import RankContext
+from ..units import NO_LIMIT
 from .report import DTYPES
 from .timing import time_per_call_us
 
@@ -83,7 +84,7 @@ def tune_rank(ctx: RankContext, ops: list[str], sizes: list[int], dtype_name: st
                 if op == "allreduce" and nbytes > coll.capacity.get(c.algo, -1):
                     continue
                 # the same candidate on every rank: the candidate list is a function of the size alone
-                coll.table = SelectionTable({(op, w, d): [(1 << 62, c)] for d in DTYPE_KEYS}, "candidate")
+                coll.table = SelectionTable({(op, w, d): [(NO_LIMIT, c)] for d in DTYPE_KEYS}, "candidate")
                 times[c] = time_per_call_us(lambda x=x, out=out, coll=coll: coll(x, out), ctx.device, ctx.barrier,
                                             replays=10)
             gathered: list[Any] = [None] * w

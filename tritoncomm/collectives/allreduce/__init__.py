@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from ...channels import Communicator
 from ...errors import InvalidInputError
+from ...units import NO_LIMIT
 from ..base import NO_PEER_OUTPUT, CollectiveBase, Plans
 from ..selection import Choice, SelectionTable
 from ..validation import DTYPE_NAMES, check_reduce_args
@@ -82,7 +83,7 @@ class AllReduce(CollectiveBase):
         must pass the same), e.g. to leave SMs to a kernel running alongside (``GemmAllReduce``'s
         chunked path)."""
         comm = self.comm
-        check_reduce_args(x, out, op, comm.device, self.max_bytes if self.fallback_group is None else 1 << 62,
+        check_reduce_args(x, out, op, comm.device, self.max_bytes if self.fallback_group is None else NO_LIMIT,
                           "all_reduce")
         nbytes = x.numel() * x.element_size()
         if algo is not None and algo not in self._algos:

@@ -15,6 +15,7 @@ import torch
 
 from ...channels import Communicator
 from ...errors import InvalidInputError
+from ...units import NO_LIMIT
 from ..allreduce import ALGORITHMS as ALLREDUCE_ALGORITHMS
 from ..base import CollectiveBase
 from ..selection import SelectionTable
@@ -46,8 +47,8 @@ _FROM_TABLE = MappingProxyType({"ll": "ll", "ll_twoshot": "ll_twoshot", "oneshot
 #: larger. Used on GPUs; elsewhere, and for other world sizes, the all-reduce table's choice for the
 #: same bytes.
 MEASURED_SELECTION: dict[int, tuple[tuple[int, str], ...]] = {
-    2: ((16 << 20, "lamport"), (32 << 20, "oneshot"), (1 << 62, "twoshot")),
-    4: ((16 << 10, "ll"), (512 << 10, "lamport"), (1 << 62, "twoshot")),
+    2: ((16 << 20, "lamport"), (32 << 20, "oneshot"), (NO_LIMIT, "twoshot")),
+    4: ((16 << 10, "ll"), (512 << 10, "lamport"), (NO_LIMIT, "twoshot")),
 }
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
+
+from . import settings
 
 __all__ = ["SHARED_GPUS_ENV", "CommConfig"]
 
@@ -11,11 +12,11 @@ _BACKENDS = ("auto", "cuda", "cpu")
 
 #: Environment switch for ``CommConfig.shared_gpus`` (what ``LocalWorld(..., shared_gpus=True)`` sets
 #: in its ranks, so that every communicator they build, the engines' and the backend's included, agrees).
-SHARED_GPUS_ENV = "TRITONCOMM_SHARED_GPUS"
+SHARED_GPUS_ENV = settings.SHARED_GPUS.name
 
 
 def _shared_gpus_default() -> bool:
-    return os.environ.get(SHARED_GPUS_ENV, "0") == "1"
+    return bool(settings.SHARED_GPUS.get())
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,8 @@ class CommConfig:
     heap_bytes: int | None = None
     timeout_s: float = 60.0
     watchdog_s: float = 2.0
-    abort_on_timeout: bool = field(default_factory=lambda: os.environ.get("TRITONCOMM_ABORT_ON_TIMEOUT", "0") == "1")
-    check_calls: bool = field(default_factory=lambda: os.environ.get("TRITONCOMM_CHECK_CALLS", "1") != "0")
+    abort_on_timeout: bool = field(default_factory=lambda: bool(settings.ABORT_ON_TIMEOUT.get()))
+    check_calls: bool = field(default_factory=lambda: bool(settings.CHECK_CALLS.get()))
     debug: bool = False
     registered_slots: int = 16384
     shared_gpus: bool = field(default_factory=_shared_gpus_default)

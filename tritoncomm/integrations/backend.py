@@ -37,7 +37,6 @@ when they are built (``torch.cuda.set_device`` first, as with NCCL).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
@@ -48,6 +47,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions, AllreduceCoalescedOptions
 from torch.distributed import ProcessGroup, ReduceOp
 
+from .. import settings
 from ..channels import Communicator
 from ..channels.bootstrap import StoreBootstrap
 from ..collectives import AllGather, AllReduce, AllToAll, ReduceScatter
@@ -225,8 +225,8 @@ class TritonCommProcessGroup(ProcessGroup):
             return
         device = torch.device("cuda", torch.cuda.current_device()) if self._serve_type == "cuda" else \
             torch.device("cpu")
-        env = os.environ.get("TRITONCOMM_BACKEND_MAX_BYTES")
-        ar_max, ag_max, rs_max, a2a_max = (int(env),) * 4 if env else MAX_BYTES[self._serve_type]
+        most = settings.BACKEND_MAX_BYTES.get()
+        ar_max, ag_max, rs_max, a2a_max = (most,) * 4 if most is not None else MAX_BYTES[self._serve_type]
         heap = CommConfig().resolved_heap_bytes(self._serve_type)
         # the kernels' waits: bounded by the group's timeout (as NCCL's collectives are), and by the default
         wait_s = min(CommConfig().timeout_s, timeout.total_seconds()) if timeout.total_seconds() > 0 else None

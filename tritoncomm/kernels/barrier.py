@@ -30,11 +30,10 @@ get two launches ahead, since its next launch's barrier waits for this rank. 32 
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
+from .. import settings
 from .backend import MAX_WORLD
 from .diag import record_timeout
 from .memory import heap_base
@@ -52,7 +51,7 @@ _ENTRY = tl.constexpr(32)
 #: loads per program, not per warp. Every warp doing both stalls grids of many warps for milliseconds
 #: in some CUDA-graph replays ("Slow replays" in ``docs/moe.md``).
 #: ``TRITONCOMM_BARRIER_ALL_WARPS=1`` (read once at import) makes every warp do both, for comparisons.
-_FIRST_WARP = tl.constexpr(os.environ.get("TRITONCOMM_BARRIER_ALL_WARPS", "0") != "1")
+_FIRST_WARP = tl.constexpr(not settings.BARRIER_ALL_WARPS.get())
 
 
 def barrier_flag_bytes(slots: int) -> int:

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .. import settings
 from ..integrations.backend import register
 from ..launch import RankContext, end_rank, join_ranks
 from ..units import format_bytes
@@ -137,7 +138,7 @@ def _decode_step_ms(model: Any, prompt: torch.Tensor, **kw: Any) -> tuple[float,
 def _model_job(rank: int, world: int, port: int, backend: str, path: str, q: Any) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     # a run that stalls shows where: every rank prints its stacks this often (to its stderr)
-    faulthandler.dump_traceback_later(float(os.environ.get("TRITONCOMM_BENCH_DUMP_S", "240")), repeat=True)
+    faulthandler.dump_traceback_later(settings.BENCH_DUMP_S.get(), repeat=True)
     torch.cuda.set_device(rank)
     register()
     dist.init_process_group(backend, rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
@@ -154,7 +155,7 @@ def _model_job(rank: int, world: int, port: int, backend: str, path: str, q: Any
             path, distributed_config=DistributedConfig(tp_plan="auto", tp_size=world), dtype=torch.bfloat16)
         prompt = torch.tensor([[1, 306, 4658, 278, 6593, 310, 2834, 338]], device=model.device)
         result["eager_ms"], result["tokens"] = _decode_step_ms(model, prompt)
-        if os.environ.get("TRITONCOMM_BENCH_STATIC", "1") == "0":
+        if not settings.BENCH_STATIC.get():
             result["static_error"] = "skipped (TRITONCOMM_BENCH_STATIC=0)"
         else:
             try:
@@ -162,7 +163,7 @@ def _model_job(rank: int, world: int, port: int, backend: str, path: str, q: Any
                                                                                cache_implementation="static")
             except Exception as e:  # reported, not hidden: what transformers/torch could not do here
                 result["static_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        if os.environ.get("TRITONCOMM_BENCH_PROFILE") == "1" and rank == 0:  # where a decode step's host time goes
+        if settings.BENCH_PROFILE.get() and rank == 0:  # where a decode step's host time goes
             from torch.profiler import ProfilerActivity, profile
 
             with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -118,10 +118,10 @@ class Communicator:
         self.diag = HostMappedWords(DIAG_WORDS, cuda=self.backend == "cuda")
         self.registered = RegisteredBuffers(self.heap, self.bootstrap, self.device, self.backend,
                                             self.config.registered_slots)
-        #: Wait bound in kernel units (ns on CUDA, spins on CPU); 0 = unbounded.
+        #: Wait bound in kernel units (nanoseconds of wall-clock time in both worlds); 0 = unbounded.
         self.timeout = self.config.timeout_units(self.backend)
-        #: Looks for a recorded timeout every ``config.watchdog_s`` seconds (``channels.watchdog``), or None.
-        self.watchdog = Watchdog(self.recorded_timeout, self.config.watchdog_s, self.config.abort_on_timeout,
+        #: Looks for a recorded failure every ``config.watchdog_s`` seconds (``channels.watchdog``), or None.
+        self.watchdog = Watchdog(self.recorded_failure, self.config.watchdog_s, self.config.abort_on_timeout,
                                  f"tritoncomm-watchdog-r{self.rank}") if self.config.watchdog_s > 0 else None
         self._debug_channel = None
         if self.config.debug:
@@ -325,7 +325,7 @@ class Communicator:
             rank=words[F.RANK], peer=words[F.PEER], slot=words[F.SLOT], expected=words[F.EXPECTED],
             seen=words[F.SEEN], kind=kind, program=words[F.PROGRAM])
 
-    def recorded_timeout(self) -> str | None:
+    def recorded_failure(self) -> str | None:
         """The failure (a timeout, or a barrier's mismatch) a kernel of this communicator has recorded,
         as its error's message, or None.
         Reads host-visible memory only; changes nothing (the watchdog calls it from its thread)."""

@@ -1,8 +1,9 @@
-"""The watchdog: notices a kernel's recorded timeout within seconds, CUDA-graph replays included.
+"""The watchdog: notices a kernel's recorded failure (a timeout, or a barrier's mismatch) within seconds,
+CUDA-graph replays included.
 
 A daemon thread per communicator reads the diagnostic record's status word every
 ``CommConfig.watchdog_s`` seconds: host-visible memory, so it synchronises nothing and adds nothing to
-the launch path. The first time it finds a timeout recorded it logs it (rank, peer, slot, what was
+the launch path. The first time it finds a failure recorded it logs it (rank, peer, slot, what was
 awaited) and stops; the communicator's next call raises it (``Communicator.check``). With
 ``CommConfig.abort_on_timeout`` (default: ``TRITONCOMM_ABORT_ON_TIMEOUT=1`` in the environment) it then
 ends the process (``os.abort``), as ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` does for NCCL: a hung job

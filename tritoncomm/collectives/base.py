@@ -146,6 +146,11 @@ class CollectiveBase:
         comm.require_open(name)
         self.comm = comm
         self.name = name
+        #: What the calls' signatures are made of, fixed at set-up (``_signature``, ``_debug_check``):
+        #: the op's code, each algorithm's (its position in ``ALGORITHMS``, from 1), whether to check.
+        self._op_code = OP_CODES[self.debug_op or self.op]
+        self._algo_codes = {n: i + 1 for i, n in enumerate(self.ALGORITHMS)}
+        self._check_calls = comm.config.check_calls
         self.world = comm.world
         device_name = torch.cuda.get_device_name(comm.device) if comm.backend == "cuda" else ""
         self.table = table or load_table(comm.backend, device_name)
@@ -249,11 +254,10 @@ class CollectiveBase:
         """The call's signature that the barriers compare (``kernels.barrier``): op, dtype, element
         count and the algorithm's code, as ``_debug_check`` numbers it; None where the communicator's
         ``check_calls`` is off (the kernels then compile without the check)."""
-        if not self.comm.config.check_calls:
+        if not self._check_calls:
             return None
-        names = tuple(self.ALGORITHMS)
-        code = names.index(algo) + 1 if algo in names else FALLBACK_CODE
-        return pack_signature(OP_CODES[self.debug_op or self.op], DTYPE_CODES[DTYPE_NAMES[dtype]], count, code)
+        return pack_signature(self._op_code, DTYPE_CODES[DTYPE_NAMES[dtype]], count,
+                              self._algo_codes.get(algo, FALLBACK_CODE))
 
     def _debug_check(self, dtype: torch.dtype, count: int, algo: str, variant: tuple = ()) -> None:
         """Debug mode: all ranks must call with the same (op, dtype, count, algorithm); ``variant``
@@ -261,12 +265,11 @@ class CollectiveBase:
         word. The algorithm's code is its position in ``ALGORITHMS`` (from 1); the fallback's is
         ``FALLBACK_CODE``."""
         if self.comm.debug:
-            names = tuple(self.ALGORITHMS)
-            code = names.index(algo) + 1 if algo in names else FALLBACK_CODE
+            code = self._algo_codes.get(algo, FALLBACK_CODE)
             if variant:  # a deterministic 40-bit digest above the algorithm code
                 digest = int.from_bytes(hashlib.sha1(repr(variant).encode()).digest()[:5], "little")
                 code |= digest << 8
-            self.comm.debug_check(OP_CODES[self.debug_op or self.op], DTYPE_CODES[DTYPE_NAMES[dtype]], count, code)
+            self.comm.debug_check(self._op_code, DTYPE_CODES[DTYPE_NAMES[dtype]], count, code)
 
     def _note_fallback(self, nbytes: int, limit: int) -> None:
         if not self._warned_fallback:

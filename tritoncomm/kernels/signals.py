@@ -22,10 +22,11 @@ Ordering contract (system scope, so across GPUs over NVLink and towards the host
 * ``signal_add(flag, inc)`` is ``signal`` as an atomic add (for counters shared by many writers).
 * ``signal_relaxed`` / ``wait_relaxed`` give no ordering: use them for flags that carry no data
   dependency (or that are followed by an explicit fence).
-* Waits are bounded. ``timeout`` is in nanoseconds of ``%globaltimer`` on the GPU and in spins in
-  the CPU world; ``timeout <= 0`` waits forever. When it expires the wait records (rank, peer,
-  slot, expected, seen) in ``diag`` and returns without the guarantee above; the host turns the
-  record into an exception. A wait that finds the record already claimed returns at once too.
+* Waits are bounded. ``timeout`` is in nanoseconds of wall-clock time (``ordering.clock_ns``: the
+  GPU's ``%globaltimer``, the host's clock in the interpreter); ``timeout <= 0`` waits forever.
+  When it expires the wait records (rank, peer, slot, expected, seen) in ``diag`` and returns
+  without the guarantee above; the host turns the record into an exception. A wait that finds the
+  record already claimed returns at once too.
 """
 
 from __future__ import annotations

@@ -94,7 +94,12 @@ _STAGES = tl.constexpr(COMBINE_STAGES)
 #: 4096-column step spills at the prefill shape's register cap on Triton 3.8 and 3.9. The columns
 #: are independent, so the step changes no bit of the result.
 THROUGHPUT_STEP = 2048
-_STEP = tl.constexpr(THROUGHPUT_STEP)
+
+
+@triton.constexpr_function
+def _step(block):
+    """The columns a step of ``block``-column items sums: ``block``, at most ``THROUGHPUT_STEP``."""
+    return min(block, THROUGHPUT_STEP)
 
 
 @triton.jit
@@ -135,7 +140,7 @@ def _final_item(out_ptr, w_ptr, owner_ptr, row_ptr, ybuf, part, n_tokens, hidden
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
-    STEP: tl.constexpr = BLOCK_HT if BLOCK_HT <= _STEP else _STEP
+    STEP: tl.constexpr = _step(BLOCK_HT)
     wide = tl.arange(0, STEP)
     wshares = column_shares(n_tokens, hidden, grid, BLOCK_HT)
     t = item // wshares
@@ -215,7 +220,7 @@ def _push_item(slot_ptr, hidden, max_tokens, bases, ybuf, ids, wtab, dst_off, ds
     ``_sum_tokens``): this rank's partial, pushed into row ``rank * dst_rows + t`` of the buffer at
     heap offset ``dst_off`` of ``s`` (as Lamport packets with ``LAMPORT``) when one of the token's
     entries is on this rank, kept or not."""
-    STEP: tl.constexpr = BLOCK_H if BLOCK_H <= _STEP else _STEP
+    STEP: tl.constexpr = _step(BLOCK_H)
     cols = tl.arange(0, STEP)
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
@@ -246,7 +251,7 @@ def _own_item(out_ptr, w_ptr, row_ptr, ybuf, n_tokens, hidden, item, grid, TOP_K
     partial of this rank's experts, stored into ``out``, where the same program reads it back after
     the barrier."""
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
-    STEP: tl.constexpr = BLOCK_H if BLOCK_H <= _STEP else _STEP
+    STEP: tl.constexpr = _step(BLOCK_H)
     kk = tl.arange(0, BLOCK_K)
     km = kk < TOP_K
     shares = column_shares(n_tokens, hidden, grid, BLOCK_H)

@@ -2,7 +2,8 @@
 
 The public surface (each module's docstring states its memory-ordering contract):
 
-* addressing (``memory``): ``heap_base``, ``heap_ptr``, ``translate``, ``assume_multiple``, ``aligned_runs``;
+* addressing (``memory``): ``heap_base``, ``heap_ptr``, ``translate``, ``assume_multiple``, ``aligned_runs``,
+  ``address_ptr``;
 * data movement (``copy``): ``put``, ``get``, ``copy_block``;
 * synchronisation (``signals``, ``barrier``): ``signal``, ``signal_add``, ``signal_relaxed``,
   ``wait``, ``wait_relaxed``, ``barrier`` (and its halves ``barrier_arrive``/``barrier_wait``),
@@ -44,6 +45,7 @@ from .lamport import (
 from .launcher import Launcher
 from .ll import ll8_pack, ll8_poll, ll8_poll_sum_f32, ll8_store, ll8_try, ll8_unpack
 from .memory import (
+    address_ptr,
     aligned_runs,
     assume_multiple,
     heap_base,
@@ -87,7 +89,7 @@ if interpreting():  # the CPU world: no repeated patch of the language, no overf
 
 __all__ = [
     "DIAG_WORDS", "INTERPRET", "KIND_NAMES", "LAMPORT_SENTINEL8", "LAMPORT_SENTINEL16", "MAX_WORLD", "Launcher",
-    "aligned_runs", "already_failed", "assume_multiple",
+    "address_ptr", "aligned_runs", "already_failed", "assume_multiple",
     "barrier", "barrier_arrive", "barrier_flag_bytes", "barrier_wait", "check_signatures", "clock_ns", "copy_block",
     "epoch_commit", "epoch_commit_slots", "epoch_next", "fence_sys", "get", "heap_base", "heap_ptr", "interpreting",
     "lamport_canonical",

@@ -19,7 +19,7 @@ import triton.language as tl
 from .backend import MAX_WORLD
 from .barrier import barrier
 from .diag import record_timeout
-from .memory import heap_ptr
+from .memory import address_ptr, heap_ptr
 from .signals import epoch_commit, epoch_next
 
 __all__ = ["DTYPE_CODES", "FALLBACK_CODE", "OP_CODES", "SIGNATURE_FIELDS", "SIGNATURE_WORDS", "check_signatures",
@@ -79,7 +79,7 @@ def signature_table_bytes() -> int:
 
 @triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def check_signatures(w0, w1, w2, w3, bases, rank, world, timeout, diag_addr, flags_off, epochs_off, table_off):
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     ep = heap_ptr(bases, rank, epochs_off, tl.uint32)
     e = epoch_next(ep)
     base = table_off + (e & 1).to(tl.int64) * (MAX_WORLD * SIGNATURE_WORDS * 8)

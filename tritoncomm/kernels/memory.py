@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 __all__ = [
-    "aligned_runs", "assume_multiple", "heap_base", "heap_ptr", "next_pow2", "pow2_at_least", "pow2_divisor",
-    "translate",
+    "address_ptr", "aligned_runs", "assume_multiple", "heap_base", "heap_ptr", "next_pow2", "pow2_at_least",
+    "pow2_divisor", "translate",
 ]
 
 
@@ -56,6 +56,14 @@ def assume_multiple(n, D: tl.constexpr):
         return (n // D) * D
     else:
         return n
+
+
+@triton.jit
+def address_ptr(addr, DTYPE: tl.constexpr):
+    """A pointer to ``DTYPE`` at ``addr``, an address passed as an integer kernel argument (the
+    diagnostic record, a registered row, a host-mapped word). Widened to 64 bits first: Triton passes
+    an integer below 2**31 as an i32, from which the interpreter makes no pointer."""
+    return addr.to(tl.int64).to(tl.pointer_type(DTYPE))
 
 
 @triton.jit

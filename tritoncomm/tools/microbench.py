@@ -22,6 +22,7 @@ import triton.language as tl
 from ..channels import Channel, Communicator
 from ..config import CommConfig
 from ..kernels import epoch_commit, epoch_next, get, heap_ptr, ll8_poll, ll8_store, put, signal, wait
+from ..kernels.memory import address_ptr
 from ..launch import RankContext
 from .timing import time_per_call_us
 
@@ -46,7 +47,7 @@ def _get_kernel(dst, bases, peer, src_off, n, BLOCK: tl.constexpr):
 
 @triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def _pingpong_kernel(bases, rank, flags_off, epochs_off, rounds, timeout, diag_addr):
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     ep = heap_ptr(bases, rank, epochs_off, tl.uint32)
     e = epoch_next(ep)
     base = (e - 1) * rounds
@@ -68,7 +69,7 @@ def _ll_exchange_kernel(out_bad, bases, rank, epochs_off, buf_off, slot_words, n
                         BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     ep = heap_ptr(bases, rank, epochs_off, tl.uint32) + pid
     e = epoch_next(ep)
     parity = (e & 1).to(tl.int64)

@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from ...kernels import assume_multiple, barrier, epoch_commit, heap_ptr, pow2_divisor, program_epoch
+from ...kernels.memory import address_ptr
 from ...units import cdiv, round_up
 from ..base import Algorithm, PeerOutput, Workspace
 from ..selection import Choice
@@ -125,7 +126,7 @@ def allgather_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, flags_o
         row = assume_multiple(row, MDIV)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     if pid < active:
         span = m
@@ -136,7 +137,7 @@ def allgather_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, flags_o
         if DIRECT:
             if not barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag, sig):  # every rank has entered
                 iters = iters * 0  # a rank called another collective: store nothing
-            row_tab = out_tab.to(tl.int64).to(tl.pointer_type(tl.int64))
+            row_tab = address_ptr(out_tab, tl.int64)
             _push_shard(x_ptr, out_ptr, m, own_off, iters, pid, active, rank, row_tab,
                         0, rank * m, WORLD, BLOCK, ALLTOALL, True)
             barrier(bases, rank, WORLD, flags_off, pid + tl.num_programs(0), e, timeout, diag)

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from ...kernels import assume_multiple, barrier, epoch_commit, heap_ptr, program_epoch, round_to
+from ...kernels.memory import address_ptr
 from ..base import PeerOutput
 from ..selection import Choice
 from .push import PushAlgorithm, shard
@@ -34,7 +35,7 @@ def reducescatter_kernel(x_ptr, out_ptr, m, bases, rank, timeout, diag_addr, fla
         row = assume_multiple(row, MDIV)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     if pid < active:
         base = buf_off + (e & 1).to(tl.int64) * half_bytes

@@ -61,6 +61,7 @@ from ...kernels import (
     program_epoch,
     round_to,
 )
+from ...kernels.memory import address_ptr
 from ...units import cdiv, round_up
 from ..base import PeerOutput, Workspace
 from ..selection import Choice
@@ -137,7 +138,7 @@ def lamport_oneshot_kernel(x_ptr, out_ptr, n, bases, rank, timeout, diag_addr, e
     n = assume_multiple(n, NDIV)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     W2: tl.constexpr = next_pow2(WORLD)
     k = tl.arange(0, W2)
     peer_bases = tl.load(bases + tl.where(k < WORLD, k, rank))  # set once at start-up: safe before the wait
@@ -199,7 +200,7 @@ def lamport_twoshot_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
     W2: tl.constexpr = next_pow2(WORLD)
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     pdl_wait()  # launched with PDL: the previous kernel has ended
     if EARLY:
         pdl_launch_dependents()

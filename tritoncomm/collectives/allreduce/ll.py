@@ -33,6 +33,7 @@ from ...kernels import (
     program_epoch,
     round_to,
 )
+from ...kernels.memory import address_ptr
 from ...units import cdiv, round_up
 from ..base import PeerOutput, Workspace
 from ..selection import Choice
@@ -119,7 +120,7 @@ def ll_allreduce_kernel(x_ptr, out_ptr, n, nwords, bases, rank, timeout, diag_ad
     nprog = active
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     EPB: tl.constexpr = BLOCK * (32 // DTYPE.primitive_bitwidth)  # elements per block
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     parity = (e & 1).to(tl.int64)
     nblocks = tl.cdiv(nwords, BLOCK)

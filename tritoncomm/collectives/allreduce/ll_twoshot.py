@@ -52,6 +52,7 @@ from ...kernels import (
     program_epoch,
     round_to,
 )
+from ...kernels.memory import address_ptr
 from ...units import cdiv, round_up
 from ..base import PeerOutput, Workspace
 from ..selection import Choice
@@ -193,7 +194,7 @@ def ll_twoshot_allreduce_kernel(x_ptr, out_ptr, n, nwords, shard, bases, rank, t
     shard = assume_multiple(shard, 4)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     EPW: tl.constexpr = 32 // DTYPE.primitive_bitwidth
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     parity = (e & 1).to(tl.int64)
     if pid == 0:

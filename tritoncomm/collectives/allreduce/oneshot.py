@@ -29,6 +29,7 @@ from ...kernels import (
     program_epoch,
     round_to,
 )
+from ...kernels.memory import address_ptr
 from ...units import round_up
 from ..base import PeerOutput, Workspace
 from ..selection import Choice
@@ -48,7 +49,7 @@ def oneshot_allreduce_kernel(x_ptr, out_ptr, n, bases, rank, timeout, diag_addr,
     n = assume_multiple(n, NDIV)
     nprog = active
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     stage_off = buf_off + (e & 1).to(tl.int64) * slot_bytes
     if pid < nprog:

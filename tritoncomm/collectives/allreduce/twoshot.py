@@ -50,6 +50,7 @@ from ...kernels import (
     program_epoch,
     round_to,
 )
+from ...kernels.memory import address_ptr
 from ...units import cdiv, round_up
 from ..base import PeerOutput, Workspace
 from ..selection import Choice
@@ -101,7 +102,7 @@ def twoshot_reduce_block(x_ptr, out_ptr, n, shard, b, bases, rank, rs_off, ag_of
             if OUT_HEAP:
                 tl.store(heap_ptr(bases, s, out_off, DTYPE) + idx, red, mask=m)
             elif OUT_REG:
-                tl.store(heap_ptr(out_tab.to(tl.int64).to(tl.pointer_type(tl.int64)), s, 0, DTYPE) + idx, red, mask=m)
+                tl.store(heap_ptr(address_ptr(out_tab, tl.int64), s, 0, DTYPE) + idx, red, mask=m)
             else:
                 tl.store(heap_ptr(bases, s, ag_off + rank * slot_bytes, DTYPE) + j, red, mask=m)
     tl.store(out_ptr + idx, red, mask=m)
@@ -141,7 +142,7 @@ def twoshot_allreduce_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, dia
     compared at the first barrier; where a rank's differs nothing more is pushed or written."""
     pid = tl.program_id(0)
     n = assume_multiple(n, NDIV)
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     if pid < active:
         iters = tl.cdiv(tl.cdiv(shard, BLOCK) - pid, active)

@@ -29,6 +29,7 @@ from ...kernels import (
     pdl_wait,
     program_epoch,
 )
+from ...kernels.memory import address_ptr
 from ...units import round_up
 from ..allreduce.lamport import LAMPORT_TRIES, lamport_sum_ranks
 from ..base import Workspace
@@ -48,7 +49,7 @@ def lamport_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     pdl_wait()  # launched with PDL: the previous kernel has ended
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     parity = (e & 1).to(tl.int64)

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ...kernels import epoch_commit, heap_ptr, ll8_store, program_epoch
+from ...kernels.memory import address_ptr
 from ...units import round_up
 from ..allreduce.ll import LL, ll_sum_ranks, load_words
 from ..base import Workspace
@@ -43,7 +44,7 @@ def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr,
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     BW: tl.constexpr = BLOCK_C // 2
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     parity = (e & 1).to(tl.int64)
     wds = tl.arange(0, BW)

@@ -39,6 +39,7 @@ from ...kernels import (
     program_epoch,
     round_to,
 )
+from ...kernels.memory import address_ptr
 from ...units import round_up
 from ..allreduce.ll import LL_TRIES, ll_sum_ranks, load_words
 from ..allreduce.ll_twoshot import LLTwoShot, ll_wait_rows, to_words, token_check, token_send, words_to
@@ -80,7 +81,7 @@ def ll_twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, 
     BW: tl.constexpr = BLOCK_C // 2
     W2: tl.constexpr = next_pow2(WORLD)
     CH: tl.constexpr = NQ * WORLD
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     parity = (e & 1).to(tl.int64)
     k = tl.arange(0, W2)

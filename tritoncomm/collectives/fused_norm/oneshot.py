@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from ...kernels import barrier, copy_block, epoch_commit, heap_ptr, program_epoch
+from ...kernels.memory import address_ptr
 from ...units import round_up
 from ..base import Workspace
 from .algorithm import FusedAlgorithm
@@ -29,7 +30,7 @@ def allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, sc
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     stage_off = buf_off + (e & 1).to(tl.int64) * slot_bytes
     iters = tl.cdiv(T * CH - pid, nprog)

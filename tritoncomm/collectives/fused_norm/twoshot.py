@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from ...kernels import barrier, epoch_commit, heap_ptr, next_pow2, pow2_at_least, program_epoch
+from ...kernels.memory import address_ptr
 from ...units import cdiv, round_up
 from ..base import Workspace
 from .algorithm import FusedAlgorithm
@@ -60,7 +61,7 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     W2: tl.constexpr = next_pow2(WORLD)
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     R = tl.cdiv(T, WORLD)
     iters = tl.cdiv(R * CH - pid, nprog)

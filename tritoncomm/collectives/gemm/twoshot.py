@@ -50,6 +50,7 @@ import triton
 import triton.language as tl
 
 from ...kernels import INTERPRET, epoch_commit, heap_base, heap_ptr, next_pow2, program_epoch, round_to, signal, wait
+from ...kernels.memory import address_ptr
 
 __all__ = ["chunk_start", "gemm_twoshot_kernel", "grouped_tile", "tile_owner"]
 
@@ -137,7 +138,7 @@ def gemm_twoshot_kernel(a_desc, w_desc, out_ptr, out_tab, M, N, K, bases, rank, 
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
     TILE: tl.constexpr = BM * BN
     W2: tl.constexpr = next_pow2(WORLD)
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     T = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     lanes = tl.arange(0, W2)
     if COMM:
@@ -182,7 +183,7 @@ def gemm_twoshot_kernel(a_desc, w_desc, out_ptr, out_tab, M, N, K, bases, rank, 
                     for s in tl.static_range(WORLD):
                         if s != rank:
                             if OUT_REG:
-                                row_tab = out_tab.to(tl.int64).to(tl.pointer_type(tl.int64))
+                                row_tab = address_ptr(out_tab, tl.int64)
                                 tl.store(heap_ptr(row_tab, s, 0, DTYPE) + g, red, mask=m)
                             else:
                                 tl.store(heap_ptr(bases, s, fin_off, DTYPE) + t.to(tl.int64) * TILE + d, red)

@@ -80,6 +80,7 @@ from ...kernels import (
     stamp,
 )
 from ...kernels.launcher import Launcher
+from ...kernels.memory import address_ptr
 from .header import load_header, size_of
 from .shares import column_shares, dealt_first, first_half, pick, program_items, share_columns
 
@@ -451,7 +452,7 @@ def moe_combine_kernel(out_ptr, w_ptr, owner_ptr, row_ptr, slot_ptr, n_tokens, h
         sum_pid = tl.where(pid < PUSHERS, 1 << 30, pid - PUSHERS)
         sum_grid = grid - PUSHERS
     DTYPE: tl.constexpr = out_ptr.dtype.element_ty
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     pdl_wait()  # launched with PDL: the previous kernel has ended
     pdl_launch_dependents()
     if TRACE:

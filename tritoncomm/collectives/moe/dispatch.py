@@ -87,6 +87,7 @@ from ...kernels import (
     stamp,
 )
 from ...kernels.launcher import Launcher
+from ...kernels.memory import address_ptr
 from .gather import finish_counts, lay_out_items, lay_out_peers, store_slots
 from .header import size_of, store_header
 from .route import (
@@ -265,7 +266,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     epoch_ptr, e, half = launch_epoch(bases, rank, epochs_off)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 3)

@@ -49,6 +49,7 @@ from ...kernels import (
     pow2_at_least,
 )
 from ...kernels.launcher import Launcher
+from ...kernels.memory import address_ptr
 from ...kernels.trace import stamp
 from .header import size_of, store_header
 from .route import row_slots, rows_per_load, rows_sum, slot_loads, slot_sums
@@ -229,7 +230,7 @@ def finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, ba
     now = tl.load(bad_ptr + two) + tl.where(two == 0, bad_ids, dropped).to(tl.int64)
     tl.store(bad_ptr + two, now)
     changed = now != tl.load(bad_ptr + 2 + two)
-    tl.store(bad_host_addr.to(tl.int64).to(tl.pointer_type(tl.int64)) + two, now, mask=changed)
+    tl.store(address_ptr(bad_host_addr, tl.int64) + two, now, mask=changed)
     tl.store(bad_ptr + 2 + two, now, mask=changed)
 
 

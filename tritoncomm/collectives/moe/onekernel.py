@@ -86,6 +86,7 @@ from ...kernels import (
     stamp,
 )
 from ...kernels.launcher import Launcher
+from ...kernels.memory import address_ptr
 from .dispatch import launch_epoch, send_items
 from .gather import finish_counts, place_item, place_packets
 from .header import size_of, store_header
@@ -156,7 +157,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
         lay_grid = grid - SENDERS
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
     ROW: tl.constexpr = BLOCK_N  # a copy row: the ids, -2 past the source's entries up to the bound
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     epoch_ptr, e, half = launch_epoch(bases, rank, epochs_off)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES)

@@ -48,6 +48,7 @@ from ...kernels import (
     stamp,
 )
 from ...kernels.launcher import Launcher
+from ...kernels.memory import address_ptr
 
 __all__ = ["ROUTED_STAGES", "copy_slots", "count_entries", "direct_earlier", "expert_ids", "launch_route",
            "moe_route_kernel", "own_slots", "row_slots", "rows_per_load", "rows_sum", "slot_loads", "slot_sums"]
@@ -245,7 +246,7 @@ def moe_route_kernel(ids_ptr, ids_s0, ids_s1, bad_ptr, n_tokens, max_tokens, num
     stages 0-2 of ``ROUTED_STAGES`` into ``trace_ptr``."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
-    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    diag = address_ptr(diag_addr, tl.int64)
     pdl_wait()  # launched with PDL: the previous kernel has ended
     pdl_launch_dependents()
     if TRACE:

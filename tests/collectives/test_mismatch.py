@@ -83,16 +83,16 @@ def _mismatched(ctx, call: str, case: str):
     return said, out
 
 
-def _untouched(ctx, call: str, case: str):
-    """With an output given, poisoned: nothing written into it."""
+def _into_poison(ctx, call: str, n: int, dtype: torch.dtype, seed: int) -> tuple[str, bool]:
+    """``call`` on a fresh communicator with poisoned outputs given: ``("ok" or "CollectiveMismatchError",
+    whether the outputs stayed poisoned)``."""
     comm = make_comm(ctx, timeout_s=20.0 if ctx.backend == "cuda" else 120.0)
-    _, build, _ = CALLS[call]
-    coll = build(comm)
-    n, dtype = _call_of(call, ctx.rank, case, ctx.world)
-    x = torch.randn(n, generator=torch.Generator().manual_seed(3 + ctx.rank)).to(dtype).to(ctx.device)
+    coll = CALLS[call][1](comm)
+    x = torch.randn(n, generator=torch.Generator().manual_seed(seed + ctx.rank)).to(dtype).to(ctx.device)
     out = torch.full({"allgather": (n * ctx.world,), "reducescatter": (n // ctx.world,)}.get(call, (n,)),
                      float("nan"), dtype=dtype, device=ctx.device)
     residual_out = torch.full((n // HIDDEN, HIDDEN), float("nan"), dtype=dtype, device=ctx.device)
+    what = "ok"
     try:
         if call.startswith("allreduce"):
             coll(x, out, algo=call.split("-")[1])
@@ -102,11 +102,16 @@ def _untouched(ctx, call: str, case: str):
             coll(x, out)
         comm.synchronize()
     except CollectiveMismatchError:
-        pass
+        what = "CollectiveMismatchError"
     untouched = bool(torch.isnan(out.float()).all() and torch.isnan(residual_out.float()).all())
     coll.close()
     comm.close()
-    return untouched
+    return what, untouched
+
+
+def _untouched(ctx, call: str, case: str):
+    """With an output given, poisoned: nothing written into it."""
+    return _into_poison(ctx, call, *_call_of(call, ctx.rank, case, ctx.world), 3)[1]
 
 
 @pytest.mark.parametrize("world", world_sizes(2, 3))
@@ -155,27 +160,8 @@ def _random_job(ctx, seed: int, count: int):
     output stayed untouched when it raised a mismatch."""
     seen = []
     for call, first, other in _draws(seed, ctx.world, count):
-        comm = make_comm(ctx, timeout_s=20.0 if ctx.backend == "cuda" else 120.0)
-        coll = CALLS[call][1](comm)
-        n, dtype = first if ctx.rank == 0 else other
-        x = torch.randn(n, generator=torch.Generator().manual_seed(seed + ctx.rank)).to(dtype).to(ctx.device)
-        out = torch.full({"allgather": (n * ctx.world,), "reducescatter": (n // ctx.world,)}.get(call, (n,)),
-                         float("nan"), dtype=dtype, device=ctx.device)
-        residual_out = torch.full((n // HIDDEN, HIDDEN), float("nan"), dtype=dtype, device=ctx.device)
-        try:
-            if call.startswith("allreduce"):
-                coll(x, out, algo=call.split("-")[1])
-            elif call.startswith("fused"):
-                _norm(coll, x, call.split("-")[1], out.view(-1, HIDDEN), residual_out)
-            else:
-                coll(x, out)
-            comm.synchronize()
-            seen.append(("ok", True))
-        except CollectiveMismatchError:
-            written = not (torch.isnan(out.float()).all() and torch.isnan(residual_out.float()).all())
-            seen.append(("CollectiveMismatchError", not written))
-        coll.close()
-        comm.close()
+        what, untouched = _into_poison(ctx, call, *(first if ctx.rank == 0 else other), seed)
+        seen.append((what, untouched if what != "ok" else True))
     return seen
 
 

@@ -44,6 +44,10 @@ def test_the_moe_shapes_accepted_are_the_benchmarks():
 
 
 def test_bench_in_the_cpu_world_says_its_times_are_not_speed(capsys, tmp_path):
+    from tritoncomm.kernels.interpreter import numpy_problem
+
+    if numpy_problem():  # e.g. a GPU image's own Python: Triton 3.6 with NumPy 2.4 or later
+        pytest.skip(numpy_problem())
     out = tmp_path / "r.json"
     assert cli.main(["bench", "--backend", "cpu", "--world", "2", "--op", "allgather", "--sizes", "1K",
                      "--modes", "eager", "--json", str(out)]) == 0

@@ -38,3 +38,25 @@ def test_a_bad_value_names_the_variable(monkeypatch):
         settings.BACKEND_MAX_BYTES.get()
     monkeypatch.setenv("TRITONCOMM_BACKEND_MAX_BYTES", "4096")
     assert settings.BACKEND_MAX_BYTES.get() == 4096
+
+
+def test_environment_variables_are_read_only_here():
+    """Reads of the environment live in ``settings``; elsewhere only writes, and saves marked as restored."""
+    import re
+
+    root = Path(settings.__file__).parent
+    reads = re.compile(r"os\.getenv\(|os\.environ\.get\(|os\.environ\[[^]]+\](?!\s*=)|in os\.environ")
+    found = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") if p.name != "settings.py"
+             for i, line in enumerate(p.read_text().splitlines(), 1) if reads.search(line) and "restored" not in line]
+    assert found == [], found
+
+
+@pytest.mark.parametrize("raw,want", [("1", True), ("true", True), ("Y", True), ("0", False), ("", False),
+                                      ("foo", False)])
+def test_triton_interpret_is_read_by_tritons_rule(monkeypatch, raw, want):
+    from tritoncomm.launch import detect_backend
+
+    monkeypatch.setenv("TRITON_INTERPRET", raw)
+    assert settings.triton_interprets() is want
+    if want:
+        assert detect_backend() == "cpu"

@@ -1,6 +1,6 @@
 """tritoncomm as a torch.distributed backend (``integrations.backend``).
 
-Importing ``tritoncomm`` (or this module) registers the backend ``"tritoncomm"``::
+Importing ``tritoncomm`` registers the backend ``"tritoncomm"`` (``registration``)::
 
     import torch, torch.distributed as dist, tritoncomm
     torch.cuda.set_device(local_rank)

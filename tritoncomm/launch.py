@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import settings
 from .config import SHARED_GPUS_ENV
 
 __all__ = ["EXIT_S", "MULTICAST_OFF", "LocalWorld", "RankContext", "RankError", "detect_backend", "end_rank",
@@ -93,7 +94,7 @@ class RankError(RuntimeError):
 
 def detect_backend() -> str:
     """``"cuda"`` when this machine has at least one CUDA GPU, else ``"cpu"``."""
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if settings.triton_interprets():
         return "cpu"
     try:
         import torch
@@ -181,7 +182,7 @@ class LocalWorld:
         extra["TRITON_INTERPRET"] = "1" if self.backend == "cpu" else "0"
         extra[SHARED_GPUS_ENV] = "1" if self.shared_gpus else "0"
         extra.update(env or {})
-        saved = {k: os.environ.get(k) for k in extra}
+        saved = {k: os.environ.get(k) for k in extra}  # restored below
         os.environ.update(extra)
         self._conns: list[Any] = []
         self._procs: list[Any] = []
@@ -290,8 +291,8 @@ def init_from_env(backend: str = "auto", timeout_s: float = 600.0) -> RankContex
 
     for k, v in MULTICAST_OFF.items():
         os.environ.setdefault(k, v)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    env = settings.torchrun_env()
+    rank, world, local_rank = env.rank, env.world, env.local_rank
     backend = detect_backend() if backend == "auto" else backend
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "cuda":

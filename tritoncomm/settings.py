@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 __all__ = [
     "ABORT_ON_TIMEOUT", "AGRS", "BACKEND_MAX_BYTES", "BARRIER_ALL_WARPS", "BENCH_DUMP_S", "BENCH_PROFILE",
-    "BENCH_STATIC", "CHECK_CALLS", "ENABLE", "FUSION", "MOE", "SETTINGS", "SHARED_GPUS", "Setting", "table",
+    "BENCH_STATIC", "CHECK_CALLS", "ENABLE", "FUSION", "MOE", "SETTINGS", "SHARED_GPUS", "Setting", "TorchrunEnv",
+    "local_world_size", "table", "torchrun_env", "triton_interprets", "vllm_batch_invariant",
 ]
 
 _TRUE = ("1", "true", "yes", "on")
@@ -74,6 +75,43 @@ BENCH_PROFILE = Setting("TRITONCOMM_BENCH_PROFILE", bool, False, "`bench --op ba
 #: Every setting, in the order the docs list them.
 SETTINGS = (ENABLE, FUSION, MOE, AGRS, SHARED_GPUS, ABORT_ON_TIMEOUT, CHECK_CALLS, BARRIER_ALL_WARPS,
             BACKEND_MAX_BYTES, BENCH_DUMP_S, BENCH_STATIC, BENCH_PROFILE)
+
+
+# -- other programs' variables, read here by their owners' rules -------------------------------------------
+
+def triton_interprets() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET``, by Triton's own rule:
+    ``1``/``true``/``yes``/``on``/``y`` in any case; anything else is false)."""
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on", "y")
+
+
+def vllm_batch_invariant() -> bool:
+    """vLLM's ``VLLM_BATCH_INVARIANT`` by vLLM's rule (an integer, 0 when unset), for when vLLM's own
+    ``envs`` module cannot be imported."""
+    return bool(int(os.environ.get("VLLM_BATCH_INVARIANT", "0") or "0"))
+
+
+@dataclass(frozen=True)
+class TorchrunEnv:
+    """What torchrun (or a launcher like it) tells each process: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``
+    (default: the rank) and ``LOCAL_WORLD_SIZE`` (default: the world)."""
+
+    rank: int
+    world: int
+    local_rank: int
+    local_world: int
+
+
+def torchrun_env() -> TorchrunEnv:
+    """This process's ``TorchrunEnv``; ``KeyError`` names ``RANK`` or ``WORLD_SIZE`` when unset."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return TorchrunEnv(rank, world, int(os.environ.get("LOCAL_RANK", rank)),
+                       int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+
+
+def local_world_size(default: int) -> int:
+    """Ranks per node as torchrun gives them (``LOCAL_WORLD_SIZE``), or ``default`` where unset."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE") or default)
 
 
 def table() -> str:

@@ -6,17 +6,31 @@ one kernel and its launcher per module; the shared selection (``selection``), va
 (``validation``) and base classes (``base``) beside them.
 """
 
-from .allgather import AllGather, AllToAll, ReduceScatter
-from .allreduce import ALGORITHMS, AllReduce
-from .base import Algorithm, CollectiveBase, PeerOutput, Workspace
-from .fused_norm import FUSED_ALGORITHMS, MAX_HIDDEN, FusedAllReduceAddRMSNorm
-from .gemm import GEMM_PATHS, GemmAllReduce, GemmConfig
-from .moe import MoEAllToAll, MoEHandle
-from .selection import Choice, SelectionTable, default_table, load_table
-from .validation import SUPPORTED_DTYPES, SUPPORTED_OPS
+from typing import TYPE_CHECKING
 
-#: Names of the fused variants, in registry order.
-FUSED_ALGOS = tuple(FUSED_ALGORITHMS)
+from .. import lazy
+
+if TYPE_CHECKING:
+    from .allgather import AllGather, AllToAll, ReduceScatter
+    from .allreduce import ALGORITHMS, AllReduce
+    from .base import Algorithm, CollectiveBase, PeerOutput, Workspace
+    from .fused_norm import FUSED_ALGORITHMS, FUSED_ALGOS, MAX_HIDDEN, FusedAllReduceAddRMSNorm
+    from .gemm import GEMM_PATHS, GemmAllReduce, GemmConfig
+    from .moe import MoEAllToAll, MoEHandle
+    from .selection import Choice, SelectionTable, default_table, load_table
+    from .validation import SUPPORTED_DTYPES, SUPPORTED_OPS
+
+# Each family imports (and defines its kernels) when it is first used (``lazy``).
+__getattr__, __dir__ = lazy.exports(__name__, {
+    ".allgather": ["AllGather", "AllToAll", "ReduceScatter"],
+    ".allreduce": ["ALGORITHMS", "AllReduce"],
+    ".base": ["Algorithm", "CollectiveBase", "PeerOutput", "Workspace"],
+    ".fused_norm": ["FUSED_ALGORITHMS", "FUSED_ALGOS", "MAX_HIDDEN", "FusedAllReduceAddRMSNorm"],
+    ".gemm": ["GEMM_PATHS", "GemmAllReduce", "GemmConfig"],
+    ".moe": ["MoEAllToAll", "MoEHandle"],
+    ".selection": ["Choice", "SelectionTable", "default_table", "load_table"],
+    ".validation": ["SUPPORTED_DTYPES", "SUPPORTED_OPS"],
+})
 
 __all__ = [
     "ALGORITHMS", "FUSED_ALGORITHMS", "FUSED_ALGOS", "GEMM_PATHS", "MAX_HIDDEN", "SUPPORTED_DTYPES", "SUPPORTED_OPS",

@@ -55,23 +55,17 @@ from ..collectives.validation import SUPPORTED_DTYPES, overlap
 from ..config import CommConfig
 from ..errors import CollectiveMismatchError, CommTimeoutError
 from ..kernels.backend import interpreting
+from ..registration import BACKEND, register
 from .capability import probe
 
-__all__ = ["BACKEND", "TritonCommProcessGroup", "TritonCommWork", "graph_capture", "register"]
+__all__ = ["BACKEND", "TritonCommProcessGroup", "TritonCommWork", "create_process_group", "graph_capture",
+           "register"]
 
 log = logging.getLogger("tritoncomm")
 
-#: The backend's name for ``init_process_group`` / ``new_group``.
-BACKEND = "tritoncomm"
 #: Served sizes (input bytes of an all-reduce, output bytes of an all-gather, input bytes of a
 #: reduce-scatter, of an all-to-all); ``TRITONCOMM_BACKEND_MAX_BYTES`` overrides all four.
 MAX_BYTES = {"cuda": (64 << 20, 16 << 20, 16 << 20, 16 << 20), "cpu": (1 << 20, 1 << 20, 1 << 20, 1 << 20)}
-
-
-def register() -> None:
-    """Register the backend with torch.distributed (idempotent; ``import tritoncomm`` does it)."""
-    if BACKEND.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
 
 
 @contextmanager
@@ -88,7 +82,8 @@ def graph_capture(group: ProcessGroup | None = None) -> Iterator[None]:
         yield
 
 
-def _create(opts: Any, backend_options: Any) -> TritonCommProcessGroup:
+def create_process_group(opts: Any, backend_options: Any) -> TritonCommProcessGroup:
+    """The backend's constructor, as torch.distributed calls it (``registration.register``)."""
     return TritonCommProcessGroup(opts.store, opts.group_rank, opts.group_size, opts.timeout,
                                   global_ranks=list(opts.global_ranks_in_group), group_id=opts.group_id)
 

@@ -10,12 +10,12 @@ ranks per node, consecutive ranks on one node, as torchrun lays them out).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from .. import settings
 from ..channels import Communicator
 from ..collectives import AllGather, ReduceScatter
 from ..collectives.validation import check_input, check_out
@@ -40,7 +40,7 @@ def node_groups(local_world: int | None = None, backend: str | None = None) -> N
     """Collective over the default group: every rank creates every node's and every column's
     groups, in the same order."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    local_world = local_world or int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    local_world = local_world or settings.local_world_size(world)
     if world % local_world:
         raise InvalidInputError(f"world {world} is not a multiple of {local_world} ranks per node")
     backend = backend or dist.get_backend()

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 
 import torch
 from torch.distributed import ProcessGroup
 
+from .. import settings
 from ..config import CommConfig
 from .custom_allreduce import CustomAllReduceSlot
 from .switch import AGRS_ENV, ENABLE_ENV, FUSION_ENV, MOE_ENV, agrs_enabled, enabled, fusion_enabled, moe_enabled
@@ -87,7 +87,7 @@ def batch_invariant_mode() -> bool:
     try:
         import vllm.envs as vllm_envs
     except ImportError:
-        return bool(int(os.environ.get("VLLM_BATCH_INVARIANT", "0") or "0"))
+        return settings.vllm_batch_invariant()
     return bool(vllm_envs.VLLM_BATCH_INVARIANT)
 
 

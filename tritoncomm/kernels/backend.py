@@ -9,16 +9,16 @@ kernel source.
 
 from __future__ import annotations
 
-import os
-
 import triton.language as tl
+
+from .. import settings
 
 __all__ = ["INTERPRET", "MAX_WORLD", "interpreting", "program_threads"]
 
 
 def interpreting() -> bool:
     """True when Triton kernels run in the CPU interpreter in this process."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+    return settings.triton_interprets()
 
 
 #: Fixed at import, like Triton's own choice between compiling and interpreting.

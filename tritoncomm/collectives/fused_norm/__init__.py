@@ -27,7 +27,8 @@ from .oneshot import FusedOneShot
 from .rows import MAX_CHUNKS, RowPlan
 from .twoshot import FusedTwoShot
 
-__all__ = ["FUSED_ALGORITHMS", "MAX_HIDDEN", "MEASURED_SELECTION", "ROUNDINGS", "FusedAllReduceAddRMSNorm", "RowPlan"]
+__all__ = ["FUSED_ALGORITHMS", "FUSED_ALGOS", "MAX_HIDDEN", "MEASURED_SELECTION", "ROUNDINGS",
+           "FusedAllReduceAddRMSNorm", "RowPlan"]
 
 #: Largest hidden size served.
 MAX_HIDDEN = 16384
@@ -40,6 +41,8 @@ FUSED_ALGORITHMS = MappingProxyType({cls.name: cls for cls in (FusedLL, FusedOne
 #: The fused variant that serves where the all-reduce table names an all-reduce algorithm.
 _FROM_TABLE = MappingProxyType({"ll": "ll", "ll_twoshot": "ll_twoshot", "oneshot": "oneshot", "twoshot": "twoshot",
                                 "lamport": "lamport", "lamport_twoshot": "twoshot"})
+#: Names of the fused variants, in registry order.
+FUSED_ALGOS = tuple(FUSED_ALGORITHMS)
 
 #: Variant by bytes (``tokens x hidden x 2``), per world size (hidden 8192, every variant timed in one
 #: run; ``docs/algorithms.md``): TP2 on two H200s (``benchmarks/results/fused-h200-tp2.json``), TP4 on

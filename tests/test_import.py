@@ -1,0 +1,69 @@
+"""``import tritoncomm`` registers the backend and loads nothing else: no Triton, no kernel, no
+integration; every exported name still resolves, and ``init_process_group`` works right after it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+AFTER_IMPORT = """
+import sys, torch, torch.distributed as dist
+import tritoncomm
+loaded = sorted(m for m in sys.modules if m.startswith("tritoncomm."))
+assert "triton" not in sys.modules, "triton imported"
+assert loaded == ["tritoncomm.config", "tritoncomm.errors", "tritoncomm.lazy", "tritoncomm.registration",
+                  "tritoncomm.settings"], loaded
+assert "TRITONCOMM" in dist.Backend._plugins
+for name in tritoncomm.__all__:
+    getattr(tritoncomm, name)
+import tritoncomm.integrations as integ
+assert not [m for m in sys.modules if m.startswith("tritoncomm.integrations.") and m.endswith(("vllm", "sglang"))]
+for name in integ.__all__:
+    getattr(integ, name)
+assert tritoncomm.AllReduce is tritoncomm.collectives.allreduce.AllReduce
+assert "AllReduce" in dir(tritoncomm) and "launch" in dir(tritoncomm)
+print("ok")
+"""
+
+INIT = """
+import sys, torch, torch.distributed as dist
+import tritoncomm
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("cpu:tritoncomm", rank=rank, world_size=2, init_method="tcp://127.0.0.1:" + port)
+x = torch.full((8,), float(rank + 1), dtype=torch.bfloat16)
+dist.all_reduce(x)
+pg = dist.group.WORLD
+print(type(pg).__name__, pg.comm is not None, x.tolist() == [3.0] * 8)
+dist.destroy_process_group()
+"""
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            "TRITON_INTERPRET": "1"}
+
+
+def test_import_loads_only_the_registration():
+    out = subprocess.run([sys.executable, "-c", AFTER_IMPORT], env=_env(), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_init_process_group_right_after_the_import():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    procs = [subprocess.Popen([sys.executable, "-c", INIT, str(r), port], env=_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0 and out.split() == ["TritonCommProcessGroup", "True", "True"], err[-2000:]

@@ -67,3 +67,60 @@ def test_init_process_group_right_after_the_import():
             p.kill()
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0 and out.split() == ["TritonCommProcessGroup", "True", "True"], err[-2000:]
+
+
+def _imports(path: Path, module: str, is_package: bool) -> set[str]:
+    """The tritoncomm modules ``module`` imports anywhere in its source (function-local imports too),
+    except under ``if TYPE_CHECKING:``."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+            and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING"
+            for n in ast.walk(node)}
+    package = module if is_package else module.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("tritoncomm")}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            base = base[:len(base) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            if target.startswith("tritoncomm"):
+                out.add(target)
+                out |= {f"{target}.{a.name}" for a in node.names}  # "from . import x" names modules
+    return out
+
+
+def test_no_import_circle():
+    """No module imports, even lazily, one that imports it back (through any chain), leaving aside a
+    module's own package ``__init__`` files (which Python runs first anyway)."""
+    modules = {}
+    for p in (ROOT / "tritoncomm").rglob("*.py"):
+        parts = list(p.relative_to(ROOT).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        name = ".".join(parts[:-1] if is_package else parts)
+        modules[name] = (p, is_package)
+    graph = {}
+    for name, (p, is_package) in modules.items():
+        ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        graph[name] = {m for m in _imports(p, name, is_package) if m in modules and m != name and m not in ancestors}
+    circles = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                circles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert circles == [], circles[:5]

@@ -6,13 +6,15 @@ from dataclasses import dataclass, field
 
 from . import settings
 
-__all__ = ["SHARED_GPUS_ENV", "CommConfig"]
+__all__ = ["BACKEND", "SHARED_GPUS_ENV", "CommConfig"]
 
 _BACKENDS = ("auto", "cuda", "cpu")
 
 #: Environment switch for ``CommConfig.shared_gpus`` (what ``LocalWorld(..., shared_gpus=True)`` sets
 #: in its ranks, so that every communicator they build, the engines' and the backend's included, agrees).
 SHARED_GPUS_ENV = settings.SHARED_GPUS.name
+#: The name torch.distributed knows tritoncomm's backend by (``init_process_group("cpu:gloo,cuda:tritoncomm")``).
+BACKEND = "tritoncomm"
 
 
 def _shared_gpus_default() -> bool:

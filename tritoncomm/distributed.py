@@ -10,7 +10,8 @@ Importing ``tritoncomm`` registers the backend ``"tritoncomm"`` (``registration`
 
 from __future__ import annotations
 
-from .integrations.backend import BACKEND, TritonCommProcessGroup, TritonCommWork, graph_capture, register
+from .integrations.backend import BACKEND, TritonCommProcessGroup, TritonCommWork, graph_capture
+from .registration import register
 
 __all__ = ["BACKEND", "TritonCommProcessGroup", "TritonCommWork", "graph_capture", "register"]
 

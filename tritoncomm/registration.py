@@ -9,10 +9,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["BACKEND", "register"]
+from .config import BACKEND
 
-#: The name torch.distributed knows the backend by.
-BACKEND = "tritoncomm"
+__all__ = ["BACKEND", "register"]
 
 
 def register() -> None:

@@ -14,10 +14,11 @@ if TYPE_CHECKING:
     from .allgather import AllGather, AllToAll, ReduceScatter
     from .allreduce import ALGORITHMS, AllReduce
     from .base import Algorithm, CollectiveBase, PeerOutput, Workspace
+    from .defaults import default_table, load_table
     from .fused_norm import FUSED_ALGORITHMS, FUSED_ALGOS, MAX_HIDDEN, FusedAllReduceAddRMSNorm
     from .gemm import GEMM_PATHS, GemmAllReduce, GemmConfig
     from .moe import MoEAllToAll, MoEHandle
-    from .selection import Choice, SelectionTable, default_table, load_table
+    from .selection import Choice, SelectionTable, read_table
     from .validation import SUPPORTED_DTYPES, SUPPORTED_OPS
 
 # Each family imports (and defines its kernels) when it is first used (``lazy``).
@@ -28,7 +29,8 @@ __getattr__, __dir__ = lazy.exports(__name__, {
     ".fused_norm": ["FUSED_ALGORITHMS", "FUSED_ALGOS", "MAX_HIDDEN", "FusedAllReduceAddRMSNorm"],
     ".gemm": ["GEMM_PATHS", "GemmAllReduce", "GemmConfig"],
     ".moe": ["MoEAllToAll", "MoEHandle"],
-    ".selection": ["Choice", "SelectionTable", "default_table", "load_table"],
+    ".defaults": ["default_table", "load_table"],
+    ".selection": ["Choice", "SelectionTable", "read_table"],
     ".validation": ["SUPPORTED_DTYPES", "SUPPORTED_OPS"],
 })
 
@@ -36,5 +38,5 @@ __all__ = [
     "ALGORITHMS", "FUSED_ALGORITHMS", "FUSED_ALGOS", "GEMM_PATHS", "MAX_HIDDEN", "SUPPORTED_DTYPES", "SUPPORTED_OPS",
     "Algorithm", "AllGather", "AllReduce", "AllToAll", "Choice", "CollectiveBase", "FusedAllReduceAddRMSNorm",
     "GemmAllReduce", "GemmConfig", "MoEAllToAll", "MoEHandle", "PeerOutput", "ReduceScatter", "SelectionTable",
-    "Workspace", "default_table", "load_table",
+    "Workspace", "default_table", "load_table", "read_table",
 ]

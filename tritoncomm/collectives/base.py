@@ -24,7 +24,7 @@ from ..channels import Channel, Communicator
 from ..errors import InvalidInputError, SetupMismatchError, TritonCommError
 from ..kernels.consistency import DTYPE_CODES, FALLBACK_CODE, OP_CODES, pack_signature
 from ..kernels.launcher import Launcher
-from .selection import DTYPES, Choice, SelectionTable, default_table, load_table
+from .selection import DTYPES, Choice, SelectionTable, read_table
 from .validation import DTYPE_NAMES
 
 __all__ = ["Algorithm", "CollectiveBase", "PeerOutput", "Plans", "Workspace"]
@@ -153,7 +153,9 @@ class CollectiveBase:
         self._check_calls = comm.config.check_calls
         self.world = comm.world
         device_name = torch.cuda.get_device_name(comm.device) if comm.backend == "cuda" else ""
-        self.table = table or load_table(comm.backend, device_name)
+        self.table = table or read_table(comm.backend, device_name)
+        #: The family's own rows, where the table has none for this op and world.
+        self._defaults = self.default_rows(comm.backend, min(self.world, 8)) if self.op else []
         if self.op:
             self.table.check_algorithms(self.op, self._table_names())
         self.fallback_group = fallback_group
@@ -174,6 +176,12 @@ class CollectiveBase:
         self.comm.check()
 
     # -- set-up --------------------------------------------------------------------------------
+    @classmethod
+    def default_rows(cls, backend: str, world: int) -> list[tuple[int, Choice]]:
+        """The family's rules of thumb, rows of ``(max_bytes, Choice)``, for ``backend`` at ``world``:
+        what serves where the table has no rows. Families with an ``op`` define it."""
+        raise NotImplementedError(f"{cls.__name__} declares no default rows")
+
     def _table_names(self) -> tuple[str, ...]:
         """The algorithm names this collective's table rows may use."""
         return tuple(self.ALGORITHMS)
@@ -200,7 +208,7 @@ class CollectiveBase:
 
     def _grid_for(self, algo: str) -> int:
         """Programs in ``algo``'s (fixed) grid: the most that any row of the table asks for."""
-        rows = self.table.choices(self.op, self.world) + default_table(self.comm.backend).choices(self.op, self.world)
+        rows = self.table.choices(self.op, self.world, self._defaults) + self._defaults
         first = self.ALGORITHMS[algo].default_choice(self.comm.backend).programs
         return max([first, *(c.programs for _, c in rows if c.algo == algo)])
 
@@ -215,7 +223,7 @@ class CollectiveBase:
         caps: dict[str, int] = {}
         for dtype in DTYPES:
             lo = 0
-            rows = self.table.entries(self.op, self.world, dtype, self.comm.backend)
+            rows = self.table.entries(self.op, self.world, dtype, self._defaults)
             for i, (hi, c) in enumerate(rows):
                 if lo < max_bytes:
                     top = max_bytes if i == len(rows) - 1 else min(hi, max_bytes)  # the last row serves the rest
@@ -227,9 +235,9 @@ class CollectiveBase:
     def _choice(self, algo: str, dtype: str, nbytes: int) -> Choice:
         """The table's launch shape for ``algo`` at this size, or the nearest row that uses ``algo``;
         never more programs than its grid."""
-        c = self.table.lookup(self.op, self.world, dtype, nbytes)
+        c = self.table.lookup(self.op, self.world, dtype, nbytes, self._defaults)
         if c.algo != algo:
-            rows = [ch for _, ch in self.table.choices(self.op, self.world) if ch.algo == algo]
+            rows = [ch for _, ch in self.table.choices(self.op, self.world, self._defaults) if ch.algo == algo]
             c = rows[0] if rows else self.ALGORITHMS[algo].default_choice(self.comm.backend)
         grid = self._algos[algo].grid
         return c if c.programs <= grid else replace(c, programs=grid)

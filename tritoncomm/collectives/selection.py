@@ -3,10 +3,11 @@
 The choices are data: a ``SelectionTable`` maps ``(op, world, dtype)`` to rows of
 ``(max_bytes, Choice)``; the first row whose ``max_bytes`` covers the message wins, and the last
 row also serves anything larger (up to the collective's own ``max_bytes``). Tables measured on a
-machine (``python -m tritoncomm tune``) ship in ``collectives/tables/<device>.json``; without one,
-``default_table`` gives rules of thumb. Every rank reads the same table and so makes the same
-choice for the same size; collectives also check the table's digest across ranks at set-up, and
-that every algorithm it names is one of theirs.
+machine (``python -m tritoncomm tune``) ship in ``collectives/tables/<device>.json``; where a table has
+no rows, each family's own rules of thumb serve (``CollectiveBase.default_rows``; all of them together:
+``defaults.default_table``). This module holds only the data and its lookup. Every rank reads the
+same table and so makes the same choice for the same size; collectives also check the table's digest
+across ranks at set-up, and that every algorithm it names is one of theirs.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..units import NO_LIMIT
 from .validation import DTYPE_NAMES
 
-__all__ = ["DTYPES", "OPS", "Choice", "SelectionTable", "default_table", "load_table", "table_path"]
+__all__ = ["DTYPES", "OPS", "Choice", "SelectionTable", "read_table", "table_path"]
 
 #: The collectives a table has rows for.
 OPS = ("allreduce", "allgather", "reducescatter", "alltoall")
@@ -74,29 +74,30 @@ class SelectionTable:
                 raise ValueError(f"rows for {op}/{dtype} must be non-empty and sorted by max_bytes")
         self.rows = rows
         self.source = source
-        #: The defaults this table falls back to, by backend, built once per table on first use (not per
-        #: lookup: building them costs hundreds of microseconds).
-        self._defaults: dict[str, SelectionTable] = {}
 
-    def lookup(self, op: str, world: int, dtype: str, nbytes: int) -> Choice:
-        entries = self.entries(op, world, dtype)
+    def entries(self, op: str, world: int, dtype: str,
+                defaults: list[tuple[int, Choice]] | None = None) -> list[tuple[int, Choice]]:
+        """The rows for ``(op, world, dtype)``, or ``defaults`` (the family's own) where this table has none."""
+        rows = self.rows.get((op, world, dtype))
+        if rows:
+            return rows
+        if defaults is None:
+            raise KeyError(f"table {self.source!r} has no rows for {op} at world {world} ({dtype})")
+        return defaults
+
+    def lookup(self, op: str, world: int, dtype: str, nbytes: int,
+               defaults: list[tuple[int, Choice]] | None = None) -> Choice:
+        """The first row covering ``nbytes`` (the last row serves anything larger)."""
+        entries = self.entries(op, world, dtype, defaults)
         for max_bytes, choice in entries:
             if nbytes <= max_bytes:
                 return choice
         return entries[-1][1]
 
-    def entries(self, op: str, world: int, dtype: str, backend: str = "cuda") -> list[tuple[int, Choice]]:
-        """The rows for ``(op, world, dtype)``, ``backend``'s defaults where this table has none."""
-        rows = self.rows.get((op, world, dtype))
-        if rows:
-            return rows
-        if backend not in self._defaults:
-            self._defaults[backend] = default_table(backend)
-        return self._defaults[backend].rows[(op, min(world, 8), dtype)]
-
-    def choices(self, op: str, world: int) -> list[tuple[int, Choice]]:
+    def choices(self, op: str, world: int,
+                defaults: list[tuple[int, Choice]] | None = None) -> list[tuple[int, Choice]]:
         """Every row for ``op`` at ``world`` (all dtypes)."""
-        return [row for dtype in DTYPES for row in self.entries(op, world, dtype)]
+        return [row for dtype in DTYPES for row in self.entries(op, world, dtype, defaults)]
 
     def check_algorithms(self, op: str, known: tuple[str, ...]) -> None:
         """Raise ``ValueError`` if a row of ``op`` names an algorithm not in ``known``."""
@@ -129,75 +130,19 @@ class SelectionTable:
         return SelectionTable({**self.rows, **other.rows}, other.source or self.source)
 
 
-#: Three or more ranks: the Lamport one-shot moves (W-1) x S per GPU, so the default rules hand over to
-#: its two-shot above this many bytes (measured on four H100s, ``docs/algorithms.md``); at two ranks
-#: the one-shot serves up to its limit (it won there up to 4 MB on two H200s).
-LAMPORT_ONESHOT_UP_TO_WIDE = 128 << 10
-
-
-def _one_block(algo: str, elems: int, max_programs: int) -> Choice:
-    """One block of 256 elements per program up to ``max_programs`` programs, then wider blocks (up to
-    2048 elements on 4 warps): the shape the tuned tables chose at most sizes."""
-    programs, block = max(1, -(-elems // 256)), 256
-    while programs > max_programs and block < 2048:
-        programs, block = -(-programs // 2), block * 2
-    return Choice(algo, min(programs, max_programs), block, {256: 1, 512: 2, 1024: 2, 2048: 4}[block])
-
-
-def _default_allreduce_cuda(world: int) -> list[tuple[int, Choice]]:
-    """Rules of thumb on GPUs, in rows per power of two (bf16 elements; other dtypes take the same
-    rows by bytes): the Lamport one-shot, its two-shot up to its limit, then the barrier two-shot.
-    One rank keeps the LL / barrier rules (nothing crosses a link)."""
-    from .allreduce.lamport import LAMPORT_MAX_PROGRAMS, LamportOneShot, LamportTwoShot  # it imports this module
-
-    if world == 1:
-        return [(128 << 10, Choice("ll", 16, 1024, 4)), (1 << 20, Choice("oneshot", 32, 4096, 8)),
-                (NO_LIMIT, Choice("twoshot", 64, 4096, 8))]
-    rows: list[tuple[int, Choice]] = []
-    one = LamportOneShot.limit if world == 2 else LAMPORT_ONESHOT_UP_TO_WIDE
-    nbytes = 2 << 10
-    while nbytes <= LamportTwoShot.limit:
-        if nbytes <= one:
-            rows.append((nbytes, _one_block("lamport", nbytes // 2, LAMPORT_MAX_PROGRAMS)))
-        else:
-            rows.append((nbytes, _one_block("lamport_twoshot", nbytes // 2 // world, LAMPORT_MAX_PROGRAMS)))
-        nbytes *= 2
-    rows.append((NO_LIMIT, Choice("twoshot", 64, 8192, 8)))
-    return rows
-
-
-def default_table(backend: str = "cuda") -> SelectionTable:
-    """Rules of thumb, used where no measured table has rows."""
-    rows: dict[tuple[str, int, str], list[tuple[int, Choice]]] = {}
-    big = NO_LIMIT
-    for world in range(1, 9):
-        for dtype in DTYPES:
-            if backend == "cuda":
-                ar = _default_allreduce_cuda(world)
-                push = [(big, Choice("push", 32, 4096, 8))]
-            else:  # the interpreter runs programs one after another: few programs, big blocks
-                ar = [(16 << 10, Choice("ll", 2, 1024, 1)), (256 << 10, Choice("oneshot", 2, 2048, 1)),
-                      (big, Choice("twoshot", 2, 2048, 1))]
-                push = [(big, Choice("push", 2, 2048, 1))]
-            rows[("allreduce", world, dtype)] = ar
-            rows[("allgather", world, dtype)] = push
-            rows[("reducescatter", world, dtype)] = push
-            rows[("alltoall", world, dtype)] = push
-    return SelectionTable(rows, f"default ({backend})")
-
-
 def table_path(device_name: str) -> Path:
     slug = "".join(ch if ch.isalnum() else "-" for ch in device_name.lower()).strip("-")
     return TABLE_DIR / f"{slug}.json"
 
 
-def load_table(backend: str, device_name: str = "") -> SelectionTable:
-    """The measured table for this device merged over the defaults (CPU world: defaults only)."""
-    base = default_table(backend)
+def read_table(backend: str, device_name: str = "") -> SelectionTable:
+    """The measured table shipped for this device (``tables/<device>.json``); empty in the CPU world or
+    for a device without one. Where it has no rows, a collective takes its family's own defaults
+    (``CollectiveBase.default_rows``)."""
     if backend != "cuda":
-        return base
+        return SelectionTable({}, f"none ({backend})")
     path = table_path(device_name)
-    if path.exists():
-        data = json.loads(path.read_text())
-        return base.merged(SelectionTable.from_json(data.get("table", data), str(path)))
-    return base
+    if not path.exists():
+        return SelectionTable({}, f"none ({device_name or 'no device'})")
+    data = json.loads(path.read_text())
+    return SelectionTable.from_json(data.get("table", data), str(path))

@@ -52,14 +52,12 @@ from ..channels import Communicator
 from ..channels.bootstrap import StoreBootstrap
 from ..collectives import AllGather, AllReduce, AllToAll, ReduceScatter
 from ..collectives.validation import SUPPORTED_DTYPES, overlap
-from ..config import CommConfig
+from ..config import BACKEND, CommConfig
 from ..errors import CollectiveMismatchError, CommTimeoutError
 from ..kernels.backend import interpreting
-from ..registration import BACKEND, register
 from .capability import probe
 
-__all__ = ["BACKEND", "TritonCommProcessGroup", "TritonCommWork", "create_process_group", "graph_capture",
-           "register"]
+__all__ = ["BACKEND", "TritonCommProcessGroup", "TritonCommWork", "create_process_group", "graph_capture"]
 
 log = logging.getLogger("tritoncomm")
 

@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 
 from .. import settings
-from ..integrations.backend import register
 from ..launch import RankContext, end_rank, join_ranks
+from ..registration import register
 from ..units import format_bytes
 from .report import all_true, max_over_ranks
 from .timing import time_per_call_us

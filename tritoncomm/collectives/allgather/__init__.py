@@ -11,8 +11,9 @@ import torch.distributed as dist
 
 from ...channels import Communicator
 from ...errors import InvalidInputError
+from ...units import NO_LIMIT
 from ..base import NO_PEER_OUTPUT, CollectiveBase, PeerOutput
-from ..selection import SelectionTable
+from ..selection import Choice, SelectionTable
 from ..validation import DTYPE_NAMES, check_input, check_op, check_out
 from .push import MAX_ROWS, AllGatherDirect, AllGatherPush, AllToAllDirect, AllToAllPush, PushAlgorithm
 from .reducescatter import ReduceScatterPush
@@ -22,6 +23,13 @@ __all__ = ["AllGather", "AllToAll", "ReduceScatter"]
 
 class _PushCollective(CollectiveBase):
     """Shared set-up: every algorithm sized for ``max_bytes`` with the grid of the table's ``push``."""
+
+    @classmethod
+    def default_rows(cls, backend: str, world: int) -> list[tuple[int, Choice]]:
+        """One row: ``push`` at every size (many programs on GPUs; few, big blocks in the CPU world,
+        where the interpreter runs programs one after another)."""
+        shape = Choice("push", 32, 4096, 8) if backend == "cuda" else Choice("push", 2, 2048, 1)
+        return [(NO_LIMIT, shape)]
 
     def __init__(self, comm: Communicator, max_bytes: int | None, table: SelectionTable | None,
                  fallback_group: dist.ProcessGroup | None, name: str) -> None:

@@ -19,6 +19,7 @@ from ..base import NO_PEER_OUTPUT, CollectiveBase, Plans
 from ..selection import Choice, SelectionTable
 from ..validation import DTYPE_NAMES, check_reduce_args
 from .algorithm import AllReduceAlgorithm
+from .defaults import default_rows
 from .lamport import LamportOneShot, LamportTwoShot
 from .ll import LL
 from .ll_twoshot import LLTwoShot
@@ -58,6 +59,7 @@ class AllReduce(CollectiveBase):
 
     op = "allreduce"
     ALGORITHMS = ALGORITHMS
+    default_rows = staticmethod(default_rows)
 
     def __init__(self, comm: Communicator, max_bytes: int | None = None, *, table: SelectionTable | None = None,
                  algos: tuple[str, ...] | dict[str, int] | None = None, fallback_group: dist.ProcessGroup | None = None,
@@ -125,7 +127,7 @@ class AllReduce(CollectiveBase):
         if hit is not None:
             return hit
         name = DTYPE_NAMES[dtype]
-        algo = self.table.lookup(self.op, self.world, name, nbytes).algo
+        algo = self.table.lookup(self.op, self.world, name, nbytes, self._defaults).algo
         if algo not in self._algos or nbytes > self._algos[algo].capacity:  # a table/algos mismatch
             algo = self._first_serving(nbytes)
         hit = (algo, self._choice(algo, name, nbytes), self._signature(dtype, nbytes // dtype.itemsize, algo))

@@ -17,6 +17,7 @@ from ...channels import Communicator
 from ...errors import InvalidInputError
 from ...units import NO_LIMIT
 from ..allreduce import ALGORITHMS as ALLREDUCE_ALGORITHMS
+from ..allreduce.defaults import default_rows as allreduce_default_rows
 from ..base import CollectiveBase
 from ..selection import SelectionTable
 from ..validation import DTYPE_NAMES, check_input, overlap
@@ -84,6 +85,7 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
 
     op = "allreduce"
     debug_op = "fused_add_rmsnorm"
+    default_rows = staticmethod(allreduce_default_rows)  # the variant follows the all-reduce's rows
     ALGORITHMS = FUSED_ALGORITHMS
 
     def __init__(self, comm: Communicator, max_tokens: int, max_hidden: int, *, eps: float = 1e-6,
@@ -144,7 +146,8 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
         if self.selection is not None:
             algo = next(a for hi, a in self.selection if nbytes <= hi)
         else:
-            algo = _FROM_TABLE[self.table.lookup(self.op, self.world, DTYPE_NAMES[dtype], nbytes).algo]
+            algo = _FROM_TABLE[self.table.lookup(self.op, self.world, DTYPE_NAMES[dtype], nbytes,
+                                                         self._defaults).algo]
         if algo not in self._algos or nbytes > self._algos[algo].capacity:
             algo = self._first_serving(nbytes)
         return algo

@@ -115,7 +115,7 @@ def test_no_import_circle():
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                circles.append(path[path.index(nxt):] + [nxt])
+                circles.append([*path[path.index(nxt):], nxt])
             elif nxt not in state:
                 visit(nxt, [*path, nxt])
         state[node] = 2

@@ -658,10 +658,41 @@ def test_the_lamport_allreduce_compiles_under_an_engines_patches(monkeypatch):
 
     _sglang_patches(monkeypatch)
     sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", **COMMON, "epochs_off": "i64", "buf_off": "i64",
-           "slot_bytes": "i64", "active": "i32"}
+           "slot_bytes": "i64", "active": "i32", "hdr_off": "i64", "sig": "i64"}
     ptx = compile_ptx(JITFunction(lamport_oneshot_kernel.fn), sig, {"WORLD": 2, "BLOCK": 2048},
                       {"x_ptr", "out_ptr", "n", "bases", "epochs_off", "buf_off", "slot_bytes"})
     assert "ld.volatile.global.v4" in ptx or "ld.volatile.global.v2" in ptx, "the poll should stay vectorised"
+
+
+LAMPORT_KERNELS = {
+    "oneshot": ({"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", **COMMON, "epochs_off": "i64", "buf_off": "i64",
+                 "slot_bytes": "i64", "active": "i32", "hdr_off": "i64"},
+                {"x_ptr", "out_ptr", "n", "bases", "epochs_off", "buf_off", "slot_bytes", "hdr_off"}),
+    "twoshot": ({"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "shard": "i32", **COMMON, "epochs_off": "i64",
+                 "rs_off": "i64", "ag_off": "i64", "tok_off": "i64", "slot_bytes": "i64", "active": "i32",
+                 "hdr_off": "i64"},
+                {"x_ptr", "out_ptr", "n", "shard", "bases", "epochs_off", "rs_off", "ag_off", "tok_off", "slot_bytes",
+                 "hdr_off"}),
+}
+
+
+@pytest.mark.parametrize("kind", list(LAMPORT_KERNELS))
+@pytest.mark.parametrize("block,warps", [(256, 1), (2048, 4)])
+def test_the_lamport_call_check_keeps_the_data_path(kind, block, warps):
+    """With the call check (``sig`` an int64) the Lamport all-reduces keep 16-byte data stores and
+    polls, store their header as one 8-byte word per peer and poll it with volatile loads, and add no
+    fence or release on the data path; without it (``sig`` None) no header is stored or loaded."""
+    from tritoncomm.collectives.allreduce import lamport
+
+    kernel = {"oneshot": lamport.lamport_oneshot_kernel, "twoshot": lamport.lamport_twoshot_kernel}[kind]
+    sig, aligned = LAMPORT_KERNELS[kind]
+    checked = ops(compile_ptx(kernel, {**sig, "sig": "i64"}, {"WORLD": 2, "BLOCK": block}, aligned, warps))
+    plain = ops(compile_ptx(kernel, sig, {"WORLD": 2, "BLOCK": block, "sig": None}, aligned, warps))
+    for o in (checked, plain):
+        assert o["st.global.v4.b32"] >= 1 and o["ld.volatile.global.v4.b32"] >= 1, o
+        assert not [k for k in o if k.startswith(("fence", "st.release", "ld.acquire"))], o
+    assert checked["st.global.b64"] > plain["st.global.b64"], (checked, plain)  # the header words (and resets)
+    assert checked["ld.volatile.global.b64"] > plain["ld.volatile.global.b64"], (checked, plain)
 
 
 def test_the_kernel_walk_skips_exactly_the_engine_modules():

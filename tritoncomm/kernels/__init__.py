@@ -10,7 +10,9 @@ The public surface (each module's docstring states its memory-ordering contract)
   ``epoch_next``, ``epoch_commit``, ``epoch_commit_slots`` (a launch narrower than its channel);
 * LL packets (``ll``): ``ll8_store``, ``ll8_try``, ``ll8_poll``, ``ll8_poll_sum_f32``, ``ll8_pack``, ``ll8_unpack``;
 * Lamport buffers (``lamport``): ``lamport_store``, ``lamport_try``, ``lamport_poll``, ``lamport_poll_from``,
-  ``lamport_reset``, ``lamport_canonical``, ``lamport_missing`` and, on the host, ``lamport_fill``;
+  ``lamport_reset``, ``lamport_canonical``, ``lamport_missing``, the call-check headers
+  ``lamport_header_store``, ``lamport_header_try``, ``lamport_header_poll``, ``lamport_header_reset`` and,
+  on the host, ``lamport_fill``;
 * ordering building blocks (``ordering``): ``ld_acquire``, ``st_release``, ``fence_sys``, and for
   programmatic dependent launch ``pdl_wait``, ``pdl_launch_dependents``, ...
 * stage stamps for finding where a kernel's time goes (``trace``): ``stamp``;
@@ -29,12 +31,16 @@ from .backend import INTERPRET, MAX_WORLD, interpreting, program_threads
 from .barrier import barrier, barrier_arrive, barrier_flag_bytes, barrier_wait
 from .consistency import check_signatures, signature_table_bytes
 from .copy import copy_block, get, put
-from .diag import DIAG_WORDS, KIND_NAMES, already_failed, record_timeout
+from .diag import DIAG_WORDS, KIND_NAMES, KIND_SIGNATURE, already_failed, record_timeout
 from .lamport import (
     LAMPORT_SENTINEL8,
     LAMPORT_SENTINEL16,
     lamport_canonical,
     lamport_fill,
+    lamport_header_poll,
+    lamport_header_reset,
+    lamport_header_store,
+    lamport_header_try,
     lamport_missing,
     lamport_poll,
     lamport_poll_from,
@@ -88,12 +94,14 @@ if interpreting():  # the CPU world: no repeated patch of the language, no overf
     fixed_np_dtypes()
 
 __all__ = [
-    "DIAG_WORDS", "INTERPRET", "KIND_NAMES", "LAMPORT_SENTINEL8", "LAMPORT_SENTINEL16", "MAX_WORLD", "Launcher",
+    "DIAG_WORDS", "INTERPRET", "KIND_NAMES", "KIND_SIGNATURE", "LAMPORT_SENTINEL8", "LAMPORT_SENTINEL16", "MAX_WORLD",
+    "Launcher",
     "address_ptr", "aligned_runs", "already_failed", "assume_multiple",
     "barrier", "barrier_arrive", "barrier_flag_bytes", "barrier_wait", "check_signatures", "clock_ns", "copy_block",
     "epoch_commit", "epoch_commit_slots", "epoch_next", "fence_sys", "get", "heap_base", "heap_ptr", "interpreting",
     "lamport_canonical",
-    "lamport_fill", "lamport_missing", "lamport_poll", "lamport_poll_from", "lamport_reset", "lamport_store",
+    "lamport_fill", "lamport_header_poll", "lamport_header_reset", "lamport_header_store", "lamport_header_try",
+    "lamport_missing", "lamport_poll", "lamport_poll_from", "lamport_reset", "lamport_store",
     "lamport_try",
     "ld_acquire", "ld_volatile", "ll8_pack", "ll8_poll", "ll8_poll_sum_f32", "ll8_store", "ll8_try", "ll8_unpack",
     "next_pow2", "pdl_launch_dependents", "pdl_wait", "pow2_at_least", "pow2_divisor", "program_epoch",

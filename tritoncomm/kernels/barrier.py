@@ -35,14 +35,12 @@ import triton.language as tl
 
 from .. import settings
 from .backend import MAX_WORLD
-from .diag import record_timeout
+from .diag import KIND_SIGNATURE, record_timeout
 from .memory import heap_base
 from .signals import signal, wait
 
 __all__ = ["KIND_SIGNATURE", "barrier", "barrier_arrive", "barrier_flag_bytes", "barrier_wait"]
 
-#: The diagnostic record's kind for a signature that differs at a barrier (``diag.KIND_NAMES``).
-KIND_SIGNATURE = tl.constexpr(5)
 #: Bytes of one rank's entry in a slot: the flag, then the signatures of even and odd epochs at bytes 8, 16.
 _ENTRY = tl.constexpr(32)
 

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .backend import INTERPRET
 
-__all__ = ["DIAG_WORDS", "KIND_NAMES", "record_timeout", "F"]
+__all__ = ["DIAG_WORDS", "KIND_NAMES", "KIND_SIGNATURE", "record_timeout", "F"]
 
 #: Number of int64 words in a diagnostic record.
 DIAG_WORDS = 8
@@ -42,8 +42,11 @@ _PROGRAM = tl.constexpr(F.PROGRAM)
 _SPINS = tl.constexpr(F.SPINS)
 
 #: STATUS values (>0) and what they name in error messages.
+#: The record's kind for a call whose signature differs from a peer's (``barrier``, ``lamport``'s
+#: headers): rank, peer, slot, this rank's signature, the peer's.
+KIND_SIGNATURE = tl.constexpr(5)
 KIND_NAMES = {1: "signal wait", 2: "LL packet poll", 3: "cross-rank consistency check", 4: "Lamport buffer poll",
-              5: "signature check at a barrier"}
+              5: "call signature check"}
 
 
 #: The GPU's record, made by one thread alone: claim word 0 (0 -> -1), fill words 1-7, then publish

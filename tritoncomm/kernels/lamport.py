@@ -57,6 +57,17 @@ Contract (per element, like ``ll``):
   all-reduce shapes). Every thread of the program must reach a synchronising reset.
 * ``lamport_fill(t)`` (host): put a whole buffer at rest.
 
+**Headers** (the always-on call check of the Lamport collectives, ``kernels.consistency``): a header
+is one int64 word per (parity, source, program), 0 at rest, that carries the call's signature (bit 62
+set: never 0). ``lamport_header_store(ptr, sig)``: a plain store by the program's first thread, no
+ordering with the data (the reader waits for both). ``lamport_header_try(ptr, keep)``: one volatile
+look *by every thread* (each its own): ``(value, 1 if still at rest and keep)``; add the indicator to
+the data's per-element indicators before their reduction so that any thread's miss counts.
+``lamport_header_poll(ptr, keep, peer, slot, rank, timeout, diag)``: per-thread bounded looks with no
+CTA barrier inside (threads may leave at different looks); after a failure elsewhere or its own
+timeout it returns 0. ``lamport_header_reset(ptr, keep)``: back to 0, by the reader, after a CTA
+barrier that follows every thread's last look.
+
 Reads of a buffer are only of data that this launch's writers stored; nothing else the writer did is
 published by it.
 
@@ -76,11 +87,12 @@ import triton
 import triton.language as tl
 
 from .backend import INTERPRET, program_threads
-from .diag import record_timeout
+from .diag import KIND_SIGNATURE, record_timeout
 from .ordering import clock_ns
 from .signals import stop_waiting
 
-__all__ = ["KIND_LAMPORT", "LAMPORT_SENTINEL8", "LAMPORT_SENTINEL16", "lamport_canonical", "lamport_fill",
+__all__ = ["KIND_LAMPORT", "KIND_SIGNATURE", "LAMPORT_SENTINEL8", "LAMPORT_SENTINEL16", "lamport_canonical",
+           "lamport_fill", "lamport_header_poll", "lamport_header_reset", "lamport_header_store", "lamport_header_try",
            "lamport_missing", "lamport_poll", "lamport_poll_from", "lamport_reset", "lamport_store", "lamport_try"]
 
 #: The at-rest pattern of every 16-bit half of a Lamport buffer (of elements of 16 bits or more).
@@ -234,3 +246,45 @@ def lamport_poll_from(v, miss, ptrs, mask, peer, slot, rank, timeout, diag):
     if not INTERPRET and ptrs.numel < program_threads():  # copied across threads: one copy was counted
         v = tl.load(ptrs, mask=mask, other=0.0, volatile=True)
     return v
+
+
+@triton.jit
+def lamport_header_store(ptr, sig):
+    """Store the call's signature ``sig`` (int64, never 0) into a peer's header word ``ptr``."""
+    tl.store(ptr, tl.cast(sig, tl.int64))
+
+
+@triton.jit
+def lamport_header_try(ptr, keep):
+    """One look at the header word ``ptr`` where ``keep`` (every thread its own): ``(value, 1 if it is
+    still at rest, else 0)``; ``(1, 0)`` where not ``keep``."""
+    h = tl.load(ptr, mask=keep, other=1, volatile=True)
+    return h, ((h == 0) & keep).to(tl.int32)
+
+
+@triton.jit
+def lamport_header_poll(ptr, keep, peer, slot, rank, timeout, diag):
+    """Looks at the header word ``ptr`` (where ``keep``) until it is written; bounded like
+    ``lamport_poll`` (kind 4, the header's address). Per thread, no CTA barrier inside. Returns the
+    word: 0 if the wait gave up (its own bound, or a failure recorded elsewhere), 1 where not ``keep``."""
+    h, miss = lamport_header_try(ptr, keep)
+    if miss > 0:
+        t0 = clock_ns()
+        spins = 0
+        while miss > 0:
+            h, miss = lamport_header_try(ptr, keep)
+            spins += 1
+            if miss > 0:
+                failed, expired = stop_waiting(t0, spins, timeout, diag)
+                if expired:
+                    record_timeout(diag, KIND_LAMPORT, rank, peer, slot, ptr.to(tl.int64), 1, spins)
+                if failed or expired:
+                    miss = 0
+    return h
+
+
+@triton.jit
+def lamport_header_reset(ptr, keep):
+    """Put the header word ``ptr`` back at rest (0) where ``keep``: the reader, after a CTA barrier that
+    follows every thread's last look."""
+    tl.store(ptr, tl.zeros([], tl.int64), mask=keep)

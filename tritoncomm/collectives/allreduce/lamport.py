@@ -45,11 +45,16 @@ import triton
 import triton.language as tl
 
 from ...kernels import (
+    KIND_SIGNATURE,
     assume_multiple,
     epoch_commit,
     epoch_next,
     heap_ptr,
     lamport_canonical,
+    lamport_header_poll,
+    lamport_header_reset,
+    lamport_header_store,
+    lamport_header_try,
     lamport_poll,
     lamport_reset,
     lamport_store,
@@ -59,6 +64,7 @@ from ...kernels import (
     pdl_wait,
     pow2_divisor,
     program_epoch,
+    record_timeout,
     round_to,
 )
 from ...kernels.memory import address_ptr
@@ -78,34 +84,73 @@ LAMPORT_TRIES = 4
 
 @triton.jit
 def lamport_sum_ranks(own, slots, slot_elems, offs, mask, rank, slot, timeout, diag, WORLD: tl.constexpr,
-                      TRIES: tl.constexpr = LAMPORT_TRIES):
-    """The fp32 sum over ranks 0..W-1, in that order, of one block: this rank's values are ``own``
-    (already canonical), rank ``s``'s are at ``slots + s * slot_elems + offs`` of this rank's buffer.
-    Up to ``TRIES`` rounds each look once at every peer's slot (loads in flight together) and sum; the
-    first round that finds nothing missing is the answer. Only if none does: a bounded poll per peer
-    in rank order (a timeout names the peer and ``slot``), then the sum. The same additions in the same
-    order either way. Resets the peers' slots it read."""
+                      TRIES: tl.constexpr = LAMPORT_TRIES, hdrs=None, hstride=0, check=False, sig=None):
+    """``(acc, same)``: the fp32 sum over ranks 0..W-1, in that order, of one block: this rank's values
+    are ``own`` (already canonical), rank ``s``'s are at ``slots + s * slot_elems + offs`` of this
+    rank's buffer. Up to ``TRIES`` rounds each look once at every peer's slot (loads in flight
+    together) and sum; the first round that finds nothing missing is the answer. Only if none does: a
+    bounded poll per peer in rank order (a timeout names the peer and ``slot``), then the sum. The
+    same additions in the same order either way. Resets the peers' slots it read.
+
+    The call check (with ``sig``, where ``check``): rank ``s``'s header for this program is at ``hdrs +
+    s * hstride`` (``kernels.lamport``, "Headers"); it is looked at with the data (the same rounds,
+    every thread's look counted) and reset. ``same`` is False when a peer's signature differs (recorded
+    as ``KIND_SIGNATURE``) or never came: then nothing else is waited for, nothing is reset, and
+    ``acc`` means nothing. Without ``sig`` (or ``check``) ``same`` is True."""
     acc = tl.zeros(own.shape, dtype=tl.float32)
     missing = tl.full([], 1, tl.int32)
+    CHECK: tl.constexpr = sig is not None
+    differ = tl.full([], 0, tl.int32)  # per thread: the peer + 1 whose header differs (its last look)
+    theirs = tl.full([], 0, tl.int64)
     for _t in tl.static_range(TRIES):
         if missing > 0:
             acc = tl.zeros(own.shape, dtype=tl.float32)
             bad = tl.zeros(own.shape, dtype=tl.int32)
+            if CHECK:
+                differ = tl.full([], 0, tl.int32)
+                for s in tl.static_range(WORLD):  # every thread's own look, counted in ``bad``
+                    h, hm = lamport_header_try(hdrs + s * hstride, check & (s != rank))
+                    bad += hm
+                    wrong = (hm == 0) & (h != sig) & check & (s != rank) & (differ == 0)
+                    differ = tl.where(wrong, s + 1, differ)
+                    theirs = tl.where(wrong, h, theirs)
             for s in tl.static_range(WORLD):  # branch-free: my own slot's load is masked off
                 v, m = lamport_try(slots + s * slot_elems + offs, mask & (s != rank))
                 bad += m
                 acc += tl.where(s == rank, own, v).to(tl.float32)
             missing = tl.sum(bad, axis=0)
+            if CHECK:
+                if missing > 0:  # a look with a header still missing says nothing about the others
+                    differ = tl.full([], 0, tl.int32)
     if missing > 0:
-        acc = tl.zeros(own.shape, dtype=tl.float32)
-        for s in tl.static_range(WORLD):
-            if s == rank:
-                acc += own.to(tl.float32)
-            else:
-                acc += lamport_poll(slots + s * slot_elems + offs, mask, s, slot, rank, timeout, diag).to(tl.float32)
-    for s in tl.static_range(WORLD):  # each element in one thread (the launch shapes' rule): no barrier
-        lamport_reset(slots + s * slot_elems + offs, mask & (s != rank), SYNC=False)
-    return acc
+        if CHECK:
+            differ = tl.full([], 0, tl.int32)
+            for s in tl.static_range(WORLD):  # the headers first: a different call's data may never come
+                h = lamport_header_poll(hdrs + s * hstride, check & (s != rank), s, slot, rank, timeout, diag)
+                wrong = (h != sig) & check & (s != rank) & (differ == 0)
+                differ = tl.where(wrong, s + 1, differ)
+                theirs = tl.where(wrong, h, theirs)
+        if differ == 0:
+            acc = tl.zeros(own.shape, dtype=tl.float32)
+            for s in tl.static_range(WORLD):
+                if s == rank:
+                    acc += own.to(tl.float32)
+                else:
+                    acc += lamport_poll(slots + s * slot_elems + offs, mask, s, slot, rank, timeout,
+                                        diag).to(tl.float32)
+    same = differ == 0
+    if CHECK:
+        if not same:
+            if theirs != 0:  # 0: the wait gave up (recorded elsewhere)
+                record_timeout(diag, KIND_SIGNATURE, rank, differ - 1, slot, sig, theirs, 0)
+    if same:
+        for s in tl.static_range(WORLD):  # each element in one thread (the launch shapes' rule): no barrier
+            lamport_reset(slots + s * slot_elems + offs, mask & (s != rank), SYNC=False)
+        if CHECK:
+            tl.debug_barrier()  # every thread's last look at the headers is made
+            for s in tl.static_range(WORLD):
+                lamport_header_reset(hdrs + s * hstride, check & (s != rank))
+    return acc, same
 
 
 @triton.jit
@@ -126,14 +171,17 @@ def lamport_wait_rows(src, mask, rank, slot, timeout, diag, WORLD: tl.constexpr,
     return v
 
 
-@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
+@triton.jit(do_not_specialize=["rank", "sig"])  # one compiled kernel for every rank and call
 def lamport_oneshot_kernel(x_ptr, out_ptr, n, bases, rank, timeout, diag_addr, epochs_off, buf_off, slot_bytes,
-                           active, WORLD: tl.constexpr, BLOCK: tl.constexpr, NDIV: tl.constexpr = 1,
+                           active, hdr_off, sig, WORLD: tl.constexpr, BLOCK: tl.constexpr, NDIV: tl.constexpr = 1,
                            TRIES: tl.constexpr = LAMPORT_TRIES, EARLY: tl.constexpr = False):
     """Sum ``n`` elements of ``x_ptr`` over the ranks into ``out_ptr`` (may equal ``x_ptr``); buffers of
     ``slot_bytes`` (a multiple of 256) per (parity, source). Programs ``>= active`` only keep their
     epoch in step with the others. A program with one block keeps it in registers between the push
-    and the sum. ``EARLY``: let the next PDL kernel start right away instead of after the pushes."""
+    and the sum. ``EARLY``: let the next PDL kernel start right away instead of after the pushes.
+    ``sig``: the call's signature; each active program sends it to every peer as a header (at
+    ``hdr_off``: ``[2][W][grid]`` int64 words) and compares theirs with its first block's data: where
+    one differs, the program writes nothing (None: no check)."""
     pid = tl.program_id(0)
     n = assume_multiple(n, NDIV)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
@@ -153,6 +201,15 @@ def lamport_oneshot_kernel(x_ptr, out_ptr, n, bases, rank, timeout, diag_addr, e
         iters = tl.cdiv(tl.cdiv(n, BLOCK) - pid, active)
         slot_elems = slot_bytes // ESIZE
         mine = tl.multiple_of((my_base + buf_off + parity * WORLD * slot_bytes).to(tl.pointer_type(DTYPE)), 16)
+        G = tl.num_programs(0)
+        hdrs = (my_base + hdr_off + (parity * WORLD * G + pid) * 8).to(tl.pointer_type(tl.int64))  # mine, from s
+        if sig is not None:
+            if iters > 0:  # a program with no block reads no header: it sends none
+                for p in tl.static_range(WORLD):  # my header into every peer's (parity, my rank, pid) word
+                    if p != rank:
+                        base = tl.sum(tl.where(k == p, peer_bases, 0), axis=0)
+                        lamport_header_store((base + hdr_off + ((parity * WORLD + rank) * G + pid) * 8).to(
+                            tl.pointer_type(tl.int64)), sig)
         if iters == 1:  # one block: push it, then sum it from registers
             offs = pid * BLOCK + tl.arange(0, BLOCK)
             m = offs < n
@@ -164,9 +221,10 @@ def lamport_oneshot_kernel(x_ptr, out_ptr, n, bases, rank, timeout, diag_addr, e
                     dst = tl.multiple_of((base + slot).to(tl.pointer_type(DTYPE)), 16)
                     lamport_store(dst + offs, v, mask=m)
             pdl_launch_dependents()
-            acc = lamport_sum_ranks(lamport_canonical(v), mine, slot_elems, offs, m, rank, pid, timeout, diag, WORLD,
-                                    TRIES)
-            tl.store(out_ptr + offs, round_to(acc, DTYPE), mask=m)
+            acc, same = lamport_sum_ranks(lamport_canonical(v), mine, slot_elems, offs, m, rank, pid, timeout, diag,
+                                          WORLD, TRIES, hdrs, G, True, sig)
+            if same:
+                tl.store(out_ptr + offs, round_to(acc, DTYPE), mask=m)
         else:
             for i in range(0, iters):  # 1. my input into slot [rank] of every peer's buffer
                 offs = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
@@ -177,23 +235,30 @@ def lamport_oneshot_kernel(x_ptr, out_ptr, n, bases, rank, timeout, diag_addr, e
                         dst = heap_ptr(bases, p, buf_off + (parity * WORLD + rank) * slot_bytes, DTYPE)
                         lamport_store(dst + offs, v, mask=m)
             pdl_launch_dependents()
+            ok = tl.full([], 1, tl.int1)
             for i in range(0, iters):  # 2. every rank's block from my buffer, summed in rank order
-                b = pid + i * active
-                offs = b * BLOCK + tl.arange(0, BLOCK)
-                m = offs < n
-                own = lamport_canonical(tl.load(x_ptr + offs, mask=m, other=0.0))
-                acc = lamport_sum_ranks(own, mine, slot_elems, offs, m, rank, b, timeout, diag, WORLD, TRIES)
-                tl.store(out_ptr + offs, round_to(acc, DTYPE), mask=m)
+                if ok:
+                    b = pid + i * active
+                    offs = b * BLOCK + tl.arange(0, BLOCK)
+                    m = offs < n
+                    own = lamport_canonical(tl.load(x_ptr + offs, mask=m, other=0.0))
+                    acc, same = lamport_sum_ranks(own, mine, slot_elems, offs, m, rank, b, timeout, diag, WORLD,
+                                                  TRIES, hdrs, G, i == 0, sig)
+                    ok = same
+                    if same:
+                        tl.store(out_ptr + offs, round_to(acc, DTYPE), mask=m)
     epoch_commit(epoch_ptr, e)
 
 
-@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
+@triton.jit(do_not_specialize=["rank", "sig"])  # one compiled kernel for every rank and call
 def lamport_twoshot_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_addr, epochs_off, rs_off, ag_off,
-                           tok_off, slot_bytes, active, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                           tok_off, slot_bytes, active, hdr_off, sig, WORLD: tl.constexpr, BLOCK: tl.constexpr,
                            NDIV: tl.constexpr = 1, TRIES: tl.constexpr = LAMPORT_TRIES, EARLY: tl.constexpr = False):
     """Sum ``n`` elements over the ranks into ``out_ptr`` (may equal ``x_ptr``); ``shard`` elements per
     rank (a multiple of 16, at most ``slot_bytes`` bytes). Programs ``>= active`` only keep their epoch
-    in step. ``EARLY``: as in ``lamport_oneshot_kernel``."""
+    in step. ``EARLY``: as in ``lamport_oneshot_kernel``. ``sig``: as there, the headers travel with
+    the first block of step 1 and are compared with step 2's first sum; a program that finds a
+    difference writes nothing and shares nothing."""
     pid = tl.program_id(0)
     n = assume_multiple(n, NDIV)
     shard = assume_multiple(shard, 16)
@@ -214,6 +279,14 @@ def lamport_twoshot_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_
         s = tl.arange(0, W2)
         rows = (s[:, None] < WORLD) & (s[:, None] != rank)
         to_owner = heap_ptr(bases, tl.where(s < WORLD, s, rank), rs_off + (parity * WORLD + rank) * slot_bytes, DTYPE)
+        G = tl.num_programs(0)
+        hdrs = heap_ptr(bases, rank, hdr_off + (parity * WORLD * G + pid) * 8, tl.int64)  # mine, from rank s
+        if sig is not None:
+            if iters > 0:  # a program with no block reads no header: it sends none
+                for p in tl.static_range(WORLD):  # my header into every peer's (parity, my rank, pid) word
+                    if p != rank:
+                        lamport_header_store(heap_ptr(bases, p, hdr_off + ((parity * WORLD + rank) * G + pid) * 8,
+                                                      tl.int64), sig)
         for i in range(0, iters):  # 1. every other rank's block, to its owner
             j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
             idx = s[:, None] * shard + j[None, :]
@@ -222,27 +295,33 @@ def lamport_twoshot_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_
             lamport_store(to_owner[:, None] + j[None, :], v, mask=m)
         pdl_launch_dependents()
         rs_mine = heap_ptr(bases, rank, rs_off + parity * WORLD * slot_bytes, DTYPE)
+        ok = tl.full([], 1, tl.int1)
         for i in range(0, iters):  # 2. my shard's block: sum, round, write, share
-            b = pid + i * active
-            j = b * BLOCK + tl.arange(0, BLOCK)
-            idx = rank * shard + j
-            m = (j < shard) & (idx < n)
-            own = lamport_canonical(tl.load(x_ptr + idx, mask=m, other=0.0))
-            acc = lamport_sum_ranks(own, rs_mine, slot_elems, j, m, rank, b, timeout, diag, WORLD, TRIES)
-            red = lamport_canonical(round_to(acc, DTYPE))  # what every peer will receive
-            tl.store(out_ptr + idx, red, mask=m)
-            for p in tl.static_range(WORLD):  # branch-free, as in ll_twoshot
-                dst = heap_ptr(bases, p, ag_off + (parity * WORLD + rank) * slot_bytes, DTYPE)
-                lamport_store(dst + j, red, mask=m & (p != rank))
-        ag_mine = heap_ptr(bases, rank, ag_off + parity * WORLD * slot_bytes, DTYPE)
-        for i in range(0, iters):  # 3. the other shards' blocks from my ag buffer
-            b = pid + i * active
-            j = b * BLOCK + tl.arange(0, BLOCK)
-            idx = s[:, None] * shard + j[None, :]
-            m = rows & (j[None, :] < shard) & (idx < n)
-            src = ag_mine + s[:, None] * slot_elems + j[None, :]
-            tl.store(out_ptr + idx, lamport_wait_rows(src, m, rank, b, timeout, diag, WORLD, TRIES), mask=m)
-            lamport_reset(src, m, SYNC=False)  # each element in one thread (the launch shapes' rule)
+            if ok:
+                b = pid + i * active
+                j = b * BLOCK + tl.arange(0, BLOCK)
+                idx = rank * shard + j
+                m = (j < shard) & (idx < n)
+                own = lamport_canonical(tl.load(x_ptr + idx, mask=m, other=0.0))
+                acc, same = lamport_sum_ranks(own, rs_mine, slot_elems, j, m, rank, b, timeout, diag, WORLD, TRIES,
+                                              hdrs, G, i == 0, sig)
+                ok = same
+                if same:
+                    red = lamport_canonical(round_to(acc, DTYPE))  # what every peer will receive
+                    tl.store(out_ptr + idx, red, mask=m)
+                    for p in tl.static_range(WORLD):  # branch-free, as in ll_twoshot
+                        dst = heap_ptr(bases, p, ag_off + (parity * WORLD + rank) * slot_bytes, DTYPE)
+                        lamport_store(dst + j, red, mask=m & (p != rank))
+        if ok:  # every peer compared the same signatures: they all share their shards
+            ag_mine = heap_ptr(bases, rank, ag_off + parity * WORLD * slot_bytes, DTYPE)
+            for i in range(0, iters):  # 3. the other shards' blocks from my ag buffer
+                b = pid + i * active
+                j = b * BLOCK + tl.arange(0, BLOCK)
+                idx = s[:, None] * shard + j[None, :]
+                m = rows & (j[None, :] < shard) & (idx < n)
+                src = ag_mine + s[:, None] * slot_elems + j[None, :]
+                tl.store(out_ptr + idx, lamport_wait_rows(src, m, rank, b, timeout, diag, WORLD, TRIES), mask=m)
+                lamport_reset(src, m, SYNC=False)  # each element in one thread (the launch shapes' rule)
     if pid == 0:  # every peer has started this launch
         token_check(bases, rank, tok_off, parity, e, timeout, diag, WORLD)
     epoch_commit(epoch_ptr, e)
@@ -287,8 +366,9 @@ class LamportOneShot(_Lamport):
 
     def layout(self) -> Workspace:
         self.slot_bytes = round_up(self.capacity, 256)
-        both = 2 * self.world * self.slot_bytes  # every byte of the buffer is a Lamport buffer
-        return Workspace(buffer_bytes=both, lamport_bytes=both)
+        both = 2 * self.world * self.slot_bytes  # the Lamport buffers, then the headers (0 at rest)
+        self.hdr_rel = both
+        return Workspace(buffer_bytes=both + 2 * self.world * self.grid * 8, lamport_bytes=both)
 
     @classmethod
     def candidates(cls, nbytes: int, backend: str) -> list[Choice]:
@@ -304,7 +384,8 @@ class LamportOneShot(_Lamport):
         n = x.numel()
         self.launcher(
             x, out, n, bases, rank, timeout, diag, ch.epochs_off, ch.buffer_off, self.slot_bytes, c.programs,
-            WORLD=world, BLOCK=c.block, NDIV=pow2_divisor(n), TRIES=self.tries, EARLY=self.early, num_warps=c.num_warps,
+            ch.buffer_off + self.hdr_rel, sig, WORLD=world, BLOCK=c.block, NDIV=pow2_divisor(n), TRIES=self.tries,
+            EARLY=self.early, num_warps=c.num_warps,
             **self.launch_opts)
 
 
@@ -320,7 +401,8 @@ class LamportTwoShot(_Lamport):
     def layout(self) -> Workspace:
         self.slot_bytes = round_up(cdiv(self.capacity, self.world) + 64, 256)  # a shard, padded to 16 elements
         self.half = 2 * self.world * self.slot_bytes
-        return Workspace(buffer_bytes=2 * self.half + 2 * self.world * 8, lamport_bytes=2 * self.half)  # tokens: LL8
+        self.hdr_rel = 2 * self.half + 2 * self.world * 8  # after the tokens (LL8 packets); 0 at rest
+        return Workspace(buffer_bytes=self.hdr_rel + 2 * self.world * self.grid * 8, lamport_bytes=2 * self.half)
 
     @classmethod
     def candidates(cls, nbytes: int, backend: str) -> list[Choice]:
@@ -337,5 +419,5 @@ class LamportTwoShot(_Lamport):
         rs = ch.buffer_off
         self.launcher(
             x, out, n, round_up(cdiv(n, world), 16), bases, rank, timeout, diag, ch.epochs_off, rs, rs + self.half,
-            rs + 2 * self.half, self.slot_bytes, c.programs, WORLD=world, BLOCK=c.block, NDIV=pow2_divisor(n),
-            TRIES=self.tries, EARLY=self.early, num_warps=c.num_warps, **self.launch_opts)
+            rs + 2 * self.half, self.slot_bytes, c.programs, rs + self.hdr_rel, sig, WORLD=world, BLOCK=c.block,
+            NDIV=pow2_divisor(n), TRIES=self.tries, EARLY=self.early, num_warps=c.num_warps, **self.launch_opts)

@@ -71,7 +71,7 @@ def lamport_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
         res = load_chunk(res_ptr, row, H, cols, cmask)
         w = load_chunk(w_ptr, 0, 0, cols, cmask)
         own = lamport_canonical(load_chunk(x_ptr, row, H, cols, cmask))
-        acc = lamport_sum_ranks(own, mine, slot_elems, row * H + cols, cmask, rank, row, timeout, diag, WORLD, TRIES)
+        acc, _ = lamport_sum_ranks(own, mine, slot_elems, row * H + cols, cmask, rank, row, timeout, diag, WORLD, TRIES)
         resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask, ENGINE)
         rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
         store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8, ENGINE)

@@ -27,6 +27,10 @@ CALLS = {
                           lambda c, x: c(x, algo="oneshot")),
     "allreduce-twoshot": ("allreduce", lambda comm: tc.AllReduce(comm, max_bytes=64 << 10, algos=("twoshot",)),
                           lambda c, x: c(x, algo="twoshot")),
+    "allreduce-ll": ("allreduce", lambda comm: tc.AllReduce(comm, max_bytes=64 << 10, algos=("ll",)),
+                     lambda c, x: c(x, algo="ll")),
+    "allreduce-ll_twoshot": ("allreduce", lambda comm: tc.AllReduce(comm, max_bytes=64 << 10, algos=("ll_twoshot",)),
+                             lambda c, x: c(x, algo="ll_twoshot")),
     "allreduce-lamport": ("allreduce", lambda comm: tc.AllReduce(comm, max_bytes=64 << 10, algos=("lamport",)),
                           lambda c, x: c(x, algo="lamport")),
     "allreduce-lamport_twoshot": ("allreduce",
@@ -37,6 +41,10 @@ CALLS = {
     "alltoall": ("alltoall", lambda comm: tc.AllToAll(comm, max_bytes=64 << 10), lambda c, x: c(x)),
     "fused-oneshot": ("fused_add_rmsnorm", lambda comm: _fused(comm, "oneshot"), lambda c, x: _norm(c, x, "oneshot")),
     "fused-twoshot": ("fused_add_rmsnorm", lambda comm: _fused(comm, "twoshot"), lambda c, x: _norm(c, x, "twoshot")),
+    "fused-ll": ("fused_add_rmsnorm", lambda comm: _fused(comm, "ll"), lambda c, x: _norm(c, x, "ll")),
+    "fused-ll_twoshot": ("fused_add_rmsnorm", lambda comm: _fused(comm, "ll_twoshot"),
+                         lambda c, x: _norm(c, x, "ll_twoshot")),
+    "fused-lamport": ("fused_add_rmsnorm", lambda comm: _fused(comm, "lamport"), lambda c, x: _norm(c, x, "lamport")),
 }
 #: The fused norm's rows are this wide.
 HIDDEN = 64

@@ -65,9 +65,9 @@ def ll_ptx() -> str:
     from tritoncomm.collectives.allreduce.ll import ll_allreduce_kernel
 
     sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "nwords": "i32", **COMMON, "epochs_off": "i64",
-           "buf_off": "i64", "slot_words": "i64", "active": "i32"}
+           "buf_off": "i64", "slot_words": "i64", "active": "i32", "hdr_off": "i64", "sig": "i64"}
     return compile_ptx(ll_allreduce_kernel, sig, {"WORLD": 4, "BLOCK": 1024},
-                       {"x_ptr", "out_ptr", "n", "nwords", "bases", "epochs_off", "buf_off", "slot_words"})
+                       {"x_ptr", "out_ptr", "n", "nwords", "bases", "epochs_off", "buf_off", "slot_words", "hdr_off"})
 
 
 def test_barrier_uses_system_scope_release_and_acquire(oneshot_ptx):
@@ -98,10 +98,10 @@ def test_ll_twoshot_moves_16_byte_packets_and_has_no_fence(world, block, dtype):
 
     sig = {"x_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "n": "i32", "nwords": "i32", "shard": "i32",
            **COMMON, "epochs_off": "i64", "rs_off": "i64", "ag_off": "i64", "tok_off": "i64", "slot_words": "i64",
-           "active": "i32"}
+           "active": "i32", "hdr_off": "i64", "sig": "i64"}
     ptx = compile_ptx(ll_twoshot_allreduce_kernel, sig, {"WORLD": world, "BLOCK": block},
                       {"x_ptr", "out_ptr", "n", "nwords", "shard", "bases", "epochs_off", "rs_off", "ag_off", "tok_off",
-                       "slot_words"})
+                       "slot_words", "hdr_off"})
     o = ops(ptx)
     assert o["st.global.v2.b64"] >= 2, o  # reduce-scatter and all-gather packets, two per store
     assert o["ld.volatile.global.v2.b64"] >= 2, o  # both receive sides poll 16 bytes at a time
@@ -275,7 +275,7 @@ def test_fused_ll_twoshot_compiles_with_16_byte_packets_and_no_fence(world, nq, 
     from tritoncomm.collectives.fused_norm.ll_twoshot import ll_twoshot_allreduce_add_rmsnorm_kernel
 
     sig = dict(FUSED_SIG, out_ptr="*fp8e4nv" if fp8 else "*bf16", epochs_off="i64", rs_off="i64", ag_off="i64",
-               tok_off="i64", slot_words="i64", xch_off="i64", row_words="i32", cww="i32")
+               tok_off="i64", slot_words="i64", xch_off="i64", row_words="i32", cww="i32", hdr_off="i64", sig="i64")
     ptx = compile_ptx(ll_twoshot_allreduce_add_rmsnorm_kernel, sig,
                       {"WORLD": world, "NQ": nq, "BLOCK_C": block_c, "GEMMA": False, "FP8": fp8},
                       FUSED_ALIGNED | {"epochs_off", "rs_off", "ag_off", "tok_off", "slot_words", "xch_off",
@@ -292,7 +292,7 @@ def test_fused_ll_and_twoshot_compile():
     from tritoncomm.collectives.fused_norm.twoshot import twoshot_allreduce_add_rmsnorm_kernel
 
     sig = dict(FUSED_SIG, epochs_off="i64", buf_off="i64", slot_words="i64", xch_off="i64", row_words="i32",
-               cww="i32")
+               cww="i32", hdr_off="i64", sig="i64")
     ptx = compile_ptx(ll_allreduce_add_rmsnorm_kernel, sig, {"WORLD": 4, "CH": 16, "BLOCK_C": 512, "GEMMA": False,
                                                              "FP8": False},
                       FUSED_ALIGNED | {"epochs_off", "buf_off", "xch_off", "slot_words", "row_words", "cww"}, 4)
@@ -409,7 +409,7 @@ def test_rank_zero_and_one_get_the_same_specialisation():
 
     def spec(rank: int):
         return binder(t, t, t, t, t, t, 3, 8192, 512, 1e-6, t, rank, 10**9, 4096, 0, 4096, 4096, 8192, 4096, 256,
-                      WORLD=2, CH=16, BLOCK_C=512, GEMMA=False, FP8=False)[1]
+                      65536, 1 << 62, WORLD=2, CH=16, BLOCK_C=512, GEMMA=False, FP8=False)[1]
 
     assert spec(0) == spec(1) == spec(2) == spec(3)
 

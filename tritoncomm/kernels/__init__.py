@@ -8,7 +8,8 @@ The public surface (each module's docstring states its memory-ordering contract)
 * synchronisation (``signals``, ``barrier``): ``signal``, ``signal_add``, ``signal_relaxed``,
   ``wait``, ``wait_relaxed``, ``barrier`` (and its halves ``barrier_arrive``/``barrier_wait``),
   ``epoch_next``, ``epoch_commit``, ``epoch_commit_slots`` (a launch narrower than its channel);
-* LL packets (``ll``): ``ll8_store``, ``ll8_try``, ``ll8_poll``, ``ll8_poll_sum_f32``, ``ll8_pack``, ``ll8_unpack``;
+* LL packets (``ll``): ``ll8_store``, ``ll8_try``, ``ll8_poll``, ``ll8_poll_sum_f32``, ``ll8_pack``, ``ll8_unpack``,
+  and the call-check headers ``ll8_sig_store``, ``ll8_sig_try``, ``ll8_sig_poll``;
 * Lamport buffers (``lamport``): ``lamport_store``, ``lamport_try``, ``lamport_poll``, ``lamport_poll_from``,
   ``lamport_reset``, ``lamport_canonical``, ``lamport_missing``, the call-check headers
   ``lamport_header_store``, ``lamport_header_try``, ``lamport_header_poll``, ``lamport_header_reset`` and,
@@ -49,7 +50,17 @@ from .lamport import (
     lamport_try,
 )
 from .launcher import Launcher
-from .ll import ll8_pack, ll8_poll, ll8_poll_sum_f32, ll8_store, ll8_try, ll8_unpack
+from .ll import (
+    ll8_pack,
+    ll8_poll,
+    ll8_poll_sum_f32,
+    ll8_sig_poll,
+    ll8_sig_store,
+    ll8_sig_try,
+    ll8_store,
+    ll8_try,
+    ll8_unpack,
+)
 from .memory import (
     address_ptr,
     aligned_runs,
@@ -103,7 +114,8 @@ __all__ = [
     "lamport_fill", "lamport_header_poll", "lamport_header_reset", "lamport_header_store", "lamport_header_try",
     "lamport_missing", "lamport_poll", "lamport_poll_from", "lamport_reset", "lamport_store",
     "lamport_try",
-    "ld_acquire", "ld_volatile", "ll8_pack", "ll8_poll", "ll8_poll_sum_f32", "ll8_store", "ll8_try", "ll8_unpack",
+    "ld_acquire", "ld_volatile", "ll8_pack", "ll8_poll", "ll8_poll_sum_f32", "ll8_sig_poll", "ll8_sig_store",
+    "ll8_sig_try", "ll8_store", "ll8_try", "ll8_unpack",
     "next_pow2", "pdl_launch_dependents", "pdl_wait", "pow2_at_least", "pow2_divisor", "program_epoch",
     "program_threads", "put",
     "record_timeout", "round_to",

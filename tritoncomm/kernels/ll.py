@@ -26,6 +26,13 @@ Contract:
   values; returns their sum (``tl.sum`` over the block: the same order in every program and rank
   that polls a block of the same shape), taken from the very look that found every packet, so
   there is no reload after a spin. For small exchanges between programs (partial sums).
+* Signature headers (the always-on call check of the LL collectives, ``kernels.consistency``): a
+  call's int64 signature as two packets (low word, high word) flagged with the launch's epoch.
+  ``ll8_sig_store(ptr, sig, flag)``: two packet stores by the program's first thread.
+  ``ll8_sig_try(ptr, keep, flag)``: one look *by every thread* (each its own): ``(signature, 1 if
+  either packet lacks the flag and keep)``; add the indicator to the data's before their reduction.
+  ``ll8_sig_poll(ptr, keep, flag, ...)``: per-thread bounded looks, no CTA barrier inside; 0 if the
+  wait gave up. Epochs make stale headers miss, so nothing is reset.
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ from .diag import record_timeout
 from .ordering import clock_ns
 from .signals import stop_waiting
 
-__all__ = ["ll8_pack", "ll8_poll", "ll8_poll_sum_f32", "ll8_store", "ll8_try", "ll8_unpack"]
+__all__ = ["ll8_pack", "ll8_poll", "ll8_poll_sum_f32", "ll8_sig_poll", "ll8_sig_store", "ll8_sig_try", "ll8_store",
+           "ll8_try", "ll8_unpack"]
 
 
 @triton.jit
@@ -130,3 +138,43 @@ def ll8_poll_sum_f32(ptrs, mask, flag, peer, slot, rank, timeout, diag):
                 if _give_up(ptrs, mask, flag, t0, spins, peer, slot, rank, timeout, diag):
                     missing = 0
     return total
+
+
+@triton.jit
+def ll8_sig_store(ptr, sig, flag):
+    """The call's signature ``sig`` (int64) as two packets at ``ptr`` (low word, then high word)."""
+    bits = tl.cast(sig, tl.int64).to(tl.uint64, bitcast=True)
+    ll8_store(ptr, (bits & 0xFFFFFFFF).to(tl.uint32), flag)
+    ll8_store(ptr + 1, (bits >> 32).to(tl.uint32), flag)
+
+
+@triton.jit
+def ll8_sig_try(ptr, keep, flag):
+    """One look at the signature packets at ``ptr`` where ``keep`` (every thread its own):
+    ``(signature, 1 if either packet lacks flag, else 0)``; ``(0, 0)`` where not ``keep``."""
+    lo, mlo = ll8_try(ptr, keep, flag)
+    hi, mhi = ll8_try(ptr + 1, keep, flag)
+    sig = (lo.to(tl.uint64) | (hi.to(tl.uint64) << 32)).to(tl.int64, bitcast=True)
+    return tl.where(keep, sig, 0), ((mlo + mhi) > 0).to(tl.int32)
+
+
+@triton.jit
+def ll8_sig_poll(ptr, keep, flag, peer, slot, rank, timeout, diag):
+    """Looks at the signature packets at ``ptr`` (where ``keep``) until both carry ``flag``; bounded
+    like ``ll8_poll`` (kind 2). Per thread, no CTA barrier inside. Returns the signature: 0 if the
+    wait gave up (its own bound, or a failure recorded elsewhere) or where not ``keep``."""
+    sig, miss = ll8_sig_try(ptr, keep, flag)
+    if miss > 0:
+        t0 = clock_ns()
+        spins = 0
+        while miss > 0:
+            sig, miss = ll8_sig_try(ptr, keep, flag)
+            spins += 1
+            if miss > 0:
+                failed, expired = stop_waiting(t0, spins, timeout, diag)
+                if expired:
+                    record_timeout(diag, 2, rank, peer, slot, tl.cast(flag, tl.int64), -1, spins)
+                if failed or expired:
+                    miss = 0
+                    sig = tl.zeros([], tl.int64)
+    return sig

@@ -130,6 +130,7 @@ def lamport_sum_ranks(own, slots, slot_elems, offs, mask, rank, slot, timeout, d
                 wrong = (h != sig) & check & (s != rank) & (differ == 0)
                 differ = tl.where(wrong, s + 1, differ)
                 theirs = tl.where(wrong, h, theirs)
+            differ = tl.max(tl.zeros(own.shape, tl.int32) + differ, axis=0)  # the same decision in every thread
         if differ == 0:
             acc = tl.zeros(own.shape, dtype=tl.float32)
             for s in tl.static_range(WORLD):

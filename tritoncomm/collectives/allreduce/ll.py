@@ -23,14 +23,19 @@ import triton
 import triton.language as tl
 
 from ...kernels import (
+    KIND_SIGNATURE,
     assume_multiple,
     epoch_commit,
     heap_ptr,
     ll8_poll,
+    ll8_sig_poll,
+    ll8_sig_store,
+    ll8_sig_try,
     ll8_store,
     ll8_try,
     pow2_divisor,
     program_epoch,
+    record_timeout,
     round_to,
 )
 from ...kernels.memory import address_ptr
@@ -73,47 +78,84 @@ def words_to_f32(words, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def ll_sum_ranks(own, word_idx, wmask, bases, rank, buf_off, parity, slot_words, e, slot, timeout, diag,
-                 WORLD: tl.constexpr, BW: tl.constexpr, DTYPE: tl.constexpr, TRIES: tl.constexpr = LL_TRIES):
-    """The fp32 sum over ranks 0..W-1, in that order, of one block of ``BW`` words: this rank's are
-    ``own`` (``load_words``), rank ``s``'s the LL8 packets at words ``word_idx`` of slot
+                 WORLD: tl.constexpr, BW: tl.constexpr, DTYPE: tl.constexpr, TRIES: tl.constexpr = LL_TRIES,
+                 hdrs=None, hstride=0, check=False, sig=None):
+    """``(acc, same)``: the fp32 sum over ranks 0..W-1, in that order, of one block of ``BW`` words:
+    this rank's are ``own`` (``load_words``), rank ``s``'s the LL8 packets at words ``word_idx`` of slot
     ``[parity][s]`` of the buffer at ``buf_off`` in my heap (``slot_words`` words per slot).
 
     Up to ``TRIES`` rounds each look once at every peer's packets (``ll8_try``: the W-1 loads are in
     flight together) and sum them in rank order; the first round in which every packet carried the
     epoch ``e`` is the answer. Only if none did: a bounded ``ll8_poll`` per peer in rank order (a
     timeout names the peer and ``slot``), then the sum again. Either way the same additions in the
-    same order, so the bits do not depend on which path ran."""
+    same order, so the bits do not depend on which path ran.
+
+    The call check (with ``sig``, where ``check``): rank ``s``'s signature packets for this program are
+    at ``hdrs + s * hstride`` (``kernels.ll``, "Signature headers"), looked at in the same rounds as
+    the data. ``same`` is False when a peer's differs (recorded as ``KIND_SIGNATURE``) or never came;
+    then nothing more is waited for and ``acc`` means nothing. Without ``sig`` ``same`` is True."""
     EPB: tl.constexpr = BW * (32 // DTYPE.primitive_bitwidth)
+    CHECK: tl.constexpr = sig is not None
     acc = tl.zeros([EPB], dtype=tl.float32)
     missing = tl.full([], 1, tl.int32)
+    differ = tl.full([], 0, tl.int32)  # per thread: the peer + 1 whose signature differs (its last look)
+    theirs = tl.full([], 0, tl.int64)
     for _t in tl.static_range(TRIES):
         if missing > 0:
             # branch-free, so that the W-1 loads issue back to back: my own slot's load is masked off
             acc = tl.zeros([EPB], dtype=tl.float32)
             bad = tl.zeros([BW], dtype=tl.int32)
+            if CHECK:
+                differ = tl.full([], 0, tl.int32)
+                for s in tl.static_range(WORLD):  # every thread's own look, counted in ``bad``
+                    h, hm = ll8_sig_try(hdrs + s * hstride, check & (s != rank), e)
+                    bad += hm
+                    wrong = (hm == 0) & (h != sig) & check & (s != rank) & (differ == 0)
+                    differ = tl.where(wrong, s + 1, differ)
+                    theirs = tl.where(wrong, h, theirs)
             for s in tl.static_range(WORLD):
                 src = heap_ptr(bases, rank, buf_off + ((parity * WORLD + s) * slot_words) * 8, tl.uint64)
                 words, m = ll8_try(src + word_idx, wmask & (s != rank), e)
                 bad += m
                 acc += words_to_f32(tl.where(s == rank, own, words), DTYPE, BW)
             missing = tl.sum(bad, axis=0)  # one reduction per round, after every peer's load
+            if CHECK:
+                if missing > 0:  # a look with a packet still missing says nothing about the others
+                    differ = tl.full([], 0, tl.int32)
     if missing > 0:
-        acc = tl.zeros([EPB], dtype=tl.float32)
-        for s in tl.static_range(WORLD):
-            if s == rank:
-                acc += words_to_f32(own, DTYPE, BW)
-            else:
-                src = heap_ptr(bases, rank, buf_off + ((parity * WORLD + s) * slot_words) * 8, tl.uint64)
-                acc += words_to_f32(ll8_poll(src + word_idx, wmask, e, s, slot, rank, timeout, diag), DTYPE, BW)
-    return acc
+        if CHECK:
+            for s in tl.static_range(WORLD):  # the signatures first: a different call's packets may never come
+                h = ll8_sig_poll(hdrs + s * hstride, check & (s != rank), e, s, slot, rank, timeout, diag)
+                wrong = (h != sig) & check & (s != rank) & (differ == 0)
+                differ = tl.where(wrong, s + 1, differ)
+                theirs = tl.where(wrong, h, theirs)
+            differ = tl.max(tl.zeros([BW], tl.int32) + differ, axis=0)  # the same decision in every thread
+        if differ == 0:
+            acc = tl.zeros([EPB], dtype=tl.float32)
+            for s in tl.static_range(WORLD):
+                if s == rank:
+                    acc += words_to_f32(own, DTYPE, BW)
+                else:
+                    src = heap_ptr(bases, rank, buf_off + ((parity * WORLD + s) * slot_words) * 8, tl.uint64)
+                    acc += words_to_f32(ll8_poll(src + word_idx, wmask, e, s, slot, rank, timeout, diag), DTYPE,
+                                        BW)
+    same = differ == 0
+    if CHECK:
+        if not same:
+            if theirs != 0:  # 0: the wait gave up (recorded elsewhere)
+                record_timeout(diag, KIND_SIGNATURE, rank, differ - 1, slot, sig, theirs, 0)
+    return acc, same
 
 
-@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
+@triton.jit(do_not_specialize=["rank", "sig"])  # one compiled kernel for every rank and call
 def ll_allreduce_kernel(x_ptr, out_ptr, n, nwords, bases, rank, timeout, diag_addr, epochs_off, buf_off,
-                        slot_words, active, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                        slot_words, active, hdr_off, sig, WORLD: tl.constexpr, BLOCK: tl.constexpr,
                         NDIV: tl.constexpr = 1, WDIV: tl.constexpr = 1):
     """Sum ``n`` elements of ``x_ptr`` over the ranks into ``out_ptr`` (may equal ``x_ptr``).
-    Programs ``>= active`` only keep their epoch in step with the others."""
+    Programs ``>= active`` only keep their epoch in step with the others. ``sig``: the call's
+    signature; each program with a block sends it to every peer (two packets at ``hdr_off``:
+    ``[2][W][grid][2]``) and compares theirs with its first block: where one differs, the program
+    writes nothing (None: no check)."""
     pid = tl.program_id(0)
     n = assume_multiple(n, NDIV)
     nwords = assume_multiple(nwords, WDIV)
@@ -127,6 +169,13 @@ def ll_allreduce_kernel(x_ptr, out_ptr, n, nwords, bases, rank, timeout, diag_ad
     # programs >= active take no block (else, with more blocks than active programs, they would redo
     # block pid - active's work: the same packets and outputs again)
     iters = tl.where(pid < nprog, tl.cdiv(nblocks - pid, nprog), 0)
+    G = tl.num_programs(0)
+    if sig is not None:
+        if iters > 0:  # a program with no block reads no signature: it sends none
+            for p in tl.static_range(WORLD):
+                if p != rank:
+                    ll8_sig_store(heap_ptr(bases, p, hdr_off + (((parity * WORLD + rank) * G + pid) * 2) * 8,
+                                           tl.uint64), sig, e)
     # 1. push packets of my blocks to every peer: slot [parity][rank] of its buffer
     dst_off = buf_off + ((parity * WORLD + rank) * slot_words) * 8
     for i in range(0, iters):
@@ -137,13 +186,19 @@ def ll_allreduce_kernel(x_ptr, out_ptr, n, nwords, bases, rank, timeout, diag_ad
             if p != rank:
                 ll8_store(heap_ptr(bases, p, dst_off, tl.uint64) + w, words, e, mask=w < nwords)
     # 2. gather the same blocks from every rank, summing in rank order
+    hdrs = heap_ptr(bases, rank, hdr_off + ((parity * WORLD * G + pid) * 2) * 8, tl.uint64)  # mine, from s
+    ok = tl.full([], 1, tl.int1)
     for i in range(0, iters):
-        b = pid + i * nprog
-        w = b * BLOCK + tl.arange(0, BLOCK)
-        acc = ll_sum_ranks(load_words(x_ptr, n, b, BLOCK), w, w < nwords, bases, rank, buf_off, parity, slot_words,
-                           e, b, timeout, diag, WORLD, BLOCK, DTYPE)
-        offs = b * EPB + tl.arange(0, EPB)
-        tl.store(out_ptr + offs, round_to(acc, DTYPE), mask=offs < n)
+        if ok:
+            b = pid + i * nprog
+            w = b * BLOCK + tl.arange(0, BLOCK)
+            acc, same = ll_sum_ranks(load_words(x_ptr, n, b, BLOCK), w, w < nwords, bases, rank, buf_off, parity,
+                                     slot_words, e, b, timeout, diag, WORLD, BLOCK, DTYPE, hdrs=hdrs, hstride=G * 2,
+                                     check=i == 0, sig=sig)
+            ok = same
+            if same:
+                offs = b * EPB + tl.arange(0, EPB)
+                tl.store(out_ptr + offs, round_to(acc, DTYPE), mask=offs < n)
     epoch_commit(epoch_ptr, e)
 
 
@@ -161,7 +216,8 @@ class LL(AllReduceAlgorithm):
 
     def layout(self) -> Workspace:
         self.slot_words = round_up(cdiv(self.capacity, 4), 2)  # even: 16-byte aligned slots
-        return Workspace(buffer_bytes=2 * self.world * self.slot_words * 8)
+        self.hdr_rel = 2 * self.world * self.slot_words * 8  # then the signature packets
+        return Workspace(buffer_bytes=self.hdr_rel + 2 * self.world * self.grid * 2 * 8)
 
     @classmethod
     def candidates(cls, nbytes: int, backend: str) -> list[Choice]:
@@ -179,4 +235,5 @@ class LL(AllReduceAlgorithm):
         n, nwords = x.numel(), cdiv(x.numel() * x.element_size(), 4)
         self.launcher(
             x, out, n, nwords, bases, rank, timeout, diag, ch.epochs_off, ch.buffer_off, self.slot_words, c.programs,
-            WORLD=world, BLOCK=c.block, NDIV=pow2_divisor(n), WDIV=pow2_divisor(nwords), num_warps=c.num_warps)
+            ch.buffer_off + self.hdr_rel, sig, WORLD=world, BLOCK=c.block, NDIV=pow2_divisor(n),
+            WDIV=pow2_divisor(nwords), num_warps=c.num_warps)

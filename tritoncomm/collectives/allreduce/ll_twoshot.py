@@ -45,6 +45,7 @@ from ...kernels import (
     epoch_commit,
     heap_ptr,
     ll8_poll,
+    ll8_sig_store,
     ll8_store,
     ll8_try,
     next_pow2,
@@ -180,14 +181,15 @@ def _gather_shards(out_ptr, n, nwords, shard, b, bases, rank, ag_off, parity, sl
              mask=rows & (b * BLOCK * EPW + r[None, :] < shard * EPW) & (el < n))
 
 
-@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
+@triton.jit(do_not_specialize=["rank", "sig"])  # one compiled kernel for every rank and call
 def ll_twoshot_allreduce_kernel(x_ptr, out_ptr, n, nwords, shard, bases, rank, timeout, diag_addr, epochs_off, rs_off,
-                                ag_off, tok_off, slot_words, active, WORLD: tl.constexpr, BLOCK: tl.constexpr,
-                                NDIV: tl.constexpr = 1, WDIV: tl.constexpr = 1):
+                                ag_off, tok_off, slot_words, active, hdr_off, sig, WORLD: tl.constexpr,
+                                BLOCK: tl.constexpr, NDIV: tl.constexpr = 1, WDIV: tl.constexpr = 1):
     """Sum ``n`` elements of ``x_ptr`` over the ranks into ``out_ptr`` (may equal ``x_ptr``), as
     ``nwords`` 32-bit words (``NDIV``/``WDIV``: powers of two dividing ``n``/``nwords``, for the
     vector widths); ``shard`` words per rank (a multiple of 4, at most ``slot_words``). Programs ``>= active``
-    only keep their epoch in step."""
+    only keep their epoch in step. ``sig``: as in ``ll_allreduce_kernel``, compared with step 2's
+    first sum; a program that finds a difference writes nothing and shares nothing."""
     pid = tl.program_id(0)
     n = assume_multiple(n, NDIV)
     nwords = assume_multiple(nwords, WDIV)
@@ -201,30 +203,43 @@ def ll_twoshot_allreduce_kernel(x_ptr, out_ptr, n, nwords, shard, bases, rank, t
         token_send(bases, rank, tok_off, parity, e, WORLD)
     if pid < active:
         iters = tl.cdiv(tl.cdiv(shard, BLOCK) - pid, active)
+        G = tl.num_programs(0)
+        if sig is not None:
+            if iters > 0:  # a program with no block reads no signature: it sends none
+                for p in tl.static_range(WORLD):
+                    if p != rank:
+                        ll8_sig_store(heap_ptr(bases, p, hdr_off + (((parity * WORLD + rank) * G + pid) * 2) * 8,
+                                               tl.uint64), sig, e)
         rs_slot = rs_off + (parity * WORLD + rank) * slot_words * 8
         for i in range(0, iters):  # 1. reduce-scatter push
             _push_shards(x_ptr, n, nwords, shard, pid + i * active, bases, rank, rs_slot, e, WORLD, BLOCK)
         mine = rank * shard  # my shard's first word
         ag_slot = ag_off + (parity * WORLD + rank) * slot_words * 8
+        hdrs = heap_ptr(bases, rank, hdr_off + ((parity * WORLD * G + pid) * 2) * 8, tl.uint64)  # mine, from s
+        ok = tl.full([], 1, tl.int1)
         for i in range(0, iters):  # 2. reduce my shard's block, write it, push it to every peer
-            b = pid + i * active
-            j = b * BLOCK + tl.arange(0, BLOCK)
-            wmask = (j < shard) & (mine + j < nwords)
-            own = load_words(x_ptr + mine * EPW, n - mine * EPW, b, BLOCK)
-            acc = ll_sum_ranks(own, j, wmask, bases, rank, rs_off, parity, slot_words, e, b, timeout, diag, WORLD,
-                               BLOCK, DTYPE)
-            red = round_to(acc, DTYPE)
-            r = b * BLOCK * EPW + tl.arange(0, BLOCK * EPW)
-            tl.store(out_ptr + mine * EPW + r, red, mask=(r < shard * EPW) & (mine * EPW + r < n))
-            # branch-free (my own slot's store is masked off): under `if p != rank` Triton 3.6's
-            # layout pass shares one conversion of the packets across the branches and fails to
-            # compile (fp32, world 3-4)
-            words = to_words(red, BLOCK)
-            for p in tl.static_range(WORLD):
-                ll8_store(heap_ptr(bases, p, ag_slot, tl.uint64) + j, words, e, mask=wmask & (p != rank))
-        for i in range(0, iters):  # 3. all-gather: the other shards' blocks into out
-            _gather_shards(out_ptr, n, nwords, shard, pid + i * active, bases, rank, ag_off, parity, slot_words, e,
-                           timeout, diag, WORLD, BLOCK)
+            if ok:
+                b = pid + i * active
+                j = b * BLOCK + tl.arange(0, BLOCK)
+                wmask = (j < shard) & (mine + j < nwords)
+                own = load_words(x_ptr + mine * EPW, n - mine * EPW, b, BLOCK)
+                acc, same = ll_sum_ranks(own, j, wmask, bases, rank, rs_off, parity, slot_words, e, b, timeout, diag,
+                                         WORLD, BLOCK, DTYPE, hdrs=hdrs, hstride=G * 2, check=i == 0, sig=sig)
+                ok = same
+                if same:
+                    red = round_to(acc, DTYPE)
+                    r = b * BLOCK * EPW + tl.arange(0, BLOCK * EPW)
+                    tl.store(out_ptr + mine * EPW + r, red, mask=(r < shard * EPW) & (mine * EPW + r < n))
+                    # branch-free (my own slot's store is masked off): under `if p != rank` Triton 3.6's
+                    # layout pass shares one conversion of the packets across the branches and fails to
+                    # compile (fp32, world 3-4)
+                    words = to_words(red, BLOCK)
+                    for p in tl.static_range(WORLD):
+                        ll8_store(heap_ptr(bases, p, ag_slot, tl.uint64) + j, words, e, mask=wmask & (p != rank))
+        if ok:  # every peer compared the same signatures: they all share their shards
+            for i in range(0, iters):  # 3. all-gather: the other shards' blocks into out
+                _gather_shards(out_ptr, n, nwords, shard, pid + i * active, bases, rank, ag_off, parity, slot_words,
+                               e, timeout, diag, WORLD, BLOCK)
     if pid == 0:  # every peer has started this launch
         token_check(bases, rank, tok_off, parity, e, timeout, diag, WORLD)
     epoch_commit(epoch_ptr, e)
@@ -246,7 +261,8 @@ class LLTwoShot(AllReduceAlgorithm):
         # words per (parity, source) slot: a rank's shard of the largest message, 16-word multiple
         self.slot_words = round_up(cdiv(cdiv(self.capacity, 4), self.world), 16)
         self.half = 2 * self.world * self.slot_words * 8  # rs or ag: [parity][source][slot_words] packets
-        return Workspace(buffer_bytes=2 * self.half + 2 * self.world * 8)
+        self.hdr_rel = 2 * self.half + 2 * self.world * 8  # after the tokens: the signature packets
+        return Workspace(buffer_bytes=self.hdr_rel + 2 * self.world * self.grid * 2 * 8)
 
     @classmethod
     def candidates(cls, nbytes: int, backend: str) -> list[Choice]:
@@ -266,5 +282,5 @@ class LLTwoShot(AllReduceAlgorithm):
         rs = ch.buffer_off
         self.launcher(
             x, out, n, nwords, shard, bases, rank, timeout, diag, ch.epochs_off, rs, rs + self.half, rs + 2 * self.half,
-            self.slot_words, c.programs, WORLD=world, BLOCK=c.block, NDIV=pow2_divisor(n), WDIV=pow2_divisor(nwords),
-            num_warps=c.num_warps)
+            self.slot_words, c.programs, rs + self.hdr_rel, sig, WORLD=world, BLOCK=c.block, NDIV=pow2_divisor(n),
+            WDIV=pow2_divisor(nwords), num_warps=c.num_warps)

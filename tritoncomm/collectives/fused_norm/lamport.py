@@ -24,6 +24,7 @@ from ...kernels import (
     epoch_commit,
     heap_ptr,
     lamport_canonical,
+    lamport_header_store,
     lamport_store,
     pdl_launch_dependents,
     pdl_wait,
@@ -39,10 +40,10 @@ from .rows import add_residual, chunk_cols, load_chunk, row_rstd, store_norm, wo
 __all__ = ["LAMPORT_FUSED_PROGRAMS", "LAMPORT_WHOLE_ROWS_FROM", "FusedLamport", "lamport_allreduce_add_rmsnorm_kernel"]
 
 
-@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
+@triton.jit(do_not_specialize=["rank", "sig"])  # one compiled kernel for every rank and call
 def lamport_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, scale_ptr, T, H, CW, eps,
                                          bases, rank, timeout, diag_addr, epochs_off, buf_off, slot_bytes, xch_off,
-                                         WORLD: tl.constexpr, CH: tl.constexpr, BLOCK_C: tl.constexpr,
+                                         hdr_off, sig, WORLD: tl.constexpr, CH: tl.constexpr, BLOCK_C: tl.constexpr,
                                          GEMMA: tl.constexpr, FP8: tl.constexpr, ENGINE: tl.constexpr = False,
                                          TRIES: tl.constexpr = LAMPORT_TRIES):
     pid = tl.program_id(0)
@@ -55,6 +56,12 @@ def lamport_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
     parity = (e & 1).to(tl.int64)
     iters = tl.cdiv(T * CH - pid, nprog)
     slot_elems = slot_bytes // ESIZE
+    if sig is not None:  # the call check (``allreduce.lamport``): my header into every peer's word for pid
+        if iters > 0:
+            for p in tl.static_range(WORLD):
+                if p != rank:
+                    lamport_header_store(heap_ptr(bases, p, hdr_off + ((parity * WORLD + rank) * nprog + pid) * 8,
+                                                  tl.int64), sig)
     for i in range(0, iters):  # 1. my items' chunks into slot [rank] of every peer's buffer
         row, c = work_item(pid, i, nprog, CH)
         cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
@@ -65,16 +72,22 @@ def lamport_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
                 lamport_store(dst + row * H + cols, v, mask=cmask)
     pdl_launch_dependents()
     mine = heap_ptr(bases, rank, buf_off + parity * WORLD * slot_bytes, DTYPE)
+    hdrs = heap_ptr(bases, rank, hdr_off + (parity * WORLD * nprog + pid) * 8, tl.int64)  # mine, from rank s
+    ok = tl.full([], 1, tl.int1)
     for i in range(0, iters):  # 2. the same chunks from every rank, summed in rank order; add, normalise
-        row, c = work_item(pid, i, nprog, CH)
-        cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
-        res = load_chunk(res_ptr, row, H, cols, cmask)
-        w = load_chunk(w_ptr, 0, 0, cols, cmask)
-        own = lamport_canonical(load_chunk(x_ptr, row, H, cols, cmask))
-        acc, _ = lamport_sum_ranks(own, mine, slot_elems, row * H + cols, cmask, rank, row, timeout, diag, WORLD, TRIES)
-        resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask, ENGINE)
-        rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
-        store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8, ENGINE)
+        if ok:  # a program whose first item found a different call writes nothing
+            row, c = work_item(pid, i, nprog, CH)
+            cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
+            res = load_chunk(res_ptr, row, H, cols, cmask)
+            w = load_chunk(w_ptr, 0, 0, cols, cmask)
+            own = lamport_canonical(load_chunk(x_ptr, row, H, cols, cmask))
+            acc, same = lamport_sum_ranks(own, mine, slot_elems, row * H + cols, cmask, rank, row, timeout, diag,
+                                          WORLD, TRIES, hdrs, nprog, i == 0, sig)
+            ok = same
+            if same:
+                resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask, ENGINE)
+                rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
+                store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8, ENGINE)
     epoch_commit(epoch_ptr, e)
 
 
@@ -99,7 +112,8 @@ class FusedLamport(FusedAlgorithm):
     def layout(self) -> Workspace:
         self.slot_bytes = round_up(self.rows * self.plan.max_hidden * 2, 256)
         self.xch_rel = 2 * self.world * self.slot_bytes
-        return Workspace(buffer_bytes=self.xch_rel + self.exchange_bytes, lamport_bytes=self.xch_rel)
+        self.hdr_rel = self.xch_rel + self.exchange_bytes  # the call check's headers, 0 at rest
+        return Workspace(buffer_bytes=self.hdr_rel + 2 * self.world * self.grid * 8, lamport_bytes=self.xch_rel)
 
     def launch(self, x: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor,
                out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float,
@@ -112,4 +126,4 @@ class FusedLamport(FusedAlgorithm):
         meta = self._meta(ch, block, block, gemma, fp8, engine, polled=block, warps=min(16, max(1, block // 512)))
         self.launcher(
             *self._args(x, residual, residual_out, weight, out, scale, cw, eps), c.epochs_off, c.buffer_off,
-            self.slot_bytes, c.buffer_off + self.xch_rel, **meta, **self.launch_opts)
+            self.slot_bytes, c.buffer_off + self.xch_rel, c.buffer_off + self.hdr_rel, sig, **meta, **self.launch_opts)

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import epoch_commit, heap_ptr, ll8_store, program_epoch
+from ...kernels import epoch_commit, heap_ptr, ll8_sig_store, ll8_store, program_epoch
 from ...kernels.memory import address_ptr
 from ...units import round_up
 from ..allreduce.ll import LL, ll_sum_ranks, load_words
@@ -34,10 +34,10 @@ from .rows import add_residual, chunk_cols, load_chunk, row_rstd, store_norm, wo
 __all__ = ["FusedLL", "ll_allreduce_add_rmsnorm_kernel"]
 
 
-@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
+@triton.jit(do_not_specialize=["rank", "sig"])  # one compiled kernel for every rank and call
 def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, scale_ptr, T, H, CW, eps,
                                     bases, rank, timeout, diag_addr, epochs_off, buf_off, slot_words, xch_off,
-                                    row_words, cww,
+                                    row_words, cww, hdr_off, sig,
                                     WORLD: tl.constexpr, CH: tl.constexpr, BLOCK_C: tl.constexpr,
                                     GEMMA: tl.constexpr, FP8: tl.constexpr, ENGINE: tl.constexpr = False):
     pid = tl.program_id(0)
@@ -50,6 +50,12 @@ def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr,
     wds = tl.arange(0, BW)
     iters = tl.cdiv(T * CH - pid, nprog)
     dst_off = buf_off + ((parity * WORLD + rank) * slot_words) * 8
+    if sig is not None:  # the call check (``allreduce.ll``): my signature into every peer's packets for pid
+        if iters > 0:
+            for p in tl.static_range(WORLD):
+                if p != rank:
+                    ll8_sig_store(heap_ptr(bases, p, hdr_off + (((parity * WORLD + rank) * nprog + pid) * 2) * 8,
+                                           tl.uint64), sig, e)
     for i in range(0, iters):  # 1. push my items' chunks to every peer
         row, c = work_item(pid, i, nprog, CH)
         wmask = (wds < cww) & (c * cww + wds < row_words)
@@ -58,18 +64,24 @@ def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr,
             if p != rank:
                 ll8_store(heap_ptr(bases, p, dst_off, tl.uint64) + row * row_words + c * cww + wds, words, e,
                           mask=wmask)
+    hdrs = heap_ptr(bases, rank, hdr_off + ((parity * WORLD * nprog + pid) * 2) * 8, tl.uint64)  # mine, from s
+    ok = tl.full([], 1, tl.int1)
     for i in range(0, iters):  # 2. sum the same chunks over ranks, add, normalise
-        row, c = work_item(pid, i, nprog, CH)
-        wmask = (wds < cww) & (c * cww + wds < row_words)
-        cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
-        res = load_chunk(res_ptr, row, H, cols, cmask)
-        w = load_chunk(w_ptr, 0, 0, cols, cmask)
-        own = load_words(x_ptr + row * H + c * CW, tl.minimum(CW, H - c * CW), 0, BW)
-        acc = ll_sum_ranks(own, row * row_words + c * cww + wds, wmask, bases, rank, buf_off, parity, slot_words, e,
-                           row, timeout, diag, WORLD, BW, DTYPE)
-        resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask, ENGINE)
-        rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
-        store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8, ENGINE)
+        if ok:  # a program whose first item found a different call writes nothing
+            row, c = work_item(pid, i, nprog, CH)
+            wmask = (wds < cww) & (c * cww + wds < row_words)
+            cols, cmask = chunk_cols(c, H, CW, BLOCK_C)
+            res = load_chunk(res_ptr, row, H, cols, cmask)
+            w = load_chunk(w_ptr, 0, 0, cols, cmask)
+            own = load_words(x_ptr + row * H + c * CW, tl.minimum(CW, H - c * CW), 0, BW)
+            acc, same = ll_sum_ranks(own, row * row_words + c * cww + wds, wmask, bases, rank, buf_off, parity,
+                                     slot_words, e, row, timeout, diag, WORLD, BW, DTYPE, hdrs=hdrs,
+                                     hstride=nprog * 2, check=i == 0, sig=sig)
+            ok = same
+            if same:
+                resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask, ENGINE)
+                rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
+                store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8, ENGINE)
     epoch_commit(epoch_ptr, e)
 
 
@@ -84,7 +96,8 @@ class FusedLL(FusedAlgorithm):
     def layout(self) -> Workspace:
         self.slot_words = round_up(self.rows * ((self.plan.max_hidden + 1) // 2), 32)
         self.xch_rel = 2 * self.world * self.slot_words * 8
-        return Workspace(buffer_bytes=self.xch_rel + self.exchange_bytes)
+        self.hdr_rel = self.xch_rel + self.exchange_bytes  # the call check's signature packets
+        return Workspace(buffer_bytes=self.hdr_rel + 2 * self.world * self.grid * 2 * 8)
 
     def launch(self, x: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor,
                out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float,
@@ -95,5 +108,5 @@ class FusedLL(FusedAlgorithm):
         c = self.channel
         self.launcher(
             *self._args(x, residual, residual_out, weight, out, scale, cw, eps), c.epochs_off, c.buffer_off,
-            self.slot_words, c.buffer_off + self.xch_rel, (h + 1) // 2, cw // 2,
+            self.slot_words, c.buffer_off + self.xch_rel, (h + 1) // 2, cw // 2, c.buffer_off + self.hdr_rel, sig,
             **self._meta(ch, block, block, gemma, fp8, engine, polled=block // 2))

@@ -33,6 +33,7 @@ from ...kernels import (
     epoch_commit,
     heap_ptr,
     ll8_poll_sum_f32,
+    ll8_sig_store,
     ll8_store,
     next_pow2,
     pow2_at_least,
@@ -68,10 +69,10 @@ def _group_tile(g, H, CW, cww, row_words, rank, WORLD: tl.constexpr, NQ: tl.cons
     return row, cols, cmask, wmask, others
 
 
-@triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
+@triton.jit(do_not_specialize=["rank", "sig"])  # one compiled kernel for every rank and call
 def ll_twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, scale_ptr, T, H, CW, eps,
                                             bases, rank, timeout, diag_addr, epochs_off, rs_off, ag_off, tok_off,
-                                            slot_words, xch_off, row_words, cww, WORLD: tl.constexpr,
+                                            slot_words, xch_off, row_words, cww, hdr_off, sig, WORLD: tl.constexpr,
                                             NQ: tl.constexpr, BLOCK_C: tl.constexpr, GEMMA: tl.constexpr,
                                             FP8: tl.constexpr, TRIES: tl.constexpr = LL_TRIES,
                                             ENGINE: tl.constexpr = False):
@@ -88,6 +89,12 @@ def ll_twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, 
     if pid == 0:  # this rank has started the launch (see allreduce.ll_twoshot)
         token_send(bases, rank, tok_off, parity, e, WORLD)
     iters = tl.cdiv(T * NQ - pid, nprog)
+    if sig is not None:  # the call check (``allreduce.ll``): my signature into every peer's packets for pid
+        if iters > 0:
+            for p in tl.static_range(WORLD):
+                if p != rank:
+                    ll8_sig_store(heap_ptr(bases, p, hdr_off + (((parity * WORLD + rank) * nprog + pid) * 2) * 8,
+                                           tl.uint64), sig, e)
     to_owner = heap_ptr(bases, tl.where(k < WORLD, k, rank), rs_off + (parity * WORLD + rank) * slot_words * 8,
                         tl.uint64)
     for i in range(0, iters):  # 1. my copy of every other rank's chunk, to its owner
@@ -98,44 +105,51 @@ def ll_twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, 
         words = lo.to(tl.uint32) | (hi.to(tl.uint32) << 16)
         ll8_store(to_owner[:, None] + g * cww + tl.arange(0, BW)[None, :], words, e, mask=wmask & others)
     ag_slot = ag_off + (parity * WORLD + rank) * slot_words * 8
+    hdrs = heap_ptr(bases, rank, hdr_off + ((parity * WORLD * nprog + pid) * 2) * 8, tl.uint64)  # mine, from s
+    ok = tl.full([], 1, tl.int1)
     for i in range(0, iters):
-        g = pid + i * nprog
-        row, cols, cmask, wmask, others = _group_tile(g, H, CW, cww, row_words, rank, WORLD, NQ, BLOCK_C)
-        w = tl.load(w_ptr + cols, mask=cmask, other=0.0)  # the weight and my chunk's residual before any wait
-        c = (g % NQ) * WORLD + rank  # 2. my chunk: sum over ranks, add the residual, round, share
-        mcols = c * CW + tl.arange(0, BLOCK_C)
-        mmask = (tl.arange(0, BLOCK_C) < CW) & (mcols < H)
-        res = load_chunk(res_ptr, row, H, mcols, mmask)
-        jw = tl.arange(0, BW)
-        mwmask = (jw < cww) & (c * cww + jw < row_words)
-        own = load_words(x_ptr + row * H + c * CW, tl.minimum(CW, H - c * CW), 0, BW)
-        acc = ll_sum_ranks(own, g * cww + jw, mwmask, bases, rank, rs_off, parity, slot_words, e, g, timeout, diag,
-                           WORLD, BW, DTYPE)
-        mine = add_residual(acc, res, res_out_ptr, row, H, mcols, mmask, ENGINE)
-        words = to_words(mine, BW)
-        for p in tl.static_range(WORLD):  # branch-free, as in allreduce.ll_twoshot
-            ll8_store(heap_ptr(bases, p, ag_slot, tl.uint64) + g * cww + jw, words, e, mask=mwmask & (p != rank))
-        # 3. the other chunks' new residual from their owners
-        src = heap_ptr(bases, rank, ag_off, tl.uint64) + (parity * WORLD + k[:, None]) * slot_words + g * cww + \
-            jw[None, :]
-        got = ll_wait_rows(src, wmask & others, e, rank, g, timeout, diag, WORLD, TRIES)
-        theirs = words_to(got, DTYPE, W2, BW)
-        tl.store(res_out_ptr + row * H + cols, theirs, mask=cmask & others)
-        resid = tl.where(others, theirs, mine[None, :]).to(tl.float32)
-        resid = tl.where(cmask, resid, 0.0)
-        # 4. the row's sum of squares: a partial per chunk, in chunk order across the row's programs
-        part = tl.sum(resid * resid, axis=1)
-        if NQ == 1:
-            total = tl.sum(tl.where(k < WORLD, part, 0.0), axis=0)
-        else:
-            slots = heap_ptr(bases, rank, xch_off, tl.uint64) + row * CH
-            ll8_store(slots + (g % NQ) * WORLD + k, part.to(tl.uint32, bitcast=True), e, mask=k < WORLD)
-            CH2: tl.constexpr = next_pow2(CH)
-            kk = tl.arange(0, CH2)
-            total = ll8_poll_sum_f32(slots + kk, kk < CH, e, rank, row, rank, timeout, diag)
-        rstd = 1.0 / tl.sqrt(total / H + eps)
-        y = norm_values(resid.to(DTYPE), rstd, w, GEMMA, FP8, ENGINE, scale_ptr)
-        tl.store(out_ptr + row * H + cols, round_to(y, out_ptr.dtype.element_ty), mask=cmask)
+        if ok:  # a program whose first group found a different call writes nothing
+            g = pid + i * nprog
+            row, cols, cmask, wmask, others = _group_tile(g, H, CW, cww, row_words, rank, WORLD, NQ, BLOCK_C)
+            w = tl.load(w_ptr + cols, mask=cmask, other=0.0)  # the weight and my chunk's residual before any wait
+            c = (g % NQ) * WORLD + rank  # 2. my chunk: sum over ranks, add the residual, round, share
+            mcols = c * CW + tl.arange(0, BLOCK_C)
+            mmask = (tl.arange(0, BLOCK_C) < CW) & (mcols < H)
+            res = load_chunk(res_ptr, row, H, mcols, mmask)
+            jw = tl.arange(0, BW)
+            mwmask = (jw < cww) & (c * cww + jw < row_words)
+            own = load_words(x_ptr + row * H + c * CW, tl.minimum(CW, H - c * CW), 0, BW)
+            acc, same = ll_sum_ranks(own, g * cww + jw, mwmask, bases, rank, rs_off, parity, slot_words, e, g, timeout,
+                                     diag, WORLD, BW, DTYPE, TRIES, hdrs=hdrs, hstride=nprog * 2, check=i == 0,
+                                     sig=sig)
+            ok = same
+            if same:
+                mine = add_residual(acc, res, res_out_ptr, row, H, mcols, mmask, ENGINE)
+                words = to_words(mine, BW)
+                for p in tl.static_range(WORLD):  # branch-free, as in allreduce.ll_twoshot
+                    ll8_store(heap_ptr(bases, p, ag_slot, tl.uint64) + g * cww + jw, words, e,
+                              mask=mwmask & (p != rank))
+                # 3. the other chunks' new residual from their owners
+                src = heap_ptr(bases, rank, ag_off, tl.uint64) + (parity * WORLD + k[:, None]) * slot_words + \
+                    g * cww + jw[None, :]
+                got = ll_wait_rows(src, wmask & others, e, rank, g, timeout, diag, WORLD, TRIES)
+                theirs = words_to(got, DTYPE, W2, BW)
+                tl.store(res_out_ptr + row * H + cols, theirs, mask=cmask & others)
+                resid = tl.where(others, theirs, mine[None, :]).to(tl.float32)
+                resid = tl.where(cmask, resid, 0.0)
+                # 4. the row's sum of squares: a partial per chunk, in chunk order across the row's programs
+                part = tl.sum(resid * resid, axis=1)
+                if NQ == 1:
+                    total = tl.sum(tl.where(k < WORLD, part, 0.0), axis=0)
+                else:
+                    slots = heap_ptr(bases, rank, xch_off, tl.uint64) + row * CH
+                    ll8_store(slots + (g % NQ) * WORLD + k, part.to(tl.uint32, bitcast=True), e, mask=k < WORLD)
+                    CH2: tl.constexpr = next_pow2(CH)
+                    kk = tl.arange(0, CH2)
+                    total = ll8_poll_sum_f32(slots + kk, kk < CH, e, rank, row, rank, timeout, diag)
+                rstd = 1.0 / tl.sqrt(total / H + eps)
+                y = norm_values(resid.to(DTYPE), rstd, w, GEMMA, FP8, ENGINE, scale_ptr)
+                tl.store(out_ptr + row * H + cols, round_to(y, out_ptr.dtype.element_ty), mask=cmask)
     if pid == 0:  # every peer has started this launch
         token_check(bases, rank, tok_off, parity, e, timeout, diag, WORLD)
     epoch_commit(epoch_ptr, e)
@@ -154,8 +168,9 @@ class FusedLLTwoShot(FusedAlgorithm):
         shapes = self.plan.ll2_shapes(self.plan.max_hidden)
         self.slot_words = round_up(max(self.rows * nq * (cw // 2) for nq, cw in shapes), 16)
         self.half = 2 * self.world * self.slot_words * 8
-        self.xch_rel = 2 * self.half + 256  # rs, ag, tokens; then the row exchange
-        return Workspace(buffer_bytes=self.xch_rel + round_up(self.rows * max(LL2_MAX_CHUNKS, self.world) * 8, 256))
+        self.xch_rel = 2 * self.half + 256  # rs, ag, tokens; then the row exchange; then the signature packets
+        self.hdr_rel = self.xch_rel + round_up(self.rows * max(LL2_MAX_CHUNKS, self.world) * 8, 256)
+        return Workspace(buffer_bytes=self.hdr_rel + 2 * self.world * self.grid * 2 * 8)
 
     def launch(self, x: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor, weight: torch.Tensor,
                out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float,
@@ -170,4 +185,5 @@ class FusedLLTwoShot(FusedAlgorithm):
         rs = c.buffer_off
         self.launcher(
             *self._args(x, residual, residual_out, weight, out, scale, cw, eps), c.epochs_off, rs, rs + self.half,
-            rs + 2 * self.half, self.slot_words, c.buffer_off + self.xch_rel, (h + 1) // 2, cw // 2, **meta)
+            rs + 2 * self.half, self.slot_words, c.buffer_off + self.xch_rel, (h + 1) // 2, cw // 2,
+            c.buffer_off + self.hdr_rel, sig, **meta)

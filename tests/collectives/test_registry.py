@@ -94,3 +94,25 @@ def test_a_launch_shape_gives_every_thread_an_element():
             Choice("lamport", 4, block, warps)
     with pytest.raises(ValueError, match="32 x num_warps"):
         Choice.from_json({"algo": "ll", "programs": 2, "block": 64, "num_warps": 4})
+
+
+def test_the_fused_norms_picks_are_table_rows():
+    """The fused norm's variant picks live in the device tables (op ``fused_norm``), survive JSON, enter
+    the digest, name only registered variants, and where a table has none the family's defaults serve."""
+    from tritoncomm.collectives import read_table
+    from tritoncomm.collectives.fused_norm import DEFAULT_PICKS
+
+    assert read_table("cuda", "NVIDIA H200").picks_for("fused_norm", 2) == DEFAULT_PICKS[2]
+    assert read_table("cuda", "NVIDIA H100 80GB HBM3").picks_for("fused_norm", 4) == DEFAULT_PICKS[4]
+    assert read_table("cuda", "NVIDIA H200").picks_for("fused_norm", 8) is None  # the defaults' turn
+    for table in (load_table("cuda", "NVIDIA H200"), load_table("cuda", "NVIDIA H100 80GB HBM3")):
+        table.check_algorithms("fused_norm", tuple(FUSED_ALGORITHMS))
+    picks = {("fused_norm", 2): [(1 << 20, "ll"), (1 << 62, "twoshot")]}
+    t = SelectionTable({}, "t", picks)
+    back = SelectionTable.from_json(t.to_json())
+    assert back.picks == picks and back.digest() == t.digest() != SelectionTable({}, "t").digest()
+    with pytest.raises(ValueError, match="nosuch"):
+        SelectionTable({}, "bad", {("fused_norm", 2): [(1 << 62, "nosuch")]}).check_algorithms(
+            "fused_norm", tuple(FUSED_ALGORITHMS))
+    with pytest.raises(ValueError, match="picks"):
+        SelectionTable({}, "bad", {("allreduce", 2): [(1 << 62, "ll")]})

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .validation import DTYPE_NAMES
 
-__all__ = ["DTYPES", "OPS", "Choice", "SelectionTable", "read_table", "table_path"]
+__all__ = ["DTYPES", "OPS", "PICK_OPS", "Choice", "SelectionTable", "read_table", "table_path"]
 
 #: The collectives a table has rows for.
 OPS = ("allreduce", "allgather", "reducescatter", "alltoall")
@@ -63,17 +63,29 @@ class Choice:
                    int(e["rounds"]) if e.get("rounds") is not None else None)
 
 
-class SelectionTable:
-    """Rows of ``(max_bytes, Choice)`` per ``(op, world, dtype)``."""
+#: The collectives a table has *picks* for: a variant by bytes, per world size, with no launch shape (the
+#: variant sizes its own launch).
+PICK_OPS = ("fused_norm",)
 
-    def __init__(self, rows: dict[tuple[str, int, str], list[tuple[int, Choice]]], source: str = "") -> None:
+
+class SelectionTable:
+    """Rows of ``(max_bytes, Choice)`` per ``(op, world, dtype)``, and picks ``(max_bytes, variant)`` per
+    ``(op, world)`` for the ``PICK_OPS`` (the last row of either serves anything larger)."""
+
+    def __init__(self, rows: dict[tuple[str, int, str], list[tuple[int, Choice]]], source: str = "",
+                 picks: dict[tuple[str, int], list[tuple[int, str]]] | None = None) -> None:
         for (op, _world, dtype), entries in rows.items():
             if op not in OPS or dtype not in DTYPES:
                 raise ValueError(f"unknown table key {(op, dtype)}")
             if [b for b, _ in entries] != sorted(b for b, _ in entries) or not entries:
                 raise ValueError(f"rows for {op}/{dtype} must be non-empty and sorted by max_bytes")
+        picks = picks or {}
+        for (op, _world), entries in picks.items():
+            if op not in PICK_OPS or not entries or [b for b, _ in entries] != sorted(b for b, _ in entries):
+                raise ValueError(f"picks for {op} must be of {PICK_OPS}, non-empty and sorted by max_bytes")
         self.rows = rows
         self.source = source
+        self.picks = picks
 
     def entries(self, op: str, world: int, dtype: str,
                 defaults: list[tuple[int, Choice]] | None = None) -> list[tuple[int, Choice]]:
@@ -99,13 +111,21 @@ class SelectionTable:
         """Every row for ``op`` at ``world`` (all dtypes)."""
         return [row for dtype in DTYPES for row in self.entries(op, world, dtype, defaults)]
 
+    def picks_for(self, op: str, world: int) -> list[tuple[int, str]] | None:
+        """The picks for ``op`` at ``world``, or None where this table has none."""
+        return self.picks.get((op, world))
+
     def check_algorithms(self, op: str, known: tuple[str, ...]) -> None:
-        """Raise ``ValueError`` if a row of ``op`` names an algorithm not in ``known``."""
+        """Raise ``ValueError`` if a row (or pick) of ``op`` names an algorithm not in ``known``."""
         for (o, world, dtype), entries in self.rows.items():
             bad = [c.algo for _, c in entries if o == op and c.algo not in known]
             if bad:
                 raise ValueError(f"table {self.source!r}: {op} at world {world} ({dtype}) names {bad[0]!r}; "
                                  f"known: {known}")
+        for (o, world), entries in self.picks.items():
+            bad = [a for _, a in entries if o == op and a not in known]
+            if bad:
+                raise ValueError(f"table {self.source!r}: {op} at world {world} picks {bad[0]!r}; known: {known}")
 
     def digest(self) -> str:
         return hashlib.sha1(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:12]
@@ -115,6 +135,8 @@ class SelectionTable:
         for (op, world, dtype), entries in sorted(self.rows.items()):
             out.setdefault(op, {}).setdefault(str(world), {})[dtype] = [
                 {"max_bytes": b, **c.to_json()} for b, c in entries]
+        for (op, world), picks in sorted(self.picks.items()):
+            out.setdefault("picks", {}).setdefault(op, {})[str(world)] = [{"max_bytes": b, "algo": a} for b, a in picks]
         return out
 
     @classmethod
@@ -124,10 +146,12 @@ class SelectionTable:
             for world, per_dtype in data.get(op, {}).items():
                 for dtype, entries in per_dtype.items():
                     rows[(op, int(world), dtype)] = [(int(e["max_bytes"]), Choice.from_json(e)) for e in entries]
-        return cls(rows, source)
+        picks = {(op, int(world)): [(int(e["max_bytes"]), str(e["algo"])) for e in entries]
+                 for op, per_world in data.get("picks", {}).items() for world, entries in per_world.items()}
+        return cls(rows, source, picks)
 
     def merged(self, other: SelectionTable) -> SelectionTable:
-        return SelectionTable({**self.rows, **other.rows}, other.source or self.source)
+        return SelectionTable({**self.rows, **other.rows}, other.source or self.source, {**self.picks, **other.picks})
 
 
 def table_path(device_name: str) -> Path:

@@ -2,7 +2,8 @@
 
 Four variants, one per all-reduce shape, each a kernel and its launcher: LL packets (``ll``), the
 LL two-shot (``ll_twoshot``), the one-shot (``oneshot``) and the two-shot by rows (``twoshot``),
-picked by bytes from ``MEASURED_SELECTION`` on GPUs at TP2/TP4, else as the all-reduce table picks
+picked by bytes from the table's picks (``fused_norm``; ``DEFAULT_PICKS`` where it has none) on GPUs at
+TP2/TP4, else as the all-reduce table picks
 for the same bytes. All of them sum the ranks in order 0..W-1 in fp32, add the residual in fp32 and
 round once, so they give the same bits on every rank.
 """
@@ -28,7 +29,7 @@ from .oneshot import FusedOneShot
 from .rows import MAX_CHUNKS, RowPlan
 from .twoshot import FusedTwoShot
 
-__all__ = ["FUSED_ALGORITHMS", "FUSED_ALGOS", "MAX_HIDDEN", "MEASURED_SELECTION", "ROUNDINGS",
+__all__ = ["FUSED_ALGORITHMS", "FUSED_ALGOS", "MAX_HIDDEN", "DEFAULT_PICKS", "ROUNDINGS",
            "FusedAllReduceAddRMSNorm", "RowPlan"]
 
 #: Largest hidden size served.
@@ -45,14 +46,14 @@ _FROM_TABLE = MappingProxyType({"ll": "ll", "ll_twoshot": "ll_twoshot", "oneshot
 #: Names of the fused variants, in registry order.
 FUSED_ALGOS = tuple(FUSED_ALGORITHMS)
 
-#: Variant by bytes (``tokens x hidden x 2``), per world size (hidden 8192, every variant timed in one
-#: run; ``docs/algorithms.md``): TP2 on two H200s (``benchmarks/results/fused-h200-tp2.json``), TP4 on
-#: four H100s (``fused-h100-tp4.json``). Rows of ``(max_bytes, variant)``, the last serving everything
-#: larger. Used on GPUs; elsewhere, and for other world sizes, the all-reduce table's choice for the
-#: same bytes.
-MEASURED_SELECTION: dict[int, tuple[tuple[int, str], ...]] = {
-    2: ((16 << 20, "lamport"), (32 << 20, "oneshot"), (NO_LIMIT, "twoshot")),
-    4: ((16 << 10, "ll"), (512 << 10, "lamport"), (NO_LIMIT, "twoshot")),
+#: The family's own picks, variant by bytes (``tokens x hidden x 2``) per world size, where the device's
+#: table has none (``SelectionTable.picks``, op ``fused_norm``): the rows measured at TP2 on H200s and at
+#: TP4 on H100s (``docs/algorithms.md``), which those devices' tables also hold. Rows of ``(max_bytes,
+#: variant)``, the last serving everything larger. Used on GPUs; elsewhere, and for other world sizes,
+#: the all-reduce table's choice for the same bytes.
+DEFAULT_PICKS: dict[int, list[tuple[int, str]]] = {
+    2: [(16 << 20, "lamport"), (32 << 20, "oneshot"), (NO_LIMIT, "twoshot")],
+    4: [(16 << 10, "ll"), (512 << 10, "lamport"), (NO_LIMIT, "twoshot")],
 }
 
 
@@ -65,7 +66,7 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
         comm: the communicator.
         max_tokens, max_hidden: the largest ``x`` (tokens x hidden) served; ``max_hidden <= 16384``.
         eps: the RMSNorm epsilon.
-        table: the all-reduce table; it picks the variant by bytes where ``MEASURED_SELECTION`` does
+        table: the all-reduce table; it picks the variant by bytes where the picks do
             not (the CPU world, other world sizes).
         algos: the variants to set up, each for every size up to the largest input (default: those
             the selection uses, each sized for what it serves).
@@ -108,7 +109,9 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
         # rows are cut into chunks only where programs run concurrently (see fused_norm.rows)
         chunks = min(max_chunks or MAX_CHUNKS, MAX_CHUNKS, p) if cuda else 1
         self.plan = RowPlan(comm.world, max_tokens, max_hidden, p, chunks, cuda)
-        self.selection = MEASURED_SELECTION.get(comm.world) if cuda else None
+        self.table.check_algorithms("fused_norm", tuple(FUSED_ALGORITHMS))
+        picks = self.table.picks_for("fused_norm", comm.world) or DEFAULT_PICKS.get(comm.world)
+        self.selection = picks if cuda else None
         caps: dict[str, int] = {}
         if self.selection is not None and algos is None:
             lo = 0

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tritoncomm.collectives.moe import NEVER, SHAPES, MoEAllToAll, MoEShape
+from tritoncomm.collectives.selection import read_table
 from tritoncomm.errors import CommTimeoutError, InvalidInputError
 
 from ..helpers import dealt, make_comm, warm_up_for_capture, world_sizes
@@ -978,29 +979,31 @@ def test_default_launch_shape_follows_the_instance_size():
     assert PREFILL_ONE_KERNEL_ENTRIES_WIDE < PREFILL_ONE_KERNEL_ENTRIES == prefill.one_kernel_entries
     assert default_shape("cuda", PREFILL_FROM, 132, world=4).one_kernel_entries == PREFILL_ONE_KERNEL_ENTRIES_WIDE
     assert default_shape("cuda", PREFILL_FROM - 1, 132, world=4) == decode
-    # the interleaved send kernel: at EP2 and EP4 on the GPUs named, for wide rows of 2-byte elements only
-    from tritoncomm.collectives.moe import INTERLEAVE_FROM_TOKENS, NEVER
-
-    gpu, tokens = INTERLEAVE_FROM_TOKENS[0]
+    # the interleaved send kernel: where the device table's switches give it, for wide rows of 2-byte elements
+    h200 = {w: read_table("cuda", "NVIDIA H200").switches_for("moe", w) for w in (2, 4, 8)}
     wide = NARROW_SEND_UP_TO + 128
     for world in (2, 4):
-        named = default_shape("cuda", PREFILL_FROM, 132, hidden=wide, world=world, device_name=f"NVIDIA {gpu}")
-        assert named.interleave_from == tokens, world
-    assert prefill.interleave_from == NEVER  # no device named
-    for kw in ({"hidden": NARROW_SEND_UP_TO}, {"hidden": wide, "wire_bytes": 1}, {"hidden": wide, "world": 8}):
-        assert default_shape("cuda", PREFILL_FROM, 132, device_name=gpu, **kw).interleave_from == NEVER, kw
-    # the interleaved combine: at EP4 on the GPUs named, any row width and wire
-    from tritoncomm.collectives.moe import COMBINE_INTERLEAVE_FROM_TOKENS_EP4
-
-    gpu, tokens = COMBINE_INTERLEAVE_FROM_TOKENS_EP4[0]
+        named = default_shape("cuda", PREFILL_FROM, 132, hidden=wide, world=world, switches=h200[world])
+        assert named.interleave_from == h200[world]["interleave_from_tokens"] == 2048, world
+    assert prefill.interleave_from == NEVER  # no switches
+    for kw in ({"hidden": NARROW_SEND_UP_TO, "world": 2}, {"hidden": wide, "wire_bytes": 1, "world": 2},
+               {"hidden": wide, "world": 8}):
+        assert default_shape("cuda", PREFILL_FROM, 132, switches=h200[kw["world"]], **kw).interleave_from == NEVER, kw
+    # the interleaved combine: at EP4 on an H200, any row width and wire
     for kw in ({"hidden": NARROW_SEND_UP_TO}, {"hidden": wide}, {"hidden": wide, "wire_bytes": 1}):
-        named = default_shape("cuda", PREFILL_FROM, 132, world=4, device_name=gpu, **kw)
-        assert named.combine_interleave_from == tokens, kw
+        named = default_shape("cuda", PREFILL_FROM, 132, world=4, switches=h200[4], **kw)
+        assert named.combine_interleave_from == 4096, kw
         for world in (2, 8):
-            assert default_shape("cuda", PREFILL_FROM, 132, world=world, device_name=gpu,
+            assert default_shape("cuda", PREFILL_FROM, 132, world=world, switches=h200[world],
                                  **kw).combine_interleave_from == NEVER, (world, kw)
-    assert default_shape("cuda", PREFILL_FROM, 132, world=4).combine_interleave_from == NEVER  # no device named
-    assert default_shape("cuda", PREFILL_FROM - 1, 132, world=4, device_name=gpu).combine_interleave_from == NEVER
+    assert default_shape("cuda", PREFILL_FROM, 132, world=4).combine_interleave_from == NEVER  # no switches
+    assert default_shape("cuda", PREFILL_FROM - 1, 132, world=4, switches=h200[4]).combine_interleave_from == NEVER
+    # the combine's switch: the H200's tokens per rank at EP2; the element rule elsewhere
+    from tritoncomm.collectives.moe import THROUGHPUT_FROM_ELEMS_EP2, default_throughput_from
+
+    assert default_throughput_from(2, 7168, h200[2]) == 2 * 448
+    assert default_throughput_from(2, 7168) == -(-THROUGHPUT_FROM_ELEMS_EP2 * 2 // 7168)
+    assert default_throughput_from(4, 7168, h200[4]) == default_throughput_from(4, 7168)
 
 
 def test_role_split_resolves_from_the_shape_and_the_call():
@@ -1039,7 +1042,8 @@ def test_default_combine_switch_counts_elements_received():
     assert default_throughput_from(4, 7168) <= 4 * 128 < default_throughput_from(4, 4096)
     assert 2 * 384 < default_throughput_from(2, 7168) <= 2 * 448
     assert 2 * 640 < default_throughput_from(2, 4096) <= 2 * 704
-    assert default_throughput_from(2, 4096, "NVIDIA H100 80GB HBM3") == default_throughput_from(2, 4096)
+    h100 = read_table("cuda", "NVIDIA H100 80GB HBM3").switches_for("moe", 2)
+    assert default_throughput_from(2, 4096, h100) == default_throughput_from(2, 4096)
 
 
 def test_default_combine_switch_counts_tokens_at_ep2_on_h200s():
@@ -1048,9 +1052,10 @@ def test_default_combine_switch_counts_tokens_at_ep2_on_h200s():
     on other GPUs, the elements rule stands."""
     from tritoncomm.collectives.moe import default_throughput_from
 
+    h200 = {w: read_table("cuda", "NVIDIA H200").switches_for("moe", w) for w in (2, 3, 4, 8)}
     for hidden in (7168, 4096, 100):
-        t = default_throughput_from(2, hidden, "NVIDIA H200")
+        t = default_throughput_from(2, hidden, h200[2])
         assert 2 * 384 < t <= 2 * 448
-    assert default_throughput_from(2, 4096, "NVIDIA H200") < default_throughput_from(2, 4096)
+    assert default_throughput_from(2, 4096, h200[2]) < default_throughput_from(2, 4096)
     for world, hidden in ((4, 7168), (4, 4096), (8, 7168), (3, 100)):
-        assert default_throughput_from(world, hidden, "NVIDIA H200") == default_throughput_from(world, hidden)
+        assert default_throughput_from(world, hidden, h200[world]) == default_throughput_from(world, hidden)

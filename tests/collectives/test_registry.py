@@ -116,3 +116,21 @@ def test_the_fused_norms_picks_are_table_rows():
             "fused_norm", tuple(FUSED_ALGORITHMS))
     with pytest.raises(ValueError, match="picks"):
         SelectionTable({}, "bad", {("allreduce", 2): [(1 << 62, "ll")]})
+
+
+def test_the_moe_switch_points_are_table_rows():
+    """The MoE switch points live in the device tables (``switches``, op ``moe``, per world), survive
+    JSON and enter the digest; a table without them gives none (the shape's defaults then serve)."""
+    from tritoncomm.collectives import read_table
+    from tritoncomm.collectives.moe import MOE_SWITCHES
+
+    h200 = read_table("cuda", "NVIDIA H200")
+    assert h200.switches_for("moe", 2) == {"interleave_from_tokens": 2048, "throughput_from_tokens": 448}
+    assert h200.switches_for("moe", 4) == {"combine_interleave_from_tokens": 4096, "interleave_from_tokens": 2048}
+    assert h200.switches_for("moe", 8) == {} == read_table("cuda", "NVIDIA H100 80GB HBM3").switches_for("moe", 2)
+    assert {k for w in (2, 4) for k in h200.switches_for("moe", w)} <= set(MOE_SWITCHES)
+    t = SelectionTable({}, "t", switches={("moe", 2): {"interleave_from_tokens": 64}})
+    back = SelectionTable.from_json(t.to_json())
+    assert back.switches == t.switches and back.digest() == t.digest() != SelectionTable({}, "t").digest()
+    with pytest.raises(ValueError, match="switches"):
+        SelectionTable({}, "bad", switches={("allreduce", 2): {"x": 1}})

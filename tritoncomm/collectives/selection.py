@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .validation import DTYPE_NAMES
 
-__all__ = ["DTYPES", "OPS", "PICK_OPS", "Choice", "SelectionTable", "read_table", "table_path"]
+__all__ = ["DTYPES", "OPS", "PICK_OPS", "SWITCH_OPS", "Choice", "SelectionTable", "read_table", "table_path"]
 
 #: The collectives a table has rows for.
 OPS = ("allreduce", "allgather", "reducescatter", "alltoall")
@@ -66,14 +66,18 @@ class Choice:
 #: The collectives a table has *picks* for: a variant by bytes, per world size, with no launch shape (the
 #: variant sizes its own launch).
 PICK_OPS = ("fused_norm",)
+#: The collectives a table has *switches* for: named switch points (ints), per world size.
+SWITCH_OPS = ("moe",)
 
 
 class SelectionTable:
-    """Rows of ``(max_bytes, Choice)`` per ``(op, world, dtype)``, and picks ``(max_bytes, variant)`` per
-    ``(op, world)`` for the ``PICK_OPS`` (the last row of either serves anything larger)."""
+    """Rows of ``(max_bytes, Choice)`` per ``(op, world, dtype)``, picks ``(max_bytes, variant)`` per
+    ``(op, world)`` for the ``PICK_OPS`` (the last row of either serves anything larger), and switch
+    points ``{name: int}`` per ``(op, world)`` for the ``SWITCH_OPS``."""
 
     def __init__(self, rows: dict[tuple[str, int, str], list[tuple[int, Choice]]], source: str = "",
-                 picks: dict[tuple[str, int], list[tuple[int, str]]] | None = None) -> None:
+                 picks: dict[tuple[str, int], list[tuple[int, str]]] | None = None,
+                 switches: dict[tuple[str, int], dict[str, int]] | None = None) -> None:
         for (op, _world, dtype), entries in rows.items():
             if op not in OPS or dtype not in DTYPES:
                 raise ValueError(f"unknown table key {(op, dtype)}")
@@ -83,9 +87,14 @@ class SelectionTable:
         for (op, _world), entries in picks.items():
             if op not in PICK_OPS or not entries or [b for b, _ in entries] != sorted(b for b, _ in entries):
                 raise ValueError(f"picks for {op} must be of {PICK_OPS}, non-empty and sorted by max_bytes")
+        switches = switches or {}
+        for (op, _world), named in switches.items():
+            if op not in SWITCH_OPS or not all(isinstance(v, int) for v in named.values()):
+                raise ValueError(f"switches for {op} must be of {SWITCH_OPS}, ints by name")
         self.rows = rows
         self.source = source
         self.picks = picks
+        self.switches = switches
 
     def entries(self, op: str, world: int, dtype: str,
                 defaults: list[tuple[int, Choice]] | None = None) -> list[tuple[int, Choice]]:
@@ -110,6 +119,10 @@ class SelectionTable:
                 defaults: list[tuple[int, Choice]] | None = None) -> list[tuple[int, Choice]]:
         """Every row for ``op`` at ``world`` (all dtypes)."""
         return [row for dtype in DTYPES for row in self.entries(op, world, dtype, defaults)]
+
+    def switches_for(self, op: str, world: int) -> dict[str, int]:
+        """The named switch points of ``op`` at ``world`` (empty where this table has none)."""
+        return dict(self.switches.get((op, world), {}))
 
     def picks_for(self, op: str, world: int) -> list[tuple[int, str]] | None:
         """The picks for ``op`` at ``world``, or None where this table has none."""
@@ -137,6 +150,8 @@ class SelectionTable:
                 {"max_bytes": b, **c.to_json()} for b, c in entries]
         for (op, world), picks in sorted(self.picks.items()):
             out.setdefault("picks", {}).setdefault(op, {})[str(world)] = [{"max_bytes": b, "algo": a} for b, a in picks]
+        for (op, world), named in sorted(self.switches.items()):
+            out.setdefault("switches", {}).setdefault(op, {})[str(world)] = dict(sorted(named.items()))
         return out
 
     @classmethod
@@ -148,10 +163,13 @@ class SelectionTable:
                     rows[(op, int(world), dtype)] = [(int(e["max_bytes"]), Choice.from_json(e)) for e in entries]
         picks = {(op, int(world)): [(int(e["max_bytes"]), str(e["algo"])) for e in entries]
                  for op, per_world in data.get("picks", {}).items() for world, entries in per_world.items()}
-        return cls(rows, source, picks)
+        switches = {(op, int(world)): {k: int(v) for k, v in named.items()}
+                    for op, per_world in data.get("switches", {}).items() for world, named in per_world.items()}
+        return cls(rows, source, picks, switches)
 
     def merged(self, other: SelectionTable) -> SelectionTable:
-        return SelectionTable({**self.rows, **other.rows}, other.source or self.source, {**self.picks, **other.picks})
+        return SelectionTable({**self.rows, **other.rows}, other.source or self.source, {**self.picks, **other.picks},
+                              {**self.switches, **other.switches})
 
 
 def table_path(device_name: str) -> Path:

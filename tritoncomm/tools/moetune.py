@@ -30,6 +30,7 @@ import torch
 from ..channels import Communicator
 from ..collectives import MoEAllToAll
 from ..collectives.moe import NEVER, default_shape
+from ..collectives.selection import read_table
 from ..config import CommConfig
 from ..launch import RankContext
 from .moebench import DEFAULTS, MOE_SHAPES, _capacity, _measure
@@ -73,9 +74,10 @@ def _tune_shape(ctx: RankContext, comm: Communicator, shape: str, tokens: list[i
         w = torch.rand(t, k, device=ctx.device, generator=gen)
         common = dict(max_tokens=t, hidden=hidden, num_experts=experts, top_k=k,
                       capacity=_capacity(ctx.world, t, experts, k))
-        gpu = device_name(ctx)  # the per-GPU defaults, as an instance given no shape takes them
-        launch = {"decode": default_shape(ctx.backend, 1, sms, world=ctx.world, device_name=gpu),
-                  "prefill": default_shape(ctx.backend, NEVER, sms, hidden=hidden, world=ctx.world, device_name=gpu)}
+        # the device table's switches, as an instance given no shape takes them
+        switches = read_table(ctx.backend, device_name(ctx)).switches_for("moe", ctx.world)
+        launch = {"decode": default_shape(ctx.backend, 1, sms, world=ctx.world, switches=switches),
+                  "prefill": default_shape(ctx.backend, NEVER, sms, hidden=hidden, world=ctx.world, switches=switches)}
         if not cuda:  # one CPU-world shape: twice its programs stands in for the prefill one
             launch["prefill"] = replace(launch["decode"], programs=2 * launch["decode"].programs)
         times: dict[str, float | None] = {}

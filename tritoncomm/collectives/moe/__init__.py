@@ -32,7 +32,7 @@ call, ``top_k`` experts per token, at most ``capacity`` entries per expert and c
   Each owner sums its experts' outputs per token and pushes one row per token home, in one of two
   modes chosen on the device per call from the total token count over the ranks: latency (below
   ``throughput_from``: Lamport packets, no barrier) and throughput (bulk stores, then a barrier);
-  by default ``throughput_from = default_throughput_from(world, hidden, device_name)``.
+  by default ``throughput_from = default_throughput_from(world, hidden, switches)`` (the device table's).
   ``mode="latency"`` or ``"throughput"`` fixes the mode; ``"latency"`` (and ``"auto"`` at world 1,
   where it always chooses latency) spares the partials buffer (``world * max_tokens * hidden``
   elements of the heap), ``"throughput"`` the Lamport buffer (``world * min(max_tokens,
@@ -71,15 +71,15 @@ from ...errors import InvalidInputError, TritonCommError
 from ...kernels import barrier_flag_bytes, lamport_fill, pow2_at_least
 from ...kernels.launcher import Launcher
 from ...units import round_up
+from ..selection import read_table
 from .combine import COMBINE_STAGES, launch_combine, moe_combine_kernel
 from .dispatch import launch_send, moe_send_kernel
 from .gather import launch_gather, moe_gather_kernel
 from .onekernel import DISPATCH_STAGES, launch_dispatch_one_kernel, moe_dispatch_one_kernel
 from .route import ROUTED_STAGES, launch_route, moe_route_kernel
 from .shape import (
-    COMBINE_INTERLEAVE_FROM_TOKENS_EP4,
     DIRECT_FROM_BYTES,
-    INTERLEAVE_FROM_TOKENS,
+    MOE_SWITCHES,
     NARROW_SEND_UP_TO,
     NEVER,
     ONE_KERNEL_ENTRIES,
@@ -91,7 +91,6 @@ from .shape import (
     SHARED_COPY_FROM,
     THROUGHPUT_FROM_ELEMS,
     THROUGHPUT_FROM_ELEMS_EP2,
-    THROUGHPUT_FROM_TOKENS_EP2,
     MoEShape,
     default_shape,
     default_throughput_from,
@@ -103,7 +102,7 @@ MODES = ("auto", "latency", "throughput")
 __all__ = ["DIRECT_FROM_BYTES", "MODES", "NARROW_SEND_UP_TO", "NEVER", "ONE_KERNEL_ENTRIES", "PREFILL_FROM",
            "PREFILL_ONE_KERNEL_ENTRIES", "PREFILL_ONE_KERNEL_ENTRIES_WIDE",
            "PUSH_SPLIT_ELEMS", "SHAPES", "SHARED_COPY_FROM", "THROUGHPUT_FROM_ELEMS", "THROUGHPUT_FROM_ELEMS_EP2",
-           "THROUGHPUT_FROM_TOKENS_EP2", "INTERLEAVE_FROM_TOKENS", "COMBINE_INTERLEAVE_FROM_TOKENS_EP4",
+           "MOE_SWITCHES",
            "MoEAllToAll", "MoEHandle", "MoEShape", "default_shape", "default_throughput_from", "heap_bytes_bound",
            "register_cap"]
 
@@ -135,12 +134,13 @@ class MoEHandle:
     bound: int
 
 
-def _device_facts(backend: str, device: torch.device | None) -> tuple[int, str]:
-    """What the default launch shapes depend on: ``device``'s SM count and name (1 and "" in the CPU
-    world)."""
+def _device_facts(backend: str, device: torch.device | None, world: int) -> tuple[int, dict[str, int]]:
+    """What the default launch shapes depend on: ``device``'s SM count and its table's MoE switch points
+    at ``world`` ranks (``MOE_SWITCHES``; 1 and none in the CPU world)."""
     if backend != "cuda":
-        return 1, ""
-    return torch.cuda.get_device_properties(device).multi_processor_count, torch.cuda.get_device_name(device)
+        return 1, {}
+    switches = read_table(backend, torch.cuda.get_device_name(device)).switches_for("moe", world)
+    return torch.cuda.get_device_properties(device).multi_processor_count, switches
 
 
 def heap_bytes_bound(backend: str, device: torch.device, world: int, *, max_tokens: int, hidden: int,
@@ -151,9 +151,9 @@ def heap_bytes_bound(backend: str, device: torch.device, world: int, *, max_toke
     communicator (at ``world`` ranks on ``backend``/``device``): every buffer any of its paths may
     allocate and its three channels' slots, each rounded to the heap's alignment. For sizing a
     communicator that holds one instance; not for the launch path."""
-    sms, name = _device_facts(backend, device) if shape is None else (1, "")
+    sms, switches = _device_facts(backend, device, world) if shape is None else (1, {})
     sh = shape or default_shape(backend, max_tokens, sms, prefill_from, hidden, 1 if fp8_dispatch else dtype.itemsize,
-                                world, name)
+                                world, switches)
     m, k, w, el = max_tokens, top_k, world, dtype.itemsize
     wire = 1 if fp8_dispatch else el
     peers, local = max(w - 1, 1), num_experts // max(w, 1)
@@ -194,9 +194,9 @@ class MoEAllToAll:
             raise InvalidInputError(f"MoEAllToAll: top_k {top_k} exceeds {num_experts} experts")
         if mode not in MODES:
             raise InvalidInputError(f"MoEAllToAll: mode must be one of {MODES}, got {mode!r}")
-        sms, gpu_name = _device_facts(comm.backend, comm.device)
+        sms, switches = _device_facts(comm.backend, comm.device, w)
         if throughput_from is None:
-            throughput_from = default_throughput_from(w, hidden, gpu_name)
+            throughput_from = default_throughput_from(w, hidden, switches)
         if not isinstance(throughput_from, int) or throughput_from < 0:
             raise InvalidInputError(f"MoEAllToAll: throughput_from must be an int >= 0, got {throughput_from!r}")
         if not isinstance(prefill_from, int) or prefill_from < 1:
@@ -219,7 +219,7 @@ class MoEAllToAll:
         if shape is not None and not isinstance(shape, MoEShape):
             raise InvalidInputError(f"MoEAllToAll: shape must be a MoEShape, got {shape!r}")
         sh = shape or default_shape(comm.backend, max_tokens, sms, prefill_from, hidden,
-                                    1 if fp8_dispatch else dtype.itemsize, w, gpu_name)
+                                    1 if fp8_dispatch else dtype.itemsize, w, switches)
         if decode_shape is None and shape is None and max_tokens >= prefill_from:
             decode_shape = default_shape(comm.backend, prefill_from - 1, sms, prefill_from, world=w)
             decode_shape = decode_shape if decode_shape != sh else None  # the CPU world has one shape

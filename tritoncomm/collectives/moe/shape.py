@@ -4,7 +4,9 @@ built from, each with the measurement that set it (``docs/moe.md`` has the runs)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from ...errors import InvalidInputError
 
@@ -23,32 +25,18 @@ THROUGHPUT_FROM_ELEMS = 9 << 18
 #: 384 tokens per rank: 69.2 against 73.1 µs; Qwen3-MoE at 640, 2.6 M: 68.8 against 69.6) and lost
 #: from 2.88 M (Qwen3-MoE at 704: 74.0 against 73.2; DeepSeek-V3 at 448, 3.2 M: 79.0 against 78.3).
 THROUGHPUT_FROM_ELEMS_EP2 = 11 << 18
-#: At EP2 on the GPUs named here (a substring of the device's name), the switch in tokens per rank,
-#: whatever the hidden size, in place of ``THROUGHPUT_FROM_ELEMS_EP2``. On two H200s (2026-11-28, both
-#: phases in graphs, each mode forced, in turn, 2 rounds, ``docs/moe.md``) the latency mode won at 384
-#: tokens per rank (DeepSeek-V3 66.8 against 70.0 µs, Qwen3-MoE 45.2 against 47.7) and lost from 448
-#: (DeepSeek-V3 75.8 against 73.3; Qwen3-MoE 50.3 against 50.1, at 512 54.3 against 52.6): counted in
-#: elements, DeepSeek-V3's 384 (2.75 M) wants the latency mode and Qwen3-MoE's 448 (1.8 M) the
-#: throughput one.
-THROUGHPUT_FROM_TOKENS_EP2: tuple[tuple[str, int], ...] = (("H200", 448),)
-#: ``MoEShape.interleave_from``'s default at two and four ranks on the GPUs named here, for rows of
-#: more than ``NARROW_SEND_UP_TO`` elements of 2 bytes on the wire (``default_shape``); elsewhere
-#: ``NEVER``. On two H200s (2026-11-28, in graphs, in turn with it off, 2 rounds, ``docs/moe.md``) the
-#: interleaved send kernel took the DeepSeek-V3 dispatch (hidden 7168) from 243.5 to 230.8 µs at 4096
-#: tokens per rank and 126.3 to 120.9 at 2048, both phases 489.7 to 481.9 and 253.6 to 250.2; at 1024
-#: 68.1 to 66.7 (both phases 134.5 to 135.2) and at 512 it lost (40.1 to 42.7). Qwen3-MoE's rows
-#: (hidden 4096) lost with it at every count (both phases 297.9 to 303.2 at 4096). On four H200s
-#: (the same day) the DeepSeek-V3 dispatch went from 614.7 to 585.5 µs at 4096 and 315.4 to 304.1 at 2048 (1024:
-#: 162.6 to 162.0), both phases 1173.5 to 1140.3 and 600.4 to 591.7. Eight ranks: not measured.
-INTERLEAVE_FROM_TOKENS: tuple[tuple[str, int], ...] = (("H200", 2048),)
-#: ``MoEShape.combine_interleave_from``'s default at four ranks on the GPUs named here, any row
-#: width; elsewhere ``NEVER``. On four H200s (2026-11-28, both phases in graphs, in turn with it off,
-#: the send interleave off in both, 2 rounds, ``docs/moe.md``) the interleaved combine took
-#: DeepSeek-V3 from 1174.8 to 1151.1 µs at 4096 tokens per rank and Qwen3-MoE from 719.9 to 705.7,
-#: level at 2048 (598.8 / 598.7, 364.1 / 363.0). On two H200s it lost at every count it ran
-#: (DeepSeek-V3 489.9 to 518.1 at 4096, 134.5 to 144.2 at 1024; Qwen3-MoE 297.1 to 311.3 at 4096).
-#: Eight ranks: not measured.
-COMBINE_INTERLEAVE_FROM_TOKENS_EP4: tuple[tuple[str, int], ...] = (("H200", 4096),)
+#: The MoE switch points a device's selection table may hold (``SelectionTable.switches``, op ``moe``,
+#: per world size; ``collectives/tables/<device>.json``; the runs that set them: ``docs/moe.md``):
+#:
+#: * ``throughput_from_tokens``: the combine's switch in tokens per rank, whatever the hidden size, in
+#:   place of ``THROUGHPUT_FROM_ELEMS(_EP2)`` (the H200 table: 448 at EP2);
+#: * ``interleave_from_tokens``: ``MoEShape.interleave_from``'s default for rows of more than
+#:   ``NARROW_SEND_UP_TO`` elements of 2 bytes on the wire (the H200 table: 2048 at EP2 and EP4);
+#: * ``combine_interleave_from_tokens``: ``MoEShape.combine_interleave_from``'s default, any row width
+#:   (the H200 table: 4096 at EP4).
+#:
+#: Where the table has none, ``NEVER`` (the interleaves) or the element rule (the combine's switch).
+MOE_SWITCHES = ("throughput_from_tokens", "interleave_from_tokens", "combine_interleave_from_tokens")
 
 #: Routing entries per rank from which the one-kernel dispatch shares one routing copy per rank
 #: (``MoEShape.shared_copy_from``). At EP2 on two H100s (DeepSeek-V3 and Qwen3-MoE, dispatch +
@@ -215,7 +203,7 @@ class MoEShape:
     #: it sends its second half, and the rest after its barrier, so that the layout's HBM work runs
     #: while rows still cross the links. Another build of the send kernel, compiled at the first such
     #: call: warm one up before graph capture. ``NEVER``: no call (``default_shape`` sets it for wide
-    #: rows at two and four ranks on some GPUs: ``INTERLEAVE_FROM_TOKENS``).
+    #: rows at two and four ranks on some GPUs: the table's ``interleave_from_tokens``, ``MOE_SWITCHES``).
     interleave_from: int = NEVER
     #: Calls of at least this many tokens per rank (the dispatch's bound) interleave the throughput
     #: combine's work: each program pushes the first half of its partials, publishes them at a barrier
@@ -223,7 +211,7 @@ class MoEShape:
     #: the peers' first halves) while it pushes its second half, and the rest after its barrier.
     #: Another build of the combine, compiled at the first such call: warm one up before graph
     #: capture. ``NEVER``: no call (``default_shape`` sets it at four ranks on some GPUs:
-    #: ``COMBINE_INTERLEAVE_FROM_TOKENS_EP4``).
+    #: the table's ``combine_interleave_from_tokens``).
     combine_interleave_from: int = NEVER
     #: Above 0: the throughput combine without its barrier, in this many chunks. Each program pushes
     #: its partials chunk by chunk and publishes after each how many chunks it has pushed (a barrier
@@ -315,38 +303,32 @@ PREFILL_FROM = 48
 NARROW_SEND_UP_TO = 4096
 
 
-def _for_gpu(table: tuple[tuple[str, int], ...], device_name: str) -> int | None:
-    """The value ``table`` gives the GPU named ``device_name`` (its first entry whose name is a
-    substring of it), or None."""
-    return next((v for gpu, v in table if gpu in device_name), None)
-
-
 def default_shape(backend: str, max_tokens: int, sms: int, prefill_from: int = PREFILL_FROM,
-                  hidden: int | None = None, wire_bytes: int = 2, world: int = 2, device_name: str = "") -> MoEShape:
+                  hidden: int | None = None, wire_bytes: int = 2, world: int = 2,
+                  switches: Mapping[str, int] = MappingProxyType({})) -> MoEShape:
     """The launch shape of an instance given none: in the CPU world ``SHAPES["cpu"]``; on GPUs one
     4-warp send/gather/combine program per SM and 1024 columns per step below ``prefill_from``
     tokens per rank, two 8-warp ones per SM (4096 columns per send step, 2048 per other step) from
     it on, the send stepping 2048 columns for rows of ``hidden`` up to ``NARROW_SEND_UP_TO`` elements of
     ``wire_bytes == 2`` bytes on the wire (``MoEAllToAll`` gives its ``hidden`` and the wire's element
     size: 1 with FP8 dispatch), the one-kernel dispatch up to ``PREFILL_ONE_KERNEL_ENTRIES_WIDE``
-    routing entries at more than two ranks (``world``), and at two or four ranks on a GPU of
-    ``INTERLEAVE_FROM_TOKENS`` (``device_name``) with wider rows of 2-byte elements the interleaved
-    send kernel from its count of tokens, and at four ranks on a GPU of
-    ``COMBINE_INTERLEAVE_FROM_TOKENS_EP4`` the interleaved combine from its count. Every rank
-    builds the same shape (the barriers pair program ``pid`` across ranks)."""
+    routing entries at more than two ranks (``world``), and where the device's table gives them for this
+    world (``switches``, ``MOE_SWITCHES``) the interleaved send kernel for wider rows of 2-byte elements
+    and the interleaved combine from their counts of tokens. Every rank builds the same shape (the
+    barriers pair program ``pid`` across ranks)."""
     if backend != "cuda":
         return SHAPES["cpu"]
     if max_tokens >= prefill_from:
         sh = replace(SHAPES["cuda-prefill"], programs=2 * sms)
         if world > 2:
             sh = replace(sh, one_kernel_entries=PREFILL_ONE_KERNEL_ENTRIES_WIDE)
-        combine_from = _for_gpu(COMBINE_INTERLEAVE_FROM_TOKENS_EP4, device_name) if world == 4 else None
+        combine_from = switches.get("combine_interleave_from_tokens")
         if combine_from is not None:
             sh = replace(sh, combine_interleave_from=combine_from)
         narrow = hidden is not None and hidden <= NARROW_SEND_UP_TO and wire_bytes == 2
         if narrow:
             return replace(sh, send_block_h=2048)
-        tokens = _for_gpu(INTERLEAVE_FROM_TOKENS, device_name) if world in (2, 4) and wire_bytes == 2 else None
+        tokens = switches.get("interleave_from_tokens") if wire_bytes == 2 else None
         return sh if tokens is None or hidden is None else replace(sh, interleave_from=tokens)
     return replace(SHAPES["cuda"], programs=sms)
 
@@ -359,15 +341,14 @@ def register_cap(shape: MoEShape, sms: int, regs_per_sm: int = 65536) -> int | N
     return max(cap // 8 * 8, 32) if cap < 255 else None
 
 
-def default_throughput_from(world: int, hidden: int, device_name: str = "") -> int:
-    """``combine``'s default switch for ``world`` ranks and rows of ``hidden`` on the GPU named
-    ``device_name`` ("" in the CPU world), in total tokens over the ranks per call: at world 2 on a
-    GPU of ``THROUGHPUT_FROM_TOKENS_EP2`` its tokens per rank, else the fewest with
-    ``THROUGHPUT_FROM_ELEMS`` (at world 2 ``THROUGHPUT_FROM_ELEMS_EP2``) elements of partials per
-    rank."""
+def default_throughput_from(world: int, hidden: int, switches: Mapping[str, int] = MappingProxyType({})) -> int:
+    """``combine``'s default switch for ``world`` ranks and rows of ``hidden``, in total tokens over the
+    ranks per call: the device table's ``throughput_from_tokens`` for this world (``switches``) per
+    rank, else the fewest with ``THROUGHPUT_FROM_ELEMS`` (at world 2 ``THROUGHPUT_FROM_ELEMS_EP2``)
+    elements of partials per rank."""
     if world < 2:
         return 1  # unused: at world 1 the automatic mode is the latency mode
-    tokens = _for_gpu(THROUGHPUT_FROM_TOKENS_EP2, device_name) if world == 2 else None
+    tokens = switches.get("throughput_from_tokens")
     if tokens is not None:
         return world * tokens
     elems = THROUGHPUT_FROM_ELEMS_EP2 if world == 2 else THROUGHPUT_FROM_ELEMS

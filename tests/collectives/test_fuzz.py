@@ -98,6 +98,7 @@ def test_capacities_cover_every_size_the_table_routes(rows, max_bytes):
     stub.op, stub.world = "allreduce", 2
     stub.table = SelectionTable({("allreduce", 2, d): rows for d in ("bf16", "fp16", "fp32")})
     stub.comm = type("C", (), {"backend": "cuda"})()
+    stub._defaults = []  # the family's rows: unused, the table has rows for every dtype
     caps = stub._capacities(max_bytes, None)
     for n in {1, max_bytes, *(b for b, _ in rows if b <= max_bytes), *(b + 1 for b, _ in rows if b < max_bytes)}:
         algo = stub.table.lookup("allreduce", 2, "bf16", n).algo

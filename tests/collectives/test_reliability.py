@@ -54,6 +54,46 @@ def test_debug_mode_catches_mismatched_calls_on_every_rank(worlds):
         assert ok, "communicator unusable after a caught mismatch"
 
 
+def _job_moe_mismatch(ctx):
+    """Debug mode checks the MoE calls too: a rank that passes another token bound, or dispatches while
+    the others combine, raises on every rank, and the instance stays usable; token counts may differ."""
+    comm = make_comm(ctx, debug=True)
+    moe = tc.MoEAllToAll(comm, max_tokens=8, hidden=64, num_experts=2 * ctx.world, top_k=2)
+    g = torch.Generator().manual_seed(ctx.rank)
+    n = 3 + ctx.rank  # a different token count on every rank: allowed
+    x = torch.randn(n, 64, generator=g).to(torch.bfloat16).to(ctx.device)
+    ids = torch.rand(n, 2 * ctx.world, generator=g).topk(2).indices.to(ctx.device)
+    w = torch.rand(n, 2, generator=g).to(ctx.device)
+    caught = []
+    for case in ("bound", "op"):
+        try:
+            if case == "bound":
+                moe.dispatch(x, ids, w, tokens_bound=8 if ctx.rank == 0 else 7)
+            else:
+                _, _, h = moe.dispatch(x, ids, w)  # the same call on every rank
+                if ctx.rank == 0:
+                    moe.dispatch(x, ids, w)
+                else:
+                    moe.combine(moe.expert_buffer(), h)
+            comm.synchronize()
+            caught.append(None)
+        except tc.CollectiveMismatchError as e:
+            caught.append(e.field)
+    _, _, h = moe.dispatch(x, ids, w)
+    out = moe.combine(moe.expert_buffer(), h)
+    comm.synchronize()
+    usable = tuple(out.shape) == (n, 64)
+    moe.close()
+    comm.close()
+    return caught, usable
+
+
+def test_debug_mode_catches_mismatched_moe_calls_on_every_rank(worlds):
+    for caught, usable in worlds(2).run(_job_moe_mismatch):
+        assert caught == ["element count", "op"], caught
+        assert usable
+
+
 def _job_zero_elements(ctx):
     """A call with no elements is a no-op on every rank; in debug mode it takes part in the signature
     check, so a rank passing none where another passes some raises on both and later calls pair as

@@ -31,7 +31,7 @@ KIND_MISMATCH = tl.constexpr(3)
 SIGNATURE_FIELDS = ("op", "dtype", "element count", "algorithm")
 #: Word 0: the collective.
 OP_CODES = {"allreduce": 1, "allgather": 2, "reducescatter": 3, "fused_add_rmsnorm": 4, "gemm_allreduce": 5,
-            "alltoall": 6}
+            "alltoall": 6, "moe_dispatch": 7, "moe_combine": 8}
 #: Word 1: the element type.
 DTYPE_CODES = {"bf16": 1, "fp16": 2, "fp32": 3}
 #: Word 3's low byte when the call goes to the fallback group (algorithms are numbered from 1 by their

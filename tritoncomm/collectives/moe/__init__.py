@@ -69,9 +69,11 @@ from ...channels import HEAP_ALIGN, Channel, Communicator
 from ...channels.cuda_ipc import HostMappedWords
 from ...errors import InvalidInputError, TritonCommError
 from ...kernels import barrier_flag_bytes, lamport_fill, pow2_at_least
+from ...kernels.consistency import DTYPE_CODES, OP_CODES
 from ...kernels.launcher import Launcher
 from ...units import round_up
 from ..selection import read_table
+from ..validation import DTYPE_NAMES
 from .combine import COMBINE_STAGES, launch_combine, moe_combine_kernel
 from .dispatch import launch_send, moe_send_kernel
 from .gather import launch_gather, moe_gather_kernel
@@ -465,6 +467,7 @@ class MoEAllToAll:
         self.check()
         path, sh = self.dispatch_path(tokens_bound)
         bound = self.max_tokens if tokens_bound is None else tokens_bound  # the same on every rank
+        self._debug_check("moe_dispatch", bound)
         decode = sh is not self.shape
         if path == "one-kernel":
             launch_dispatch_one_kernel(
@@ -526,6 +529,7 @@ class MoEAllToAll:
             raise InvalidInputError(f"moe combine: y must be {self.dtype} {list(shape)} on {self.comm.device}, got "
                                     f"{y.dtype} {list(y.shape)} on {y.device}")
         self.check()
+        self._debug_check("moe_combine", handle.bound)
         self._open_handle = -1
         if y.data_ptr() != self._ybuf.data_ptr():
             self._ybuf.copy_(y)
@@ -551,6 +555,13 @@ class MoEAllToAll:
         if self._closed:
             raise TritonCommError("MoEAllToAll is closed")
         self.comm.check()
+
+    def _debug_check(self, op: str, bound: int) -> None:
+        """Debug mode (``CommConfig.debug``): every rank must make the same call (dispatch or combine, with
+        the same token bound: the count every rank shares, ``tokens_bound`` or ``max_tokens``), of this
+        instance's dtype and hidden size (in the algorithm field). Token counts may differ by rank."""
+        if self.comm.config.debug:
+            self.comm.debug_check(OP_CODES[op], DTYPE_CODES[DTYPE_NAMES[self.dtype]], bound, self.hidden)
 
     def close(self) -> None:
         """Collective: release the heap memory and channels. Idempotent."""

@@ -44,7 +44,7 @@ from ..base import PeerOutput, Workspace
 from ..selection import Choice
 from .algorithm import AllReduceAlgorithm
 
-__all__ = ["LL", "LL_TRIES", "ll_allreduce_kernel", "ll_sum_ranks", "load_words", "words_to_f32"]
+__all__ = ["LL", "LL_TRIES", "ll_allreduce_kernel", "ll_send_signature", "ll_sum_ranks", "load_words", "words_to_f32"]
 
 #: Rounds of back-to-back looks at every peer's packets before ``ll_sum_ranks`` falls back to one
 #: bounded poll per peer.
@@ -74,6 +74,17 @@ def words_to_f32(words, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
         return tl.reshape(tl.join(lo, hi), [2 * BLOCK]).to(tl.float32)
     else:
         return words.to(DTYPE, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def ll_send_signature(bases, rank, hdr_off, parity, pid, G, sig, e, WORLD: tl.constexpr):
+    """The call check's send side (``ll_sum_ranks`` reads it): ``sig`` as two packets flagged ``e`` into
+    slot ``[parity][rank][pid]`` of every peer's signature area at ``hdr_off`` (``[2][W][G][2]`` packets,
+    ``G`` the grid). Plain stores, ordered with nothing (``kernels.ll``)."""
+    for p in tl.static_range(WORLD):
+        if p != rank:
+            ll8_sig_store(heap_ptr(bases, p, hdr_off + (((parity * WORLD + rank) * G + pid) * 2) * 8, tl.uint64),
+                          sig, e)
 
 
 @triton.jit
@@ -172,10 +183,7 @@ def ll_allreduce_kernel(x_ptr, out_ptr, n, nwords, bases, rank, timeout, diag_ad
     G = tl.num_programs(0)
     if sig is not None:
         if iters > 0:  # a program with no block reads no signature: it sends none
-            for p in tl.static_range(WORLD):
-                if p != rank:
-                    ll8_sig_store(heap_ptr(bases, p, hdr_off + (((parity * WORLD + rank) * G + pid) * 2) * 8,
-                                           tl.uint64), sig, e)
+            ll_send_signature(bases, rank, hdr_off, parity, pid, G, sig, e, WORLD)
     # 1. push packets of my blocks to every peer: slot [parity][rank] of its buffer
     dst_off = buf_off + ((parity * WORLD + rank) * slot_words) * 8
     for i in range(0, iters):

@@ -45,7 +45,6 @@ from ...kernels import (
     epoch_commit,
     heap_ptr,
     ll8_poll,
-    ll8_sig_store,
     ll8_store,
     ll8_try,
     next_pow2,
@@ -58,7 +57,7 @@ from ...units import cdiv, round_up
 from ..base import PeerOutput, Workspace
 from ..selection import Choice
 from .algorithm import AllReduceAlgorithm
-from .ll import LL_TRIES, ll_sum_ranks, load_words
+from .ll import LL_TRIES, ll_send_signature, ll_sum_ranks, load_words
 
 __all__ = ["LLTwoShot", "ll_twoshot_allreduce_kernel", "ll_wait_rows", "to_words", "token_check", "token_send",
            "words_to"]
@@ -206,10 +205,7 @@ def ll_twoshot_allreduce_kernel(x_ptr, out_ptr, n, nwords, shard, bases, rank, t
         G = tl.num_programs(0)
         if sig is not None:
             if iters > 0:  # a program with no block reads no signature: it sends none
-                for p in tl.static_range(WORLD):
-                    if p != rank:
-                        ll8_sig_store(heap_ptr(bases, p, hdr_off + (((parity * WORLD + rank) * G + pid) * 2) * 8,
-                                               tl.uint64), sig, e)
+                ll_send_signature(bases, rank, hdr_off, parity, pid, G, sig, e, WORLD)
         rs_slot = rs_off + (parity * WORLD + rank) * slot_words * 8
         for i in range(0, iters):  # 1. reduce-scatter push
             _push_shards(x_ptr, n, nwords, shard, pid + i * active, bases, rank, rs_slot, e, WORLD, BLOCK)

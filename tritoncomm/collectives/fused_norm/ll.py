@@ -23,10 +23,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import epoch_commit, heap_ptr, ll8_sig_store, ll8_store, program_epoch
+from ...kernels import epoch_commit, heap_ptr, ll8_store, program_epoch
 from ...kernels.memory import address_ptr
 from ...units import round_up
-from ..allreduce.ll import LL, ll_sum_ranks, load_words
+from ..allreduce.ll import LL, ll_send_signature, ll_sum_ranks, load_words
 from ..base import Workspace
 from .algorithm import FusedAlgorithm
 from .rows import add_residual, chunk_cols, load_chunk, row_rstd, store_norm, work_item
@@ -52,10 +52,7 @@ def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr,
     dst_off = buf_off + ((parity * WORLD + rank) * slot_words) * 8
     if sig is not None:  # the call check (``allreduce.ll``): my signature into every peer's packets for pid
         if iters > 0:
-            for p in tl.static_range(WORLD):
-                if p != rank:
-                    ll8_sig_store(heap_ptr(bases, p, hdr_off + (((parity * WORLD + rank) * nprog + pid) * 2) * 8,
-                                           tl.uint64), sig, e)
+            ll_send_signature(bases, rank, hdr_off, parity, pid, nprog, sig, e, WORLD)
     for i in range(0, iters):  # 1. push my items' chunks to every peer
         row, c = work_item(pid, i, nprog, CH)
         wmask = (wds < cww) & (c * cww + wds < row_words)

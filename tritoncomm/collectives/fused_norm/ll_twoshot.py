@@ -33,7 +33,6 @@ from ...kernels import (
     epoch_commit,
     heap_ptr,
     ll8_poll_sum_f32,
-    ll8_sig_store,
     ll8_store,
     next_pow2,
     pow2_at_least,
@@ -42,7 +41,7 @@ from ...kernels import (
 )
 from ...kernels.memory import address_ptr
 from ...units import round_up
-from ..allreduce.ll import LL_TRIES, ll_sum_ranks, load_words
+from ..allreduce.ll import LL_TRIES, ll_send_signature, ll_sum_ranks, load_words
 from ..allreduce.ll_twoshot import LLTwoShot, ll_wait_rows, to_words, token_check, token_send, words_to
 from ..base import Workspace
 from .algorithm import FusedAlgorithm
@@ -91,10 +90,7 @@ def ll_twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, 
     iters = tl.cdiv(T * NQ - pid, nprog)
     if sig is not None:  # the call check (``allreduce.ll``): my signature into every peer's packets for pid
         if iters > 0:
-            for p in tl.static_range(WORLD):
-                if p != rank:
-                    ll8_sig_store(heap_ptr(bases, p, hdr_off + (((parity * WORLD + rank) * nprog + pid) * 2) * 8,
-                                           tl.uint64), sig, e)
+            ll_send_signature(bases, rank, hdr_off, parity, pid, nprog, sig, e, WORLD)
     to_owner = heap_ptr(bases, tl.where(k < WORLD, k, rank), rs_off + (parity * WORLD + rank) * slot_words * 8,
                         tl.uint64)
     for i in range(0, iters):  # 1. my copy of every other rank's chunk, to its owner

@@ -45,15 +45,19 @@ CALLS = {
     "fused-ll_twoshot": ("fused_add_rmsnorm", lambda comm: _fused(comm, "ll_twoshot"),
                          lambda c, x: _norm(c, x, "ll_twoshot")),
     "fused-lamport": ("fused_add_rmsnorm", lambda comm: _fused(comm, "lamport"), lambda c, x: _norm(c, x, "lamport")),
+    "gemm-overlap": ("gemm_allreduce", lambda comm: _gemm(comm), lambda c, x: _gemm_call(c, x)),
 }
 #: The fused norm's rows are this wide.
 HIDDEN = 64
+#: The GEMM's input and output features (a multiple of 8, as its TMA loads need).
+GEMM_N = 16
 
 
 def _call_of(call: str, rank: int, case: str, world: int) -> tuple[int, torch.dtype]:
-    """Rank ``rank``'s element count and dtype in ``case`` (the fused norm takes bf16 for fp32)."""
+    """Rank ``rank``'s element count and dtype in ``case`` (the fused norm and the GEMM take bf16 for
+    fp32)."""
     n, dtype = CASES[case][0 if rank == 0 else 1]
-    if call.startswith("fused") and dtype == torch.float32:
+    if call.startswith(("fused", "gemm")) and dtype == torch.float32:
         dtype = torch.bfloat16
     return n // 8 * world, dtype  # a multiple of the world (reduce-scatter, all-to-all), about a kilo-element
 
@@ -68,6 +72,20 @@ def _norm(c, x: torch.Tensor, algo: str, out: torch.Tensor | None = None, residu
     rows = x.view(-1, HIDDEN)
     return c(rows, torch.ones_like(rows), torch.ones(HIDDEN, dtype=x.dtype, device=x.device), algo=algo, out=out,
              residual_out=residual_out)
+
+
+def _gemm(comm):
+    from tritoncomm.collectives.gemm import GemmAllReduce
+
+    return GemmAllReduce(comm, max_tokens=256, n=GEMM_N)
+
+
+def _gemm_call(c, x: torch.Tensor, out: torch.Tensor | None = None):
+    """The overlapped GEMM + all-reduce with an output of ``x``'s element count: ``x`` as rows of
+    ``GEMM_N`` input features, times a fixed ``GEMM_N x GEMM_N`` weight."""
+    rows = x.view(-1, GEMM_N)
+    w = torch.linspace(-1, 1, GEMM_N * GEMM_N).view(GEMM_N, GEMM_N).to(x.dtype).to(x.device)
+    return c(rows, w, path="overlap", out=None if out is None else out.view(-1, GEMM_N))
 
 
 def _mismatched(ctx, call: str, case: str):
@@ -111,6 +129,8 @@ def _into_poison(ctx, call: str, n: int, dtype: torch.dtype, seed: int) -> tuple
             coll(x, out, algo=call.split("-")[1])
         elif call.startswith("fused"):
             _norm(coll, x, call.split("-")[1], out.view(-1, HIDDEN), residual_out)
+        elif call.startswith("gemm"):
+            _gemm_call(coll, x, out)
         else:
             coll(x, out)
         comm.synchronize()
@@ -160,7 +180,7 @@ def _draws(seed: int, world: int, count: int) -> list[tuple[str, tuple[int, torc
     out = []
     for _ in range(count):
         call = list(CALLS)[int(torch.randint(len(CALLS), (1,), generator=g))]
-        dtypes = DTYPES[:2] if call.startswith("fused") else DTYPES
+        dtypes = DTYPES[:2] if call.startswith(("fused", "gemm")) else DTYPES
         unit = HIDDEN * world  # whole rows of the fused norm, shards of the reduce-scatter and all-to-all
 
         first = _one(g, unit, dtypes)

@@ -320,18 +320,25 @@ def test_gemm_overlap_uses_tma_wgmma_and_system_scope_flags(out_reg):
 
     sig = {"a_desc": "tensordesc<bf16[128,64]>", "w_desc": "tensordesc<bf16[256,64]>", "out_ptr": "*bf16",
            "out_tab": "i64", "M": "i32", "N": "i32", "K": "i32", **COMMON, "epochs_off": "i64", "pflags_off": "i64",
-           "fflags_off": "i64", "recv_off": "i64", "fin_off": "i64"}
-    ptx = compile_ptx(gemm_twoshot_kernel, sig, {"WORLD": 4, "BM": 128, "BN": 256, "BK": 64, "GROUP_M": 8,
-                                                 "RB": 16, "OUT_REG": out_reg},
-                      {"out_ptr", "N", "K", "bases", "epochs_off", "pflags_off", "fflags_off", "recv_off", "fin_off"},
-                      8)
+           "fflags_off": "i64", "recv_off": "i64", "fin_off": "i64", "hdr_off": "i64"}
+    constexprs = {"WORLD": 4, "BM": 128, "BN": 256, "BK": 64, "GROUP_M": 8, "RB": 16, "OUT_REG": out_reg}
+    aligned = {"out_ptr", "N", "K", "bases", "epochs_off", "pflags_off", "fflags_off", "recv_off", "fin_off",
+               "hdr_off"}
+    ptx = compile_ptx(gemm_twoshot_kernel, {**sig, "sig": "i64"}, constexprs, aligned, 8)
+    plain = ops(compile_ptx(gemm_twoshot_kernel, sig, {**constexprs, "sig": None}, aligned, 8))
     o = ops(ptx)
     assert "cp.async.bulk.tensor.2d" in ptx  # operands through TMA
     assert "wgmma.mma_async" in ptx  # Hopper tensor cores
-    # partial and final tiles published with system-scope releases, awaited with acquires
-    assert o["st.release.sys.global.b32"] >= 2 and o["ld.acquire.sys.global.b32"] >= 2, o
-    # 16-byte stores of partial tiles, reduced tiles and (registered) peers' outputs, 16-byte loads of partials
-    assert o["st.global.v4.b32"] >= 4 and o["ld.global.v4.b32"] >= 1, o
+    for c in (o, plain):
+        # partial and final tiles published with system-scope releases, awaited with acquires
+        assert c["st.release.sys.global.b32"] >= 2 and c["ld.acquire.sys.global.b32"] >= 2, c
+        # 16-byte stores of partial tiles, reduced tiles and (registered) peers' outputs, 16-byte loads of partials
+        assert c["st.global.v4.b32"] >= 4 and c["ld.global.v4.b32"] >= 1, c
+    # the call check: the header's signature words (8 bytes) stored and compared, its flag released and
+    # awaited; none of it without the check
+    assert o["st.global.b64"] > plain["st.global.b64"] and o["ld.global.b64"] > plain["ld.global.b64"], (o, plain)
+    assert o["st.release.sys.global.b32"] > plain["st.release.sys.global.b32"], (o, plain)
+    assert o["ld.acquire.sys.global.b32"] > plain["ld.acquire.sys.global.b32"], (o, plain)
 
 
 def _imports_an_engine(module: str) -> bool:

@@ -34,8 +34,8 @@ import torch
 
 from ...channels import Channel, Communicator
 from ...errors import InvalidInputError, TritonCommError
-from ...kernels import MAX_WORLD
-from ...kernels.consistency import DTYPE_CODES, OP_CODES
+from ...kernels.barrier import barrier_flag_bytes
+from ...kernels.consistency import DTYPE_CODES, OP_CODES, pack_signature
 from ...units import cdiv
 from ..allreduce import AllReduce
 from ..validation import DTYPE_NAMES, check_input
@@ -141,13 +141,15 @@ class GemmAllReduce:
         max_tiles = cdiv(max_tokens, c.bm) * cdiv(n, c.bn)
         tile_bytes = c.bm * c.bn * 2
         recv_tiles = cdiv(max_tiles, comm.world) * comm.world
-        # flags: (owned tile, source) for the partials, then one per tile for the finals
+        # flags: (owned tile, source) for the partials, then one per tile for the finals; then the
+        # programs' header slots (barrier entries), from the first whole slot after the flags
         self._fflags = recv_tiles
         flag_words = recv_tiles + max_tiles
+        self._hdr_slot = cdiv(4 * flag_words, barrier_flag_bytes(1))
         self._stage: torch.Tensor | None = None
         try:
             self.channel = Channel(comm, name, programs=self._programs,
-                                   barrier_slots=cdiv(flag_words, MAX_WORLD.value),
+                                   barrier_slots=self._hdr_slot + self._programs,
                                    buffer_bytes=(recv_tiles + max_tiles) * tile_bytes)
             self._stage = comm.empty(max_tokens * n * 2, torch.uint8)  # the GEMM's output, symmetric
         except BaseException:
@@ -301,13 +303,24 @@ class GemmAllReduce:
         bases, rank, world, timeout, diag = cm.kernel_args()
         ch = self.channel
         tile_bytes = c.bm * c.bn * 2
+        sig = self._signature(x.dtype, m, k, bool(row)) if comm else None
         gemm_twoshot_kernel[(self._programs,)](
             TensorDescriptor.from_tensor(x, [c.bm, c.bk]), TensorDescriptor.from_tensor(w, [c.bn, c.bk]), out, row,
             m, self.n, k, bases, rank, timeout, diag, ch.epochs_off, ch.flags_off, ch.flags_off + 4 * self._fflags,
-            ch.buffer_off, ch.buffer_off + self._fflags * tile_bytes, WORLD=world, BM=c.bm, BN=c.bn, BK=c.bk,
+            ch.buffer_off, ch.buffer_off + self._fflags * tile_bytes,
+            ch.flags_off + self._hdr_slot * barrier_flag_bytes(1), sig, WORLD=world, BM=c.bm, BN=c.bn, BK=c.bk,
             GROUP_M=c.group_m, RB=c.rows_per_step, OUT_REG=bool(row), COMM=comm, DEFER=c.defer, num_warps=c.num_warps,
             num_stages=c.num_stages)
         return out
+
+    def _signature(self, dtype: torch.dtype, m: int, k: int, out_reg: bool) -> int | None:
+        """The overlapped call's signature, which its programs compare (``gemm.twoshot``, "Call check"):
+        op, dtype, output elements, and in the algorithm byte the output's form (registered or not) and
+        ``K / 8`` (mod 32); None when the communicator's ``check_calls`` is off."""
+        if not self.comm.config.check_calls:
+            return None
+        algo = 1 | int(out_reg) << 1 | (k // 8 % 32) << 2
+        return pack_signature(OP_CODES["gemm_allreduce"], DTYPE_CODES[DTYPE_NAMES[dtype]], m * self.n, algo)
 
     def close(self) -> None:
         """Collective: return the workspace to the heap. Idempotent."""

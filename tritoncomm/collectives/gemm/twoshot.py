@@ -40,8 +40,19 @@ and (b) the owner's step 2 of launch k+1 waits for every peer's partial of launc
 launch k finishes only after it has seen my finals of launch k, which I published after reading my
 ``recv`` slots of launch k. So one copy of each buffer suffices. Flags carry the launch's epoch.
 
+Call check: with ``sig`` (the call's packed signature, ``kernels.consistency.pack_signature``) every
+program sends it to the same program of every peer as it starts (``barrier_arrive`` on its own header
+slot), and compares every rank's with its own (``barrier_wait``) just before its first wait, by which
+time the headers have long arrived, so the GEMM of the first tiles never waits for them. Every write
+into an output, its own or a peer's, comes after the writing program's comparison; a program that
+finds a difference records it, writes nothing into any output and waits for nothing more. Every
+program of every rank compares every rank's signature, so every rank that computes a tile finds the
+mismatch, whatever the tile counts of the calls. The header slots alternate by epoch parity, as the
+barrier's: a peer cannot send launch k+2's header before this rank has started launch k+2 (its launch
+k+1 ends only after every rank's partials of launch k+1 are made).
+
 Workspace per rank: ``recv`` ceil(T / W) x W tiles and ``fin`` T tiles (about twice the output),
-plus one flag per (owned tile, source) and per tile.
+plus one flag per (owned tile, source) and per tile, and a header slot per program.
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ import triton
 import triton.language as tl
 
 from ...kernels import INTERPRET, epoch_commit, heap_base, heap_ptr, next_pow2, program_epoch, round_to, signal, wait
+from ...kernels.barrier import barrier_arrive, barrier_wait
 from ...kernels.memory import address_ptr
 
 __all__ = ["chunk_start", "gemm_twoshot_kernel", "grouped_tile", "tile_owner"]
@@ -121,13 +133,15 @@ def _publish(t, T, bases, rank, pflags_off, fflags_off, e, WORLD: tl.constexpr):
 
 @triton.jit(do_not_specialize=["rank"])  # one compiled kernel for every rank
 def gemm_twoshot_kernel(a_desc, w_desc, out_ptr, out_tab, M, N, K, bases, rank, timeout, diag_addr, epochs_off,
-                        pflags_off, fflags_off, recv_off, fin_off, WORLD: tl.constexpr, BM: tl.constexpr,
-                        BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, RB: tl.constexpr,
+                        pflags_off, fflags_off, recv_off, fin_off, hdr_off, sig, WORLD: tl.constexpr,
+                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, RB: tl.constexpr,
                         OUT_REG: tl.constexpr, COMM: tl.constexpr = True, DEFER: tl.constexpr = False):
     """See the module docstring. ``pflags_off``: ``ceil(T/W) x W`` uint32 flags (slot = owned tile
     x W + source); ``fflags_off``: ``T`` flags; ``recv_off`` / ``fin_off``: tile slots of ``BM x BN``
     elements. ``out_tab``: the address of ``out``'s registered row (with ``OUT_REG``). Without
     ``COMM`` the kernel is the bare GEMM (``out = a @ w.T`` on this rank), for measurements.
+    ``hdr_off``: the programs' header slots (barrier entries, one slot per program); ``sig``: the
+    call's signature, or None for no call check (module docstring).
 
     ``DEFER``: publish a tile's stores (the ``signal``, a system-scope release that waits until
     the NVLink stores before it have landed) after the *next* tile's product instead of right
@@ -144,8 +158,12 @@ def gemm_twoshot_kernel(a_desc, w_desc, out_ptr, out_tab, M, N, K, bases, rank, 
     if COMM:
         epoch_ptr, e = program_epoch(bases, rank, epochs_off)
         first = chunk_start((rank + 1) % WORLD, T, WORLD)
+        if sig is not None:  # my header, to this program of every rank
+            barrier_arrive(bases, rank, WORLD, hdr_off, pid, e, sig)
     else:
         first = 0
+    checked = tl.full([], 0, tl.int1)  # whether this program has compared the headers (before its first wait)
+    ok = tl.full([], 1, tl.int1)  # whether every rank's signature equals mine (True until compared, and without sig)
     pend = -1  # with DEFER: the tile whose stores this program has not yet published
     for v in range(pid, T, progs):
         t = v + first
@@ -167,7 +185,12 @@ def gemm_twoshot_kernel(a_desc, w_desc, out_ptr, out_tab, M, N, K, bases, rank, 
             dense = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
             mine = (li * WORLD + rank).to(tl.int64)
             tl.store(heap_ptr(bases, owner, recv_off, DTYPE) + mine * TILE + dense, part)  # 1. partial -> owner
-            if owner == rank:  # 2. I own the tile: every partial, then the sum to everyone
+            if sig is not None:
+                if owner == rank:
+                    if not checked:
+                        ok = barrier_wait(bases, rank, WORLD, hdr_off, pid, e, timeout, diag, sig)
+                        checked = tl.full([], 1, tl.int1)
+            if owner == rank and ok:  # 2. I own the tile: every partial, then the sum to everyone
                 peers = tl.where((lanes < WORLD) & (lanes != rank), lanes, (rank + 1) % WORLD)
                 tl.debug_barrier()  # my own partial, stored by all my threads, before anyone reads it
                 wait(heap_ptr(bases, rank, pflags_off, tl.uint32) + li * WORLD + peers, e, peers, t, rank, timeout,
@@ -200,7 +223,12 @@ def gemm_twoshot_kernel(a_desc, w_desc, out_ptr, out_tab, M, N, K, bases, rank, 
             if t >= T:
                 t -= T
             owner = tile_owner(t, T, WORLD)
-            if owner != rank:
+            if sig is not None:
+                if owner != rank:
+                    if not checked:
+                        ok = barrier_wait(bases, rank, WORLD, hdr_off, pid, e, timeout, diag, sig)
+                        checked = tl.full([], 1, tl.int1)
+            if owner != rank and ok:
                 wait(heap_ptr(bases, rank, fflags_off, tl.uint32) + t, e, owner, t, rank, timeout, diag)
                 if not OUT_REG:
                     bm, bn = grouped_tile(t, M, N, BM, BN, GROUP_M)

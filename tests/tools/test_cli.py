@@ -56,3 +56,25 @@ def test_bench_in_the_cpu_world_says_its_times_are_not_speed(capsys, tmp_path):
     import json
 
     assert json.loads(out.read_text())["reports"][0]["caveat"] == cli.CPU_CAVEAT
+
+
+def test_bench_costs_times_the_all_reduce_and_the_fused_norm_with_the_check_on_and_off(tmp_path):
+    """``bench --op costs`` runs (CPU world: the rows' shape, not speed): an all-reduce row per size and a
+    fused-norm row per token count, each with the call check on and off, and the versions it ran on."""
+    from tritoncomm.kernels.interpreter import numpy_problem
+
+    if numpy_problem():
+        pytest.skip(numpy_problem())
+    out = tmp_path / "r.json"
+    assert cli.main(["bench", "--backend", "cpu", "--world", "2", "--op", "costs", "--sizes", "1K,2K", "--tokens",
+                     "1", "--json", str(out)]) == 0
+    import json
+
+    rep = json.loads(out.read_text())["reports"][0]
+    assert [r["bytes"] for r in rep["rows"]] == [1024, 2048]
+    assert [r["tokens"] for r in rep["norm_rows"]] == [1]
+    for r in rep["rows"]:
+        assert r["bounded_graph_us"] > 0 and r["unchecked_graph_us"] > 0 and "check_cost_pct" in r, r
+    for r in rep["norm_rows"]:
+        assert r["checked_us"] > 0 and r["unchecked_us"] > 0 and r["variant"], r
+    assert set(rep["versions"]) == {"torch", "triton"}

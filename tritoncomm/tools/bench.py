@@ -28,8 +28,7 @@ from .peers import FI_HIDDEN, FlashInferAllReduce, VllmCustomAllReduce, fi_shape
 from .report import DTYPES, TOL, all_true, fmt, max_over_ranks
 from .timing import time_per_call_us
 
-__all__ = ["bench_rank", "format_bench", "format_cost", "format_zero_copy", "plot_bench", "reliability_cost_rank",
-           "zero_copy_rank"]
+__all__ = ["bench_rank", "format_bench", "format_zero_copy", "plot_bench", "zero_copy_rank"]
 
 
 
@@ -344,60 +343,6 @@ def plot_bench(reports: list[dict[str, Any]], path: str) -> None:
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-
-
-def reliability_cost_rank(ctx: RankContext, sizes: list[int] | None = None) -> dict[str, Any] | None:
-    """What bounded waiting, the always-on call check and the debug check cost per all-reduce call,
-    measured side by side: the same all-reduce on four communicators (wait bound and call check on,
-    the default; bound off; call check off, ``CommConfig.check_calls``; debug on). Bound and check
-    on/off in graph mode; debug on/off in eager mode (debug synchronises each call). Each row names
-    the algorithm the table picks (the call check lives in the barrier-based ones)."""
-    sizes = sizes or [8 << 10, 1 << 20]
-    heap = max(64 << 20, 5 * max(sizes))
-    comms = {name: Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=heap, **cfg))
-             for name, cfg in (("bounded", {}), ("unbounded", {"timeout_s": 0.0}),
-                               ("unchecked", {"check_calls": False}), ("debug", {"debug": True}))}
-    ars = {name: AllReduce(c, max_bytes=max(sizes)) for name, c in comms.items()}
-
-    rows = []
-    for nbytes in sizes:
-        x = torch.randn(nbytes // 2, device=ctx.device).to(torch.bfloat16)
-        out = torch.empty_like(x)
-        t: dict[str, float | None] = {}
-        for rep in range(2):  # alternate to spread drift over both
-            for name in ("bounded", "unbounded", "unchecked"):
-                v = time_per_call_us(lambda ar=ars[name], x=x, out=out: ar(x, out), ctx.device, ctx.barrier)
-                t[f"{name}_graph_us"] = v if rep == 0 else min(v, t[f"{name}_graph_us"])
-            for name in ("bounded", "debug"):
-                v = time_per_call_us(lambda ar=ars[name], x=x, out=out: ar(x, out), ctx.device, ctx.barrier,
-                                     mode="eager")
-                t[f"{name}_eager_us"] = v if rep == 0 else min(v, t[f"{name}_eager_us"])
-        t = max_over_ranks(ctx, t)
-        rows.append({"bytes": nbytes, "algo": ars["bounded"].select(nbytes), **t,
-                     "bounded_cost_pct": 100 * (t["bounded_graph_us"] / t["unbounded_graph_us"] - 1),
-                     "check_cost_pct": 100 * (t["bounded_graph_us"] / t["unchecked_graph_us"] - 1),
-                     "debug_cost_us": t["debug_eager_us"] - t["bounded_eager_us"]})
-    for ar in ars.values():
-        ar.close()
-    for c in comms.values():
-        c.close()
-    if ctx.rank != 0:
-        return None
-    return {"op": "reliability_cost", "world": ctx.world, "date": datetime.date.today().isoformat(),
-            "device": torch.cuda.get_device_name(ctx.device) if ctx.backend == "cuda" else "CPU world",
-            "method": "per call; graph: 32 calls in a CUDA graph, eager: 32 launches; median of 20 samples per "
-                      "rank, max over ranks, best of two alternating rounds", "rows": rows}
-
-
-def format_cost(rep: dict[str, Any]) -> str:
-    lines = [f"reliability cost: world={rep['world']} device={rep['device']} date={rep['date']}; {rep['method']}",
-             f"{'bytes':>9} {'algo':>15} {'bounded':>8} {'unbounded':>9} {'cost%':>6} {'unchecked':>9} {'check%':>6} "
-             f"{'eager':>8} {'debug':>8} {'debug+us':>8}"]
-    for r in rep["rows"]:
-        lines.append(f"{r['bytes']:>9} {r['algo']:>15} {r['bounded_graph_us']:8.2f} {r['unbounded_graph_us']:9.2f} "
-                     f"{r['bounded_cost_pct']:6.1f} {r['unchecked_graph_us']:9.2f} {r['check_cost_pct']:6.1f} "
-                     f"{r['bounded_eager_us']:8.2f} {r['debug_eager_us']:8.2f} {r['debug_cost_us']:8.2f}")
-    return "\n".join(lines)
 
 
 def zero_copy_rank(ctx: RankContext, sizes: list[int] | None = None) -> dict[str, Any] | None:

@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--table", default=None, help="a table JSON from `tune` to use instead of the packaged one")
     bench.add_argument("--json", default=None, help="write the report(s) here (one file per op: {op} in the name)")
     bench.add_argument("--plot", default=None, help="write a PNG plot here")
-    bench.add_argument("--tokens", default=None, help="moe: tokens per rank, comma-separated (default 1..4096)")
+    bench.add_argument("--tokens", default=None, help="moe: tokens per rank (default 1..4096); costs: the fused norm's "
+                       "token counts; comma-separated")
     bench.add_argument("--shapes", default=None, help="moe: deepseek-v3, qwen3-moe, tiny (comma-separated)")
     layers = sub.add_parser("layers", help="fused TP layers vs their baselines: norm, gemm, decoder, hier (2x2)")
     layers.add_argument("--parts", default="norm,gemm,decoder,hier")
@@ -162,12 +163,11 @@ def _bench(args: argparse.Namespace) -> int:
     from .bench import (
         bench_rank,
         format_bench,
-        format_cost,
         format_zero_copy,
         plot_bench,
-        reliability_cost_rank,
         zero_copy_rank,
     )
+    from .costs import format_cost, reliability_cost_rank
     from .microbench import format_micro, micro_rank
     from .moebench import format_moe, moe_rank
     from .report import write_json
@@ -211,7 +211,8 @@ def _bench(args: argparse.Namespace) -> int:
                     rep = world.run(zero_copy_rank, sizes if args.sizes else None, timeout=1800)[0]
                     print(format_zero_copy(rep), flush=True)
                 elif op == "costs":
-                    rep = world.run(reliability_cost_rank, sizes if args.sizes else None, timeout=1800)[0]
+                    tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
+                    rep = world.run(reliability_cost_rank, sizes if args.sizes else None, tokens, timeout=1800)[0]
                     print(format_cost(rep), flush=True)
                 else:
                     rep = world.run(bench_rank, op, sizes, args.dtype, args.modes.split(","), table, timeout=3600)[0]

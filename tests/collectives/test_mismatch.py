@@ -267,3 +267,36 @@ def _changing_calls(ctx, rounds: int):
 def test_changing_matched_calls_are_never_taken_for_mismatches(worlds, world):
     for bad in worlds(world).run(_changing_calls, 12):
         assert bad == []
+
+
+def _moe_mismatched(ctx, case: str, max_tokens: int, mode: str) -> str:
+    """MoE dispatch and combine without debug mode, with rank 0's call differing from the others':
+    ``bound``, another ``tokens_bound`` (every rank within it); ``over``, a peer with more tokens than
+    rank 0's bound. What the pair of calls raised on this rank, or "returned"."""
+    comm = make_comm(ctx, timeout_s=8.0)
+    moe = tc.MoEAllToAll(comm, max_tokens=max_tokens, hidden=64, num_experts=2 * ctx.world, top_k=2, mode=mode)
+    n = {"bound": 3 + ctx.rank, "over": 4 if ctx.rank == 0 else 6}[case]
+    bound = {"bound": 8 if ctx.rank == 0 else 7, "over": n}[case]
+    g = torch.Generator().manual_seed(ctx.rank)
+    x = torch.randn(n, 64, generator=g).to(torch.bfloat16).to(ctx.device)
+    ids = torch.rand(n, 2 * ctx.world, generator=g).topk(2).indices.to(ctx.device)
+    w = torch.rand(n, 2, generator=g).to(ctx.device)
+    try:
+        _, _, h = moe.dispatch(x, ids, w, tokens_bound=bound)
+        moe.combine(moe.expert_buffer(), h)
+        comm.synchronize()
+        said = "returned"
+    except TritonCommError as e:
+        said = type(e).__name__
+    moe.close()
+    comm.close()
+    return said
+
+
+@pytest.mark.parametrize(("world", "case", "max_tokens", "mode"), [
+    (2, "bound", 8, "auto"), (3, "bound", 8, "auto"), (2, "over", 8, "auto"), (2, "bound", 4096, "throughput")])
+def test_mismatched_moe_calls_fail_on_every_rank(worlds, world, case, max_tokens, mode):
+    """MoE's calls carry no signature: a rank whose call differs leaves packets or flags that its peers
+    wait for unsent, so every rank raises CommTimeoutError (none returns), on the one-kernel Lamport path
+    (``max_tokens`` 8) and the two-kernel one (4096)."""
+    assert worlds(world).run(_moe_mismatched, case, max_tokens, mode) == ["CommTimeoutError"] * world

@@ -11,7 +11,6 @@ import torch
 import tritoncomm as tc
 from tritoncomm.errors import CollectiveMismatchError, TritonCommError
 
-from ..conftest import BACKEND
 from ..helpers import make_comm, world_sizes
 
 #: (name, rank 0's call, the other ranks' call): element count and dtype of each.
@@ -270,43 +269,46 @@ def test_changing_matched_calls_are_never_taken_for_mismatches(worlds, world):
         assert bad == []
 
 
-def _moe_mismatched(ctx, case: str, max_tokens: int, mode: str) -> str:
+def _moe_mismatched(ctx, case: str, max_tokens: int, mode: str) -> tuple[str, str, str]:
     """MoE dispatch and combine without debug mode, with rank 0's call differing from the others':
     ``bound``, another ``tokens_bound`` (every rank within it); ``over``, a peer with more tokens than
-    rank 0's bound. What the pair of calls raised on this rank, or "returned"."""
+    rank 0's bound; ``path``, rank 0 without a bound (an instance's whole size: its two-kernel path)
+    against a small one (the one-kernel path). What the pair of calls raised on this rank (or
+    "returned"), the message, and the path this rank took."""
     comm = make_comm(ctx, timeout_s=8.0)
     moe = tc.MoEAllToAll(comm, max_tokens=max_tokens, hidden=64, num_experts=2 * ctx.world, top_k=2, mode=mode)
-    n = {"bound": 3 + ctx.rank, "over": 4 if ctx.rank == 0 else 6}[case]
-    bound = {"bound": 8 if ctx.rank == 0 else 7, "over": n}[case]
+    n = {"bound": 3 + ctx.rank, "over": 4 if ctx.rank == 0 else 6, "path": 3}[case]
+    bound = {"bound": 8 if ctx.rank == 0 else 7, "over": n, "path": None if ctx.rank == 0 else 8}[case]
     g = torch.Generator().manual_seed(ctx.rank)
     x = torch.randn(n, 64, generator=g).to(torch.bfloat16).to(ctx.device)
     ids = torch.rand(n, 2 * ctx.world, generator=g).topk(2).indices.to(ctx.device)
     w = torch.rand(n, 2, generator=g).to(ctx.device)
+    path = moe.dispatch_path(bound)[0]
     try:
         _, _, h = moe.dispatch(x, ids, w, tokens_bound=bound)
         moe.combine(moe.expert_buffer(), h)
         comm.synchronize()
-        said = "returned"
+        said, text = "returned", ""
     except TritonCommError as e:
-        said = type(e).__name__
+        said, text = type(e).__name__, str(e)
     moe.close()
     comm.close()
-    return said
-
-
-#: Measured on one H200 shared by two ranks (Triton 3.6 and 3.8, 2026-11-29): the rank with the smaller
-#: bound reads all it needs of its peer's routing copy and finishes both calls before the peer's failure,
-#: so it returns; in the CPU world it happens to time out. MoE calls carry no signature yet (issue 73).
-_SMALLER_BOUND_RETURNS = pytest.mark.xfail(BACKEND == "cuda", strict=False,
-                                           reason="the rank with the smaller token bound can return on GPUs")
+    return said, text, path
 
 
 @pytest.mark.parametrize(("world", "case", "max_tokens", "mode"), [
-    pytest.param(2, "bound", 8, "auto", marks=_SMALLER_BOUND_RETURNS),
-    pytest.param(3, "bound", 8, "auto", marks=_SMALLER_BOUND_RETURNS), (2, "over", 8, "auto"),
-    pytest.param(2, "bound", 4096, "throughput", marks=_SMALLER_BOUND_RETURNS)])
-def test_mismatched_moe_calls_fail_on_every_rank(worlds, world, case, max_tokens, mode):
-    """MoE's calls carry no signature: a rank whose call differs leaves packets or flags that its peers
-    wait for unsent, so its peers raise CommTimeoutError, on the one-kernel Lamport path (``max_tokens``
-    8) and the two-kernel one (4096). Whether the rank itself raises depends on timing (above)."""
-    assert worlds(world).run(_moe_mismatched, case, max_tokens, mode) == ["CommTimeoutError"] * world
+    (2, "bound", 8, "auto"), (3, "bound", 8, "auto"), (2, "over", 8, "auto"), (2, "bound", 4096, "throughput"),
+    (2, "path", 4096, "auto")])
+def test_mismatched_moe_calls_raise_on_every_rank(worlds, world, case, max_tokens, mode):
+    """The dispatch's kernels compare the call's signature (op, dtype, the shared token bound, the
+    path): a rank whose call differs raises CollectiveMismatchError naming both calls, and a rank left
+    waiting for what a different call never sends raises CommTimeoutError. No rank returns, on the
+    one-kernel Lamport path (``max_tokens`` 8, or small bounds) and across paths (``path``)."""
+    results = worlds(world).run(_moe_mismatched, case, max_tokens, mode)
+    said = [r[0] for r in results]
+    assert all(s in ("CollectiveMismatchError", "CommTimeoutError") for s in said), results
+    if case == "bound":
+        named = [t for s, t, _ in results if s == "CollectiveMismatchError"]
+        assert named and all("moe_dispatch bf16 x 7" in t and "moe_dispatch bf16 x 8" in t for t in named), results
+    if case == "path":
+        assert results[0][2] != results[1][2], results  # the two ranks took different paths

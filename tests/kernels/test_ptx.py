@@ -440,7 +440,7 @@ def _moe_build(kernel: str, options: dict, overrides: dict[str, int]):
                                                                     "ntab_off", "ntab_half", "hist_off",
                                                                     "hist_half"), "i64"), "hist_blocks": "i32",
                "header_ptr": "*i32", "pw_off": "i64", "pw_half": "i64", "out_off": "i64", "sc_out_off": "i64",
-               "trace_ptr": "*i64"}
+               "trace_ptr": "*i64", "sig": "i64"}
         fn, cx = dispatch.moe_send_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_H": 1024,
                                             "BLOCK_E": 64, "BLOCK_X": 256, "BLOCK_B": 16, "SUPER": 16, "FP8": False,
                                             "ROUTED": kernel != "send-held",
@@ -474,7 +474,7 @@ def _moe_build(kernel: str, options: dict, overrides: dict[str, int]):
                "peer_rows": "i32",
                **dict.fromkeys(("ids_off", "ids_half", "wtab_off", "wtab_half", "pw_off", "pw_half", "copy_off",
                                 "copy_half"), "i64"), "readers_ptr": "*i32",
-               "header_ptr": "*i32", "trace_ptr": "*i64"}
+               "header_ptr": "*i32", "trace_ptr": "*i64", "hdr_off": "i64", "hdr_half": "i64", "sig": "i64"}
         fn, cx = onekernel.moe_dispatch_one_kernel, {"WORLD": 2, "LOCAL": 128, "TOP_K": 8, "BLOCK_K": 8,
                                                      "BLOCK_H": 1024, "BLOCK_N": 1024, "BLOCK_X": 256, "FP8": False,
                                                      "PACKETS": kernel != "one", "SHARED": kernel != "one",
@@ -496,7 +496,27 @@ def _moe_build(kernel: str, options: dict, overrides: dict[str, int]):
     # as launched: tensors and hidden (7168) divisible by 16; the counts and rank are not
     sized = ("hidden", "capacity", "max_tokens", "num_experts", "x_stride")
     aligned = {k for k, v in sig.items() if v.startswith("*") or k in sized or k.endswith(("_off", "_half"))}
+    if "sig" in overrides:  # None: compiled without the call check
+        sig = {k: v for k, v in sig.items() if k != "sig"}
     return compile_sm90(fn, sig, {**cx, **overrides}, aligned, options)
+
+
+@pytest.mark.parametrize("kernel", ["one-packets", "one"])
+def test_the_moe_dispatch_call_check_keeps_the_data_path(kernel):
+    """With the call check the one-kernel dispatch keeps its 16-byte row stores and (with packets) adds
+    only its header words: one 8-byte store per peer, volatile 8-byte looks, no fence, release or acquire;
+    with the barrier, the signature words beside the barrier's flag. Without it (``sig`` None) none."""
+    checked = ops(_moe_build(kernel, {"num_warps": 4}, {}).asm["ptx"])
+    plain = ops(_moe_build(kernel, {"num_warps": 4}, {"sig": None}).asm["ptx"])
+    for o in (checked, plain):
+        assert o["st.global.v4.b32"] >= 1, o
+    assert checked["st.global.b64"] + checked["st.global.v2.b64"] > plain["st.global.b64"] + plain[
+        "st.global.v2.b64"], (checked, plain)
+    fences = ("fence", "st.release", "ld.acquire", "atom.release", "atom.acquire")
+    if kernel == "one-packets":
+        assert checked["ld.volatile.global.b64"] > plain["ld.volatile.global.b64"], (checked, plain)
+        assert sum(v for k, v in checked.items() if k.startswith(fences)) == \
+            sum(v for k, v in plain.items() if k.startswith(fences)), (checked, plain)
 
 
 def test_moe_kernels_move_tokens_in_16_byte_vectors():

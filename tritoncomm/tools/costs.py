@@ -6,10 +6,13 @@ The same call on communicators that differ in one setting only:
   (``timeout_s=0``), call check off (``check_calls=False``), in CUDA graphs; debug mode on and off,
   eagerly (debug synchronises each call);
 * the fused all-reduce + add + RMSNorm (the table's variant per token count): call check on and off,
-  in CUDA graphs.
+  in CUDA graphs;
+* MoE dispatch + combine (DeepSeek-V3's shape on GPUs: hidden 7168, 256 experts, top-8; a tiny one in
+  the CPU world), one instance sized for the most tokens, each count passed as ``tokens_bound``: call
+  check on and off, in CUDA graphs.
 
 Both sides of each pair alternate over two rounds and keep their better one, so drift spreads over
-both. MoE dispatch and combine have no always-on check to time (``docs/reliability.md``).
+both.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from typing import Any
 import torch
 
 from ..channels import Communicator
-from ..collectives import AllReduce, FusedAllReduceAddRMSNorm
+from ..collectives import AllReduce, FusedAllReduceAddRMSNorm, MoEAllToAll
+from ..collectives.moe import heap_bytes_bound
 from ..config import CommConfig
 from ..launch import RankContext
 from .report import max_over_ranks
@@ -31,6 +35,9 @@ __all__ = ["format_cost", "reliability_cost_rank"]
 #: The fused norm's rows: hidden 8192 (TP2 of a 70B-class model) on GPUs, narrow ones in the CPU world.
 NORM_HIDDEN = {"cuda": 8192, "cpu": 64}
 NORM_TOKENS = {"cuda": [1, 16, 128, 512, 2048], "cpu": [1, 4]}
+#: MoE: (hidden, experts, top-k) and tokens per rank.
+MOE_SHAPE = {"cuda": (7168, 256, 8), "cpu": (64, 8, 2)}
+MOE_TOKENS = {"cuda": [1, 8, 128, 512, 4096], "cpu": [1, 4]}
 
 
 def _best_of_two(fns: dict[str, Any], ctx: RankContext, mode: str = "graph") -> dict[str, float]:
@@ -91,13 +98,46 @@ def _norm_rows(ctx: RankContext, tokens: list[int], hidden: int) -> list[dict[st
     return rows
 
 
-def reliability_cost_rank(ctx: RankContext, sizes: list[int] | None = None,
-                          tokens: list[int] | None = None) -> dict[str, Any] | None:
+def _moe_rows(ctx: RankContext, tokens: list[int]) -> list[dict[str, Any]]:
+    hidden, experts, k = MOE_SHAPE[ctx.backend]
+    experts = max(experts // ctx.world, 1) * ctx.world
+    m = max(tokens)
+    heap = heap_bytes_bound(ctx.backend, ctx.device, ctx.world, max_tokens=m, hidden=hidden, num_experts=experts,
+                            top_k=k) + (64 << 20)
+    comms = {on: Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=heap, check_calls=on))
+             for on in (True, False)}
+    moes = {on: MoEAllToAll(c, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k) for on, c in comms.items()}
+    dev = ctx.device
+    rows = []
+    for t in tokens:
+        g = torch.Generator(device=dev).manual_seed(t + 31 * ctx.rank)
+        x = torch.randn(t, hidden, device=dev, generator=g).to(torch.bfloat16)
+        ids = torch.rand(t, experts, device=dev, generator=g).topk(k).indices
+        w = torch.rand(t, k, device=dev, generator=g)
+
+        def pair(moe, x=x, ids=ids, w=w, t=t) -> None:
+            _, _, h = moe.dispatch(x, ids, w, tokens_bound=t)
+            moe.combine(moe.expert_buffer(), h)
+        v = max_over_ranks(ctx, _best_of_two({("checked_us" if on else "unchecked_us"): lambda moe=moe: pair(moe)
+                                              for on, moe in moes.items()}, ctx))
+        rows.append({"tokens": t, "hidden": hidden, "experts": experts, "top_k": k,
+                     "path": moes[True].dispatch_path(t)[0], **v,
+                     "check_cost_pct": 100 * (v["checked_us"] / v["unchecked_us"] - 1)})
+    for moe in moes.values():
+        moe.close()
+    for c in comms.values():
+        c.close()
+    return rows
+
+
+def reliability_cost_rank(ctx: RankContext, sizes: list[int] | None = None, tokens: list[int] | None = None,
+                          moe_tokens: list[int] | None = None) -> dict[str, Any] | None:
     """Every rank runs it; rank 0 returns the report (module docstring)."""
     sizes = sizes or [8 << 10, 1 << 20]
     tokens = tokens or NORM_TOKENS[ctx.backend]
     rows = _allreduce_rows(ctx, sizes, max(64 << 20, 5 * max(sizes)))
     norm_rows = _norm_rows(ctx, tokens, NORM_HIDDEN[ctx.backend])
+    moe_rows = _moe_rows(ctx, moe_tokens or MOE_TOKENS[ctx.backend])
     if ctx.rank != 0:
         return None
     versions = {"torch": torch.__version__}
@@ -108,7 +148,8 @@ def reliability_cost_rank(ctx: RankContext, sizes: list[int] | None = None,
             "device": torch.cuda.get_device_name(ctx.device) if ctx.backend == "cuda" else "CPU world",
             "versions": versions,
             "method": "per call; graph: 32 calls in a CUDA graph, eager: 32 launches; median of 20 samples per "
-                      "rank, max over ranks, best of two alternating rounds", "rows": rows, "norm_rows": norm_rows}
+                      "rank, max over ranks, best of two alternating rounds", "rows": rows, "norm_rows": norm_rows,
+            "moe_rows": moe_rows}
 
 
 def format_cost(rep: dict[str, Any]) -> str:
@@ -125,4 +166,8 @@ def format_cost(rep: dict[str, Any]) -> str:
     for r in rep.get("norm_rows", []):
         lines.append(f"{r['tokens']:>9} {r['hidden']:>6} {r['variant']:>12} {r['checked_us']:8.2f} "
                      f"{r['unchecked_us']:9.2f} {r['check_cost_pct']:6.1f}")
+    lines.append(f"{'moe tokens':>10} {'path':>13} {'checked':>8} {'unchecked':>9} {'check%':>6}")
+    for r in rep.get("moe_rows", []):
+        lines.append(f"{r['tokens']:>10} {r['path']:>13} {r['checked_us']:8.2f} {r['unchecked_us']:9.2f} "
+                     f"{r['check_cost_pct']:6.1f}")
     return "\n".join(lines)

@@ -69,7 +69,7 @@ from ...channels import HEAP_ALIGN, Channel, Communicator
 from ...channels.cuda_ipc import HostMappedWords
 from ...errors import InvalidInputError, TritonCommError
 from ...kernels import barrier_flag_bytes, lamport_fill, pow2_at_least
-from ...kernels.consistency import DTYPE_CODES, OP_CODES
+from ...kernels.consistency import DTYPE_CODES, OP_CODES, pack_signature
 from ...kernels.launcher import Launcher
 from ...units import round_up
 from ..selection import read_table
@@ -100,6 +100,8 @@ from .shape import (
 )
 
 MODES = ("auto", "latency", "throughput")
+#: What ``dispatch_path`` answers; a path's code in the call's signature is its place here, from 1.
+DISPATCH_PATHS = ("one-kernel", "routed", "routed-direct", "send-gather")
 
 __all__ = ["DIRECT_FROM_BYTES", "MODES", "NARROW_SEND_UP_TO", "NEVER", "ONE_KERNEL_ENTRIES", "PREFILL_FROM",
            "PREFILL_ONE_KERNEL_ENTRIES", "PREFILL_ONE_KERNEL_ENTRIES_WIDE",
@@ -169,6 +171,7 @@ def heap_bytes_bound(backend: str, device: torch.device, world: int, *, max_toke
         2 * 2 * w * m * k * 4 + 2 * w * 4,  # the ids and weights tables, the token counts
         2 * w * (blocks + -(-blocks // sh.super_blocks)) * max(pow2_at_least(num_experts), 4) * 4,  # histograms
         2 * sh.programs * w * min(pow2_at_least(m * k), sh.one_kernel_entries) * 4,  # the routing copies
+        2 * sh.programs * w * 8,  # the one-kernel dispatch's call-check headers (a decode shape has fewer programs)
         local * cap * (hidden * el + hidden * wire + scales),  # the expert buffer, the direct rows and scales
         2 * w * m * hidden * el,  # the partials and the Lamport partials
     ]
@@ -286,6 +289,11 @@ class MoEAllToAll:
             comm.empty((2, w * (self._hist_blocks + supers), self._block_x), torch.int32)
         # a copy per program (the shared copy, when a call takes it, is program 0's rows)
         self._copy = comm.empty((2, sh.programs * w * self._block_n), torch.int32) if sh.one_kernel else None
+        #: the one-kernel packet dispatch's call check: per half, an int64 header per (program, source), 0 at rest
+        most = max(sh.programs, decode_shape.programs if decode_shape is not None else 0)
+        self._hdrs = comm.empty((2, most * w), torch.int64) if sh.one_kernel and self._packets else None
+        if self._hdrs is not None:
+            self._hdrs.zero_()
         #: for calls with the shared copy: per half, the programs of the running launch done with the copies
         self._readers = torch.zeros(2, dtype=torch.int32, device=dev) if self._packets else None
         self._sc = comm.empty((2, peers * m, hidden // 128), torch.float32) if self.fp8 and plain else None
@@ -303,6 +311,7 @@ class MoEAllToAll:
         self._sc_off, self._sc_half = self._halves(self._sc)
         self._hist_off, self._hist_half = self._halves(self._hist)
         self._copy_off, self._copy_half = self._halves(self._copy)
+        self._hdr_off, self._hdr_half = self._halves(self._hdrs)
         self._ybuf = comm.empty((self.local_experts, self.capacity, hidden), dtype)
         self._ybuf_off = comm.heap_offset(self._ybuf)
         self._part = comm.empty((w, m, hidden), dtype) if self._throughput_from <= w * m else None
@@ -468,6 +477,7 @@ class MoEAllToAll:
         path, sh = self.dispatch_path(tokens_bound)
         bound = self.max_tokens if tokens_bound is None else tokens_bound  # the same on every rank
         self._debug_check("moe_dispatch", bound)
+        sig = self._signature(bound, path)
         decode = sh is not self.shape
         if path == "one-kernel":
             launch_dispatch_one_kernel(
@@ -482,17 +492,17 @@ class MoEAllToAll:
                 header=self._header, trace=self._trace(0, self._call),
                 block_x=self._block_x, block_h=sh.one_block_h or sh.send_block_h or sh.block_h, num_warps=sh.num_warps,
                 senders=sh.senders(self.world), lookahead=sh.lookahead,
-                launch_opts=self._decode_opts if decode else self._launch_opts,
-                **self._one_args)
+                launch_opts=self._decode_opts if decode else self._launch_opts, sig=sig, hdr_off=self._hdr_off,
+                hdr_half=self._hdr_half, **self._one_args)
         else:
             self._dispatch_two_kernels(x, topk_ids, topk_weights, path == "routed-direct",
-                                       self._interleave and bound >= sh.interleave_from)
+                                       self._interleave and bound >= sh.interleave_from, sig)
         self._call += 1
         self._open_handle = self._call
         return (self._out, self._scales) if self.fp8 else self._out, self._counts, MoEHandle(n, self._call, bound)
 
     def _dispatch_two_kernels(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                              direct: bool, interleave: bool = False) -> None:
+                              direct: bool, interleave: bool = False, sig: int | None = None) -> None:
         """The route and send kernels (``direct``: the rows into the peers' slots; ``interleave``:
         ``MoEShape.interleave_from``), or (instances of at most ``route_above`` entries) the send and
         gather kernels (``route.py``, ``dispatch.py``, ``gather.py``)."""
@@ -511,7 +521,7 @@ class MoEAllToAll:
                     block_h=sh.send_block_h or sh.block_h, routed=routed, block_n=self._held_block_n,
                     header=self._header, trace=trace, direct=self._direct_offs if direct else None,
                     lookahead=routed and sh.routed_lookahead, pairs=self._pairs,
-                    interleave=interleave, **self._send_bufs,
+                    interleave=interleave, sig=sig, **self._send_bufs,
                     **tables)
         if not routed:
             launch_gather(self._run_gather, self.comm, self._send_ch, self._out, self._scales, self._slot_of,
@@ -556,6 +566,15 @@ class MoEAllToAll:
             raise TritonCommError("MoEAllToAll is closed")
         self.comm.check()
 
+    def _signature(self, bound: int, path: str) -> int | None:
+        """The dispatch's signature, which its kernels compare across ranks (``onekernel.py`` and
+        ``dispatch.py``, "Call check"): the op, dtype, the token bound every rank shares and the path;
+        None where the communicator's ``check_calls`` is off."""
+        if not self.comm.config.check_calls:
+            return None
+        return pack_signature(OP_CODES["moe_dispatch"], DTYPE_CODES[DTYPE_NAMES[self.dtype]], bound,
+                              DISPATCH_PATHS.index(path) + 1)
+
     def _debug_check(self, op: str, bound: int) -> None:
         """Debug mode (``CommConfig.debug``): every rank must make the same call (dispatch or combine, with
         the same token bound: the count every rank shares, ``tokens_bound`` or ``max_tokens``), of this
@@ -571,8 +590,8 @@ class MoEAllToAll:
         for ch in (self._send_ch, self._comb_ch, self._route_ch):
             if ch is not None:
                 ch.close()
-        for t in (self._recv, self._ids, self._wtab, self._ntab, self._hist, self._copy, self._ybuf, self._sc,
-                  self._part, self._lpart, self._precv, self._psc, self._pw,
+        for t in (self._recv, self._ids, self._wtab, self._ntab, self._hist, self._copy, self._hdrs, self._ybuf,
+                  self._sc, self._part, self._lpart, self._precv, self._psc, self._pw,
                   *((self._out, self._scales) if self._direct else ())):
             if t is not None:
                 self.comm.free(t)

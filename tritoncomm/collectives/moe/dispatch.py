@@ -64,6 +64,12 @@ ended on a rank, every peer's programs have made their stores (each before arriv
 its counterpart waited on), so the later steps on the stream may read the tables. A rank cannot
 start launch ``n + 2`` (same parity) before every peer has passed launch ``n + 1``'s barriers, i.e.
 before every peer's stream is past its reads of launch ``n``.
+
+**Call check.** With a signature (``MoEAllToAll``: op, dtype, the shared token bound, the path) the
+send kernel's barriers compare it (``kernels.barrier``): a program that finds a difference lays out
+nothing more from the peers. The gather kernel, which runs after the send kernel, does not look: on
+that path a mismatched call's error surfaces after its layout. Routed packets have no barrier and no
+check.
 """
 
 from __future__ import annotations
@@ -240,7 +246,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                     max_tokens, num_experts, capacity, bases, rank, timeout, diag_addr, flags_off, epochs_off,
                     recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half,
                     hist_off, hist_half, hist_blocks, header_ptr, pw_off, pw_half, out_off, sc_out_off, trace_ptr,
-                    WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+                    sig, WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                     BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_B: tl.constexpr,
                     SUPER: tl.constexpr, FP8: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_W: tl.constexpr, PACKETS: tl.constexpr = False, TRACE: tl.constexpr = False,
@@ -262,7 +268,10 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     routing and first halves are visible: read nothing of theirs before), then alternates one item
     of its second half with one item of the first half that each peer's program ``pid`` sent it
     (peer by peer in this rank's order), so that the layout's HBM work runs while its rows cross
-    the links; then barrier slot ``pid`` and the rest of the peers' rows."""
+    the links; then barrier slot ``pid`` and the rest of the peers' rows.
+
+    ``sig`` (None: no call check): the call's signature, compared at the barriers (module docstring,
+    "Call check"); a program that finds a difference lays out nothing more."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     DTYPE: tl.constexpr = tl.float8e4nv if FP8 else x_ptr.dtype.element_ty
@@ -300,7 +309,7 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                    grid, recv_base, max_tokens, ids_base, wtab_base, sc_base, routing, nn, hist, hist_blocks, DTYPE,
                    WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, False, True, BLOCK_E, BLOCK_X, BLOCK_B, SUPER,
                    False, out_off, sc_out_off, earlier, DIRECT, LOOKAHEAD, 0, k1)
-        barrier_arrive(bases, rank, WORLD, flags_off, grid + pid, e)
+        barrier_arrive(bases, rank, WORLD, flags_off, grid + pid, e, sig)
         # one more item in flight, then the wait: the peers' counts, routing and first halves are
         # visible only after it (without the route kernel's barrier)
         send_items(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1, wts_ptr, bad_ptr, out_ptr, sc_out_ptr,
@@ -308,14 +317,14 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                    grid, recv_base, max_tokens, ids_base, wtab_base, sc_base, routing, nn, hist, hist_blocks, DTYPE,
                    WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, False, False, True, BLOCK_E, BLOCK_X, BLOCK_B, SUPER,
                    False, out_off, sc_out_off, earlier, DIRECT, LOOKAHEAD, k1, k1 + 1)
-        barrier_wait(bases, rank, WORLD, flags_off, grid + pid, e, timeout, diag)
+        ok = barrier_wait(bases, rank, WORLD, flags_off, grid + pid, e, timeout, diag, sig)
         ws = tl.arange(0, BLOCK_W)
         sizes = tl.load(ntab + ws, mask=ws < WORLD, other=0)
         super_blocks = tl.cdiv(hist_blocks, SUPER)
         before = rows_sum(hist, WORLD * hist_blocks + rank * super_blocks,  # per expert: the sources before s
                           tl.cdiv(tl.cdiv(n_tokens * TOP_K, BLOCK_E), SUPER), BLOCK_B, BLOCK_X)
         rest = tl.maximum(program_items(mine, pid, grid) - k1 - 1, 0)  # the second half past the extra item
-        for i in range(1, WORLD):
+        for i in range(1, tl.where(ok, WORLD, 1)):  # nothing laid out after a mismatch
             s = (rank + i) % WORLD
             n_s = size_of(sizes, s, BLOCK_W)
             shares_s = column_shares(n_s, hidden, grid, BLOCK_H)
@@ -360,22 +369,25 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                 tl.store(heap_ptr(bases, d, hist_base, tl.int32) + tl.cast(hrow, tl.int64) * BLOCK_X + xs, h)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 4)
+    same = tl.full([], 1, tl.int1)
     if not PACKETS:
-        barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
+        same = barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag, sig)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 5)
-    if ROUTED:  # every rank's routing came before this kernel: program pid lays out what program pid was sent
-        pw = heap_ptr(bases, rank, pw_off + half * pw_half, tl.float32)  # with PACKETS: the peers' weights
-        totals = lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, heap_ptr(bases, rank, recv_base, DTYPE),
-                               heap_ptr(bases, rank, sc_base, tl.float32), heap_ptr(bases, rank, ids_base, tl.int32),
-                               ntab, hist, hist_blocks, max_tokens, capacity, hidden, rank, pid, grid, pw,
-                               heap_ptr(bases, rank, wtab_base, tl.float32), timeout, diag, WORLD, LOCAL, TOP_K,
-                               BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X, BLOCK_B, SUPER, PACKETS, BLOCK_W, DIRECT, PAIRS,
-                               trace_ptr, pid * _STAGES + 7, TRACE, INTERLEAVE)
-        if pid == 0:
-            finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, 0, LOCAL, BLOCK_X)
-            ws = tl.arange(0, BLOCK_W)
-            store_header(header_ptr, tl.load(ntab + ws, mask=ws < WORLD, other=0), half, BLOCK_W)
+    if ROUTED:  # every rank's routing came before this kernel: program pid lays out what it was sent
+        if same:  # nothing laid out after a mismatch
+            pw = heap_ptr(bases, rank, pw_off + half * pw_half, tl.float32)  # with PACKETS: the peers' weights
+            totals = lay_out_peers(out_ptr, sc_out_ptr, slot_ptr, heap_ptr(bases, rank, recv_base, DTYPE),
+                                   heap_ptr(bases, rank, sc_base, tl.float32),
+                                   heap_ptr(bases, rank, ids_base, tl.int32), ntab, hist, hist_blocks, max_tokens,
+                                   capacity, hidden, rank, pid, grid, pw, heap_ptr(bases, rank, wtab_base, tl.float32),
+                                   timeout, diag, WORLD, LOCAL, TOP_K, BLOCK_K, BLOCK_H, FP8, BLOCK_E, BLOCK_X,
+                                   BLOCK_B, SUPER, PACKETS, BLOCK_W, DIRECT, PAIRS, trace_ptr, pid * _STAGES + 7,
+                                   TRACE, INTERLEAVE)
+            if pid == 0:
+                finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, 0, LOCAL, BLOCK_X)
+                ws = tl.arange(0, BLOCK_W)
+                store_header(header_ptr, tl.load(ntab + ws, mask=ws < WORLD, other=0), half, BLOCK_W)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 6)
     epoch_commit(epoch_ptr, e)
@@ -391,7 +403,8 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
                 routed: bool, block_n: int, num_warps: int, launch_opts: dict[str, bool | int],
                 header: torch.Tensor, pw_off: int = 0, pw_half: int = 0, packets: bool = False,
                 trace: torch.Tensor | None = None, direct: tuple[int, int] | None = None,
-                lookahead: bool = False, pairs: bool = False, interleave: bool = False) -> None:
+                lookahead: bool = False, pairs: bool = False, interleave: bool = False,
+                sig: int | None = None) -> None:
     """Launch ``moe_send_kernel`` through ``run`` (its launcher, one program per SM on GPUs): with
     ``routed`` after ``route.launch_route`` on the same grid (and then leaving ``header`` for
     ``combine``, ``header.py``), else holding the routing in blocks of ``block_n`` entries (at least
@@ -401,7 +414,8 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
     kernel with its barrier): the heap offsets of ``out`` and ``scales`` (0 without FP8), into which
     the rows then go on the peers, or None. ``pairs``: the routed layout takes whole rows two at a
     time; ``interleave`` (routed, plain buffers; the channel has ``2 * programs`` barrier slots):
-    the peers' first halves laid out while the second half is sent."""
+    the peers' first halves laid out while the second half is sent. ``sig``: the call's signature
+    (``MoEAllToAll``), compared at the barriers, or None."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
@@ -409,7 +423,7 @@ def launch_send(run: Launcher, comm, channel, x: torch.Tensor, ids: torch.Tensor
         bad, out, scales if fp8 else out, slot_of, owner, row, counts, bad_host_addr, x.shape[0], x.shape[1],
         max_tokens, num_experts, capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off,
         recv_off, recv_half, ids_off, ids_half, wtab_off, wtab_half, ntab_off, ntab_half, sc_off, sc_half, hist_off,
-        hist_half, hist_blocks, header, pw_off, pw_half, *(direct or (0, 0)), bad if trace is None else trace,
+        hist_half, hist_blocks, header, pw_off, pw_half, *(direct or (0, 0)), bad if trace is None else trace, sig,
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_E=block_e,
         BLOCK_X=block_x, BLOCK_B=rows_per_load(block_x), SUPER=super_blocks, FP8=fp8, ROUTED=routed,
         BLOCK_N=1 if routed else block_n, BLOCK_W=pow2_at_least(world), PACKETS=packets, TRACE=trace is not None,

@@ -60,6 +60,15 @@ Instead program 0 sends one copy per peer, into the rows program 0 would use, ev
 it, and the last program to count itself done with it (``reset_shared_copies``) resets it. The
 per-program copies stay for small calls: the count costs every program an atomic.
 
+**Call check** (``sig``: op, dtype, the token bound every rank shares and the path, ``MoEAllToAll``):
+with the barrier it travels in the barrier (``kernels.barrier``); with packets each program first
+stores it as a header word into every peer's header table, row ``(half, pid)``, slot of its rank
+(``kernels.lamport``, "Headers"), and program ``pid`` polls its row after the copies, compares and
+puts it back at rest. A program that finds a difference records it and lays out nothing from the
+peers (its own rows, laid out before, stay). So a rank whose bound differs, which reads all it needs
+of a peer's copy, still raises; a rank whose bound is larger waits for copy entries the peer never
+sends and raises ``CommTimeoutError``.
+
 Why two halves are enough without the barrier: program ``pid`` of every rank polls a copy from
 program ``pid`` of every peer in every call, and a rank sends its copies only after its previous
 kernels on the stream have ended (``pdl_wait``). So when a peer's program sends into a half again,
@@ -76,13 +85,18 @@ import triton.language as tl
 
 from ...kernels import (
     INTERPRET,
+    KIND_SIGNATURE,
     barrier,
     epoch_commit_slots,
     heap_ptr,
+    lamport_header_poll,
+    lamport_header_reset,
+    lamport_header_store,
     lamport_poll,
     lamport_reset,
     lamport_store,
     pow2_at_least,
+    record_timeout,
     stamp,
 )
 from ...kernels.launcher import Launcher
@@ -120,6 +134,32 @@ def reset_shared_copies(table, readers, grid, rank, WORLD: tl.constexpr, BLOCK_N
         tl.store(readers, 0)
 
 
+@triton.jit
+def _headers_match(hdrs, sig, pid, rank, timeout, diag, WORLD: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Whether every peer's header word (``hdrs + s``, ``kernels.lamport``, "Headers") holds ``sig``:
+    every thread polls each (bounded), the first that differs is recorded as ``KIND_SIGNATURE``
+    (slot: the program), and after a CTA barrier the words are back at rest. False too where a
+    header never came (the poll recorded the timeout, or a failure elsewhere stopped it)."""
+    differ = tl.full([], 0, tl.int32)  # the peer + 1 whose header differs
+    theirs = tl.full([], 0, tl.int64)
+    for s in tl.static_range(WORLD):
+        if s != rank:
+            h = lamport_header_poll(hdrs + s, s != rank, s, pid, rank, timeout, diag)
+            wrong = (h != sig) & (differ == 0)
+            differ = tl.where(wrong, s + 1, differ)
+            theirs = tl.where(wrong, h, theirs)
+    differ = tl.max(tl.zeros([BLOCK_W], tl.int32) + differ, axis=0)  # the same decision in every thread
+    theirs = tl.max(tl.zeros([BLOCK_W], tl.int64) + theirs, axis=0)
+    if differ > 0:
+        if theirs != 0:  # 0: the poll gave up (recorded there)
+            record_timeout(diag, KIND_SIGNATURE, rank, differ - 1, pid, sig, theirs, 0)
+    tl.debug_barrier()  # every thread's last look is made
+    for s in tl.static_range(WORLD):
+        if s != rank:
+            lamport_header_reset(hdrs + s, s != rank)
+    return differ == 0
+
+
 @triton.jit(do_not_specialize=["rank", "n_tokens", "bound", "ids_s0", "ids_s1", "w_s0", "w_s1",
                                "epoch_slots"])
 def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
@@ -127,7 +167,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
                             bound, hidden, max_tokens, num_experts, capacity, bases, rank, timeout, diag_addr,
                             flags_off, epochs_off, epoch_slots, recv_off, recv_half, peer_rows, ids_off, ids_half,
                             wtab_off, wtab_half, pw_off, pw_half, sc_off, sc_half, copy_off, copy_half,
-                            readers_ptr, header_ptr, trace_ptr,
+                            readers_ptr, header_ptr, trace_ptr, hdr_off, hdr_half, sig,
                             WORLD: tl.constexpr, LOCAL: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                             BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_X: tl.constexpr, FP8: tl.constexpr,
                             PACKETS: tl.constexpr, SHARED: tl.constexpr, BLOCK_W: tl.constexpr, TRACE: tl.constexpr,
@@ -145,7 +185,10 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     sent, first peer's copy read, rows laid out, done. With ``SENDERS`` (packets only) programs ``[0,
     SENDERS)`` send the rows and the others lay out the peers' rows; every program still sends and
     polls its routing copies. ``LOOKAHEAD`` (``MoEShape.lookahead``): the sends' and the packet
-    layout's loads one column block ahead (``send_items``, ``place_packets``)."""
+    layout's loads one column block ahead (``send_items``, ``place_packets``).
+
+    ``sig``: the call's signature (``MoEAllToAll``'s, with the bound), or None for no call check
+    (module docstring, "Call check"); ``hdr_off`` / ``hdr_half``: the header words (packets only)."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     if SENDERS == 0:  # every program sends, then lays out
@@ -164,6 +207,12 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     recv_base = recv_off + half * recv_half
     sc_base = sc_off + half * sc_half
     copy_base = copy_off + half * copy_half
+    CHECK: tl.constexpr = sig is not None
+    hdr_base = hdr_off + half * hdr_half
+    if CHECK and PACKETS:  # my signature to this program of every peer, before anything else it sends
+        for d in tl.static_range(WORLD):
+            if d != rank:
+                lamport_header_store(heap_ptr(bases, d, hdr_base + (pid * WORLD + rank) * 8, tl.int64), sig)
     # 1. this rank's routing, copied into row (pid, rank) of every peer's copy table
     nn = tl.arange(0, BLOCK_N)
     live = nn < n_tokens * TOP_K
@@ -193,8 +242,9 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 2)
     # 3. program pid of every rank has stored its copy and its items (with packets: nothing to wait for)
+    ok = tl.full([], 1, tl.int1)  # every peer's signature equals mine (always without the check)
     if not PACKETS:
-        barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag)
+        ok = barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag, sig)
     # 4. lay out the items this program was sent
     recv = heap_ptr(bases, rank, recv_base, DTYPE)
     sc = heap_ptr(bases, rank, sc_base, tl.float32)
@@ -226,8 +276,11 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     # launch's register cap, ``register_cap``); in the CPU world, whose interpreter runs a rank's
     # programs in order, only where the layout has programs of its own (the senders never wait).
     DEAL: tl.constexpr = PACKETS and (SENDERS > 0 or not INTERPRET)
+    if CHECK and PACKETS:  # every peer's header (sent before its copy), then back at rest
+        ok = _headers_match(heap_ptr(bases, rank, hdr_base + pid * WORLD * 8, tl.int64), sig, pid, rank, timeout,
+                            diag, WORLD, BLOCK_W)
     before = 0  # items of the sources before s
-    for i in range(1, WORLD):
+    for i in range(1, tl.where(ok, WORLD, 1)):  # nothing laid out after a mismatch
         s = (rank + i) % WORLD
         src = copy_rows + s * ROW
         if ALL:
@@ -275,7 +328,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
         reset_shared_copies(heap_ptr(bases, rank, copy_base, tl.int32, ALIGNED=False), readers_ptr + half, grid,
                             rank, WORLD, BLOCK_N)
     # 5. counts and problem counters
-    if pid == 0:
+    if (pid == 0) & ok:
         finish_counts(counts_ptr, bad_ptr, bad_host_addr, earlier, capacity, rank, tl.sum(bad.to(tl.int32)), LOCAL,
                       BLOCK_X)
         store_header(header_ptr, sizes, half, BLOCK_W)
@@ -294,7 +347,8 @@ def launch_dispatch_one_kernel(run: Launcher, comm, channel, out: torch.Tensor, 
                                readers: torch.Tensor | None, bound: int, block_n: int, block_x: int, block_h: int,
                                packets: bool, num_warps: int, launch_opts: dict[str, bool | int],
                                header: torch.Tensor, trace: torch.Tensor | None = None, senders: int = 0,
-                               lookahead: bool = False) -> None:
+                               lookahead: bool = False, sig: int | None = None, hdr_off: int = 0,
+                               hdr_half: int = 0) -> None:
     """Launch ``moe_dispatch_one_kernel`` through ``run`` (its launcher: a 1-D grid); with
     ``packets`` the receive buffer, its scales, ``pw_off`` and the copy table are Lamport buffers at
     rest; with ``readers`` (int32 ``[2]``, zero, and packets) the copy table holds one shared copy
@@ -303,7 +357,8 @@ def launch_dispatch_one_kernel(run: Launcher, comm, channel, out: torch.Tensor, 
     DISPATCH_STAGES, 2]`` for the stage stamps, or None. ``header``: what ``combine`` reads
     (``header.py``). ``senders``: with packets, the programs that send (the others lay out); 0: all.
     ``lookahead``: loads one column block ahead. The receive rows start 16-byte aligned (``ROWS16``)
-    when a row's bytes are a multiple of 16: the buffer is 256-byte aligned."""
+    when a row's bytes are a multiple of 16: the buffer is 256-byte aligned. ``sig``: the call's
+    signature, or None (no call check); ``hdr_off`` / ``hdr_half``: the header words, with packets."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     k = ids.shape[1]
     fp8 = scales is not None
@@ -312,7 +367,7 @@ def launch_dispatch_one_kernel(run: Launcher, comm, channel, out: torch.Tensor, 
         max_tokens, num_experts, capacity, bases, rank, timeout, diag, channel.flags_off, channel.epochs_off,
         channel.programs, recv_off, recv_half, peer_rows, ids_off, ids_half, wtab_off, wtab_half, pw_off, pw_half,
         sc_off, sc_half, copy_off, copy_half, counts if readers is None else readers, header,
-        bad if trace is None else trace,
+        bad if trace is None else trace, hdr_off, hdr_half, sig,
         WORLD=world, LOCAL=local, TOP_K=k, BLOCK_K=pow2_at_least(k), BLOCK_H=block_h, BLOCK_N=block_n,
         BLOCK_X=block_x, FP8=fp8, PACKETS=packets, SHARED=readers is not None, BLOCK_W=pow2_at_least(world),
         TRACE=trace is not None, SENDERS=senders, LOOKAHEAD=bool(lookahead),

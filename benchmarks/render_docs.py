@@ -238,12 +238,28 @@ def misc_section() -> str:
     for w in (2, 4):
         d = load(f"reliability-cost-h200-tp{w}.json")
         if d:
-            parts += [f"### What reliability costs, TP{w}", caption("bounded waits and debug mode", d),
-                      table(["bytes", "bounded (graph)", "unbounded (graph)", "difference", "eager", "debug (eager)",
-                             "debug cost"],
-                            [[size(r["bytes"]), us(r["bounded_graph_us"]), us(r["unbounded_graph_us"]),
-                              f"{r['bounded_cost_pct']:+.1f}%", us(r["bounded_eager_us"]), us(r["debug_eager_us"]),
-                              us(r["debug_cost_us"])] for r in d["rows"]])]
+            parts += [f"### What reliability costs, TP{w}", caption("bounded waits, the call check and debug mode", d)]
+            checked = "check_cost_pct" in d["rows"][0]
+            parts.append(table(["bytes", "algorithm", "bounded (graph)", "unbounded (graph)", "difference"]
+                               + (["call check off (graph)", "call check cost"] if checked else [])
+                               + ["eager", "debug (eager)", "debug cost"],
+                               [[size(r["bytes"]), r.get("algo", ""), us(r["bounded_graph_us"]),
+                                 us(r["unbounded_graph_us"]), f"{r['bounded_cost_pct']:+.1f}%"]
+                                + ([us(r["unchecked_graph_us"]), f"{r['check_cost_pct']:+.1f}%"] if checked else [])
+                                + [us(r["bounded_eager_us"]), us(r["debug_eager_us"]), us(r["debug_cost_us"])]
+                                for r in d["rows"]]))
+            if d.get("norm_rows"):
+                parts += ["The fused add-RMSNorm with the call check on and off (graph):",
+                          table(["tokens", "hidden", "variant", "check on", "check off", "cost"],
+                                [[str(r["tokens"]), str(r["hidden"]), r["variant"], us(r["checked_us"]),
+                                  us(r["unchecked_us"]), f"{r['check_cost_pct']:+.1f}%"] for r in d["norm_rows"]])]
+            if d.get("moe_rows"):
+                r0 = d["moe_rows"][0]
+                parts += [f"MoE dispatch + combine (hidden {r0['hidden']}, {r0['experts']} experts, top-{r0['top_k']}) "
+                          "with the call check on and off (graph):",
+                          table(["tokens per rank", "dispatch path", "check on", "check off", "cost"],
+                                [[str(r["tokens"]), r["path"], us(r["checked_us"]), us(r["unchecked_us"]),
+                                  f"{r['check_cost_pct']:+.1f}%"] for r in d["moe_rows"]])]
     for w in (2, 4):
         d = load(f"zerocopy-h200-tp{w}.json")
         if d:

@@ -60,7 +60,8 @@ def test_bench_in_the_cpu_world_says_its_times_are_not_speed(capsys, tmp_path):
 
 def test_bench_costs_times_the_all_reduce_and_the_fused_norm_with_the_check_on_and_off(tmp_path):
     """``bench --op costs`` runs (CPU world: the rows' shape, not speed): an all-reduce row per size and a
-    fused-norm row per token count, a MoE row per token count, each with the call check on and off, and the versions it ran on."""
+    fused-norm row and a MoE row per token count, each with the call check on and off, and the versions it
+    ran on."""
     from tritoncomm.kernels.interpreter import numpy_problem
 
     if numpy_problem():
@@ -80,4 +81,4 @@ def test_bench_costs_times_the_all_reduce_and_the_fused_norm_with_the_check_on_a
     assert [r["tokens"] for r in rep["moe_rows"]] == [1, 4]
     for r in rep["moe_rows"]:
         assert r["checked_us"] > 0 and r["unchecked_us"] > 0 and r["path"] == "one-kernel", r
-    assert set(rep["versions"]) == {"torch", "triton"}
+    assert rep["torch"] and rep["triton"]

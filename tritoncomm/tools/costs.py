@@ -140,22 +140,19 @@ def reliability_cost_rank(ctx: RankContext, sizes: list[int] | None = None, toke
     moe_rows = _moe_rows(ctx, moe_tokens or MOE_TOKENS[ctx.backend])
     if ctx.rank != 0:
         return None
-    versions = {"torch": torch.__version__}
     import triton
 
-    versions["triton"] = triton.__version__
     return {"op": "reliability_cost", "world": ctx.world, "date": datetime.date.today().isoformat(),
             "device": torch.cuda.get_device_name(ctx.device) if ctx.backend == "cuda" else "CPU world",
-            "versions": versions,
+            "torch": torch.__version__, "triton": triton.__version__,
             "method": "per call; graph: 32 calls in a CUDA graph, eager: 32 launches; median of 20 samples per "
                       "rank, max over ranks, best of two alternating rounds", "rows": rows, "norm_rows": norm_rows,
             "moe_rows": moe_rows}
 
 
 def format_cost(rep: dict[str, Any]) -> str:
-    v = rep.get("versions", {})
     lines = [f"reliability cost: world={rep['world']} device={rep['device']} date={rep['date']} "
-             f"torch={v.get('torch')} triton={v.get('triton')}; {rep['method']}",
+             f"torch={rep.get('torch')} triton={rep.get('triton')}; {rep['method']}",
              f"{'bytes':>9} {'algo':>15} {'bounded':>8} {'unbounded':>9} {'cost%':>6} {'unchecked':>9} {'check%':>6} "
              f"{'eager':>8} {'debug':>8} {'debug+us':>8}"]
     for r in rep["rows"]:

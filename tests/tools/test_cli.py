@@ -82,3 +82,24 @@ def test_bench_costs_times_the_all_reduce_and_the_fused_norm_with_the_check_on_a
     for r in rep["moe_rows"]:
         assert r["checked_us"] > 0 and r["unchecked_us"] > 0 and r["path"] == "one-kernel", r
     assert rep["torch"] and rep["triton"]
+
+
+def test_tune_moe_out_writes_the_switches_into_a_table(tmp_path):
+    """``tune --op moe --out``: the file's ``table`` holds the MoE switches as the runtime reads them, and
+    its ``moe`` list the measured rows."""
+    from tritoncomm.kernels.interpreter import numpy_problem
+
+    if numpy_problem():
+        pytest.skip(numpy_problem())
+    import json
+
+    from tritoncomm.collectives.selection import SelectionTable
+
+    out = tmp_path / "t.json"
+    assert cli.main(["tune", "--backend", "cpu", "--world", "2", "--op", "moe", "--shapes", "tiny", "--tokens", "1",
+                     "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    (r,) = data["moe"]
+    switches = SelectionTable.from_json(data["table"], "t").switches_for("moe", 2)
+    assert switches["prefill_from_tokens"] == r["prefill_from"], (switches, r)
+    assert set(switches) == {"prefill_from_tokens", "throughput_from_tokens"}, switches

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from tritoncomm.collectives.moe import PREFILL_FROM, MoEAllToAll, default_throughput_from
-from tritoncomm.tools.moetune import NEVER, moe_tune_rank, options, switch_point
+from tritoncomm.collectives.moe import PREFILL_FROM, MoEAllToAll, default_prefill_from, default_throughput_from
+from tritoncomm.collectives.selection import SelectionTable
+from tritoncomm.tools.moetune import NEVER, moe_tune_rank, options, switch_point, table_switches
 
 from ..helpers import make_comm
 
@@ -48,3 +49,12 @@ def test_moe_tune_reports_both_switches_and_they_apply(worlds):
     assert options(rep, world=4, hidden=256, num_experts=16, top_k=4) == {}  # not tuned: the defaults stand
     assert sum(worlds(2).run(_apply, opts)) == 24  # every entry routed: 2 ranks x 3 tokens x 4 experts
     assert PREFILL_FROM < NEVER and default_throughput_from(2, 256) < NEVER
+    # what --out writes: the table's switches, as the runtime reads them, beside the table's others
+    base = SelectionTable({}, "t", switches={("moe", 2): {"interleave_from_tokens": 2048, "prefill_from_tokens": 7}})
+    table = SelectionTable.from_json(table_switches(rep, base).to_json(), "out")
+    tf = r["throughput_from"] // 2 if r["throughput_from"] < NEVER else NEVER
+    assert table.switches_for("moe", 2) == {"interleave_from_tokens": 2048, "prefill_from_tokens": r["prefill_from"],
+                                            "throughput_from_tokens": tf}
+    assert default_prefill_from(table.switches_for("moe", 2)) == r["prefill_from"]
+    assert default_throughput_from(2, 256, table.switches_for("moe", 2)) == min(2 * tf, NEVER)
+    assert default_prefill_from({}) == PREFILL_FROM

@@ -288,12 +288,17 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _tune_moe(args: argparse.Namespace, backend: str) -> None:
-    """``tune --op moe``: print the measured rows and switches; with ``--out``, merge them into the
-    file's ``moe`` list (replacing entries of the same world and shape)."""
+    """``tune --op moe``: print the measured rows and switches; with ``--out``, write them where the
+    runtime reads them: the file's ``table`` (the format of ``collectives/tables/<device>.json``) gets,
+    per world, the first tuned shape's ``throughput_from_tokens`` and ``prefill_from_tokens`` among
+    the device table's other MoE switches, and its ``moe`` list keeps every shape's measured rows
+    (replacing entries of the same world and shape)."""
     import json
     import os
 
-    from .moetune import moe_tune_rank
+    from ..collectives import SelectionTable
+    from ..collectives.selection import read_table
+    from .moetune import moe_tune_rank, table_switches
 
     tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
     shapes = args.shapes.split(",") if args.shapes else None
@@ -308,6 +313,9 @@ def _tune_moe(args: argparse.Namespace, backend: str) -> None:
         old = json.load(open(args.out)) if os.path.exists(args.out) else {}
         fresh = {(r["world"], r["shape"]) for r in rep["moe"]}
         old["moe"] = [r for r in old.get("moe", []) if (r["world"], r["shape"]) not in fresh] + rep["moe"]
+        base = SelectionTable.from_json(old["table"], args.out) if "table" in old else \
+            read_table(backend, rep["device"])
+        old["table"] = table_switches(rep, base).to_json()
         with open(args.out, "w") as f:
             json.dump(old, f, indent=1)
         print(f"wrote {args.out}")

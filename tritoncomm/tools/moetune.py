@@ -30,13 +30,13 @@ import torch
 from ..channels import Communicator
 from ..collectives import MoEAllToAll
 from ..collectives.moe import NEVER, default_shape
-from ..collectives.selection import read_table
+from ..collectives.selection import SelectionTable, read_table
 from ..config import CommConfig
 from ..launch import RankContext
 from .moebench import DEFAULTS, MOE_SHAPES, _capacity, _measure
 from .report import device_name, max_over_ranks
 
-__all__ = ["NEVER", "moe_tune_rank", "options", "switch_point"]
+__all__ = ["NEVER", "moe_tune_rank", "options", "switch_point", "table_switches"]
 
 #: backend: tokens per rank the tune times by default: each count times both launch shapes and both
 #: combine modes, so fewer than the bench's.
@@ -130,3 +130,21 @@ def options(report: dict[str, Any], *, world: int, hidden: int, num_experts: int
             return {"prefill_from": r["prefill_from"], "throughput_from": r["throughput_from"]}
     return {}
 
+
+
+def table_switches(report: dict[str, Any], table: SelectionTable) -> SelectionTable:
+    """``table`` with the MoE switches of a ``tune --op moe`` report, as the runtime reads them
+    (``MOE_SWITCHES``, per world): for each world, the first tuned shape's ``throughput_from_tokens``
+    (tokens per rank; ``throughput_from`` is in total tokens) and ``prefill_from_tokens``, beside the
+    table's other switches of that world."""
+    switches = dict(table.switches)
+    done: set[int] = set()
+    for r in report.get("moe", []):
+        w = r["world"]
+        if w in done:
+            continue
+        done.add(w)
+        tuned = {"prefill_from_tokens": r["prefill_from"],
+                 "throughput_from_tokens": r["throughput_from"] // w if r["throughput_from"] < NEVER else NEVER}
+        switches[("moe", w)] = {**table.switches_for("moe", w), **tuned}
+    return SelectionTable(dict(table.rows), table.source, dict(table.picks), switches)

@@ -94,6 +94,7 @@ from .shape import (
     THROUGHPUT_FROM_ELEMS,
     THROUGHPUT_FROM_ELEMS_EP2,
     MoEShape,
+    default_prefill_from,
     default_shape,
     default_throughput_from,
     register_cap,
@@ -107,7 +108,8 @@ __all__ = ["DIRECT_FROM_BYTES", "MODES", "NARROW_SEND_UP_TO", "NEVER", "ONE_KERN
            "PREFILL_ONE_KERNEL_ENTRIES", "PREFILL_ONE_KERNEL_ENTRIES_WIDE",
            "PUSH_SPLIT_ELEMS", "SHAPES", "SHARED_COPY_FROM", "THROUGHPUT_FROM_ELEMS", "THROUGHPUT_FROM_ELEMS_EP2",
            "MOE_SWITCHES",
-           "MoEAllToAll", "MoEHandle", "MoEShape", "default_shape", "default_throughput_from", "heap_bytes_bound",
+           "MoEAllToAll", "MoEHandle", "MoEShape", "default_prefill_from", "default_shape", "default_throughput_from",
+           "heap_bytes_bound",
            "register_cap"]
 
 
@@ -149,13 +151,15 @@ def _device_facts(backend: str, device: torch.device | None, world: int) -> tupl
 
 def heap_bytes_bound(backend: str, device: torch.device, world: int, *, max_tokens: int, hidden: int,
                      num_experts: int, top_k: int, dtype: torch.dtype = torch.bfloat16, capacity: int | None = None,
-                     fp8_dispatch: bool = False, prefill_from: int = PREFILL_FROM,
+                     fp8_dispatch: bool = False, prefill_from: int | None = None,
                      shape: MoEShape | None = None) -> int:
     """An upper bound of the heap bytes a ``MoEAllToAll`` of these arguments takes from its
     communicator (at ``world`` ranks on ``backend``/``device``): every buffer any of its paths may
     allocate and its three channels' slots, each rounded to the heap's alignment. For sizing a
     communicator that holds one instance; not for the launch path."""
     sms, switches = _device_facts(backend, device, world) if shape is None else (1, {})
+    if prefill_from is None:
+        prefill_from = default_prefill_from(switches)
     sh = shape or default_shape(backend, max_tokens, sms, prefill_from, hidden, 1 if fp8_dispatch else dtype.itemsize,
                                 world, switches)
     m, k, w, el = max_tokens, top_k, world, dtype.itemsize
@@ -185,7 +189,7 @@ class MoEAllToAll:
 
     def __init__(self, comm: Communicator, *, max_tokens: int, hidden: int, num_experts: int, top_k: int,
                  dtype: torch.dtype = torch.bfloat16, capacity: int | None = None, fp8_dispatch: bool = False,
-                 mode: str = "auto", throughput_from: int | None = None, prefill_from: int = PREFILL_FROM,
+                 mode: str = "auto", throughput_from: int | None = None, prefill_from: int | None = None,
                  shape: MoEShape | None = None, decode_shape: MoEShape | None = None, decode_below: int | None = None,
                  name: str = "moe") -> None:
         w = comm.world
@@ -202,6 +206,8 @@ class MoEAllToAll:
         sms, switches = _device_facts(comm.backend, comm.device, w)
         if throughput_from is None:
             throughput_from = default_throughput_from(w, hidden, switches)
+        if prefill_from is None:
+            prefill_from = default_prefill_from(switches)
         if not isinstance(throughput_from, int) or throughput_from < 0:
             raise InvalidInputError(f"MoEAllToAll: throughput_from must be an int >= 0, got {throughput_from!r}")
         if not isinstance(prefill_from, int) or prefill_from < 1:

@@ -33,10 +33,13 @@ THROUGHPUT_FROM_ELEMS_EP2 = 11 << 18
 #: * ``interleave_from_tokens``: ``MoEShape.interleave_from``'s default for rows of more than
 #:   ``NARROW_SEND_UP_TO`` elements of 2 bytes on the wire (the H200 table: 2048 at EP2 and EP4);
 #: * ``combine_interleave_from_tokens``: ``MoEShape.combine_interleave_from``'s default, any row width
-#:   (the H200 table: 4096 at EP4).
+#:   (the H200 table: 4096 at EP4);
+#: * ``prefill_from_tokens``: ``MoEAllToAll``'s ``prefill_from`` default (``default_prefill_from``).
 #:
-#: Where the table has none, ``NEVER`` (the interleaves) or the element rule (the combine's switch).
-MOE_SWITCHES = ("throughput_from_tokens", "interleave_from_tokens", "combine_interleave_from_tokens")
+#: Where the table has none, ``NEVER`` (the interleaves), the element rule (the combine's switch) or
+#: ``PREFILL_FROM``. ``tune --op moe --out`` writes ``throughput_from_tokens`` and ``prefill_from_tokens``.
+MOE_SWITCHES = ("throughput_from_tokens", "interleave_from_tokens", "combine_interleave_from_tokens",
+                "prefill_from_tokens")
 
 #: Routing entries per rank from which the one-kernel dispatch shares one routing copy per rank
 #: (``MoEShape.shared_copy_from``). At EP2 on two H100s (DeepSeek-V3 and Qwen3-MoE, dispatch +
@@ -341,6 +344,12 @@ def register_cap(shape: MoEShape, sms: int, regs_per_sm: int = 65536) -> int | N
     return max(cap // 8 * 8, 32) if cap < 255 else None
 
 
+def default_prefill_from(switches: Mapping[str, int] = MappingProxyType({})) -> int:
+    """``MoEAllToAll``'s default ``prefill_from``: the device table's ``prefill_from_tokens`` for this
+    world (``switches``), else ``PREFILL_FROM``."""
+    return int(switches.get("prefill_from_tokens", PREFILL_FROM))
+
+
 def default_throughput_from(world: int, hidden: int, switches: Mapping[str, int] = MappingProxyType({})) -> int:
     """``combine``'s default switch for ``world`` ranks and rows of ``hidden``, in total tokens over the
     ranks per call: the device table's ``throughput_from_tokens`` for this world (``switches``) per
@@ -350,6 +359,6 @@ def default_throughput_from(world: int, hidden: int, switches: Mapping[str, int]
         return 1  # unused: at world 1 the automatic mode is the latency mode
     tokens = switches.get("throughput_from_tokens")
     if tokens is not None:
-        return world * tokens
+        return min(world * tokens, NEVER)  # NEVER stays NEVER (an int64 for the kernel)
     elems = THROUGHPUT_FROM_ELEMS_EP2 if world == 2 else THROUGHPUT_FROM_ELEMS
     return -(-elems * world // ((world - 1) * hidden))

@@ -1,10 +1,12 @@
 """Batch invariance: a row's output bits do not depend on how many other rows share the call or on which
 algorithm sums it (every algorithm sums in fp32 over ranks 0..W-1 in that order and rounds once).
 
-The fused norm's sum of squares is grouped by its launch shape: in the CPU world its blocks are small and
-every variant and chunking groups alike; on GPUs wider blocks (``tl.sum`` over a whole block, its tree
-set by the layout) make a row's bits follow the token count, so there the test is expected to fail
-until the grouping is fixed (issue 74)."""
+The fused norm's sum of squares is grouped by its launch shape: in the CPU world every variant and
+chunking groups alike; on GPUs wider blocks (``tl.sum`` over a whole block, its tree set by the layout)
+and the chunk count make a row's fp32 ``rstd`` follow the token count, so there the test is expected to
+fail until the grouping is fixed (issue 74). The bf16 output of an ordinary row hides most of that (the
+test passed on GPUs before it had probes): the row under test carries probe columns whose outputs
+change with every fp32 ulp of ``rstd`` near its value (``_probe_row``)."""
 
 from __future__ import annotations
 
@@ -63,16 +65,66 @@ def test_a_rows_bits_follow_neither_the_batch_nor_the_algorithm(worlds, world, d
             assert torch.equal(bits, want_bits), (rank, key, (bits != want_bits).nonzero().flatten()[:8].tolist())
 
 
+#: Probe columns of the fused norm's row: where a 1-ulp change of the row's fp32 ``rstd`` flips a bf16 output.
+PROBES = 32
+#: The probes cover the ``rstd`` values this many fp32 ulps either side of the reference's.
+WINDOW = 12
+
+
+def _window(row: torch.Tensor, hidden: int) -> torch.Tensor:
+    """The fp32 values of ``rstd`` next to the reference's (``1 / sqrt(mean(row^2) + eps)``), ``WINDOW``
+    either side, in order: consecutive fp32 numbers."""
+    bulk = row[:hidden - PROBES].float()
+    ref = 1.0 / torch.sqrt((bulk ** 2).sum() / hidden + 1e-6)
+    return (ref.view(torch.int32) + torch.arange(-WINDOW, WINDOW + 1, dtype=torch.int32)).view(torch.float32)
+
+
+def _probe_row(hidden: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A row (its new residual, bf16) and a weight whose bf16 outputs show the fp32 ``rstd`` they were
+    normalised with, not just its bf16 rounding: the bulk columns (random, about 1) set ``rstd``; each
+    probe column has a tiny value (its square vanishes in any fp32 sum of the bulk's) and a weight chosen
+    so that its output ``bf16((x * rstd) * (1 + w))`` (Gemma's weight: ``1 + w`` is exact in fp32 and
+    finer than a bf16 weight) changes between two neighbouring fp32 values of ``rstd`` in the window
+    around the reference. Each probe marks a different such pair, so two launches whose ``rstd``
+    differ by an ulp there differ in the output bits. Returns (row, weight, the probes' gaps)."""
+    g = torch.Generator().manual_seed(11)
+    bulk = hidden - PROBES
+    row = torch.empty(hidden, dtype=torch.bfloat16)
+    row[:bulk] = (torch.randn(bulk, generator=g) + torch.sign(torch.randn(bulk, generator=g))).to(torch.bfloat16)
+    weight = torch.rand(hidden, generator=g).to(torch.bfloat16)
+    cand = _window(row, hidden)
+    mant = torch.arange(128, 256, dtype=torch.float32) / 128  # every bf16 mantissa in [1, 2)
+    a = (mant * 2.0 ** -40).to(torch.bfloat16).float()  # tiny probe values
+    w = torch.cat([(sign * mant * 2.0 ** -e).to(torch.bfloat16).float() for e in range(1, 24) for sign in (1, -1)])
+    y = ((a[:, None, None] * cand) * (1.0 + w)[None, :, None]).to(torch.bfloat16).float()  # [a, w, rstd]
+    flips = y[..., 1:] != y[..., :-1]  # [a, w, gap]
+    chosen, gaps = [], []
+    for gap in range(flips.shape[-1]):
+        hits = flips[..., gap].nonzero()
+        if len(hits) and len(chosen) < PROBES:
+            i, j = hits[len(hits) // 2].tolist()
+            chosen.append((a[i], w[j]))
+            gaps.append(gap)
+    for k, (ai, wj) in enumerate(chosen):
+        row[bulk + k] = ai.to(torch.bfloat16)
+        weight[bulk + k] = wj.to(torch.bfloat16)
+    row[bulk + len(chosen):] = 0.0
+    return row, weight, torch.tensor(gaps)
+
+
 def _norm_job(ctx, rounding: str, hidden: int, programs: int | None, max_chunks: int | None):
-    """The fused add-RMSNorm's output and new residual for the row, per (variant, batch, position)."""
+    """The fused add-RMSNorm's output and new residual for the probe row (``_probe_row``), per (variant,
+    batch, position). The row's new residual is exact: its residual is the row, its inputs sum to zero
+    over the ranks (+d and -d on ranks 0 and 1)."""
     from tritoncomm.collectives.fused_norm import FUSED_ALGORITHMS, FusedAllReduceAddRMSNorm
 
     comm = make_comm(ctx, heap_bytes=64 << 20)
     fused = FusedAllReduceAddRMSNorm(comm, max_tokens=max(BATCHES), max_hidden=hidden, algos=tuple(FUSED_ALGORITHMS),
                                      rounding=rounding, programs=programs, max_chunks=max_chunks)
-    mine = _row(ctx.rank, torch.bfloat16, hidden)
-    res_row = _row(100, torch.bfloat16, hidden)  # the residual: the same on every rank
-    weight = (torch.rand(hidden, generator=torch.Generator().manual_seed(9)) + 0.5).to(torch.bfloat16).to(ctx.device)
+    res_row, weight, _ = _probe_row(hidden)
+    d = (torch.randn(hidden, generator=torch.Generator().manual_seed(5)) * 3).to(torch.bfloat16)
+    mine = {0: d, 1: -d}.get(ctx.rank, torch.zeros_like(d))
+    weight = weight.to(ctx.device)
     seen = {}
     for algo in fused.algorithms:
         for batch in BATCHES:
@@ -83,11 +135,23 @@ def _norm_job(ctx, rounding: str, hidden: int, programs: int | None, max_chunks:
                     torch.bfloat16)
                 x[at], res[at] = mine, res_row
                 res_out = torch.empty_like(res).to(ctx.device)
-                out = fused(x.to(ctx.device), res.to(ctx.device), weight, algo=algo, residual_out=res_out)
+                out = fused(x.to(ctx.device), res.to(ctx.device), weight, algo=algo, residual_out=res_out,
+                            gemma=True)
                 seen[(algo, batch, at)] = (out[at].cpu().view(torch.int16), res_out[at].cpu().view(torch.int16))
     fused.close()
     comm.close()
     return seen
+
+
+def test_the_probe_row_tells_neighbouring_rstd_apart():
+    """The probes work: the row's outputs, normalised with each fp32 ``rstd`` of the window, differ
+    between every two neighbours the probes cover, and they cover most of the window."""
+    for hidden in (HIDDEN, 2048):
+        row, weight, gaps = _probe_row(hidden)
+        assert len(gaps) == 2 * WINDOW, (hidden, gaps.tolist())  # every gap of the window
+        outs = [((row.float() * r) * (1.0 + weight.float())).to(torch.bfloat16) for r in _window(row, hidden)]
+        for gap in gaps.tolist():
+            assert not torch.equal(outs[gap], outs[gap + 1]), (hidden, gap)
 
 
 @pytest.mark.xfail(BACKEND == "cuda", strict=False, reason="GPU blocks group the sum of squares by launch shape")

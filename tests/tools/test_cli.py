@@ -103,3 +103,24 @@ def test_tune_moe_out_writes_the_switches_into_a_table(tmp_path):
     switches = SelectionTable.from_json(data["table"], "t").switches_for("moe", 2)
     assert switches["prefill_from_tokens"] == r["prefill_from"], (switches, r)
     assert set(switches) == {"prefill_from_tokens", "throughput_from_tokens"}, switches
+
+
+def test_bench_deterministic_times_what_the_engines_deterministic_modes_run(tmp_path):
+    """``bench --op deterministic`` (CPU world: the rows' shape and checks, not speed): per size the
+    all-reduce and NCCL's (gloo here), per token count the fused norm and both unfused paths, each checked."""
+    from tritoncomm.kernels.interpreter import numpy_problem
+
+    if numpy_problem():
+        pytest.skip(numpy_problem())
+    import json
+
+    out = tmp_path / "d.json"
+    assert cli.main(["bench", "--backend", "cpu", "--world", "2", "--op", "deterministic", "--sizes", "1K",
+                     "--tokens", "1,3", "--json", str(out)]) == 0
+    rep = json.loads(out.read_text())["reports"][0]
+    assert [r["bytes"] for r in rep["rows"]] == [1024] and [r["tokens"] for r in rep["norm_rows"]] == [1, 3]
+    for r in rep["rows"] + rep["norm_rows"]:
+        assert r["correct"], r
+    for r in rep["norm_rows"]:
+        assert r["fused_us"] > 0 and r["unfused_tritoncomm_us"] > 0 and r["unfused_nccl_us"] > 0, r
+    assert rep["torch"] and rep["triton"]

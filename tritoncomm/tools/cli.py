@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="nccl-tests style benchmark against NCCL and torch symmetric memory")
     bench.add_argument("--op", default="allreduce", help="allreduce, allgather, reducescatter, alltoall, primitives, "
                        "costs, zerocopy, backend (the torch.distributed backend's cost per call), model (transformers "
-                       "TP with the backend vs NCCL; GPUs) or moe (expert-parallel dispatch/combine) "
-                       "(comma-separated)")
+                       "TP with the backend vs NCCL; GPUs), moe (expert-parallel dispatch/combine) or "
+                       "deterministic (what the engines' deterministic modes run) (comma-separated)")
     bench.add_argument("--world", type=int, default=None)
     bench.add_argument("--backend", choices=["auto", "cuda", "cpu"], default="auto")
     bench.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--table", default=None, help="a table JSON from `tune` to use instead of the packaged one")
     bench.add_argument("--json", default=None, help="write the report(s) here (one file per op: {op} in the name)")
     bench.add_argument("--plot", default=None, help="write a PNG plot here")
-    bench.add_argument("--tokens", default=None, help="moe: tokens per rank (default 1..4096); costs: the fused norm's "
-                       "token counts; comma-separated")
+    bench.add_argument("--tokens", default=None, help="moe: tokens per rank (default 1..4096); costs, "
+                       "deterministic: the fused norm's token counts; comma-separated")
     bench.add_argument("--shapes", default=None, help="moe: deepseek-v3, qwen3-moe, tiny (comma-separated)")
     layers = sub.add_parser("layers", help="fused TP layers vs their baselines: norm, gemm, decoder, hier (2x2)")
     layers.add_argument("--parts", default="norm,gemm,decoder,hier")
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 #: What each subcommand's list options accept (checked before any rank starts).
 CHOICES = {
     ("bench", "op"): ("allreduce", "allgather", "reducescatter", "alltoall", "primitives", "costs", "zerocopy",
-                      "backend", "model", "moe"),
+                      "backend", "model", "moe", "deterministic"),
     ("tune", "op"): ("allreduce", "allgather", "reducescatter", "moe"),
     ("bench", "modes"): ("graph", "eager"),
     ("layers", "parts"): ("norm", "gemm", "decoder", "hier"),
@@ -168,6 +168,7 @@ def _bench(args: argparse.Namespace) -> int:
         zero_copy_rank,
     )
     from .costs import format_cost, reliability_cost_rank
+    from .detbench import deterministic_rank, format_deterministic
     from .microbench import format_micro, micro_rank
     from .moebench import format_moe, moe_rank
     from .report import write_json
@@ -210,6 +211,11 @@ def _bench(args: argparse.Namespace) -> int:
                 elif op == "zerocopy":
                     rep = world.run(zero_copy_rank, sizes if args.sizes else None, timeout=1800)[0]
                     print(format_zero_copy(rep), flush=True)
+                elif op == "deterministic":
+                    tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
+                    rep = world.run(deterministic_rank, sizes if args.sizes else None, tokens, timeout=1800)[0]
+                    print(format_deterministic(rep), flush=True)
+                    ok &= all(r["correct"] for r in rep["rows"] + rep["norm_rows"])
                 elif op == "costs":
                     tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
                     rep = world.run(reliability_cost_rank, sizes if args.sizes else None, tokens, timeout=1800)[0]

@@ -1,0 +1,130 @@
+"""``bench --op deterministic``: what the engines' deterministic modes run, timed side by side.
+
+vLLM's batch-invariant mode and SGLang's deterministic inference keep (vLLM: ask at every size) their
+custom all-reduce slot, which tritoncomm serves with the same kernels as in the normal mode (every
+algorithm sums in fp32 over ranks 0..W-1 in that order), and turn the fused all-reduce + add + RMSNorm
+off: the layer then runs the all-reduce, the residual add and the RMSNorm one after another. Per
+size and token count, in CUDA graphs (CPU world: eagerly, not speed), the slowest rank's median:
+
+* all-reduce: tritoncomm (the table's pick, what either mode's slot runs) and NCCL;
+* add + RMSNorm after the all-reduce (``hidden``, bf16): tritoncomm's fused op; the engines'
+  deterministic unfused path with tritoncomm's all-reduce (``all-reduce, then add, then
+  F.rms_norm``: torch's norm standing in for the engine's own); the same with NCCL. The fused op is
+  not batch-invariant on GPUs yet (``docs/engines.md``, "Deterministic modes"): its column measures
+  what it will cost once it is.
+
+Every row is checked first: tritoncomm's all-reduce against NCCL's, the fused op against the unfused
+path (tolerance), and each result the same on every rank.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..channels import Communicator
+from ..collectives import AllReduce, FusedAllReduceAddRMSNorm
+from ..config import CommConfig
+from ..launch import RankContext
+from ..units import format_bytes
+from .report import all_true, fmt, max_over_ranks, same_on_all_ranks
+from .timing import time_per_call_us
+
+__all__ = ["deterministic_rank", "format_deterministic"]
+
+#: backend: (all-reduce sizes in bytes, token counts, hidden)
+DEFAULTS = {"cuda": ([8 << 10, 64 << 10, 1 << 20, 8 << 20, 64 << 20], [1, 8, 32, 128, 512, 2048], 8192),
+            "cpu": ([1 << 10, 8 << 10], [1, 4], 64)}
+
+
+def deterministic_rank(ctx: RankContext, sizes: list[int] | None = None,
+                       tokens: list[int] | None = None) -> dict[str, Any] | None:
+    """Every rank runs it; rank 0 returns the report (module docstring)."""
+    d_sizes, d_tokens, hidden = DEFAULTS[ctx.backend]
+    sizes, tokens = sizes or d_sizes, tokens or d_tokens
+    mode = "graph" if ctx.backend == "cuda" else "eager"
+    most = max(max(sizes), max(tokens) * hidden * 2)
+    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=6 * most + (64 << 20)))
+    ar = AllReduce(comm, max_bytes=most)
+    norm = FusedAllReduceAddRMSNorm(comm, max_tokens=max(tokens), max_hidden=hidden)
+    dev = ctx.device
+
+    def timed(fn) -> float:
+        return time_per_call_us(fn, dev, ctx.barrier, mode=mode)
+
+    rows = []
+    for nbytes in sizes:
+        x = torch.randn(nbytes // 2, device=dev, generator=torch.Generator(device=dev).manual_seed(nbytes + ctx.rank))
+        x = x.to(torch.bfloat16)
+        out, ref = torch.empty_like(x), x.clone()
+        ar(x, out=out)
+        dist.all_reduce(ref, group=ctx.group)
+        ok = bool(torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2)) and same_on_all_ranks(ctx, out)
+        nccl_buf = x.clone()
+        v = max_over_ranks(ctx, {"t": timed(lambda x=x, out=out: ar(x, out=out)),
+                                 "n": timed(lambda b=nccl_buf: dist.all_reduce(b, group=ctx.group))})
+        rows.append({"bytes": nbytes, "algo": ar.select(nbytes), "tritoncomm_us": v["t"], "nccl_us": v["n"],
+                     "correct": all_true(ctx, ok)})
+    w = (torch.rand(hidden, device=dev, generator=torch.Generator(device=dev).manual_seed(1)) + 0.5).to(torch.bfloat16)
+    norm_rows = []
+    for t in tokens:
+        g = torch.Generator(device=dev).manual_seed(t + 17 * ctx.rank)
+        x = torch.randn(t, hidden, device=dev, generator=g).to(torch.bfloat16)
+        res0 = torch.randn(t, hidden, device=dev, generator=torch.Generator(device=dev).manual_seed(t)).to(
+            torch.bfloat16)
+        res, out, summed = res0.clone(), torch.empty_like(x), torch.empty_like(x)
+        y = norm(x, res, w, out=out).clone()
+        res_u = res0.clone()
+        ar(x, out=summed)
+        res_u.add_(summed)
+        y_u = F.rms_norm(res_u, (hidden,), w, 1e-6)
+        ok = bool(torch.allclose(y.float(), y_u.float(), rtol=3e-2, atol=3e-2)) and same_on_all_ranks(ctx, y)
+
+        def unfused(x=x, res=res, summed=summed) -> None:
+            ar(x, out=summed)
+            res.add_(summed)
+            F.rms_norm(res, (hidden,), w, 1e-6)
+
+        def nccl(x=x, res=res) -> None:
+            b = x.clone()
+            dist.all_reduce(b, group=ctx.group)
+            res.add_(b)
+            F.rms_norm(res, (hidden,), w, 1e-6)
+
+        v = max_over_ranks(ctx, {"f": timed(lambda x=x, res=res, out=out: norm(x, res, w, out=out)),
+                                 "u": timed(unfused), "n": timed(nccl)})
+        norm_rows.append({"tokens": t, "hidden": hidden, "variant": norm.select(t, hidden), "fused_us": v["f"],
+                          "unfused_tritoncomm_us": v["u"], "unfused_nccl_us": v["n"], "correct": all_true(ctx, ok)})
+    norm.close()
+    ar.close()
+    comm.close()
+    if ctx.rank != 0:
+        return None
+    import triton
+
+    return {"op": "deterministic", "world": ctx.world, "date": datetime.date.today().isoformat(),
+            "device": torch.cuda.get_device_name(dev) if ctx.backend == "cuda" else "CPU world",
+            "torch": torch.__version__, "triton": triton.__version__,
+            "method": f"per call; {mode} mode: 32 calls{' in a CUDA graph' if mode == 'graph' else ''}, median of 20 "
+                      "samples per rank, max over ranks", "rows": rows, "norm_rows": norm_rows}
+
+
+def format_deterministic(rep: dict[str, Any]) -> str:
+    lines = [f"deterministic modes: world={rep['world']} device={rep['device']} date={rep['date']} "
+             f"torch={rep['torch']} triton={rep['triton']}; {rep['method']}",
+             f"{'bytes':>9} {'algo':>15} {'ok':>3} {'tritoncomm':>10} {'NCCL':>9} {'xNCCL':>6}"]
+    for r in rep["rows"]:
+        lines.append(f"{format_bytes(r['bytes']):>9} {r['algo']:>15} {'yes' if r['correct'] else 'NO':>3} "
+                     f"{fmt(r['tritoncomm_us'], '10.1f')} {fmt(r['nccl_us'])} "
+                     f"{r['nccl_us'] / r['tritoncomm_us']:6.2f}")
+    lines.append(f"{'tokens':>9} {'variant':>15} {'ok':>3} {'fused':>10} {'AR+add+norm':>11} {'NCCL+add+norm':>13} "
+                 f"{'x':>6}")
+    for r in rep["norm_rows"]:
+        lines.append(f"{r['tokens']:>9} {r['variant']:>15} {'yes' if r['correct'] else 'NO':>3} "
+                     f"{fmt(r['fused_us'], '10.1f')} {fmt(r['unfused_tritoncomm_us'], '11.1f')} "
+                     f"{fmt(r['unfused_nccl_us'], '13.1f')} {r['unfused_tritoncomm_us'] / r['fused_us']:6.2f}")
+    return "\n".join(lines)

@@ -171,7 +171,8 @@ def _job_plan_follows_table(ctx):
             launch(*args)
         return counted
 
-    for name, a in ar._algos.items():
+    for name in ar.algorithms:
+        a = ar.algorithm(name)
         a.launch = spy(name, a.launch)
     x = torch.randn(1500, generator=torch.Generator().manual_seed(ctx.rank)).to(torch.bfloat16).to(ctx.device)
     ref = reference_sum(ctx, x)

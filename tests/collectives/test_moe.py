@@ -124,9 +124,9 @@ def _combined(x, wts, where, n: int, k: int, local: int, world: int, dtype, fp8:
 
 def _lamport_buffers(moe: MoEAllToAll) -> list[tuple[str, torch.Tensor]]:
     """The instance's Lamport buffers: the combine's and, with packets, the one-kernel dispatch's."""
-    bufs = [("combine", moe._lpart), ("rows", moe._precv), ("scales", moe._psc), ("weights", moe._pw),
-            ("copies", moe._copy if moe._packets else None)]
-    return [(name, b) for name, b in bufs if b is not None]
+    names = {"lamport_partials": "combine", "packet_rows": "rows", "packet_scales": "scales",
+             "packet_weights": "weights", "copies": "copies"}
+    return [(names[name], b) for name, b in moe.buffers().items() if name in names]
 
 
 def _not_at_rest(buf: torch.Tensor) -> int:
@@ -169,10 +169,11 @@ def _job(ctx, experts: int, k: int, hidden: int, max_tokens: int, case: str, rep
         ids_dev = ids.to(ids_dtype).to(dev)
         if rep == 2:
             ids_dev = torch.stack([ids_dev, ids_dev], 2).reshape(n, 2 * k)[:, ::2]
-        moe._out.view(torch.uint8).fill_(0x7F)  # poison
+        bufs = moe.buffers()
+        bufs["experts"].view(torch.uint8).fill_(0x7F)  # poison
         if fp8:
-            moe._scales.fill_(float("nan"))
-        moe._combined.fill_(float("nan"))
+            bufs["scales"].fill_(float("nan"))
+        bufs["combined"].fill_(float("nan"))
         bound = {"tokens_bound": most} if bound_odd and rep % 2 else {}
         out, counts, handle = moe.dispatch(x.to(dev), ids_dev, wts.to(dev), **bound)
         totals.append(int(sum(gathered(ctx, torch.tensor([n])))))
@@ -413,7 +414,8 @@ def _direct_paths(ctx):
     for fp8 in (False, True):
         moe = MoEAllToAll(comm, max_tokens=400, hidden=128, num_experts=4 * ctx.world, top_k=3, shape=shape,
                           fp8_dispatch=fp8)
-        got.append((moe.dispatch_path()[0], moe.dispatch_path(399)[0], comm.heap_offset(moe._out) is not None))
+        experts = moe.buffers()["experts"]
+        got.append((moe.dispatch_path()[0], moe.dispatch_path(399)[0], comm.heap_offset(experts) is not None))
         moe.close()
     comm.close()
     return got

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import tritoncomm as tc
 from tritoncomm.collectives import (
     ALGORITHMS,
     FUSED_ALGORITHMS,
@@ -19,6 +20,8 @@ from tritoncomm.collectives import (
 )
 from tritoncomm.collectives.base import Algorithm
 from tritoncomm.tools.tune import COLLECTIVES, candidates
+
+from ..helpers import make_comm
 
 FAMILIES = [AllReduce, AllGather, ReduceScatter, FusedAllReduceAddRMSNorm]
 
@@ -134,3 +137,24 @@ def test_the_moe_switch_points_are_table_rows():
     assert back.switches == t.switches and back.digest() == t.digest() != SelectionTable({}, "t").digest()
     with pytest.raises(ValueError, match="switches"):
         SelectionTable({}, "bad", switches={("allreduce", 2): {"x": 1}})
+
+
+def _inspected(ctx):
+    comm = make_comm(ctx)
+    ar = tc.AllReduce(comm, max_bytes=64 << 10, algos=("oneshot", "twoshot"))
+    plans = {name: (ar.algorithm(name).capacity, ar.algorithm(name).grid) for name in ar.algorithms}
+    try:
+        ar.algorithm("lamport")
+        missing = None
+    except tc.InvalidInputError as e:
+        missing = str(e)
+    ar.close()
+    comm.close()
+    return plans, missing
+
+
+def test_the_algorithms_set_up_can_be_inspected(worlds):
+    """``algorithm(name)``: each algorithm's launch plan, for tests and tools; one not set up is a clear error."""
+    for plans, missing in worlds(2).run(_inspected):
+        assert set(plans) == {"oneshot", "twoshot"} and all(cap > 0 and grid > 0 for cap, grid in plans.values())
+        assert missing is not None and "lamport" in missing and "oneshot" in missing, missing

@@ -300,6 +300,13 @@ class CollectiveBase:
         """The algorithms set up here, in registry order."""
         return tuple(self._algos)
 
+    def algorithm(self, name: str) -> Algorithm:
+        """The algorithm set up here as ``name``: its launch plan (``grid``, ``capacity``, ``heap_bytes``)
+        and launcher, for inspection and measurement. Raises ``InvalidInputError`` for one not set up."""
+        if name not in self._algos:
+            raise InvalidInputError(f"{self.op}: no algorithm {name!r} here; set up: {self.algorithms}")
+        return self._algos[name]
+
     @property
     def capacity(self) -> dict[str, int]:
         """The largest message (bytes) each algorithm set up here serves."""

@@ -406,6 +406,16 @@ class MoEAllToAll:
         (only this rank's ``combine`` reads it)."""
         return self._ybuf
 
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """The instance's buffers by name, for inspection (tests, tools): what ``dispatch`` and ``combine``
+        return (``experts``, ``scales`` with FP8, ``combined``) and the Lamport buffers that rest between
+        calls (``lamport_partials``: the latency combine's; with packets ``packet_rows``, ``packet_scales``,
+        ``packet_weights``, ``copies``: the one-kernel dispatch's). Only the buffers this instance has."""
+        named = {"experts": self._out, "scales": self._scales, "combined": self._combined,
+                 "lamport_partials": self._lpart, "packet_rows": self._precv, "packet_scales": self._psc,
+                 "packet_weights": self._pw, "copies": self._copy if self._packets else None}
+        return {name: t for name, t in named.items() if t is not None}
+
     def _fitted(self, sh: MoEShape, top_k: int) -> MoEShape:
         """``sh`` with whole FP8 scale groups per step and a row's entries within two routing blocks
         (``route.row_slots``)."""

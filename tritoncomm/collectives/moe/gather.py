@@ -25,10 +25,8 @@ Peer ``s``'s rows are rows ``(s - (s > rank)) * max_tokens + t`` of the receive 
 **Cache hints.** Data the MoE kernels touch once goes around the L2's keep set: the rows stored into
 the expert slots are streaming stores (``.cs``), and the received rows of the plain receive buffer
 (rows that arrive as Lamport packets are polled volatile instead), the tokens (``dispatch.py``) and
-the expert outputs (``combine.py``) are loaded evict-first. At EP2 on two H100s (2026-11-27,
-graphs, against the same kernels without hints in the same call, ``docs/moe.md``) the DeepSeek-V3
-dispatch took 285.0 instead of 303.9 µs at 4096 tokens per rank, and both phases 91.7 instead of
-99.5 at 512.
+the expert outputs (``combine.py``) are loaded evict-first (the run that set it: ``docs/moe.md``,
+"Where the defaults come from").
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ and the communicator stays broken."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -312,3 +314,39 @@ def test_mismatched_moe_calls_raise_on_every_rank(worlds, world, case, max_token
         assert named and all("moe_dispatch bf16 x 7" in t and "moe_dispatch bf16 x 8" in t for t in named), results
     if case == "path":
         assert results[0][2] != results[1][2], results  # the two ranks took different paths
+
+
+def _moe_send_gather_mismatched(ctx) -> tuple[str, bool, str]:
+    """The send-gather path (no one-kernel dispatch, too few entries to route) with another token bound
+    on rank 0: what the call raised, whether the poisoned expert buffer stayed poisoned past this
+    rank's own rows (the peers' are laid out by the gather kernel), and the path."""
+    from tritoncomm.collectives.moe import SHAPES
+
+    comm = make_comm(ctx, timeout_s=8.0)
+    shape = dataclasses.replace(SHAPES["cpu"], one_kernel=False)
+    moe = tc.MoEAllToAll(comm, max_tokens=8, hidden=64, num_experts=2 * ctx.world, top_k=2, shape=shape)
+    g = torch.Generator().manual_seed(ctx.rank)
+    n = 3
+    x = torch.randn(n, 64, generator=g).to(torch.bfloat16).to(ctx.device)
+    ids = torch.tensor([[(ctx.rank + 1) % ctx.world * 2, (ctx.rank + 1) % ctx.world * 2 + 1]] * n).to(ctx.device)
+    w = torch.rand(n, 2, generator=g).to(ctx.device)  # every token to the next rank's experts only
+    bound = 8 if ctx.rank == 0 else 7
+    experts = moe.buffers()["experts"]
+    experts.view(torch.uint8).fill_(0x7F)
+    try:
+        moe.dispatch(x, ids, w, tokens_bound=bound)
+        comm.synchronize()
+        said = "returned"
+    except TritonCommError as e:
+        said = type(e).__name__
+    untouched = bool((experts.view(torch.uint8) == 0x7F).all())  # no own rows here: all from a peer
+    path = moe.dispatch_path(bound)[0]
+    moe.close()
+    comm.close()
+    return said, untouched, path
+
+
+def test_a_mismatched_send_gather_dispatch_lays_out_nothing(worlds):
+    for said, untouched, path in worlds(2).run(_moe_send_gather_mismatched):
+        assert path == "send-gather", path
+        assert said == "CollectiveMismatchError" and untouched, (said, untouched)

@@ -67,9 +67,9 @@ before every peer's stream is past its reads of launch ``n``.
 
 **Call check.** With a signature (``MoEAllToAll``: op, dtype, the shared token bound, the path) the
 send kernel's barriers compare it (``kernels.barrier``): a program that finds a difference lays out
-nothing more from the peers. The gather kernel, which runs after the send kernel, does not look: on
-that path a mismatched call's error surfaces after its layout. Routed packets have no barrier and no
-check.
+nothing more from the peers, and on the send-gather path sets every source's count in this rank's
+count table to 0, so that the gather kernel lays out nothing either. Routed packets have no barrier
+and no check.
 """
 
 from __future__ import annotations
@@ -372,6 +372,10 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
     same = tl.full([], 1, tl.int1)
     if not PACKETS:
         same = barrier(bases, rank, WORLD, flags_off, pid, e, timeout, diag, sig)
+    if not ROUTED:
+        if not same:  # every source's count to 0: the gather kernel after this one lays out nothing
+            ws = tl.arange(0, BLOCK_W)
+            tl.store(ntab + ws, tl.zeros([BLOCK_W], tl.int32), mask=ws < WORLD)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 5)
     if ROUTED:  # every rank's routing came before this kernel: program pid lays out what it was sent

@@ -5,6 +5,9 @@
 # The image's Triton is 3.6; 3.8 must be unpacked first into /tmp/triton-3.8.0 (../shared/tools/triton_to_device.sh,
 # its chunks in back-to-back calls). One call per step, each within the 10-minute limit:
 #   bash scripts/gpu_tritons.sh 3.6; bash scripts/gpu_tritons.sh 3.8; bash scripts/gpu_tritons.sh compare
+# More steps, each its own call, on the Triton put first on the path (TRITON=3.8 for /tmp/triton-3.8.0):
+#   costs (the call check on and off: all-reduce, fused norm, MoE), det (bench --op deterministic),
+#   moe (bench --op moe at EP2, both dispatch shapes and the all-gather + reduce-scatter paths).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 rc=0
@@ -35,7 +38,17 @@ PY
         --json "$OUT/allreduce-tp2-triton$step.json" 2>&1 | tee "$OUT/allreduce-tp2-triton$step.log" | tail -30 || rc=1
       timeout "${LAYERS_TIMEOUT:-240}" python3 -m tritoncomm layers --world 2 --parts norm \
         --json "$OUT/layers-tp2-triton$step-{part}.json" 2>&1 | tail -25 || rc=1 ;;
-    *) echo "gpu_tritons.sh: steps are 3.6, 3.8 and compare, not $step"; exit 2 ;;
+    costs|det|moe)
+      if [ "${TRITON:-}" = 3.8 ]; then export PYTHONPATH=/tmp/triton-3.8.0:$PYTHONPATH; fi
+      v=$(python3 -c 'import triton; print(triton.__version__)')
+      case $step in
+        costs) args=(--op costs --sizes 8K,64K,1M,16M,64M --tokens 1,16,128,512,2048) ;;
+        det) args=(--op deterministic) ;;
+        moe) args=(--op moe) ;;
+      esac
+      timeout "${BENCH_TIMEOUT:-540}" python3 -m tritoncomm bench --world 2 "${args[@]}" \
+        --json "$OUT/$step-tp2-triton$v.json" 2>&1 | grep -v -i warn | tail -30 || rc=1 ;;
+    *) echo "gpu_tritons.sh: steps are 3.6, 3.8, compare, costs, det and moe, not $step"; exit 2 ;;
   esac
 done
 exit $rc

@@ -171,10 +171,8 @@ def ll8_sig_poll(ptr, keep, flag, peer, slot, rank, timeout, diag):
             sig, miss = ll8_sig_try(ptr, keep, flag)
             spins += 1
             if miss > 0:
-                failed, expired = stop_waiting(t0, spins, timeout, diag)
-                if expired:
-                    record_timeout(diag, 2, rank, peer, slot, tl.cast(flag, tl.int64), -1, spins)
-                if failed or expired:
+                if _give_up(ptr + tl.arange(0, 2), keep, tl.cast(flag, tl.uint32), t0, spins, peer, slot, rank,
+                            timeout, diag):
                     miss = 0
                     sig = tl.zeros([], tl.int64)
     return sig

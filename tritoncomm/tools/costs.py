@@ -18,6 +18,7 @@ both.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -75,26 +76,39 @@ def _allreduce_rows(ctx: RankContext, sizes: list[int], heap: int) -> list[dict[
     return rows
 
 
+def _checked_pair(ctx: RankContext, heap: int, build: Callable[[Communicator], Any]) -> dict[bool, Any]:
+    """``build``'s instance on a communicator with the call check on (key True) and one without."""
+    return {on: build(Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=heap, check_calls=on)))
+            for on in (True, False)}
+
+
+def _close_pair(pair: dict[bool, Any]) -> None:
+    for obj in pair.values():
+        comm = obj.comm
+        obj.close()
+        comm.close()
+
+
+def _timed_pair(ctx: RankContext, pair: dict[bool, Any], call: Callable[[Any], None]) -> dict[str, float]:
+    """``call`` on each of the pair, timed (``_best_of_two``, slowest rank): ``checked_us``,
+    ``unchecked_us`` and the check's cost in percent."""
+    v = max_over_ranks(ctx, _best_of_two({("checked_us" if on else "unchecked_us"): lambda o=o: call(o)
+                                          for on, o in pair.items()}, ctx))
+    return {**v, "check_cost_pct": 100 * (v["checked_us"] / v["unchecked_us"] - 1)}
+
+
 def _norm_rows(ctx: RankContext, tokens: list[int], hidden: int) -> list[dict[str, Any]]:
-    heap = max(64 << 20, 8 * max(tokens) * hidden * 2)
-    comms = {on: Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=heap, check_calls=on))
-             for on in (True, False)}
-    norms = {on: FusedAllReduceAddRMSNorm(c, max_tokens=max(tokens), max_hidden=hidden) for on, c in comms.items()}
+    norms = _checked_pair(ctx, max(64 << 20, 8 * max(tokens) * hidden * 2),
+                          lambda c: FusedAllReduceAddRMSNorm(c, max_tokens=max(tokens), max_hidden=hidden))
     dev = ctx.device
     w = torch.rand(hidden, device=dev).to(torch.bfloat16) + 0.5
     rows = []
     for t in tokens:
         x = torch.randn(t, hidden, device=dev).to(torch.bfloat16)
         res, out = torch.randn_like(x), torch.empty_like(x)
-        v = max_over_ranks(ctx, _best_of_two({("checked_us" if on else "unchecked_us"):
-                                              lambda n=n, x=x, res=res, out=out: n(x, res, w, out=out)
-                                              for on, n in norms.items()}, ctx))
-        rows.append({"tokens": t, "hidden": hidden, "variant": norms[True].select(t, hidden), **v,
-                     "check_cost_pct": 100 * (v["checked_us"] / v["unchecked_us"] - 1)})
-    for n in norms.values():
-        n.close()
-    for c in comms.values():
-        c.close()
+        v = _timed_pair(ctx, norms, lambda n, x=x, res=res, out=out: n(x, res, w, out=out))
+        rows.append({"tokens": t, "hidden": hidden, "variant": norms[True].select(t, hidden), **v})
+    _close_pair(norms)
     return rows
 
 
@@ -104,9 +118,8 @@ def _moe_rows(ctx: RankContext, tokens: list[int]) -> list[dict[str, Any]]:
     m = max(tokens)
     heap = heap_bytes_bound(ctx.backend, ctx.device, ctx.world, max_tokens=m, hidden=hidden, num_experts=experts,
                             top_k=k) + (64 << 20)
-    comms = {on: Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=heap, check_calls=on))
-             for on in (True, False)}
-    moes = {on: MoEAllToAll(c, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k) for on, c in comms.items()}
+    moes = _checked_pair(ctx, heap, lambda c: MoEAllToAll(c, max_tokens=m, hidden=hidden, num_experts=experts,
+                                                          top_k=k))
     dev = ctx.device
     rows = []
     for t in tokens:
@@ -118,15 +131,9 @@ def _moe_rows(ctx: RankContext, tokens: list[int]) -> list[dict[str, Any]]:
         def pair(moe, x=x, ids=ids, w=w, t=t) -> None:
             _, _, h = moe.dispatch(x, ids, w, tokens_bound=t)
             moe.combine(moe.expert_buffer(), h)
-        v = max_over_ranks(ctx, _best_of_two({("checked_us" if on else "unchecked_us"): lambda moe=moe: pair(moe)
-                                              for on, moe in moes.items()}, ctx))
         rows.append({"tokens": t, "hidden": hidden, "experts": experts, "top_k": k,
-                     "path": moes[True].dispatch_path(t)[0], **v,
-                     "check_cost_pct": 100 * (v["checked_us"] / v["unchecked_us"] - 1)})
-    for moe in moes.values():
-        moe.close()
-    for c in comms.values():
-        c.close()
+                     "path": moes[True].dispatch_path(t)[0], **_timed_pair(ctx, moes, pair)})
+    _close_pair(moes)
     return rows
 
 

@@ -89,8 +89,9 @@ def deterministic_rank(ctx: RankContext, sizes: list[int] | None = None,
             res.add_(summed)
             F.rms_norm(res, (hidden,), w, 1e-6)
 
-        def nccl(x=x, res=res) -> None:
-            b = x.clone()
+        nccl_in = x.clone()  # NCCL reduces in place: a copy of x, reduced again at each call
+
+        def nccl(b=nccl_in, res=res) -> None:
             dist.all_reduce(b, group=ctx.group)
             res.add_(b)
             F.rms_norm(res, (hidden,), w, 1e-6)

@@ -74,12 +74,22 @@ from ..selection import Choice
 from .algorithm import AllReduceAlgorithm
 from .ll_twoshot import token_check, token_send
 
-__all__ = ["LAMPORT_TRIES", "LamportOneShot", "LamportTwoShot", "lamport_oneshot_kernel", "lamport_sum_ranks",
-           "lamport_twoshot_kernel", "lamport_wait_rows"]
+__all__ = ["LAMPORT_TRIES", "LamportOneShot", "LamportTwoShot", "lamport_oneshot_kernel", "lamport_send_signature",
+           "lamport_sum_ranks", "lamport_twoshot_kernel", "lamport_wait_rows"]
 
 #: Rounds of back-to-back looks at every peer's slot before ``lamport_sum_ranks`` falls back to one
 #: bounded poll per peer.
 LAMPORT_TRIES = 4
+
+
+@triton.jit
+def lamport_send_signature(bases, rank, hdr_off, parity, pid, G, sig, WORLD: tl.constexpr):
+    """The call check's send side (``lamport_sum_ranks`` reads it): ``sig`` into word ``[parity][rank][pid]``
+    of every peer's header area at ``hdr_off`` (``[2][W][G]`` int64 words, ``G`` the grid). Plain stores,
+    ordered with nothing (``kernels.lamport``, "Headers")."""
+    for p in tl.static_range(WORLD):
+        if p != rank:
+            lamport_header_store(heap_ptr(bases, p, hdr_off + ((parity * WORLD + rank) * G + pid) * 8, tl.int64), sig)
 
 
 @triton.jit
@@ -284,10 +294,7 @@ def lamport_twoshot_kernel(x_ptr, out_ptr, n, shard, bases, rank, timeout, diag_
         hdrs = heap_ptr(bases, rank, hdr_off + (parity * WORLD * G + pid) * 8, tl.int64)  # mine, from rank s
         if sig is not None:
             if iters > 0:  # a program with no block reads no header: it sends none
-                for p in tl.static_range(WORLD):  # my header into every peer's (parity, my rank, pid) word
-                    if p != rank:
-                        lamport_header_store(heap_ptr(bases, p, hdr_off + ((parity * WORLD + rank) * G + pid) * 8,
-                                                      tl.int64), sig)
+                lamport_send_signature(bases, rank, hdr_off, parity, pid, G, sig, WORLD)
         for i in range(0, iters):  # 1. every other rank's block, to its owner
             j = (pid + i * active) * BLOCK + tl.arange(0, BLOCK)
             idx = s[:, None] * shard + j[None, :]

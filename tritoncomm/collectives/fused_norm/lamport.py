@@ -24,7 +24,6 @@ from ...kernels import (
     epoch_commit,
     heap_ptr,
     lamport_canonical,
-    lamport_header_store,
     lamport_store,
     pdl_launch_dependents,
     pdl_wait,
@@ -32,7 +31,7 @@ from ...kernels import (
 )
 from ...kernels.memory import address_ptr
 from ...units import round_up
-from ..allreduce.lamport import LAMPORT_TRIES, lamport_sum_ranks
+from ..allreduce.lamport import LAMPORT_TRIES, lamport_send_signature, lamport_sum_ranks
 from ..base import Workspace
 from .algorithm import FusedAlgorithm
 from .rows import add_residual, chunk_cols, load_chunk, row_rstd, store_norm, work_item
@@ -58,10 +57,7 @@ def lamport_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
     slot_elems = slot_bytes // ESIZE
     if sig is not None:  # the call check (``allreduce.lamport``): my header into every peer's word for pid
         if iters > 0:
-            for p in tl.static_range(WORLD):
-                if p != rank:
-                    lamport_header_store(heap_ptr(bases, p, hdr_off + ((parity * WORLD + rank) * nprog + pid) * 8,
-                                                  tl.int64), sig)
+            lamport_send_signature(bases, rank, hdr_off, parity, pid, nprog, sig, WORLD)
     for i in range(0, iters):  # 1. my items' chunks into slot [rank] of every peer's buffer
         row, c = work_item(pid, i, nprog, CH)
         cols, cmask = chunk_cols(c, H, CW, BLOCK_C)

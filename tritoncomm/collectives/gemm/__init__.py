@@ -145,11 +145,12 @@ class GemmAllReduce:
         # programs' header slots (barrier entries), from the first whole slot after the flags
         self._fflags = recv_tiles
         flag_words = recv_tiles + max_tiles
-        self._hdr_slot = cdiv(4 * flag_words, barrier_flag_bytes(1))
+        hdr_slot = cdiv(4 * flag_words, barrier_flag_bytes(1))
+        self._hdr_rel = hdr_slot * barrier_flag_bytes(1)  # from the channel's flags
         self._stage: torch.Tensor | None = None
         try:
             self.channel = Channel(comm, name, programs=self._programs,
-                                   barrier_slots=self._hdr_slot + self._programs,
+                                   barrier_slots=hdr_slot + self._programs,
                                    buffer_bytes=(recv_tiles + max_tiles) * tile_bytes)
             self._stage = comm.empty(max_tokens * n * 2, torch.uint8)  # the GEMM's output, symmetric
         except BaseException:
@@ -308,7 +309,7 @@ class GemmAllReduce:
             TensorDescriptor.from_tensor(x, [c.bm, c.bk]), TensorDescriptor.from_tensor(w, [c.bn, c.bk]), out, row,
             m, self.n, k, bases, rank, timeout, diag, ch.epochs_off, ch.flags_off, ch.flags_off + 4 * self._fflags,
             ch.buffer_off, ch.buffer_off + self._fflags * tile_bytes,
-            ch.flags_off + self._hdr_slot * barrier_flag_bytes(1), sig, WORLD=world, BM=c.bm, BN=c.bn, BK=c.bk,
+            ch.flags_off + self._hdr_rel, sig, WORLD=world, BM=c.bm, BN=c.bn, BK=c.bk,
             GROUP_M=c.group_m, RB=c.rows_per_step, OUT_REG=bool(row), COMM=comm, DEFER=c.defer, num_warps=c.num_warps,
             num_stages=c.num_stages)
         return out

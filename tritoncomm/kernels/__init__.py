@@ -12,7 +12,8 @@ The public surface (each module's docstring states its memory-ordering contract)
   and the call-check headers ``ll8_sig_store``, ``ll8_sig_try``, ``ll8_sig_poll``;
 * Lamport buffers (``lamport``): ``lamport_store``, ``lamport_try``, ``lamport_poll``, ``lamport_poll_from``,
   ``lamport_reset``, ``lamport_canonical``, ``lamport_missing``, the call-check headers
-  ``lamport_header_store``, ``lamport_header_try``, ``lamport_header_poll``, ``lamport_header_reset`` and,
+  ``lamport_header_store``, ``lamport_header_try``, ``lamport_header_poll``, ``lamport_header_reset``,
+  ``lamport_poll_checked`` (a peer's data and header in the same looks) and,
   on the host, ``lamport_fill``;
 * ordering building blocks (``ordering``): ``ld_acquire``, ``st_release``, ``fence_sys``, and for
   programmatic dependent launch ``pdl_wait``, ``pdl_launch_dependents``, ...
@@ -44,6 +45,7 @@ from .lamport import (
     lamport_header_try,
     lamport_missing,
     lamport_poll,
+    lamport_poll_checked,
     lamport_poll_from,
     lamport_reset,
     lamport_store,
@@ -112,7 +114,7 @@ __all__ = [
     "epoch_commit", "epoch_commit_slots", "epoch_next", "fence_sys", "get", "heap_base", "heap_ptr", "interpreting",
     "lamport_canonical",
     "lamport_fill", "lamport_header_poll", "lamport_header_reset", "lamport_header_store", "lamport_header_try",
-    "lamport_missing", "lamport_poll", "lamport_poll_from", "lamport_reset", "lamport_store",
+    "lamport_missing", "lamport_poll", "lamport_poll_checked", "lamport_poll_from", "lamport_reset", "lamport_store",
     "lamport_try",
     "ld_acquire", "ld_volatile", "ll8_pack", "ll8_poll", "ll8_poll_sum_f32", "ll8_sig_poll", "ll8_sig_store",
     "ll8_sig_try", "ll8_store", "ll8_try", "ll8_unpack",

@@ -65,7 +65,9 @@ look *by every thread* (each its own): ``(value, 1 if still at rest and keep)``;
 the data's per-element indicators before their reduction so that any thread's miss counts.
 ``lamport_header_poll(ptr, keep, peer, slot, rank, timeout, diag)``: per-thread bounded looks with no
 CTA barrier inside (threads may leave at different looks); after a failure elsewhere or its own
-timeout it returns 0. ``lamport_header_reset(ptr, keep)``: back to 0, by the reader, after a CTA
+timeout it returns 0. ``lamport_poll_checked(ptrs, mask, hdr, keep, sig, ...)``: a peer's data and
+header in the same looks (a header waited for on its own adds a load's latency to the call), leaving
+early on a header that differs from ``sig``. ``lamport_header_reset(ptr, keep)``: back to 0, by the reader, after a CTA
 barrier that follows every thread's last look.
 
 Reads of a buffer are only of data that this launch's writers stored; nothing else the writer did is
@@ -93,7 +95,8 @@ from .signals import stop_waiting
 
 __all__ = ["KIND_LAMPORT", "KIND_SIGNATURE", "LAMPORT_SENTINEL8", "LAMPORT_SENTINEL16", "lamport_canonical",
            "lamport_fill", "lamport_header_poll", "lamport_header_reset", "lamport_header_store", "lamport_header_try",
-           "lamport_missing", "lamport_poll", "lamport_poll_from", "lamport_reset", "lamport_store", "lamport_try"]
+           "lamport_missing", "lamport_poll", "lamport_poll_checked", "lamport_poll_from", "lamport_reset",
+           "lamport_store", "lamport_try"]
 
 #: The at-rest pattern of every 16-bit half of a Lamport buffer (of elements of 16 bits or more).
 LAMPORT_SENTINEL16 = 0x8000
@@ -246,6 +249,41 @@ def lamport_poll_from(v, miss, ptrs, mask, peer, slot, rank, timeout, diag):
     if not INTERPRET and ptrs.numel < program_threads():  # copied across threads: one copy was counted
         v = tl.load(ptrs, mask=mask, other=0.0, volatile=True)
     return v
+
+
+@triton.jit
+def lamport_poll_checked(ptrs, mask, hdr, keep, sig, peer, slot, rank, timeout, diag):
+    """``lamport_poll`` of one peer's block together with that peer's header word ``hdr`` (where
+    ``keep``): every look loads both, so the header costs no wait of its own. Returns ``(values,
+    header)``. It stops once every thread has found the data all there and the header written, or the
+    header written with a signature other than ``sig`` (then the values mean nothing: a different
+    call's data may never come). Bounded as ``lamport_poll`` (kind 4, naming ``peer`` and the lowest
+    address still missing, the header's if only it is); a header is 0 if the wait gave up, 1 where
+    not ``keep``."""
+    v, miss = lamport_try(ptrs, mask)
+    h, hm = lamport_header_try(hdr, keep)
+    wrong = (hm == 0) & (h != sig) & keep
+    missing = _total(tl.where(wrong, 0, miss + hm))
+    if missing > 0:
+        t0 = clock_ns()
+        spins = 0
+        while missing > 0:
+            v, miss = lamport_try(ptrs, mask)
+            h, hm = lamport_header_try(hdr, keep)
+            wrong = (hm == 0) & (h != sig) & keep
+            missing = _total(tl.where(wrong, 0, miss + hm))
+            spins += 1
+            if missing > 0:
+                failed, expired = stop_waiting(t0, spins, timeout, diag)
+                if expired:
+                    at = tl.where(miss > 0, ptrs.to(tl.int64), 1 << 62)
+                    addr = tl.min(at, axis=0)
+                    addr = tl.where(addr == 1 << 62, hdr.to(tl.int64), addr)
+                    record_timeout(diag, KIND_LAMPORT, rank, peer, slot, addr, missing.to(tl.int64), spins)
+                if failed or expired:
+                    missing = 0
+                    h = tl.where(keep, 0, h)
+    return v, h
 
 
 @triton.jit

@@ -51,11 +51,11 @@ from ...kernels import (
     epoch_next,
     heap_ptr,
     lamport_canonical,
-    lamport_header_poll,
     lamport_header_reset,
     lamport_header_store,
     lamport_header_try,
     lamport_poll,
+    lamport_poll_checked,
     lamport_reset,
     lamport_store,
     lamport_try,
@@ -104,9 +104,9 @@ def lamport_sum_ranks(own, slots, slot_elems, offs, mask, rank, slot, timeout, d
 
     The call check (with ``sig``, where ``check``): rank ``s``'s header for this program is at ``hdrs +
     s * hstride`` (``kernels.lamport``, "Headers"); it is looked at with the data (the same rounds,
-    every thread's look counted) and reset. ``same`` is False when a peer's signature differs (recorded
-    as ``KIND_SIGNATURE``) or never came: then nothing else is waited for, nothing is reset, and
-    ``acc`` means nothing. Without ``sig`` (or ``check``) ``same`` is True."""
+    every thread's look counted; in the polls, ``lamport_poll_checked``) and reset. ``same`` is False
+    when a peer's signature differs (recorded as ``KIND_SIGNATURE``) or never came: then nothing else
+    is waited for, nothing is reset, and ``acc`` means nothing. Without ``sig`` (or ``check``) ``same`` is True."""
     acc = tl.zeros(own.shape, dtype=tl.float32)
     missing = tl.full([], 1, tl.int32)
     CHECK: tl.constexpr = sig is not None
@@ -133,16 +133,22 @@ def lamport_sum_ranks(own, slots, slot_elems, offs, mask, rank, slot, timeout, d
                 if missing > 0:  # a look with a header still missing says nothing about the others
                     differ = tl.full([], 0, tl.int32)
     if missing > 0:
-        if CHECK:
+        acc = tl.zeros(own.shape, dtype=tl.float32)
+        if CHECK:  # each peer's data and header in the same looks; a differing header ends the wait
             differ = tl.full([], 0, tl.int32)
-            for s in tl.static_range(WORLD):  # the headers first: a different call's data may never come
-                h = lamport_header_poll(hdrs + s * hstride, check & (s != rank), s, slot, rank, timeout, diag)
-                wrong = (h != sig) & check & (s != rank) & (differ == 0)
-                differ = tl.where(wrong, s + 1, differ)
-                theirs = tl.where(wrong, h, theirs)
+            for s in tl.static_range(WORLD):
+                if s == rank:
+                    acc += own.to(tl.float32)
+                else:
+                    go = differ == 0  # after a differing header, the later peers are not waited for
+                    v, h = lamport_poll_checked(slots + s * slot_elems + offs, mask & go, hdrs + s * hstride,
+                                                check & go, sig, s, slot, rank, timeout, diag)
+                    wrong = (h != sig) & (h != 0) & check & go
+                    differ = tl.where(wrong, s + 1, differ)
+                    theirs = tl.where(wrong, h, theirs)
+                    acc += v.to(tl.float32)
             differ = tl.max(tl.zeros(own.shape, tl.int32) + differ, axis=0)  # the same decision in every thread
-        if differ == 0:
-            acc = tl.zeros(own.shape, dtype=tl.float32)
+        else:
             for s in tl.static_range(WORLD):
                 if s == rank:
                     acc += own.to(tl.float32)

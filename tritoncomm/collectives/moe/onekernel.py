@@ -135,21 +135,38 @@ def reset_shared_copies(table, readers, grid, rank, WORLD: tl.constexpr, BLOCK_N
 
 
 @triton.jit
-def _headers_match(hdrs, sig, pid, rank, timeout, diag, WORLD: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Whether every peer's header word (``hdrs + s``, ``kernels.lamport``, "Headers") holds ``sig``:
-    every thread polls each (bounded), the first that differs is recorded as ``KIND_SIGNATURE``
-    (slot: the program), and after a CTA barrier the words are back at rest. False too where a
-    header never came (the poll recorded the timeout, or a failure elsewhere stopped it)."""
-    differ = tl.full([], 0, tl.int32)  # the peer + 1 whose header differs
-    theirs = tl.full([], 0, tl.int64)
-    for s in tl.static_range(WORLD):
-        if s != rank:
-            h = lamport_header_poll(hdrs + s, s != rank, s, pid, rank, timeout, diag)
-            wrong = (h != sig) & (differ == 0)
-            differ = tl.where(wrong, s + 1, differ)
-            theirs = tl.where(wrong, h, theirs)
-    differ = tl.max(tl.zeros([BLOCK_W], tl.int32) + differ, axis=0)  # the same decision in every thread
-    theirs = tl.max(tl.zeros([BLOCK_W], tl.int64) + theirs, axis=0)
+def _header_look(hdrs, rank, WORLD: tl.constexpr, BLOCK_W: tl.constexpr):
+    """One look at every peer's header word (``hdrs + s``), issued early so that its loads travel
+    with other waits (``_headers_match`` takes it): 0 where a header is not there yet, 1 for this
+    rank and past the world."""
+    ws = tl.arange(0, BLOCK_W)
+    return tl.load(hdrs + ws, mask=(ws != rank) & (ws < WORLD), other=1, volatile=True)
+
+
+@triton.jit
+def _headers_match(hdrs, seen, sig, pid, rank, timeout, diag, WORLD: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Whether every peer's header word (``hdrs + s``, ``kernels.lamport``, "Headers") holds ``sig``.
+    ``seen``: an earlier look (``_header_look``); only if a header was missing there does every
+    thread poll each (bounded). The first that differs is recorded as ``KIND_SIGNATURE`` (slot: the
+    program), and after a CTA barrier the words are back at rest. False too where a header never came
+    (the poll recorded the timeout, or a failure elsewhere stopped it)."""
+    ws = tl.arange(0, BLOCK_W)
+    peer = (ws != rank) & (ws < WORLD)
+    MISSING: tl.constexpr = 1 << 20
+    code = tl.max(tl.where(peer & (seen == 0), MISSING, tl.where(peer & (seen != sig), ws + 1, 0)), axis=0)
+    differ = code  # the peer + 1 whose header differs (0: none), the same in every thread
+    theirs = tl.max(tl.where(ws + 1 == code, seen, 0), axis=0)
+    if code >= MISSING:  # a header was not there yet: every thread polls them all
+        differ = tl.full([], 0, tl.int32)
+        theirs = tl.full([], 0, tl.int64)
+        for s in tl.static_range(WORLD):
+            if s != rank:
+                h = lamport_header_poll(hdrs + s, s != rank, s, pid, rank, timeout, diag)
+                wrong = (h != sig) & (differ == 0)
+                differ = tl.where(wrong, s + 1, differ)
+                theirs = tl.where(wrong, h, theirs)
+        differ = tl.max(tl.zeros([BLOCK_W], tl.int32) + differ, axis=0)  # the same decision in every thread
+        theirs = tl.max(tl.zeros([BLOCK_W], tl.int64) + theirs, axis=0)
     if differ > 0:
         if theirs != 0:  # 0: the poll gave up (recorded there)
             record_timeout(diag, KIND_SIGNATURE, rank, differ - 1, pid, sig, theirs, 0)
@@ -260,6 +277,9 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     sizes = tl.where(ws == rank, n_tokens, 0)  # every rank's tokens, for the header
     # small copies: every peer's in one look, held in registers (larger ones would spill: one at a time)
     ALL: tl.constexpr = BLOCK_W * BLOCK_N <= ALL_COPIES_UP_TO
+    hdrs = heap_ptr(bases, rank, hdr_base + pid * WORLD * 8, tl.int64)  # every peer's header for this program
+    if CHECK and PACKETS:  # looked at with the copies: sent before them, usually there when they are
+        seen = _header_look(hdrs, rank, WORLD, BLOCK_W)
     if ALL:
         copies = copy_rows + ws[:, None] * ROW + nn[None, :]
         peers = (ws[:, None] != rank) & (ws[:, None] < WORLD) & bounded[None, :]
@@ -277,8 +297,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     # programs in order, only where the layout has programs of its own (the senders never wait).
     DEAL: tl.constexpr = PACKETS and (SENDERS > 0 or not INTERPRET)
     if CHECK and PACKETS:  # every peer's header (sent before its copy), then back at rest
-        ok = _headers_match(heap_ptr(bases, rank, hdr_base + pid * WORLD * 8, tl.int64), sig, pid, rank, timeout,
-                            diag, WORLD, BLOCK_W)
+        ok = _headers_match(hdrs, seen, sig, pid, rank, timeout, diag, WORLD, BLOCK_W)
     before = 0  # items of the sources before s
     for i in range(1, tl.where(ok, WORLD, 1)):  # nothing laid out after a mismatch
         s = (rank + i) % WORLD

@@ -155,7 +155,9 @@ def _headers_match(hdrs, seen, sig, pid, rank, timeout, diag, WORLD: tl.constexp
     MISSING: tl.constexpr = 1 << 20
     code = tl.max(tl.where(peer & (seen == 0), MISSING, tl.where(peer & (seen != sig), ws + 1, 0)), axis=0)
     differ = code  # the peer + 1 whose header differs (0: none), the same in every thread
-    theirs = tl.max(tl.where(ws + 1 == code, seen, 0), axis=0)
+    theirs = tl.full([], 0, tl.int64)
+    if code > 0:  # a difference or a miss (rare): the differing value, from the thread that holds it
+        theirs = tl.max(tl.where(ws + 1 == code, seen, 0), axis=0)
     if code >= MISSING:  # a header was not there yet: every thread polls them all
         differ = tl.full([], 0, tl.int32)
         theirs = tl.full([], 0, tl.int64)

@@ -10,11 +10,9 @@ The public surface (each module's docstring states its memory-ordering contract)
   ``epoch_next``, ``epoch_commit``, ``epoch_commit_slots`` (a launch narrower than its channel);
 * LL packets (``ll``): ``ll8_store``, ``ll8_try``, ``ll8_poll``, ``ll8_poll_sum_f32``, ``ll8_pack``, ``ll8_unpack``,
   and the call-check headers ``ll8_sig_store``, ``ll8_sig_try``, ``ll8_sig_poll``;
-* Lamport buffers (``lamport``): ``lamport_store``, ``lamport_try`` (or its halves ``lamport_load`` and
-  ``lamport_seen``, to put several looks' loads first), ``lamport_poll``, ``lamport_poll_from``,
+* Lamport buffers (``lamport``): ``lamport_store``, ``lamport_try``, ``lamport_poll``, ``lamport_poll_from``,
   ``lamport_reset``, ``lamport_canonical``, ``lamport_missing``, the call-check headers
-  ``lamport_header_store``, ``lamport_header_try`` (``lamport_header_load``, ``lamport_header_seen``),
-  ``lamport_header_poll``, ``lamport_header_reset``,
+  ``lamport_header_store``, ``lamport_header_try``, ``lamport_header_poll``, ``lamport_header_reset``,
   ``lamport_poll_checked`` (a peer's data and header in the same looks) and,
   on the host, ``lamport_fill``;
 * ordering building blocks (``ordering``): ``ld_acquire``, ``st_release``, ``fence_sys``, and for
@@ -41,19 +39,15 @@ from .lamport import (
     LAMPORT_SENTINEL16,
     lamport_canonical,
     lamport_fill,
-    lamport_header_load,
     lamport_header_poll,
     lamport_header_reset,
-    lamport_header_seen,
     lamport_header_store,
     lamport_header_try,
-    lamport_load,
     lamport_missing,
     lamport_poll,
     lamport_poll_checked,
     lamport_poll_from,
     lamport_reset,
-    lamport_seen,
     lamport_store,
     lamport_try,
 )
@@ -119,9 +113,9 @@ __all__ = [
     "barrier", "barrier_arrive", "barrier_flag_bytes", "barrier_wait", "check_signatures", "clock_ns", "copy_block",
     "epoch_commit", "epoch_commit_slots", "epoch_next", "fence_sys", "get", "heap_base", "heap_ptr", "interpreting",
     "lamport_canonical",
-    "lamport_fill", "lamport_header_load", "lamport_header_poll", "lamport_header_reset", "lamport_header_seen",
-    "lamport_header_store", "lamport_header_try", "lamport_load", "lamport_missing", "lamport_poll",
-    "lamport_poll_checked", "lamport_poll_from", "lamport_reset", "lamport_seen", "lamport_store", "lamport_try",
+    "lamport_fill", "lamport_header_poll", "lamport_header_reset", "lamport_header_store", "lamport_header_try",
+    "lamport_missing", "lamport_poll", "lamport_poll_checked", "lamport_poll_from", "lamport_reset", "lamport_store",
+    "lamport_try",
     "ld_acquire", "ld_volatile", "ll8_pack", "ll8_poll", "ll8_poll_sum_f32", "ll8_sig_poll", "ll8_sig_store",
     "ll8_sig_try", "ll8_store", "ll8_try", "ll8_unpack",
     "next_pow2", "pdl_launch_dependents", "pdl_wait", "pow2_at_least", "pow2_divisor", "program_epoch",

@@ -94,8 +94,7 @@ from .ordering import clock_ns
 from .signals import stop_waiting
 
 __all__ = ["KIND_LAMPORT", "KIND_SIGNATURE", "LAMPORT_SENTINEL8", "LAMPORT_SENTINEL16", "lamport_canonical",
-           "lamport_fill", "lamport_header_load", "lamport_header_poll", "lamport_header_reset", "lamport_header_seen",
-           "lamport_header_store", "lamport_header_try", "lamport_load", "lamport_seen",
+           "lamport_fill", "lamport_header_poll", "lamport_header_reset", "lamport_header_store", "lamport_header_try",
            "lamport_missing", "lamport_poll", "lamport_poll_checked", "lamport_poll_from", "lamport_reset",
            "lamport_store", "lamport_try"]
 
@@ -171,20 +170,7 @@ def lamport_try(ptrs, mask):
     """One look at ``ptrs`` (where ``mask``): ``(values, 1 per masked element still missing)``.
     In the interpreter a look at 16-bit elements is two loads, and an element whose loads differ
     counts as missing (module docstring, "The CPU world")."""
-    return lamport_seen(lamport_load(ptrs, mask), ptrs, mask)
-
-
-@triton.jit
-def lamport_load(ptrs, mask):
-    """The loads of ``lamport_try``'s look alone: a caller that looks at several blocks issues all
-    their loads before any arithmetic on them (an arithmetic step between two loads that waits for
-    the first holds back the second), then ``lamport_seen`` each."""
-    return tl.load(ptrs, mask=mask, other=0.0, volatile=True)
-
-
-@triton.jit
-def lamport_seen(v, ptrs, mask):
-    """``lamport_try``'s result for the look ``v = lamport_load(ptrs, mask)``."""
+    v = tl.load(ptrs, mask=mask, other=0.0, volatile=True)
     missing = lamport_missing(v)
     if INTERPRET and v.dtype.primitive_bitwidth == 16:
         first = _bits(v)
@@ -310,18 +296,7 @@ def lamport_header_store(ptr, sig):
 def lamport_header_try(ptr, keep):
     """One look at the header word ``ptr`` where ``keep`` (every thread its own): ``(value, 1 if it is
     still at rest, else 0)``; ``(1, 0)`` where not ``keep``."""
-    return lamport_header_seen(lamport_header_load(ptr, keep), keep)
-
-
-@triton.jit
-def lamport_header_load(ptr, keep):
-    """The load of ``lamport_header_try``'s look alone (as ``lamport_load``)."""
-    return tl.load(ptr, mask=keep, other=1, volatile=True)
-
-
-@triton.jit
-def lamport_header_seen(h, keep):
-    """``lamport_header_try``'s result for the look ``h = lamport_header_load(ptr, keep)``."""
+    h = tl.load(ptr, mask=keep, other=1, volatile=True)
     return h, ((h == 0) & keep).to(tl.int32)
 
 

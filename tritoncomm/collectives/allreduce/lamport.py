@@ -51,16 +51,12 @@ from ...kernels import (
     epoch_next,
     heap_ptr,
     lamport_canonical,
-    lamport_header_load,
-    lamport_header_poll,
     lamport_header_reset,
-    lamport_header_seen,
     lamport_header_store,
-    lamport_load,
+    lamport_header_try,
     lamport_poll,
     lamport_poll_checked,
     lamport_reset,
-    lamport_seen,
     lamport_store,
     lamport_try,
     next_pow2,
@@ -107,44 +103,39 @@ def lamport_sum_ranks(own, slots, slot_elems, offs, mask, rank, slot, timeout, d
     same additions in the same order either way. Resets the peers' slots it read.
 
     The call check (with ``sig``, where ``check``): rank ``s``'s header for this program is at ``hdrs +
-    s * hstride`` (``kernels.lamport``, "Headers"). Each round loads the headers with the data, and
-    only the round that finds the data complete looks at them: a header still missing there is
-    polled (it was sent before the data, so that is rare). In the polls, each peer's header and data
-    share their looks (``lamport_poll_checked``). Read headers are reset. ``same`` is False when a
-    peer's signature differs (recorded as ``KIND_SIGNATURE``) or never came: then nothing else is
-    waited for, nothing is reset, and ``acc`` means nothing. Without ``sig`` (or ``check``) ``same``
-    is True.
-
-    Every load of a round comes before any arithmetic on it, and nothing in a round waits for a
-    header: a step that waits for one load holds back every load after it."""
+    s * hstride`` (``kernels.lamport``, "Headers"); it is looked at with the data (the same rounds,
+    every thread's look counted; in the polls, ``lamport_poll_checked``) and reset. ``same`` is False
+    when a peer's signature differs (recorded as ``KIND_SIGNATURE``) or never came: then nothing else
+    is waited for, nothing is reset, and ``acc`` means nothing. Without ``sig`` (or ``check``) ``same`` is True."""
     acc = tl.zeros(own.shape, dtype=tl.float32)
     missing = tl.full([], 1, tl.int32)
     CHECK: tl.constexpr = sig is not None
-    differ = tl.full([], 0, tl.int32)  # per thread: the peer + 1 whose header differs
+    differ = tl.full([], 0, tl.int32)  # per thread: the peer + 1 whose header differs (its last look)
     theirs = tl.full([], 0, tl.int64)
-    heads = ()
-    if CHECK:
-        for _s in tl.static_range(WORLD):
-            heads = heads + (tl.full([], 0, tl.int64),)  # noqa: RUF005
     for _t in tl.static_range(TRIES):
         if missing > 0:
-            if CHECK:  # looked at only after the rounds
-                heads = ()
-                for s in tl.static_range(WORLD):
-                    heads = heads + (lamport_header_load(hdrs + s * hstride, check & (s != rank)),)  # noqa: RUF005
-            looks = ()
-            for s in tl.static_range(WORLD):  # branch-free: my own slot's load is masked off
-                looks = looks + (lamport_load(slots + s * slot_elems + offs, mask & (s != rank)),)  # noqa: RUF005
             acc = tl.zeros(own.shape, dtype=tl.float32)
             bad = tl.zeros(own.shape, dtype=tl.int32)
-            for s in tl.static_range(WORLD):
-                v, m = lamport_seen(looks[s], slots + s * slot_elems + offs, mask & (s != rank))
+            if CHECK:
+                differ = tl.full([], 0, tl.int32)
+                for s in tl.static_range(WORLD):  # every thread's own look, counted in ``bad``
+                    h, hm = lamport_header_try(hdrs + s * hstride, check & (s != rank))
+                    bad += hm
+                    wrong = (hm == 0) & (h != sig) & check & (s != rank) & (differ == 0)
+                    differ = tl.where(wrong, s + 1, differ)
+                    theirs = tl.where(wrong, h, theirs)
+            for s in tl.static_range(WORLD):  # branch-free: my own slot's load is masked off
+                v, m = lamport_try(slots + s * slot_elems + offs, mask & (s != rank))
                 bad += m
                 acc += tl.where(s == rank, own, v).to(tl.float32)
             missing = tl.sum(bad, axis=0)
+            if CHECK:
+                if missing > 0:  # a look with a header still missing says nothing about the others
+                    differ = tl.full([], 0, tl.int32)
     if missing > 0:
         acc = tl.zeros(own.shape, dtype=tl.float32)
         if CHECK:  # each peer's data and header in the same looks; a differing header ends the wait
+            differ = tl.full([], 0, tl.int32)
             for s in tl.static_range(WORLD):
                 if s == rank:
                     acc += own.to(tl.float32)
@@ -164,16 +155,6 @@ def lamport_sum_ranks(own, slots, slot_elems, offs, mask, rank, slot, timeout, d
                 else:
                     acc += lamport_poll(slots + s * slot_elems + offs, mask, s, slot, rank, timeout,
                                         diag).to(tl.float32)
-    else:
-        if CHECK:  # the headers loaded with the complete look; one still missing there is polled
-            for s in tl.static_range(WORLD):
-                keep = check & (s != rank)
-                h, hm = lamport_header_seen(heads[s], keep)
-                h = tl.where(hm > 0, lamport_header_poll(hdrs + s * hstride, keep & (hm > 0), s, slot, rank,
-                                                         timeout, diag), h)
-                wrong = (h != sig) & (h != 0) & keep & (differ == 0)
-                differ = tl.where(wrong, s + 1, differ)
-                theirs = tl.where(wrong, h, theirs)
     same = differ == 0
     if CHECK:
         if not same:

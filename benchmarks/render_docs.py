@@ -260,6 +260,32 @@ def misc_section() -> str:
                           table(["tokens per rank", "dispatch path", "check on", "check off", "cost"],
                                 [[str(r["tokens"]), r["path"], us(r["checked_us"]), us(r["unchecked_us"]),
                                   f"{r['check_cost_pct']:+.1f}%"] for r in d["moe_rows"]])]
+    d = load("tritons-h200-tp2.json")
+    if d:
+        parts += ["### Triton 3.8 against 3.6, TP2", caption("the same benches on two Tritons", d),
+                  table(["bytes", "algorithm (3.8)", "Triton 3.6", "Triton 3.8", "3.6 / 3.8", "best peer",
+                         "3.8 / link floor"],
+                        [[size(r["bytes"]), r["algo"], us(r["triton36_us"], 2), us(r["triton38_us"], 2),
+                          f"{r['triton36_us'] / r['triton38_us']:.2f}", us(r["best_peer_us_38_run"], 2),
+                          f"{r['triton38_us'] / r['link_floor_us']:.2f}"] for r in d["rows"]]),
+                  "The fused add-RMSNorm, hidden 8192:",
+                  table(["tokens", "variant (3.8)", "Triton 3.6", "Triton 3.8", "FP8 out, 3.6", "FP8 out, 3.8",
+                         "FlashInfer", "FlashInfer, FP8 out"],
+                        [[str(r["tokens"]), r["variant"], us(r["triton36_us"], 2), us(r["triton38_us"], 2),
+                          us(r["triton36_fp8_us"], 2), us(r["triton38_fp8_us"], 2), us(r["flashinfer_us"], 2),
+                          us(r["flashinfer_fp8_us"], 2)] for r in d["norm_rows"]])]
+    d = load("deterministic-h200-tp2.json")
+    if d:
+        parts += ["### What the engines' deterministic modes run, TP2", caption("`bench --op deterministic`", d),
+                  table(["bytes", "algorithm", "tritoncomm", "NCCL", "vs NCCL"],
+                        [[size(r["bytes"]), r["algo"], us(r["tritoncomm_us"], 2), us(r["nccl_us"], 2),
+                          ratio(r["nccl_us"], r["tritoncomm_us"])] for r in d["rows"]]),
+                  "The fused add-RMSNorm (hidden 8192) against the unfused path (all-reduce, add, `F.rms_norm`):",
+                  table(["tokens", "variant", "fused", "unfused, tritoncomm all-reduce", "unfused, NCCL",
+                         "vs unfused (tritoncomm)", "vs unfused (NCCL)"],
+                        [[str(r["tokens"]), r["variant"], us(r["fused_us"], 2), us(r["unfused_tritoncomm_us"], 2),
+                          us(r["unfused_nccl_us"], 2), ratio(r["unfused_tritoncomm_us"], r["fused_us"]),
+                          ratio(r["unfused_nccl_us"], r["fused_us"])] for r in d["norm_rows"]])]
     for w in (2, 4):
         d = load(f"zerocopy-h200-tp{w}.json")
         if d:

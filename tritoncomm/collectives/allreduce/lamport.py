@@ -143,7 +143,7 @@ def lamport_sum_ranks(own, slots, slot_elems, offs, mask, rank, slot, timeout, d
                     go = differ == 0  # after a differing header, the later peers are not waited for
                     v, h = lamport_poll_checked(slots + s * slot_elems + offs, mask & go, hdrs + s * hstride,
                                                 check & go, sig, s, slot, rank, timeout, diag)
-                    wrong = (h != sig) & (h != 0) & check & go
+                    wrong = (h != sig) & check & go  # 0: never came (the poll gave up): no output either
                     differ = tl.where(wrong, s + 1, differ)
                     theirs = tl.where(wrong, h, theirs)
                     acc += v.to(tl.float32)

@@ -192,7 +192,7 @@ def test_fused_output_aliasing(worlds):
 
 def _job_engine_rounding(ctx, tokens, h):
     """``rounding="engine"`` against the unfused path an engine runs: the all-reduced sum in the input
-    dtype, then the residual add, then RMSNorm, then ``y / scale`` to e4m3. Returns, per (tokens,
+    dtype, then the residual add, then RMSNorm, then ``y * (1 / scale)`` to e4m3 (as vLLM's static quantisation). Returns, per (tokens,
     variant, rounding): residual bits that differ, FP8 bytes that differ, and FP8 values more than one
     e4m3 step away."""
     import torch.nn.functional as F
@@ -210,7 +210,7 @@ def _job_engine_rounding(ctx, tokens, h):
         summed = reference_sum(ctx, x).view(t, h).to(torch.bfloat16)  # the all-reduce's output, in bf16
         want_res = res0 + summed
         y = F.rms_norm(want_res.to(ctx.device), (h,), w.to(ctx.device), 1e-6)
-        want_q = (y.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn).cpu()
+        want_q = (y.float() * scale.reciprocal()).clamp(-448, 448).to(torch.float8_e4m3fn).cpu()
         for rounding, f in fused.items():
             for a in variants:
                 res = res0.clone().to(ctx.device)

@@ -60,7 +60,7 @@ DEFAULT_PICKS: dict[int, list[tuple[int, str]]] = {
 class FusedAllReduceAddRMSNorm(CollectiveBase):
     """``residual += all_reduce(x)`` in place; returns ``rmsnorm(residual) * weight`` (or
     ``* (1 + weight)`` with ``gemma=True``), in ``x``'s dtype or, given ``fp8_scale``, FP8 e4m3
-    (``clamp(y / scale, -448, 448)``).
+    (``clamp(y * (1 / scale), -448, 448)``, the reciprocal rounded once, as vLLM's static quantisation).
 
     Args:
         comm: the communicator.

@@ -34,7 +34,7 @@ from ...units import round_up
 from ..allreduce.lamport import LAMPORT_TRIES, lamport_send_signature, lamport_sum_ranks
 from ..base import Workspace
 from .algorithm import FusedAlgorithm
-from .rows import add_residual, chunk_cols, load_chunk, row_rstd, store_norm, work_item
+from .rows import add_residual, chunk_cols, fp8_inverse_scale, load_chunk, row_rstd, store_norm, work_item
 
 __all__ = ["LAMPORT_FUSED_PROGRAMS", "LAMPORT_WHOLE_ROWS_FROM", "FusedLamport", "lamport_allreduce_add_rmsnorm_kernel"]
 
@@ -51,6 +51,7 @@ def lamport_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
     ESIZE: tl.constexpr = DTYPE.primitive_bitwidth // 8
     diag = address_ptr(diag_addr, tl.int64)
     pdl_wait()  # launched with PDL: the previous kernel has ended
+    inv_scale = fp8_inverse_scale(scale_ptr, FP8)
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     parity = (e & 1).to(tl.int64)
     iters = tl.cdiv(T * CH - pid, nprog)
@@ -83,7 +84,7 @@ def lamport_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
             if same:
                 resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask, ENGINE)
                 rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
-                store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8, ENGINE)
+                store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, inv_scale, GEMMA, FP8, ENGINE)
     epoch_commit(epoch_ptr, e)
 
 

@@ -29,7 +29,7 @@ from ...units import round_up
 from ..allreduce.ll import LL, ll_send_signature, ll_sum_ranks, load_words
 from ..base import Workspace
 from .algorithm import FusedAlgorithm
-from .rows import add_residual, chunk_cols, load_chunk, row_rstd, store_norm, work_item
+from .rows import add_residual, chunk_cols, fp8_inverse_scale, load_chunk, row_rstd, store_norm, work_item
 
 __all__ = ["FusedLL", "ll_allreduce_add_rmsnorm_kernel"]
 
@@ -45,6 +45,7 @@ def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr,
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     BW: tl.constexpr = BLOCK_C // 2
     diag = address_ptr(diag_addr, tl.int64)
+    inv_scale = fp8_inverse_scale(scale_ptr, FP8)
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     parity = (e & 1).to(tl.int64)
     wds = tl.arange(0, BW)
@@ -78,7 +79,7 @@ def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr,
             if same:
                 resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask, ENGINE)
                 rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
-                store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8, ENGINE)
+                store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, inv_scale, GEMMA, FP8, ENGINE)
     epoch_commit(epoch_ptr, e)
 
 

@@ -45,7 +45,7 @@ from ..allreduce.ll import LL_TRIES, ll_send_signature, ll_sum_ranks, load_words
 from ..allreduce.ll_twoshot import LLTwoShot, ll_wait_rows, to_words, token_check, token_send, words_to
 from ..base import Workspace
 from .algorithm import FusedAlgorithm
-from .rows import LL2_MAX_CHUNKS, add_residual, load_chunk, norm_values
+from .rows import LL2_MAX_CHUNKS, add_residual, fp8_inverse_scale, load_chunk, norm_values
 
 __all__ = ["FusedLLTwoShot", "ll_twoshot_allreduce_add_rmsnorm_kernel"]
 
@@ -82,6 +82,7 @@ def ll_twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, 
     W2: tl.constexpr = next_pow2(WORLD)
     CH: tl.constexpr = NQ * WORLD
     diag = address_ptr(diag_addr, tl.int64)
+    inv_scale = fp8_inverse_scale(scale_ptr, FP8)
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     parity = (e & 1).to(tl.int64)
     k = tl.arange(0, W2)
@@ -144,7 +145,7 @@ def ll_twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, 
                     kk = tl.arange(0, CH2)
                     total = ll8_poll_sum_f32(slots + kk, kk < CH, e, rank, row, rank, timeout, diag)
                 rstd = 1.0 / tl.sqrt(total / H + eps)
-                y = norm_values(resid.to(DTYPE), rstd, w, GEMMA, FP8, ENGINE, scale_ptr)
+                y = norm_values(resid.to(DTYPE), rstd, w, GEMMA, FP8, ENGINE, inv_scale)
                 tl.store(out_ptr + row * H + cols, round_to(y, out_ptr.dtype.element_ty), mask=cmask)
     if pid == 0:  # every peer has started this launch
         token_check(bases, rank, tok_off, parity, e, timeout, diag, WORLD)

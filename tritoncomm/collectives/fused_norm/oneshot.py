@@ -17,7 +17,7 @@ from ...kernels.memory import address_ptr
 from ...units import round_up
 from ..base import Workspace
 from .algorithm import FusedAlgorithm
-from .rows import add_residual, chunk_cols, load_chunk, row_rstd, store_norm, work_item
+from .rows import add_residual, chunk_cols, fp8_inverse_scale, load_chunk, row_rstd, store_norm, work_item
 
 __all__ = ["FusedOneShot", "allreduce_add_rmsnorm_kernel"]
 
@@ -31,6 +31,7 @@ def allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, sc
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     diag = address_ptr(diag_addr, tl.int64)
+    inv_scale = fp8_inverse_scale(scale_ptr, FP8)
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     stage_off = buf_off + (e & 1).to(tl.int64) * slot_bytes
     iters = tl.cdiv(T * CH - pid, nprog)
@@ -52,7 +53,7 @@ def allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, sc
                            other=0.0).to(tl.float32)
         resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask, ENGINE)
         rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
-        store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8, ENGINE)
+        store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, inv_scale, GEMMA, FP8, ENGINE)
     epoch_commit(epoch_ptr, e)
 
 

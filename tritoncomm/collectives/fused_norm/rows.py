@@ -36,7 +36,7 @@ from ...kernels import heap_ptr, ll8_poll_sum_f32, ll8_store, round_to
 from ...units import cdiv, round_up
 
 __all__ = ["LL2_MAX_CHUNKS", "MAX_CHUNKS", "RowPlan", "add_residual", "block_cols", "chunk_cols", "load_chunk",
-           "norm_values", "row_rstd", "row_rstd_from_partial", "store_norm", "work_item"]
+           "fp8_inverse_scale", "norm_values", "row_rstd", "row_rstd_from_partial", "store_norm", "work_item"]
 
 #: Most chunks a row is cut into (GPUs only; a power of two that divides every variant's grid).
 MAX_CHUNKS = 16
@@ -176,11 +176,22 @@ def row_rstd_from_partial(part, row, c, H, eps, bases, rank, xch_off, e, timeout
 
 
 @triton.jit
-def norm_values(resid, rstd, w, GEMMA: tl.constexpr, FP8: tl.constexpr, ENGINE: tl.constexpr, scale_ptr):
+def fp8_inverse_scale(scale_ptr, FP8: tl.constexpr):
+    """With ``FP8``, ``1 / scale`` rounded once (IEEE division), as vLLM's static FP8 quantisation and
+    FlashInfer's fused quantisation compute it; else 1. Loaded as the kernel starts, so that the
+    quantisation at its end waits for no load."""
+    inv = tl.full([], 1.0, tl.float32)
+    if FP8:
+        inv = tl.math.div_rn(inv, tl.load(scale_ptr).to(tl.float32))
+    return inv
+
+
+@triton.jit
+def norm_values(resid, rstd, w, GEMMA: tl.constexpr, FP8: tl.constexpr, ENGINE: tl.constexpr, inv_scale):
     """The normalised values ``resid * rstd * w`` (``1 + w`` with Gemma) in fp32, or with ``FP8`` their
-    quantisation ``clamp(y / scale, -448, 448)`` (still fp32, to be rounded to e4m3). ``ENGINE``: the
-    FP8 value is quantised from ``y`` rounded to the residual's dtype, as a separate quantisation of
-    the norm's output does."""
+    quantisation ``clamp(y * inv_scale, -448, 448)`` (still fp32, to be rounded to e4m3; ``inv_scale``
+    from ``fp8_inverse_scale``). ``ENGINE``: the FP8 value is quantised from ``y`` rounded to the
+    residual's dtype, as a separate quantisation of the norm's output does."""
     w = w.to(tl.float32)
     if GEMMA:
         w = w + 1.0
@@ -188,14 +199,14 @@ def norm_values(resid, rstd, w, GEMMA: tl.constexpr, FP8: tl.constexpr, ENGINE: 
     if FP8:
         if ENGINE:
             y = round_to(y, resid.dtype).to(tl.float32)
-        y = tl.minimum(tl.maximum(y / tl.load(scale_ptr), -448.0), 448.0)
+        y = tl.minimum(tl.maximum(y * inv_scale, -448.0), 448.0)
     return y
 
 
 @triton.jit
-def store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA: tl.constexpr,
+def store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, inv_scale, GEMMA: tl.constexpr,
                FP8: tl.constexpr, ENGINE: tl.constexpr = False):
     """``out[row, cols] =`` ``norm_values``, rounded to ``out``'s dtype; ``w`` is the weight's chunk
     (``load_chunk``)."""
-    y = norm_values(resid, rstd, w, GEMMA, FP8, ENGINE, scale_ptr)
+    y = norm_values(resid, rstd, w, GEMMA, FP8, ENGINE, inv_scale)
     tl.store(out_ptr + row * H + cols, round_to(y, out_ptr.dtype.element_ty), mask=cmask)

@@ -40,7 +40,7 @@ from ...kernels.memory import address_ptr
 from ...units import cdiv, round_up
 from ..base import Workspace
 from .algorithm import FusedAlgorithm
-from .rows import add_residual, block_cols, load_chunk, row_rstd_from_partial, store_norm, work_item
+from .rows import add_residual, block_cols, fp8_inverse_scale, load_chunk, row_rstd_from_partial, store_norm, work_item
 
 __all__ = ["TWOSHOT_MAX_COLS", "TWOSHOT_MAX_COLS_CPU", "FusedTwoShot", "twoshot_allreduce_add_rmsnorm_kernel"]
 
@@ -62,6 +62,7 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     W2: tl.constexpr = next_pow2(WORLD)
     diag = address_ptr(diag_addr, tl.int64)
+    inv_scale = fp8_inverse_scale(scale_ptr, FP8)
     epoch_ptr, e = program_epoch(bases, rank, epochs_off)
     R = tl.cdiv(T, WORLD)
     iters = tl.cdiv(R * CH - pid, nprog)
@@ -112,7 +113,7 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
                 cols, cmask = block_cols(c, b, H, CW, BLOCK_C)
                 resid = load_chunk(res_out_ptr, row, H, cols, cmask)
                 w = load_chunk(w_ptr, 0, 0, cols, cmask)
-                store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, scale_ptr, GEMMA, FP8, ENGINE)
+                store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, inv_scale, GEMMA, FP8, ENGINE)
     barrier(bases, rank, WORLD, flags_off, pid + nprog, e, timeout, diag)
     for i in range(0, iters):  # 3. the other shards' rows: take the new residual and rstd, normalise (2-D)
         r, c = work_item(pid, i, nprog, CH)
@@ -126,7 +127,7 @@ def twoshot_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
             m = ok[:, None] & cmask[None, :]
             resid = tl.load(ag[:, None] + cols[None, :], mask=m)
             tl.store(res_out_ptr + rows[:, None] * H + cols[None, :], resid, mask=m)
-            store_norm(resid, rstd[:, None], rows[:, None], H, cols[None, :], m, w[None, :], out_ptr, scale_ptr,
+            store_norm(resid, rstd[:, None], rows[:, None], H, cols[None, :], m, w[None, :], out_ptr, inv_scale,
                        GEMMA, FP8, ENGINE)
     epoch_commit(epoch_ptr, e)
 

@@ -36,7 +36,7 @@ def _anatomy(ctx, ar: tc.AllReduce, x: torch.Tensor, out: torch.Tensor, n: int) 
     from triton.runtime.driver import driver
     from triton.runtime.jit import native_specialize_impl as spec
 
-    algo = ar._algos[ar.select(x.numel() * x.element_size(), x.dtype)]
+    algo = ar.algorithm(ar.select(x.numel() * x.element_size(), x.dtype))
     ln, seen = algo.launcher, []
     algo.launcher = lambda *a, **kw: seen.append((a, kw))
     ar(x, out)
@@ -74,7 +74,7 @@ def _anatomy(ctx, ar: tc.AllReduce, x: torch.Tensor, out: torch.Tensor, n: int) 
 def _launchers(*objs) -> list:
     out = []
     for o in objs:
-        for a in getattr(o, "_algos", {}).values():
+        for a in map(o.algorithm, getattr(o, "algorithms", ())):
             if a.launcher is not None:
                 out.append(a.launcher)
         out += [v for k, v in vars(o).items() if k.startswith("_run_")]
@@ -89,7 +89,7 @@ def _check(ctx, ar: tc.AllReduce) -> dict:
         bad = 0
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
             for n in (1, 7, 1000, 4097, 65537):
-                if n * dtype.itemsize > ar._algos[algo].capacity:
+                if n * dtype.itemsize > ar.algorithm(algo).capacity:
                     continue
                 for _ in range(2):
                     x = torch.randn(n, generator=gen, device=ctx.device).to(dtype)
@@ -136,11 +136,11 @@ def overhead_rank(ctx, n: int) -> dict:
                 rows[f"{mode}: {name}"] = min(t, rows.get(f"{mode}: {name}", t))
     for ln, f in zip(launchers, fast, strict=True):
         ln.fast, ln.direct = f, True
-    for a in ar._algos.values():  # our Python alone: the launch replaced by a no-op
+    for a in map(ar.algorithm, ar.algorithms):  # our Python alone: the launch replaced by a no-op
         a.launcher, a._saved = (lambda *args, **kw: None), a.launcher
     ctx.barrier()
     rows["no launch: AllReduce direct"] = host_us(lambda: ar(x, out), n, ctx.device)
-    for a in ar._algos.values():
+    for a in map(ar.algorithm, ar.algorithms):
         a.launcher = a._saved
     rows.update(_anatomy(ctx, ar, x, out, n))
     if ctx.world > 1:

@@ -36,8 +36,9 @@ REST = LAMPORT_SENTINEL16 - (1 << 16)  # the at-rest half as int16
 
 
 def _buffers(moe: MoEAllToAll) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in (("precv", moe._precv), ("pw", moe._pw), ("copy", moe._copy),
-                              ("lpart", moe._lpart)) if v is not None}
+    names = {"precv": "packet_rows", "pw": "packet_weights", "copy": "copies", "lpart": "lamport_partials"}
+    have = moe.buffers()
+    return {k: have[n] for k, n in names.items() if n in have}
 
 
 def _describe(moe: MoEAllToAll, snap: dict[str, torch.Tensor]) -> list[str]:

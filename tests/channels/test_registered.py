@@ -145,14 +145,14 @@ def _job_graph_capture(ctx, n, replays):
     ar = tc.AllReduce(comm, max_bytes=1 << 24, algos=("twoshot",))
     x = torch.randn(n, device=ctx.device).to(torch.bfloat16)
     warm_up_for_capture(lambda: ar(x, algo="twoshot"))
-    used = comm.registered._next
+    used = comm.registered.used
     graph = torch.cuda.CUDAGraph()
     with comm.graph_capture():
         with torch.cuda.graph(graph):
             y = ar(x, algo="twoshot")  # output from the graph's pool
             z = ar(y, algo="twoshot")  # a second call, its input the first's output
             ar(z, out=z, algo="twoshot")  # in place
-    taken = comm.registered._next - used
+    taken = comm.registered.used - used
     rows = []
     g = torch.Generator().manual_seed(ctx.rank)
     for _ in range(replays):
@@ -198,11 +198,11 @@ def _job_engine_capture(ctx, replays):
     x = torch.randn(n, device=ctx.device).to(torch.bfloat16)
     warm_up_for_capture(lambda: ca.custom_all_reduce(x))
     graph = torch.cuda.CUDAGraph()
-    used = ca.comm.registered._next
+    used = ca.comm.registered.used
     with ca.capture():
         with torch.cuda.graph(graph):
             y = ca.custom_all_reduce(x)
-    taken = ca.comm.registered._next - used
+    taken = ca.comm.registered.used - used
     ok = []
     g = torch.Generator().manual_seed(3 + ctx.rank)
     for _ in range(replays):

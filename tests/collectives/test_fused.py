@@ -29,7 +29,8 @@ _POLLED = {"lamport": lambda block_c: block_c, "ll": lambda block_c: block_c // 
 def _watch_polled_blocks(fused, bad: list) -> None:
     """Record in ``bad`` every launch whose polled block has fewer elements (words) than threads: a
     block copied across threads makes a look's count cover one copy (``kernels.lamport``)."""
-    for name, algo in fused._algos.items():
+    for name in fused.algorithms:
+        algo = fused.algorithm(name)
         if name in _POLLED:
             def launch(*args, _run=algo.launcher, _name=name, **meta):
                 if _POLLED[_name](meta["BLOCK_C"]) < 32 * meta["num_warps"]:
@@ -192,9 +193,9 @@ def test_fused_output_aliasing(worlds):
 
 def _job_engine_rounding(ctx, tokens, h):
     """``rounding="engine"`` against the unfused path an engine runs: the all-reduced sum in the input
-    dtype, then the residual add, then RMSNorm, then ``y * (1 / scale)`` to e4m3 (as vLLM's static quantisation). Returns, per (tokens,
-    variant, rounding): residual bits that differ, FP8 bytes that differ, and FP8 values more than one
-    e4m3 step away."""
+    dtype, then the residual add, then RMSNorm, then ``y * (1 / scale)`` to e4m3 (as vLLM's static
+    quantisation). Returns, per (tokens, variant, rounding): residual bits that differ, FP8 bytes that
+    differ, and FP8 values more than one e4m3 step away."""
     import torch.nn.functional as F
 
     comm = make_comm(ctx)

@@ -162,12 +162,12 @@ def _job_gemm_graph(ctx, m, k, n, replays):
     op = GemmAllReduce(comm, max_tokens=m, n=n)
     x, w = _inputs(ctx, m, k, n, torch.bfloat16, 0)
     warm_up_for_capture(lambda: op(x, w, path="overlap"))
-    used = comm.registered._next
+    used = comm.registered.used
     graph = torch.cuda.CUDAGraph()
     with comm.graph_capture():
         with torch.cuda.graph(graph):
             y = op(x, w, path="overlap")
-    rows = [comm.registered._next - used == 1]
+    rows = [comm.registered.used - used == 1]
     g = torch.Generator().manual_seed(ctx.rank)
     for _ in range(replays):
         x.copy_((torch.randn(m, k, generator=g) / k ** 0.5).to(torch.bfloat16))

@@ -303,15 +303,16 @@ def _moe_mismatched(ctx, case: str, max_tokens: int, mode: str) -> tuple[str, st
     (2, "path", 4096, "auto")])
 def test_mismatched_moe_calls_raise_on_every_rank(worlds, world, case, max_tokens, mode):
     """The dispatch's kernels compare the call's signature (op, dtype, the shared token bound, the
-    path): a rank whose call differs raises CollectiveMismatchError naming both calls, and a rank left
-    waiting for what a different call never sends raises CommTimeoutError. No rank returns, on the
+    path): a rank whose call differs raises CollectiveMismatchError naming both calls (with another
+    bound, every rank: the routing copies are polled with the headers), and a rank left waiting for
+    what a different call never sends raises CommTimeoutError. No rank returns, on the
     one-kernel Lamport path (``max_tokens`` 8, or small bounds) and across paths (``path``)."""
     results = worlds(world).run(_moe_mismatched, case, max_tokens, mode)
     said = [r[0] for r in results]
     assert all(s in ("CollectiveMismatchError", "CommTimeoutError") for s in said), results
-    if case == "bound":
-        named = [t for s, t, _ in results if s == "CollectiveMismatchError"]
-        assert named and all("moe_dispatch bf16 x 7" in t and "moe_dispatch bf16 x 8" in t for t in named), results
+    if case == "bound":  # every rank names both calls, the one with the larger bound too
+        assert all(s == "CollectiveMismatchError" for s in said), results
+        assert all("moe_dispatch bf16 x 7" in t and "moe_dispatch bf16 x 8" in t for _, t, _ in results), results
     if case == "path":
         assert results[0][2] != results[1][2], results  # the two ranks took different paths
 

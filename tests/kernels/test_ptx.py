@@ -709,9 +709,9 @@ def test_the_lamport_call_check_keeps_the_data_path(kind, block, warps):
     """With the call check (``sig`` an int64) the Lamport all-reduces keep 16-byte data stores and
     polls, store their header as one 8-byte word per peer and poll it with volatile loads, and add no
     fence or release on the data path; without it (``sig`` None) no header is stored or loaded."""
-    from tritoncomm.collectives.allreduce import lamport
+    from tritoncomm.collectives.allreduce import lamport, lamport_twoshot
 
-    kernel = {"oneshot": lamport.lamport_oneshot_kernel, "twoshot": lamport.lamport_twoshot_kernel}[kind]
+    kernel = {"oneshot": lamport.lamport_oneshot_kernel, "twoshot": lamport_twoshot.lamport_twoshot_kernel}[kind]
     sig, aligned = LAMPORT_KERNELS[kind]
     checked = ops(compile_ptx(kernel, {**sig, "sig": "i64"}, {"WORLD": 2, "BLOCK": block}, aligned, warps))
     plain = ops(compile_ptx(kernel, sig, {"WORLD": 2, "BLOCK": block, "sig": None}, aligned, warps))

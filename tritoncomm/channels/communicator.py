@@ -15,27 +15,22 @@ import torch.distributed as dist
 
 from ..config import CommConfig
 from ..errors import (
-    CollectiveMismatchError,
     CommTimeoutError,
     InvalidInputError,
     SetupMismatchError,
     TritonCommError,
 )
 from ..kernels.backend import MAX_WORLD, interpreting
-from ..kernels.barrier import KIND_SIGNATURE
 from ..kernels.consistency import (
-    SIGNATURE_FIELDS,
     check_signatures,
-    code_name,
-    describe_signature,
     signature_table_bytes,
 )
-from ..kernels.diag import DIAG_WORDS, KIND_NAMES, F
+from ..kernels.diag import DIAG_WORDS, F
 from ..kernels.interpreter import numpy_problem
-from ..kernels.lamport import KIND_LAMPORT
 from .bootstrap import Bootstrap, default_bootstrap
 from .channel import Channel
 from .cuda_ipc import HostMappedWords
+from .diagnosis import recorded_error
 from .heap import Region, SymmetricHeap
 from .registered import RegisteredBuffers
 from .topology import check_topology
@@ -278,7 +273,7 @@ class Communicator:
         if self.diag.word(F.STATUS) == 0:
             return
         words = self.diag.read()
-        err = self._recorded_error(words)
+        err = recorded_error(words, self.config.timeout_s, self.heap)
         if err is None:
             return
         if words[F.STATUS] == 3:  # debug mode's check: nothing ran, epochs agree; clear and stay usable
@@ -286,44 +281,6 @@ class Communicator:
             raise err
         self._broken = err
         raise err
-
-    def _recorded_error(self, words: list[int]) -> TritonCommError | None:
-        """The error a diagnostic record holds, or None for a clean (or half-written) one."""
-        status = words[F.STATUS]
-        if status == 0 or (status == -1 and not any(words[1:])):
-            return None
-        if status == 3:  # debug mode's check, before the collective ran
-            slot = words[F.SLOT]
-            field = SIGNATURE_FIELDS[slot] if 0 <= slot < len(SIGNATURE_FIELDS) else str(slot)
-            mine, theirs = code_name(slot, words[F.EXPECTED]), code_name(slot, words[F.SEEN])
-            return CollectiveMismatchError(
-                f"tritoncomm debug: rank {words[F.RANK]} and rank {words[F.PEER]} called different collectives: "
-                f"{field} {mine} here, {theirs} there",
-                rank=words[F.RANK], peer=words[F.PEER], field=field, mine=words[F.EXPECTED], theirs=words[F.SEEN])
-        if status == KIND_SIGNATURE.value:  # a barrier's signature check: no output written
-            mine, theirs = describe_signature(words[F.EXPECTED]), describe_signature(words[F.SEEN])
-            return CollectiveMismatchError(
-                f"tritoncomm: rank {words[F.RANK]} and rank {words[F.PEER]} called different collectives: "
-                f"{mine} here, {theirs} there (barrier slot {words[F.SLOT]}). No output was written; this "
-                "communicator is no longer usable.",
-                rank=words[F.RANK], peer=words[F.PEER], field="signature", mine=words[F.EXPECTED],
-                theirs=words[F.SEEN])
-        return self._timeout_error(words)
-
-    def _timeout_error(self, words: list[int]) -> CommTimeoutError:
-        """The ``CommTimeoutError`` of a diagnostic record that holds a timeout."""
-        status = words[F.STATUS]
-        kind = KIND_NAMES.get(status, f"wait kind {status}")
-        what = (f"{words[F.SEEN]} elements still at the sentinel{self._heap_place(words[F.EXPECTED])}"
-                if status == KIND_LAMPORT.value else f"expected epoch {words[F.EXPECTED]}, saw {words[F.SEEN]}")
-        return CommTimeoutError(
-            f"tritoncomm: {kind} timed out on rank {words[F.RANK]} waiting for peer {words[F.PEER]} "
-            f"(slot {words[F.SLOT]}, program {words[F.PROGRAM]}): {what} "
-            f"after {words[F.SPINS]} spins (limit {self.config.timeout_s:g} s). "
-            "The peer is dead, hung, or ran a different sequence of collectives; this communicator is "
-            "no longer usable.",
-            rank=words[F.RANK], peer=words[F.PEER], slot=words[F.SLOT], expected=words[F.EXPECTED],
-            seen=words[F.SEEN], kind=kind, program=words[F.PROGRAM])
 
     def recorded_failure(self) -> str | None:
         """The failure (a timeout, or a barrier's mismatch) a kernel of this communicator has recorded,
@@ -334,19 +291,8 @@ class Communicator:
         words = self.diag.read()
         if words[F.STATUS] == 3:  # debug mode's check, raised at the call
             return None
-        err = self._recorded_error(words)
+        err = recorded_error(words, self.config.timeout_s, self.heap)
         return None if err is None else str(err)
-
-    def _heap_place(self, addr: int) -> str:
-        """Where a kernel's address lies: " (from byte B of <buffer tag> at heap offset O of rank R)", or ""."""
-        for peer, base in enumerate(self.heap.memory.peer_addrs):
-            if base <= addr < base + self.heap.nbytes:
-                off = addr - base
-                for r in self.heap.allocator.live:
-                    if r.offset <= off < r.offset + r.nbytes:
-                        return f" (from byte {off - r.offset} of {r.tag} at heap offset {r.offset} of rank {peer})"
-                return f" (heap offset {off} of rank {peer}, in no live buffer)"
-        return ""
 
     def synchronize(self) -> None:
         """Wait for this rank's device work, then ``check``."""

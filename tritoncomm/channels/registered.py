@@ -67,6 +67,11 @@ class RegisteredBuffers:
         self._opened: dict[tuple[int, bytes], int] = {}  # (peer, IPC handle) -> mapped base
         self.deferring = False
 
+    @property
+    def used(self) -> int:
+        """Slots taken so far (each registered or reserved buffer takes one, until ``close``)."""
+        return self._next
+
     # -- launch path (host-only lookups) ---------------------------------------------------------
     def slot_of(self, ptr: int) -> int | None:
         """The slot of an eagerly registered tensor starting at ``ptr``, else None."""

@@ -252,14 +252,26 @@ def lamport_poll_from(v, miss, ptrs, mask, peer, slot, rank, timeout, diag):
 
 
 @triton.jit
+def _lowest(x):
+    """The least element of a 1-D or 2-D block (a scalar as is)."""
+    if len(x.shape) == 2:
+        return tl.min(tl.min(x, axis=1), axis=0)
+    elif len(x.shape) == 1:
+        return tl.min(x, axis=0)
+    else:
+        return x
+
+
+@triton.jit
 def lamport_poll_checked(ptrs, mask, hdr, keep, sig, peer, slot, rank, timeout, diag):
-    """``lamport_poll`` of one peer's block together with that peer's header word ``hdr`` (where
-    ``keep``): every look loads both, so the header costs no wait of its own. Returns ``(values,
-    header)``. It stops once every thread has found the data all there and the header written, or the
-    header written with a signature other than ``sig`` (then the values mean nothing: a different
-    call's data may never come). Bounded as ``lamport_poll`` (kind 4, naming ``peer`` and the lowest
-    address still missing, the header's if only it is); a header is 0 if the wait gave up, 1 where
-    not ``keep``."""
+    """``lamport_poll`` of a peer's block together with that peer's header word ``hdr`` (where
+    ``keep``): every look loads both, so the header costs no wait of its own. A 2-D block may take a
+    header per row (``hdr``, ``keep`` and ``peer`` of shape ``[rows, 1]``). Returns ``(values,
+    header)``. It stops once every thread has found the data all there and the header written, or
+    the header written with a signature other than ``sig`` (then that row's values mean nothing: a
+    different call's data may never come). Bounded as ``lamport_poll`` (kind 4, naming the lowest
+    late peer and the lowest address still missing, a header's if only headers are); a header is 0
+    if the wait gave up, 1 where not ``keep``."""
     v, miss = lamport_try(ptrs, mask)
     h, hm = lamport_header_try(hdr, keep)
     wrong = (hm == 0) & (h != sig) & keep
@@ -276,10 +288,12 @@ def lamport_poll_checked(ptrs, mask, hdr, keep, sig, peer, slot, rank, timeout, 
             if missing > 0:
                 failed, expired = stop_waiting(t0, spins, timeout, diag)
                 if expired:
-                    at = tl.where(miss > 0, ptrs.to(tl.int64), 1 << 62)
-                    addr = tl.min(at, axis=0)
-                    addr = tl.where(addr == 1 << 62, hdr.to(tl.int64), addr)
-                    record_timeout(diag, KIND_LAMPORT, rank, peer, slot, addr, missing.to(tl.int64), spins)
+                    late = (miss + hm > 0) & (wrong == 0)
+                    who = _lowest(tl.where(late, peer + tl.zeros(ptrs.shape, tl.int32), 1 << 30))
+                    addr = _lowest(tl.where(miss > 0, ptrs.to(tl.int64), 1 << 62))
+                    at_hdr = _lowest(tl.where((hm > 0) & (wrong == 0), hdr.to(tl.int64), 1 << 62))
+                    addr = tl.where(addr == 1 << 62, at_hdr, addr)
+                    record_timeout(diag, KIND_LAMPORT, rank, who, slot, addr, missing.to(tl.int64), spins)
                 if failed or expired:
                     missing = 0
                     h = tl.where(keep, 0, h)

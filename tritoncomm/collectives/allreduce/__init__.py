@@ -20,7 +20,8 @@ from ..selection import Choice, SelectionTable
 from ..validation import DTYPE_NAMES, check_reduce_args
 from .algorithm import AllReduceAlgorithm
 from .defaults import default_rows
-from .lamport import LamportOneShot, LamportTwoShot
+from .lamport import LamportOneShot
+from .lamport_twoshot import LamportTwoShot
 from .ll import LL
 from .ll_twoshot import LLTwoShot
 from .oneshot import OneShot

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from ...units import NO_LIMIT
 from ..selection import Choice
-from .lamport import LAMPORT_MAX_PROGRAMS, LamportOneShot, LamportTwoShot
+from .lamport import LAMPORT_MAX_PROGRAMS, LamportOneShot
+from .lamport_twoshot import LamportTwoShot
 
 __all__ = ["LAMPORT_ONESHOT_UP_TO_WIDE", "default_rows", "one_block"]
 

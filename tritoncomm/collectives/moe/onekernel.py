@@ -93,6 +93,7 @@ from ...kernels import (
     lamport_header_reset,
     lamport_header_store,
     lamport_poll,
+    lamport_poll_checked,
     lamport_reset,
     lamport_store,
     pow2_at_least,
@@ -280,12 +281,17 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     # small copies: every peer's in one look, held in registers (larger ones would spill: one at a time)
     ALL: tl.constexpr = BLOCK_W * BLOCK_N <= ALL_COPIES_UP_TO
     hdrs = heap_ptr(bases, rank, hdr_base + pid * WORLD * 8, tl.int64)  # every peer's header for this program
-    if CHECK and PACKETS:  # looked at with the copies: sent before them, usually there when they are
+    if CHECK and PACKETS and not ALL:  # looked at before the copies: sent before them, usually there
         seen = _header_look(hdrs, rank, WORLD, BLOCK_W)
     if ALL:
         copies = copy_rows + ws[:, None] * ROW + nn[None, :]
         peers = (ws[:, None] != rank) & (ws[:, None] < WORLD) & bounded[None, :]
-        if PACKETS:
+        if PACKETS and CHECK:  # the copies and the headers in the same looks: a differing header ends the wait
+            others = (ws[:, None] != rank) & (ws[:, None] < WORLD)
+            got, heads = lamport_poll_checked(copies, peers, hdrs + ws[:, None], others, sig, ws[:, None], pid, rank,
+                                              timeout, diag)
+            seen = tl.sum(heads, axis=1)
+        elif PACKETS:
             got = lamport_poll(copies, peers, ws[:, None], pid, rank, timeout, diag)
         else:
             got = tl.load(copies, mask=peers, other=-2)

@@ -220,3 +220,39 @@ def test_gemm_overlap_debug_mode_catches_mismatched_shapes(worlds):
     for caught, ok in worlds(2).run(_job_gemm_mismatch):
         assert caught == ["algorithm"], caught  # the (K, output row) word of the signature
         assert ok
+
+
+def _job_switches(ctx):
+    """The path switch points: the device table's (op ``gemm``), the declared defaults where it has
+    none, and explicit arguments over both."""
+    from tritoncomm.collectives import AllReduce, SelectionTable
+    from tritoncomm.collectives.gemm import GEMM_SWITCHES
+
+    comm = make_comm(ctx)
+    plain = GemmAllReduce(comm, max_tokens=16, n=32)
+    defaults = (plain.overlap_min_tokens, plain.chunked_min_tokens)
+    packaged = plain.allreduce.table
+    plain.close()
+    table = packaged.merged(SelectionTable({}, "switches", switches={
+        ("gemm", ctx.world): {"overlap_from_tokens": 7, "chunked_from_tokens": 3}}))
+    ar = AllReduce(comm, max_bytes=16 * 32 * 2, table=table)
+    tabled = GemmAllReduce(comm, max_tokens=16, n=32, allreduce=ar)
+    explicit = GemmAllReduce(comm, max_tokens=16, n=32, allreduce=ar, overlap_min_tokens=None, chunked_min_tokens=5)
+    got = {"defaults": defaults, "declared": tuple(GEMM_SWITCHES[k] for k in ("overlap_from_tokens",
+                                                                              "chunked_from_tokens")),
+           "table": (tabled.overlap_min_tokens, tabled.chunked_min_tokens),
+           "paths": (tabled.select(2, 16), tabled.select(4, 16), tabled.select(8, 16)),
+           "explicit": (explicit.overlap_min_tokens, explicit.chunked_min_tokens)}
+    for op in (tabled, explicit):
+        op.close()
+    ar.close()
+    comm.close()
+    return got
+
+
+def test_path_switches_come_from_the_table(worlds):
+    for got in worlds(2).run(_job_switches):
+        assert got["defaults"] == got["declared"], got
+        assert got["table"] == (7, 3), got
+        assert got["paths"] == ("plain", "chunked", "overlap"), got
+        assert got["explicit"] == (None, 5), got

@@ -67,7 +67,7 @@ class Choice:
 #: variant sizes its own launch).
 PICK_OPS = ("fused_norm",)
 #: The collectives a table has *switches* for: named switch points (ints), per world size.
-SWITCH_OPS = ("moe",)
+SWITCH_OPS = ("moe", "gemm")
 
 
 class SelectionTable:

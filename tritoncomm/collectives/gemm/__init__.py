@@ -29,6 +29,8 @@ sum K in different orders).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
 
 import torch
 
@@ -41,11 +43,15 @@ from ..allreduce import AllReduce
 from ..validation import DTYPE_NAMES, check_input
 from .twoshot import gemm_twoshot_kernel
 
-__all__ = ["GEMM_PATHS", "GemmAllReduce", "GemmConfig"]
+__all__ = ["GEMM_PATHS", "GEMM_SWITCHES", "GemmAllReduce", "GemmConfig"]
 
 GEMM_PATHS = ("overlap", "chunked", "plain")
 #: Most row slices of the chunked path.
 MAX_CHUNKS = 16
+#: The path switch points a device's selection table may hold (``SelectionTable.switches``, op ``gemm``,
+#: per world), and their defaults where it holds none: the overlapped kernel from this many rows, the
+#: chunked path from this many (``docs/algorithms.md``, "GEMM + all-reduce").
+GEMM_SWITCHES = MappingProxyType({"overlap_from_tokens": 512, "chunked_from_tokens": 4096})
 
 
 @dataclass(frozen=True)
@@ -90,13 +96,13 @@ class GemmAllReduce:
         comm: the communicator.
         max_tokens: the most rows ``x`` may have.
         n: the output features ``N`` (rows of every ``w`` passed).
-        overlap_min_tokens: inputs with at least this many rows take the overlapped kernel (None:
-            never). Below it the kernel's GEMM reads the weight with too few tiles in flight to beat
-            cuBLAS (``docs/algorithms.md``, "GEMM + all-reduce"). GPUs without TMA (before sm_90)
-            never take it.
+        overlap_min_tokens: inputs with at least this many rows take the overlapped kernel (None: never;
+            ``"table"``: the device table's ``overlap_from_tokens``, ``GEMM_SWITCHES``). Below it the kernel's GEMM
+            reads the weight with too few tiles in flight to beat cuBLAS (``docs/algorithms.md``, "GEMM +
+            all-reduce"). GPUs without TMA (before sm_90) never take it.
         chunked_min_tokens, chunks: inputs with at least this many rows (and below
             ``overlap_min_tokens``, or on GPUs without TMA) take the chunked path, in this many row
-            slices.
+            slices (``"table"``: the table's ``chunked_from_tokens``).
         side_programs: the most programs a slice's all-reduce may use in the chunked path (None:
             the table's shape): fewer leave more SMs to the GEMM it overlaps.
         sm_carveout: in the chunked path, ask cuBLASLt to leave this many SMs free for the slices'
@@ -111,8 +117,9 @@ class GemmAllReduce:
     Collective to create and close; one instance per stream.
     """
 
-    def __init__(self, comm: Communicator, max_tokens: int, n: int, *, overlap_min_tokens: int | None = 512,
-                 chunked_min_tokens: int = 4096, chunks: int = 2, side_programs: int | None = 32,
+    def __init__(self, comm: Communicator, max_tokens: int, n: int, *,
+                 overlap_min_tokens: int | Literal["table"] | None = "table",
+                 chunked_min_tokens: int | Literal["table"] = "table", chunks: int = 2, side_programs: int | None = 32,
                  sm_carveout: int | None = None, config: GemmConfig | None = None, allreduce: AllReduce | None = None,
                  name: str = "gemm_allreduce") -> None:
         if max_tokens <= 0 or n <= 0:
@@ -120,10 +127,9 @@ class GemmAllReduce:
         comm.require_open("GemmAllReduce")
         self.comm, self.max_tokens, self.n = comm, max_tokens, n
         self._closed = False
-        self.overlap_min_tokens = overlap_min_tokens
         # the overlapped kernel loads through TMA descriptors: Hopper or newer (the CPU world emulates them)
         self._tma = comm.backend != "cuda" or torch.cuda.get_device_capability(comm.device)[0] >= 9
-        self.chunked_min_tokens, self.chunks = chunked_min_tokens, chunks
+        self.chunks = chunks
         if not 1 <= chunks <= MAX_CHUNKS:
             raise InvalidInputError(f"chunks must be in 1..{MAX_CHUNKS}, got {chunks}")
         if side_programs is not None and side_programs < 1:
@@ -138,6 +144,10 @@ class GemmAllReduce:
         self._programs = 1 if comm.backend != "cuda" else self._check_programs(c.programs, comm)
         self._own_ar = allreduce is None
         self.allreduce = allreduce or AllReduce(comm, max_bytes=max_tokens * n * 2, name=f"{name}.ar")  # 16-bit
+        switches = {**GEMM_SWITCHES, **self.allreduce.table.switches_for("gemm", comm.world)}
+        table = overlap_min_tokens == "table", chunked_min_tokens == "table"
+        self.overlap_min_tokens = switches["overlap_from_tokens"] if table[0] else overlap_min_tokens
+        self.chunked_min_tokens = switches["chunked_from_tokens"] if table[1] else chunked_min_tokens
         max_tiles = cdiv(max_tokens, c.bm) * cdiv(n, c.bn)
         tile_bytes = c.bm * c.bn * 2
         recv_tiles = cdiv(max_tiles, comm.world) * comm.world

@@ -104,6 +104,8 @@ LAMPORT_SENTINEL16 = 0x8000
 LAMPORT_SENTINEL8 = 0x80
 #: The diagnostic kind a Lamport poll records when it times out.
 KIND_LAMPORT = tl.constexpr(4)
+#: Above every address: what a search for the lowest address still missing starts from.
+_NO_ADDRESS = tl.constexpr(1 << 62)
 
 
 def lamport_fill(t: torch.Tensor) -> None:
@@ -236,7 +238,7 @@ def lamport_poll_from(v, miss, ptrs, mask, peer, slot, rank, timeout, diag):
                 if expired:
                     late = miss > 0
                     who = tl.where(late, peer + tl.zeros(ptrs.shape, tl.int32), 1 << 30)
-                    at = tl.where(late, ptrs.to(tl.int64), 1 << 62)
+                    at = tl.where(late, ptrs.to(tl.int64), _NO_ADDRESS)
                     if len(ptrs.shape) == 2:
                         first = tl.min(tl.min(who, axis=1), axis=0)
                         addr = tl.min(tl.min(at, axis=1), axis=0)
@@ -290,9 +292,9 @@ def lamport_poll_checked(ptrs, mask, hdr, keep, sig, peer, slot, rank, timeout, 
                 if expired:
                     late = (miss + hm > 0) & (wrong == 0)
                     who = _lowest(tl.where(late, peer + tl.zeros(ptrs.shape, tl.int32), 1 << 30))
-                    addr = _lowest(tl.where(miss > 0, ptrs.to(tl.int64), 1 << 62))
-                    at_hdr = _lowest(tl.where((hm > 0) & (wrong == 0), hdr.to(tl.int64), 1 << 62))
-                    addr = tl.where(addr == 1 << 62, at_hdr, addr)
+                    addr = _lowest(tl.where(miss > 0, ptrs.to(tl.int64), _NO_ADDRESS))
+                    at_hdr = _lowest(tl.where((hm > 0) & (wrong == 0), hdr.to(tl.int64), _NO_ADDRESS))
+                    addr = tl.where(addr == _NO_ADDRESS, at_hdr, addr)
                     record_timeout(diag, KIND_LAMPORT, rank, who, slot, addr, missing.to(tl.int64), spins)
                 if failed or expired:
                     missing = 0

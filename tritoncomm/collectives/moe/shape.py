@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from ...errors import InvalidInputError
+from ...units import NO_LIMIT
 
 #: ``combine``'s default switch from the latency to the throughput mode, in elements of partials a
 #: rank receives per call, ``total tokens * hidden * (world - 1) / world`` (``default_throughput_from``
@@ -48,7 +49,7 @@ PUSH_SPLIT_ELEMS = 1 << 16
 
 #: A switch no call reaches (a count no call carries: ``direct_from_bytes``, and the tune's
 #: ``prefill_from`` and ``throughput_from``).
-NEVER = 1 << 62
+NEVER = NO_LIMIT
 
 #: ``MoEShape.direct_from_bytes``'s default: rows of a call per rank, in bytes on the wire, from which
 #: the direct rows' saved HBM writes outweigh the barrier they need.

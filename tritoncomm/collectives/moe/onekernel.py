@@ -85,23 +85,20 @@ import triton.language as tl
 
 from ...kernels import (
     INTERPRET,
-    KIND_SIGNATURE,
     barrier,
     epoch_commit_slots,
     heap_ptr,
-    lamport_header_poll,
-    lamport_header_reset,
     lamport_header_store,
     lamport_poll,
     lamport_poll_checked,
     lamport_reset,
     lamport_store,
     pow2_at_least,
-    record_timeout,
     stamp,
 )
 from ...kernels.launcher import Launcher
 from ...kernels.memory import address_ptr
+from .check import header_look, headers_match
 from .dispatch import launch_epoch, send_items
 from .gather import finish_counts, place_item, place_packets
 from .header import size_of, store_header
@@ -133,51 +130,6 @@ def reset_shared_copies(table, readers, grid, rank, WORLD: tl.constexpr, BLOCK_N
             if s != rank:
                 lamport_reset(table + s * BLOCK_N + nn, SYNC=False)
         tl.store(readers, 0)
-
-
-@triton.jit
-def _header_look(hdrs, rank, WORLD: tl.constexpr, BLOCK_W: tl.constexpr):
-    """One look at every peer's header word (``hdrs + s``), issued early so that its loads travel
-    with other waits (``_headers_match`` takes it): 0 where a header is not there yet, 1 for this
-    rank and past the world."""
-    ws = tl.arange(0, BLOCK_W)
-    return tl.load(hdrs + ws, mask=(ws != rank) & (ws < WORLD), other=1, volatile=True)
-
-
-@triton.jit
-def _headers_match(hdrs, seen, sig, pid, rank, timeout, diag, WORLD: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Whether every peer's header word (``hdrs + s``, ``kernels.lamport``, "Headers") holds ``sig``.
-    ``seen``: an earlier look (``_header_look``); only if a header was missing there does every
-    thread poll each (bounded). The first that differs is recorded as ``KIND_SIGNATURE`` (slot: the
-    program), and after a CTA barrier the words are back at rest. False too where a header never came
-    (the poll recorded the timeout, or a failure elsewhere stopped it)."""
-    ws = tl.arange(0, BLOCK_W)
-    peer = (ws != rank) & (ws < WORLD)
-    MISSING: tl.constexpr = 1 << 20
-    code = tl.max(tl.where(peer & (seen == 0), MISSING, tl.where(peer & (seen != sig), ws + 1, 0)), axis=0)
-    differ = code  # the peer + 1 whose header differs (0: none), the same in every thread
-    theirs = tl.full([], 0, tl.int64)
-    if code > 0:  # a difference or a miss (rare): the differing value, from the thread that holds it
-        theirs = tl.max(tl.where(ws + 1 == code, seen, 0), axis=0)
-    if code >= MISSING:  # a header was not there yet: every thread polls them all
-        differ = tl.full([], 0, tl.int32)
-        theirs = tl.full([], 0, tl.int64)
-        for s in tl.static_range(WORLD):
-            if s != rank:
-                h = lamport_header_poll(hdrs + s, s != rank, s, pid, rank, timeout, diag)
-                wrong = (h != sig) & (differ == 0)
-                differ = tl.where(wrong, s + 1, differ)
-                theirs = tl.where(wrong, h, theirs)
-        differ = tl.max(tl.zeros([BLOCK_W], tl.int32) + differ, axis=0)  # the same decision in every thread
-        theirs = tl.max(tl.zeros([BLOCK_W], tl.int64) + theirs, axis=0)
-    if differ > 0:
-        if theirs != 0:  # 0: the poll gave up (recorded there)
-            record_timeout(diag, KIND_SIGNATURE, rank, differ - 1, pid, sig, theirs, 0)
-    tl.debug_barrier()  # every thread's last look is made
-    for s in tl.static_range(WORLD):
-        if s != rank:
-            lamport_header_reset(hdrs + s, s != rank)
-    return differ == 0
 
 
 @triton.jit(do_not_specialize=["rank", "n_tokens", "bound", "ids_s0", "ids_s1", "w_s0", "w_s1",
@@ -282,7 +234,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     ALL: tl.constexpr = BLOCK_W * BLOCK_N <= ALL_COPIES_UP_TO
     hdrs = heap_ptr(bases, rank, hdr_base + pid * WORLD * 8, tl.int64)  # every peer's header for this program
     if CHECK and PACKETS and not ALL:  # looked at before the copies: sent before them, usually there
-        seen = _header_look(hdrs, rank, WORLD, BLOCK_W)
+        seen = header_look(hdrs, rank, WORLD, BLOCK_W)
     if ALL:
         copies = copy_rows + ws[:, None] * ROW + nn[None, :]
         peers = (ws[:, None] != rank) & (ws[:, None] < WORLD) & bounded[None, :]
@@ -305,7 +257,7 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
     # programs in order, only where the layout has programs of its own (the senders never wait).
     DEAL: tl.constexpr = PACKETS and (SENDERS > 0 or not INTERPRET)
     if CHECK and PACKETS:  # every peer's header (sent before its copy), then back at rest
-        ok = _headers_match(hdrs, seen, sig, pid, rank, timeout, diag, WORLD, BLOCK_W)
+        ok = headers_match(hdrs, seen, sig, pid, rank, timeout, diag, WORLD, BLOCK_W)
     before = 0  # items of the sources before s
     for i in range(1, tl.where(ok, WORLD, 1)):  # nothing laid out after a mismatch
         s = (rank + i) % WORLD

@@ -208,6 +208,17 @@ def _total(x):
 
 
 @triton.jit
+def _lowest(x):
+    """The least element of a 1-D or 2-D block (a scalar as is)."""
+    if len(x.shape) == 2:
+        return tl.min(tl.min(x, axis=1), axis=0)
+    elif len(x.shape) == 1:
+        return tl.min(x, axis=0)
+    else:
+        return x
+
+
+@triton.jit
 def lamport_poll(ptrs, mask, peer, slot, rank, timeout, diag):
     """Wait until no element at ``ptrs`` (a 1-D or 2-D block, where ``mask``) holds the sentinel;
     return the values. ``peer`` names the writer in a diagnostic: an int, or a block like ``ptrs``
@@ -237,31 +248,14 @@ def lamport_poll_from(v, miss, ptrs, mask, peer, slot, rank, timeout, diag):
                 failed, expired = stop_waiting(t0, spins, timeout, diag)
                 if expired:
                     late = miss > 0
-                    who = tl.where(late, peer + tl.zeros(ptrs.shape, tl.int32), 1 << 30)
-                    at = tl.where(late, ptrs.to(tl.int64), _NO_ADDRESS)
-                    if len(ptrs.shape) == 2:
-                        first = tl.min(tl.min(who, axis=1), axis=0)
-                        addr = tl.min(tl.min(at, axis=1), axis=0)
-                    else:
-                        first = tl.min(who, axis=0)
-                        addr = tl.min(at, axis=0)
+                    first = _lowest(tl.where(late, peer + tl.zeros(ptrs.shape, tl.int32), 1 << 30))
+                    addr = _lowest(tl.where(late, ptrs.to(tl.int64), _NO_ADDRESS))
                     record_timeout(diag, KIND_LAMPORT, rank, first, slot, addr, missing.to(tl.int64), spins)
                 if failed or expired:
                     missing = 0
     if not INTERPRET and ptrs.numel < program_threads():  # copied across threads: one copy was counted
         v = tl.load(ptrs, mask=mask, other=0.0, volatile=True)
     return v
-
-
-@triton.jit
-def _lowest(x):
-    """The least element of a 1-D or 2-D block (a scalar as is)."""
-    if len(x.shape) == 2:
-        return tl.min(tl.min(x, axis=1), axis=0)
-    elif len(x.shape) == 1:
-        return tl.min(x, axis=0)
-    else:
-        return x
 
 
 @triton.jit

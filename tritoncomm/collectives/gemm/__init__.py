@@ -145,9 +145,11 @@ class GemmAllReduce:
         self._own_ar = allreduce is None
         self.allreduce = allreduce or AllReduce(comm, max_bytes=max_tokens * n * 2, name=f"{name}.ar")  # 16-bit
         switches = {**GEMM_SWITCHES, **self.allreduce.table.switches_for("gemm", comm.world)}
-        table = overlap_min_tokens == "table", chunked_min_tokens == "table"
-        self.overlap_min_tokens = switches["overlap_from_tokens"] if table[0] else overlap_min_tokens
-        self.chunked_min_tokens = switches["chunked_from_tokens"] if table[1] else chunked_min_tokens
+        if overlap_min_tokens == "table":
+            overlap_min_tokens = switches["overlap_from_tokens"]
+        if chunked_min_tokens == "table":
+            chunked_min_tokens = switches["chunked_from_tokens"]
+        self.overlap_min_tokens, self.chunked_min_tokens = overlap_min_tokens, chunked_min_tokens
         max_tiles = cdiv(max_tokens, c.bm) * cdiv(n, c.bn)
         tile_bytes = c.bm * c.bn * 2
         recv_tiles = cdiv(max_tiles, comm.world) * comm.world

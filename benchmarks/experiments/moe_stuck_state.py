@@ -44,7 +44,7 @@ def _buffers(moe: MoEAllToAll) -> dict[str, torch.Tensor]:
 def _describe(moe: MoEAllToAll, snap: dict[str, torch.Tensor]) -> list[str]:
     """Per buffer: the rows (per half) holding anything but the sentinel."""
     out = []
-    rowlen = {"precv": moe.hidden, "pw": moe.top_k, "copy": moe._block_n + 1, "lpart": moe.hidden}
+    rowlen = {"precv": moe.hidden, "pw": moe.top_k, "copy": moe.plan.block_n + 1, "lpart": moe.hidden}
     for name, t in snap.items():
         if name.startswith("ep_"):
             vals, counts = torch.unique(t, return_counts=True)
@@ -116,8 +116,8 @@ def job(ctx, m, pdl, calls, synced, default_stream, inline, graph, replays):
     lines = [f"rank {ctx.rank} ids {ids.tolist()} owners {(ids // moe.local_experts).tolist()}; heap offsets "
              + ", ".join(f"{n} {comm.heap_offset(t)}" for n, t in _buffers(moe).items())]
     views = dict(_buffers(moe))
-    views["ep_send"] = comm.heap.view(moe._send_ch.epochs, torch.int32)
-    views["ep_comb"] = comm.heap.view(moe._comb_ch.epochs, torch.int32)
+    views["ep_send"] = comm.heap.view(moe.memory.send_ch.epochs, torch.int32)
+    views["ep_comb"] = comm.heap.view(moe.memory.comb_ch.epochs, torch.int32)
 
     done = [0]
 

@@ -98,10 +98,7 @@ def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, 
     moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
                       capacity=_capacity(world, m, experts, k), shape=shape, fp8_dispatch=fp8, **extra)
     if "no-regcap" in changes:
-        if not hasattr(moe, "_launch_opts"):
-            moe.close()
-            return None
-        moe._launch_opts.pop("maxnreg", None)  # before the first launch
+        moe.algorithms["one-kernel"].opts.pop("maxnreg", None)  # shared by every launch; before the first
     return moe
 
 

@@ -317,14 +317,23 @@ def test_mismatched_moe_calls_raise_on_every_rank(worlds, world, case, max_token
         assert results[0][2] != results[1][2], results  # the two ranks took different paths
 
 
-def _moe_send_gather_mismatched(ctx) -> tuple[str, bool, str]:
-    """The send-gather path (no one-kernel dispatch, too few entries to route) with another token bound
-    on rank 0: what the call raised, whether the poisoned expert buffer stayed poisoned past this
-    rank's own rows (the peers' are laid out by the gather kernel), and the path."""
+#: The two-kernel dispatch paths, as ``MoEShape`` changes of the CPU shape: the send and gather kernels
+#: (too few entries to route), the route and send kernels, and those with the rows as packets (no send
+#: barrier: the route kernel's compares).
+TWO_KERNEL_PATHS = {"send-gather": dict(one_kernel=False),
+                    "routed": dict(one_kernel=False, route_above=4, block_e=4, super_blocks=2),
+                    "routed-packets": dict(one_kernel=False, route_above=4, block_e=4, super_blocks=2,
+                                           packets=True, routed_packets=True)}
+
+
+def _moe_two_kernel_mismatched(ctx, kind: str) -> tuple[str, bool, str]:
+    """A two-kernel dispatch path (``TWO_KERNEL_PATHS``) with another token bound on rank 0: what the
+    call raised, whether the poisoned expert buffer stayed poisoned (every token goes to the next
+    rank's experts: no own rows here, all from a peer), and the path."""
     from tritoncomm.collectives.moe import SHAPES
 
     comm = make_comm(ctx, timeout_s=8.0)
-    shape = dataclasses.replace(SHAPES["cpu"], one_kernel=False)
+    shape = dataclasses.replace(SHAPES["cpu"], **TWO_KERNEL_PATHS[kind])
     moe = tc.MoEAllToAll(comm, max_tokens=8, hidden=64, num_experts=2 * ctx.world, top_k=2, shape=shape)
     g = torch.Generator().manual_seed(ctx.rank)
     n = 3
@@ -340,14 +349,17 @@ def _moe_send_gather_mismatched(ctx) -> tuple[str, bool, str]:
         said = "returned"
     except TritonCommError as e:
         said = type(e).__name__
-    untouched = bool((experts.view(torch.uint8) == 0x7F).all())  # no own rows here: all from a peer
+    untouched = bool((experts.view(torch.uint8) == 0x7F).all())
     path = moe.dispatch_path(bound)[0]
     moe.close()
     comm.close()
     return said, untouched, path
 
 
-def test_a_mismatched_send_gather_dispatch_lays_out_nothing(worlds):
-    for said, untouched, path in worlds(2).run(_moe_send_gather_mismatched):
-        assert path == "send-gather", path
+@pytest.mark.parametrize("kind", list(TWO_KERNEL_PATHS))
+def test_a_mismatched_two_kernel_dispatch_lays_out_nothing(worlds, kind):
+    """Every two-kernel path compares the call's signature at a barrier (the send kernel's, or with
+    routed packets the route kernel's) and lays out nothing from the peers where it differs."""
+    for said, untouched, path in worlds(2).run(_moe_two_kernel_mismatched, kind):
+        assert path == kind.replace("-packets", ""), path
         assert said == "CollectiveMismatchError" and untouched, (said, untouched)

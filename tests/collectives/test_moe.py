@@ -324,7 +324,7 @@ def test_throughput_items_wider_than_a_step(worlds, world, variant):
     """Throughput items of twice ``THROUGHPUT_STEP`` columns (as on H200s), summed one step at a
     time in each throughput combine (``plain``, ``interleaved``, ``chunked``): hidden two items
     and 40 columns, so that an item's second step and the last item are partial."""
-    from tritoncomm.collectives.moe.combine import THROUGHPUT_STEP
+    from tritoncomm.collectives.moe.partials import THROUGHPUT_STEP
 
     extra = {"interleaved": {"combine_interleave_from": 1}, "chunked": {"combine_chunks": 3}}.get(variant, {})
     shape = replace(SHAPES["cpu"], one_kernel=False, throughput_block_h=2 * THROUGHPUT_STEP, **extra)
@@ -779,15 +779,15 @@ def _host_copy(ctx, path: str) -> list:
     out, _, h = moe.dispatch(x[:1], hot[:1], wts[:1])  # two entries per expert: all kept
     moe.combine(out, h)
     comm.synchronize()  # on GPUs the host reads the words unsynchronised: wait for the calls before each look
-    moe._bad_host._array[1] = -7  # as if the drops' word held something else: only a write changes it
+    moe.memory.bad_host._array[1] = -7  # as if the drops' word held something else: only a write changes it
     out, _, h = moe.dispatch(x[:1], hot[:1], wts[:1])
     moe.combine(out, h)
     comm.synchronize()
-    seen.append(moe._bad_host.read())
+    seen.append(moe.memory.bad_host.read())
     out, _, h = moe.dispatch(x, hot, wts)  # 4 * world entries per expert, 2 kept
     moe.combine(out, h)
     comm.synchronize()
-    seen.append(moe._bad_host.read())
+    seen.append(moe.memory.bad_host.read())
     moe.close()
     comm.close()
     return seen

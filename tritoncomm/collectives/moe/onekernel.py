@@ -99,10 +99,11 @@ from ...kernels import (
 from ...kernels.launcher import Launcher
 from ...kernels.memory import address_ptr
 from .check import header_look, headers_match
-from .dispatch import launch_epoch, send_items
-from .gather import finish_counts, place_item, place_packets
+from .gather import finish_counts
 from .header import size_of, store_header
+from .place import place_item, place_packets
 from .route import copy_slots, expert_ids
+from .sends import launch_epoch, send_items
 from .shares import column_shares, dealt_first
 
 __all__ = ["DISPATCH_STAGES", "launch_dispatch_one_kernel", "moe_dispatch_one_kernel", "reset_shared_copies"]

@@ -226,7 +226,7 @@ def count_entries(ids_ptr, ids_s0, ids_s1, first, n_entries, num_experts, N: tl.
 @triton.jit(do_not_specialize=["rank", "n_tokens", "ids_s0", "ids_s1"])
 def moe_route_kernel(ids_ptr, ids_s0, ids_s1, bad_ptr, n_tokens, max_tokens, num_experts, bases, rank, timeout,
                      diag_addr, flags_off, epochs_off, send_epochs_off, ids_off, ids_half, ntab_off, ntab_half,
-                     hist_off, hist_half, hist_blocks, trace_ptr, WORLD: tl.constexpr, TOP_K: tl.constexpr,
+                     hist_off, hist_half, hist_blocks, trace_ptr, sig, WORLD: tl.constexpr, TOP_K: tl.constexpr,
                      BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr, SUPER: tl.constexpr, TRACE: tl.constexpr = False,
                      BARRIER: tl.constexpr = True):
     """This rank's routing counted and sent before the send kernel (module docstring), into the
@@ -243,7 +243,9 @@ def moe_route_kernel(ids_ptr, ids_s0, ids_s1, bad_ptr, n_tokens, max_tokens, num
     half it writes in a peer was last read by that peer's dispatch and combine two launches back;
     this rank starts only after passing the previous dispatch's send barrier, which the peer reaches
     only after those kernels have ended. With ``TRACE`` each program stamps (``kernels.stamp``)
-    stages 0-2 of ``ROUTED_STAGES`` into ``trace_ptr``."""
+    stages 0-2 of ``ROUTED_STAGES`` into ``trace_ptr``. The barrier compares the call's signature
+    ``sig`` (None: no check; ``dispatch.py``, "Call check"): where it differs, every source's count in
+    this rank's count table becomes 0, so the send kernel lays out nothing from the peers."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     diag = address_ptr(diag_addr, tl.int64)
@@ -284,7 +286,9 @@ def moe_route_kernel(ids_ptr, ids_s0, ids_s1, bad_ptr, n_tokens, max_tokens, num
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 1)
     if BARRIER:
-        barrier(bases, rank, WORLD, flags_off, pid, ep, timeout, diag)
+        if not barrier(bases, rank, WORLD, flags_off, pid, ep, timeout, diag, sig):
+            for s in tl.static_range(WORLD):
+                tl.store(heap_ptr(bases, rank, ntab_off + half * ntab_half, tl.int32, ALIGNED=False) + s, 0)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 2)
     if BARRIER:
@@ -295,16 +299,17 @@ def launch_route(run: Launcher, comm, channel, send_channel, ids: torch.Tensor, 
                  max_tokens: int, num_experts: int, ids_off: int, ids_half: int, ntab_off: int, ntab_half: int,
                  hist_off: int, hist_half: int, hist_blocks: int, block_e: int, block_x: int, super_blocks: int,
                  num_warps: int, launch_opts: dict[str, bool | int], barrier: bool = True,
-                 trace: torch.Tensor | None = None) -> None:
+                 trace: torch.Tensor | None = None, sig: int | None = None) -> None:
     """Launch ``moe_route_kernel`` through ``run`` (its launcher: the send kernel's grid; ``channel``
     its own barrier slots, ``send_channel`` the send kernel's, whose coming epoch picks the half);
     ``barrier``: end with the route channel's barrier (else the send kernel's covers the routing, and
     the route channel needs no barrier slots).
-    ``trace``: int64 ``[programs, ROUTED_STAGES, 2]`` for the stage stamps, or None."""
+    ``trace``: int64 ``[programs, ROUTED_STAGES, 2]`` for the stage stamps, or None; ``sig``: the call's
+    signature, compared at the barrier, or None."""
     bases, rank, world, timeout, diag = comm.kernel_args()
     run(ids, ids.stride(0), ids.stride(1), bad, ids.shape[0], max_tokens, num_experts, bases, rank, timeout, diag,
         channel.flags_off, channel.epochs_off, send_channel.epochs_off, ids_off, ids_half, ntab_off, ntab_half,
-        hist_off, hist_half, hist_blocks, bad if trace is None else trace, WORLD=world, TOP_K=ids.shape[1],
+        hist_off, hist_half, hist_blocks, bad if trace is None else trace, sig, WORLD=world, TOP_K=ids.shape[1],
         BLOCK_E=block_e, BLOCK_X=block_x, SUPER=super_blocks, TRACE=trace is not None, BARRIER=barrier,
         num_warps=num_warps,
         **launch_opts)

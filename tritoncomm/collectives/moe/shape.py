@@ -5,7 +5,7 @@ The runs that set each default: ``docs/moe.md``, "Where the defaults come from".
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, replace
 from types import MappingProxyType
 
 from ...errors import InvalidInputError
@@ -72,19 +72,25 @@ PREFILL_ONE_KERNEL_ENTRIES_WIDE = 1024
 class MoEShape:
     """Launch shape for one backend (``MoEAllToAll(shape=...)`` overrides the default)."""
 
+    # -- the grid
     programs: int  #: send, gather and combine programs (one barrier slot each; on GPUs, per SM)
     block_h: int  #: columns per step
     block_e: int  #: routing entries per block of the send's histograms (``route.py``)
     num_warps: int
-    send_block_h: int = 0  #: columns per step of the send kernel; 0: ``block_h``
-    super_blocks: int = 16  #: routing blocks per superblock of the histogram table (``route.py``)
+    _: KW_ONLY  # the fields below are keyword-only
+    # -- every kernel
     #: Programmatic dependent launch (sm_90+; ignored elsewhere): about a microsecond less per
     #: kernel boundary (``docs/moe.md``).
     pdl: bool = True
+    # -- the one-kernel dispatch
     #: Dispatch in one kernel (``onekernel.py``) where ``max_tokens * top_k`` is at most
     #: ``one_kernel_entries``, and on larger instances for calls whose ``tokens_bound * top_k`` is;
     #: with False, never.
     one_kernel: bool = False
+    #: The most routing entries per rank (``max_tokens * top_k``, or ``tokens_bound * top_k`` for a
+    #: call) that the one-kernel dispatch takes: each of its programs holds a source's whole routing
+    #: in registers and compares every row's entries against it (``route.copy_slots``).
+    one_kernel_entries: int = ONE_KERNEL_ENTRIES
     #: Columns per step of the one-kernel dispatch; 0: as the send's.
     one_block_h: int = 0
     #: The one-kernel dispatch without a barrier: its routing copies, rows and weights travel as
@@ -101,14 +107,23 @@ class MoEShape:
     #: program's layout waits behind its own sends; 0: every program sends, then lays out; -1 (the
     #: default): ``programs / world`` send (with packets; else 0; ``senders``).
     send_programs: int = -1
-    #: In the latency combine, the first ``push_programs`` programs push the partials of the peers'
-    #: tokens and the others sum this rank's tokens as the partials arrive; 0: every program pushes,
-    #: then sums; -1 (the default): half the programs push in calls whose token bound times hidden is
-    #: at most ``push_split_elems``, none in larger ones.
-    push_programs: int = -1
-    #: The largest ``tokens_bound * hidden`` (``max_tokens`` for calls without a bound) whose
-    #: combine splits its programs when ``push_programs`` is -1.
-    push_split_elems: int = PUSH_SPLIT_ELEMS
+    #: The one-kernel dispatch's routing copies sized by the call's bound (``tokens_bound * top_k``,
+    #: rounded up to a power of two) instead of the instance's ``max_tokens * top_k``: fewer entries
+    #: for every program to hold, poll and count over in calls far below ``max_tokens``. One build
+    #: per width, compiled at the width's first call: warm every bound up before graph capture, as
+    #: engines do for each captured batch size.
+    bounded_copies: bool = True
+    #: The one-kernel dispatch's sends and packet layout load one column block ahead: an item's
+    #: first block is loaded with its routing, and each next block (or first look at a received
+    #: block) is issued before the stores of the block before it (``send_items``, ``place_packets``).
+    lookahead: bool = True
+    # -- the two-kernel dispatch (route and send, or send and gather)
+    #: Instances with more routing entries per rank (``max_tokens * top_k``) than this dispatch with
+    #: ``moe_route_kernel`` and then the send kernel, which also lays out the peers' rows; others (not
+    #: in one kernel) with the send and gather kernels, every send program holding the call's routing.
+    route_above: int = 1024
+    send_block_h: int = 0  #: columns per step of the send kernel; 0: ``block_h``
+    super_blocks: int = 16  #: routing blocks per superblock of the histogram table (``route.py``)
     #: With packets, on instances that route (``route_above``): the send kernel's rows and weights
     #: travel as Lamport packets too, and it lays out each peer's row as it arrives instead of after
     #: its barrier (which it then has none of; the route kernel's barrier orders the calls).
@@ -127,26 +142,6 @@ class MoEShape:
     #: receive buffer, for a barrier more. The expert buffer of an instance that can take it is in the
     #: heap. ``NEVER``: no call.
     direct_from_bytes: int = DIRECT_FROM_BYTES
-    #: The one-kernel dispatch's routing copies sized by the call's bound (``tokens_bound * top_k``,
-    #: rounded up to a power of two) instead of the instance's ``max_tokens * top_k``: fewer entries
-    #: for every program to hold, poll and count over in calls far below ``max_tokens``. One build
-    #: per width, compiled at the width's first call: warm every bound up before graph capture, as
-    #: engines do for each captured batch size.
-    bounded_copies: bool = True
-    #: The most routing entries per rank (``max_tokens * top_k``, or ``tokens_bound * top_k`` for a
-    #: call) that the one-kernel dispatch takes: each of its programs holds a source's whole routing
-    #: in registers and compares every row's entries against it (``route.copy_slots``).
-    one_kernel_entries: int = ONE_KERNEL_ENTRIES
-    #: Instances with more routing entries per rank (``max_tokens * top_k``) than this dispatch with
-    #: ``moe_route_kernel`` and then the send kernel, which also lays out the peers' rows; others (not
-    #: in one kernel) with the send and gather kernels, every send program holding the call's routing.
-    route_above: int = 1024
-    #: Columns per step of the throughput combine; 0: ``block_h``.
-    throughput_block_h: int = 0
-    #: The one-kernel dispatch's sends and packet layout load one column block ahead: an item's
-    #: first block is loaded with its routing, and each next block (or first look at a received
-    #: block) is issued before the stores of the block before it (``send_items``, ``place_packets``).
-    lookahead: bool = True
     #: The routed send kernel's loads one column block ahead too (``send_items``' ``LOOKAHEAD``): an
     #: item's first block loaded with its routing, each next block before the stores of the one
     #: before it.
@@ -165,6 +160,17 @@ class MoEShape:
     #: call: warm one up before graph capture. ``NEVER``: no call (``default_shape`` sets it for wide
     #: rows at two and four ranks on some GPUs: the table's ``interleave_from_tokens``, ``MOE_SWITCHES``).
     interleave_from: int = NEVER
+    # -- the combine
+    #: In the latency combine, the first ``push_programs`` programs push the partials of the peers'
+    #: tokens and the others sum this rank's tokens as the partials arrive; 0: every program pushes,
+    #: then sums; -1 (the default): half the programs push in calls whose token bound times hidden is
+    #: at most ``push_split_elems``, none in larger ones.
+    push_programs: int = -1
+    #: The largest ``tokens_bound * hidden`` (``max_tokens`` for calls without a bound) whose
+    #: combine splits its programs when ``push_programs`` is -1.
+    push_split_elems: int = PUSH_SPLIT_ELEMS
+    #: Columns per step of the throughput combine; 0: ``block_h``.
+    throughput_block_h: int = 0
     #: Calls of at least this many tokens per rank (the dispatch's bound) interleave the throughput
     #: combine's work: each program pushes the first half of its partials, publishes them at a barrier
     #: slot of its own, then adds up the first half of its own tokens (whose peers' partials came in

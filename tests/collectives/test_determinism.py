@@ -112,15 +112,18 @@ def _probe_row(hidden: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return row, weight, torch.tensor(gaps)
 
 
-def _norm_job(ctx, rounding: str, hidden: int, programs: int | None, max_chunks: int | None):
+def _norm_job(ctx, rounding: str, hidden: int, programs: int | None, max_chunks: int | None,
+              invariant: bool = False):
     """The fused add-RMSNorm's output and new residual for the probe row (``_probe_row``), per (variant,
     batch, position). The row's new residual is exact: its residual is the row, its inputs sum to zero
-    over the ranks (+d and -d on ranks 0 and 1)."""
-    from tritoncomm.collectives.fused_norm import FUSED_ALGORITHMS, FusedAllReduceAddRMSNorm
+    over the ranks (+d and -d on ranks 0 and 1). ``invariant``: the batch-invariant variants."""
+    from tritoncomm.collectives.fused_norm import FUSED_ALGORITHMS, INVARIANT_ALGOS, FusedAllReduceAddRMSNorm
 
     comm = make_comm(ctx, heap_bytes=64 << 20)
-    fused = FusedAllReduceAddRMSNorm(comm, max_tokens=max(BATCHES), max_hidden=hidden, algos=tuple(FUSED_ALGORITHMS),
-                                     rounding=rounding, programs=programs, max_chunks=max_chunks)
+    fused = FusedAllReduceAddRMSNorm(comm, max_tokens=max(BATCHES), max_hidden=hidden,
+                                     algos=INVARIANT_ALGOS if invariant else tuple(FUSED_ALGORITHMS),
+                                     rounding=rounding, programs=programs, max_chunks=max_chunks,
+                                     batch_invariant=invariant)
     res_row, weight, _ = _probe_row(hidden)
     d = (torch.randn(hidden, generator=torch.Generator().manual_seed(5)) * 3).to(torch.bfloat16)
     mine = {0: d, 1: -d}.get(ctx.rank, torch.zeros_like(d))
@@ -167,3 +170,98 @@ def test_a_fused_norm_rows_bits_follow_neither_the_batch_nor_the_variant(worlds,
             assert torch.equal(res, seen[first_key][1]), ("residual", rank, key, first_key)
             assert torch.equal(out, seen[first_key][0]), ("output", rank, key, first_key,
                                                           (out != seen[first_key][0]).nonzero().flatten()[:8].tolist())
+
+
+def _same_bits_everywhere(results: list) -> None:
+    for rank, seen in enumerate(results):
+        first_key = next(iter(seen))
+        for key, (out, res) in seen.items():
+            assert torch.equal(res, seen[first_key][1]), ("residual", rank, key, first_key)
+            assert torch.equal(out, seen[first_key][0]), ("output", rank, key, first_key,
+                                                          (out != seen[first_key][0]).nonzero().flatten()[:8].tolist())
+
+
+@pytest.mark.parametrize("world", world_sizes(2, 3))
+@pytest.mark.parametrize("hidden,programs,max_chunks", [(HIDDEN, None, None), (2048, 8, 4)])
+def test_batch_invariant_fused_norm_rows_follow_neither_the_batch_nor_the_variant(worlds, world, hidden, programs,
+                                                                                 max_chunks):
+    """``batch_invariant=True``: the probe row's bits are the same in every batch, at every position
+    and in every variant that serves the mode, on GPUs too (chunked rows of 2048 columns there)."""
+    _same_bits_everywhere(worlds(world).run(_norm_job, "fused", hidden, programs, max_chunks, True))
+
+
+def pairwise_tree(v: torch.Tensor) -> torch.Tensor:
+    """``v`` (fp32, 1-D) padded with zeros to a power of two and summed as a pairwise tree over its index."""
+    n = 1 << max(v.numel() - 1, 0).bit_length()
+    t = torch.cat([v, v.new_zeros(n - v.numel())])
+    while t.numel() > 1:
+        t = t.view(-1, 2)
+        t = t[:, 0] + t[:, 1]
+    return t[0]
+
+
+def invariant_reference(xs: list[torch.Tensor], res: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
+                        rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a batch-invariant fused norm computes, on the host: the ranks' rows summed in fp32 in rank
+    order, the residual added in fp32 and rounded once (``engine``: the sum rounded first), the sum of
+    squares as the padded row's pairwise tree, ``rstd`` correctly rounded, ``(resid * rstd) * w``."""
+    dtype = res.dtype
+    acc = xs[0].float()
+    for x in xs[1:]:
+        acc = acc + x.float()
+    if rounding == "engine":
+        acc = acc.to(dtype).float()
+    new_res = (acc + res.float()).to(dtype)
+    w = weight.float() + 1.0 if gemma else weight.float()
+    out = torch.empty_like(new_res)
+    e32 = torch.tensor(eps, dtype=torch.float32)
+    for t in range(new_res.shape[0]):
+        v = new_res[t].float()
+        total = pairwise_tree(v * v)
+        # each step rounded to fp32 once; torch's fp32 sqrt on CPUs is not always correctly rounded, fp64's is
+        sq = torch.sqrt((total / new_res.shape[1] + e32).double()).float()
+        rstd = (1.0 / sq.double()).float()
+        out[t] = ((v * rstd) * w).to(dtype)
+    return out, new_res
+
+
+def _reference_job(ctx, hidden: int, programs: int | None, max_chunks: int | None, rounding: str):
+    """Random batches through every batch-invariant variant; per call the inputs every rank passed
+    (the same seeds everywhere), and this rank's outputs."""
+    from tritoncomm.collectives.fused_norm import INVARIANT_ALGOS, FusedAllReduceAddRMSNorm
+
+    comm = make_comm(ctx, heap_bytes=64 << 20)
+    fused = FusedAllReduceAddRMSNorm(comm, max_tokens=max(BATCHES), max_hidden=hidden, algos=INVARIANT_ALGOS,
+                                     programs=programs, max_chunks=max_chunks, rounding=rounding,
+                                     batch_invariant=True, eps=1e-5)
+    seen = []
+    for algo in fused.algorithms:
+        for batch in BATCHES:
+            for dtype in (torch.bfloat16, torch.float16):
+                gemma = batch % 2 == 1
+                xs = [(torch.randn(batch, hidden, generator=torch.Generator().manual_seed(100 * batch + r)) * 2)
+                      .to(dtype) for r in range(ctx.world)]
+                res = torch.randn(batch, hidden, generator=torch.Generator().manual_seed(7 * batch)).to(dtype)
+                weight = (torch.rand(hidden, generator=torch.Generator().manual_seed(3)) - 0.5).to(dtype)
+                out = torch.full((batch, hidden), float("nan"), dtype=dtype, device=ctx.device)  # poisoned
+                res_d = res.clone().to(ctx.device)  # updated in place
+                fused(xs[ctx.rank].to(ctx.device), res_d, weight.to(ctx.device), gemma=gemma, out=out)
+                seen.append(((algo, batch, str(dtype)), xs, res, weight, gemma, out.cpu(), res_d.cpu()))
+    fused.close()
+    comm.close()
+    return seen
+
+
+@pytest.mark.parametrize("rounding", ["fused", "engine"])
+@pytest.mark.parametrize("world", world_sizes(2, 3))
+@pytest.mark.parametrize("hidden,programs,max_chunks", [(HIDDEN, None, None), (2048, 8, 4), (5120, None, None)])
+def test_batch_invariant_fused_norm_matches_the_host_tree(worlds, world, hidden, programs, max_chunks, rounding):
+    """Every row of every call, in every batch-invariant variant, bf16 and fp16, with and without
+    Gemma's weight, equals the host's computation of the same grouping bit for bit (``invariant_reference``):
+    the rows are a function of their inputs alone, in both worlds. 5120 columns pad to 8192."""
+    for rank, seen in enumerate(worlds(world).run(_reference_job, hidden, programs, max_chunks, rounding)):
+        for key, xs, res, weight, gemma, out, new_res in seen:
+            want_out, want_res = invariant_reference(xs, res, weight, 1e-5, gemma, rounding)
+            assert torch.equal(new_res.view(torch.int16), want_res.view(torch.int16)), ("residual", rank, key)
+            bad = (out.view(torch.int16) != want_out.view(torch.int16)).nonzero().tolist()
+            assert not bad, ("output", rank, key, bad[:8])

@@ -74,7 +74,7 @@ from .memory import (
     pow2_divisor,
     translate,
 )
-from .numerics import round_to
+from .numerics import pairwise_sum, round_to
 from .ordering import (
     clock_ns,
     fence_sys,
@@ -118,7 +118,7 @@ __all__ = [
     "lamport_try",
     "ld_acquire", "ld_volatile", "ll8_pack", "ll8_poll", "ll8_poll_sum_f32", "ll8_sig_poll", "ll8_sig_store",
     "ll8_sig_try", "ll8_store", "ll8_try", "ll8_unpack",
-    "next_pow2", "pdl_launch_dependents", "pdl_wait", "pow2_at_least", "pow2_divisor", "program_epoch",
+    "next_pow2", "pairwise_sum", "pdl_launch_dependents", "pdl_wait", "pow2_at_least", "pow2_divisor", "program_epoch",
     "program_threads", "put",
     "record_timeout", "round_to",
     "signal", "signal_add", "signal_relaxed", "signature_table_bytes", "st_relaxed", "st_release", "stamp", "translate",

@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from .diag import record_timeout
+from .numerics import pairwise_sum
 from .ordering import clock_ns
 from .signals import stop_waiting
 
@@ -115,24 +116,29 @@ def ll8_poll(ptrs, mask, flag, peer, slot, rank, timeout, diag):
 
 
 @triton.jit
-def _look_sum_f32(ptrs, mask, flag):
+def _look_sum_f32(ptrs, mask, flag, TREE: tl.constexpr):
     pk = tl.load(ptrs, mask=mask, volatile=True)
     missing = tl.sum((((pk >> 32).to(tl.uint32) != flag) & mask).to(tl.int32), axis=0)
     vals = tl.where(mask, (pk & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True), 0.0)
-    return missing, tl.sum(vals, axis=0)
+    if TREE:
+        total = pairwise_sum(vals)
+    else:
+        total = tl.sum(vals, axis=0)
+    return missing, total
 
 
 @triton.jit
-def ll8_poll_sum_f32(ptrs, mask, flag, peer, slot, rank, timeout, diag):
+def ll8_poll_sum_f32(ptrs, mask, flag, peer, slot, rank, timeout, diag, TREE: tl.constexpr = False):
     """Wait for packets with ``flag`` at ``ptrs`` (where ``mask``); return the sum of their data
-    words read as fp32, from the look that saw them all."""
+    words read as fp32, from the look that saw them all (with ``TREE`` a 1-D power-of-two block,
+    summed as ``pairwise_sum``: the same bits in any layout)."""
     flag = tl.cast(flag, tl.uint32)
-    missing, total = _look_sum_f32(ptrs, mask, flag)
+    missing, total = _look_sum_f32(ptrs, mask, flag, TREE)
     if missing > 0:
         t0 = clock_ns()
         spins = 0
         while missing > 0:
-            missing, total = _look_sum_f32(ptrs, mask, flag)
+            missing, total = _look_sum_f32(ptrs, mask, flag, TREE)
             spins += 1
             if missing > 0:
                 if _give_up(ptrs, mask, flag, t0, spins, peer, slot, rank, timeout, diag):

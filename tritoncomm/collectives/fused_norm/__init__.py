@@ -29,7 +29,7 @@ from .oneshot import FusedOneShot
 from .rows import MAX_CHUNKS, RowPlan
 from .twoshot import FusedTwoShot
 
-__all__ = ["FUSED_ALGORITHMS", "FUSED_ALGOS", "MAX_HIDDEN", "DEFAULT_PICKS", "ROUNDINGS",
+__all__ = ["FUSED_ALGORITHMS", "FUSED_ALGOS", "INVARIANT_ALGOS", "MAX_HIDDEN", "DEFAULT_PICKS", "ROUNDINGS",
            "FusedAllReduceAddRMSNorm", "RowPlan"]
 
 #: Largest hidden size served.
@@ -45,6 +45,11 @@ _FROM_TABLE = MappingProxyType({"ll": "ll", "ll_twoshot": "ll_twoshot", "oneshot
                                 "lamport": "lamport", "lamport_twoshot": "twoshot"})
 #: Names of the fused variants, in registry order.
 FUSED_ALGOS = tuple(FUSED_ALGORITHMS)
+#: The variants that serve batch-invariant rows (``rows.py``, "Batch-invariant rows"), and what serves
+#: in place of the others there: the two-shots sum a chunk in several blocks (``twoshot``) or in groups
+#: of ``world`` chunks (``ll_twoshot``), which no power-of-two tree covers.
+INVARIANT_ALGOS = ("ll", "oneshot", "lamport")
+_INVARIANT_IN_PLACE = MappingProxyType({"twoshot": "oneshot", "ll_twoshot": "ll"})
 
 #: The family's own picks, variant by bytes (``tokens x hidden x 2``) per world size, where the device's
 #: table has none (``SelectionTable.picks``, op ``fused_norm``): the rows measured at TP2 on H200s and at
@@ -78,6 +83,10 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
             rounded to the dtype before the residual is added, and FP8 is quantised from the norm's
             output rounded to the dtype, so that turning fusion on changes no output bit
             (``docs/algorithms.md``).
+        batch_invariant: the engines' deterministic modes: a row's bits depend on its own inputs alone,
+            not on the batch it sits in nor on the variant that serves it (the sum of squares as a
+            pairwise tree over the padded row, ``fused_norm.rows``; only ``INVARIANT_ALGOS``, each
+            two-shot's place taken by its one-shot).
 
     Inputs are bf16 or fp16, contiguous, ``(tokens, hidden)``; ``residual`` must be equal on every
     rank (as in a tensor-parallel model). Every rank gets the same bits. Collective to create and
@@ -92,7 +101,7 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
     def __init__(self, comm: Communicator, max_tokens: int, max_hidden: int, *, eps: float = 1e-6,
                  table: SelectionTable | None = None, algos: tuple[str, ...] | None = None,
                  programs: int | None = None, max_chunks: int | None = None, rounding: str = "fused",
-                 name: str = "fused_add_rmsnorm") -> None:
+                 batch_invariant: bool = False, name: str = "fused_add_rmsnorm") -> None:
         if not 0 < max_hidden <= MAX_HIDDEN:
             raise InvalidInputError(f"max_hidden must be in 1..{MAX_HIDDEN}, got {max_hidden}")
         if max_tokens <= 0:
@@ -100,18 +109,22 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
         if rounding not in ROUNDINGS:
             raise InvalidInputError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
         self._check_names(algos)
+        if batch_invariant and algos is not None and any(a not in INVARIANT_ALGOS for a in algos):
+            raise InvalidInputError(f"batch-invariant rows: only the variants {INVARIANT_ALGOS} serve them, "
+                                    f"got {algos}")
         super().__init__(comm, table=table, fallback_group=None, name=name)
         self.max_tokens, self.max_hidden, self.eps = max_tokens, max_hidden, eps
         self.rounding = rounding
+        self.batch_invariant = batch_invariant
         self.max_bytes = max_tokens * max_hidden * 2
         cuda = comm.backend == "cuda"
         p = programs or (64 if cuda else 2)
         # rows are cut into chunks only where programs run concurrently (see fused_norm.rows)
         chunks = min(max_chunks or MAX_CHUNKS, MAX_CHUNKS, p) if cuda else 1
-        self.plan = RowPlan(comm.world, max_tokens, max_hidden, p, chunks, cuda)
+        self.plan = RowPlan(comm.world, max_tokens, max_hidden, p, chunks, cuda, tree=batch_invariant)
         self.table.check_algorithms("fused_norm", tuple(FUSED_ALGORITHMS))
         picks = self.table.picks_for("fused_norm", comm.world) or DEFAULT_PICKS.get(comm.world)
-        self.selection = picks if cuda else None
+        self.selection = [(hi, self._invariant(a)) for hi, a in picks] if cuda and picks else None
         caps: dict[str, int] = {}
         if self.selection is not None and algos is None:
             lo = 0
@@ -121,12 +134,17 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
                 lo = hi
         else:
             for a, c in self._capacities(self.max_bytes, algos).items():
-                caps[_FROM_TABLE[a]] = max(caps.get(_FROM_TABLE[a], 0), c)
+                v = self._invariant(_FROM_TABLE[a])
+                caps[v] = max(caps.get(v, 0), c)
         grids = {name: p for name in self.ALGORITHMS}
         grids["ll"] = min(p, 32)
         if cuda and programs is None:
             grids["lamport"] = LAMPORT_FUSED_PROGRAMS
         self._setup(caps, grids, plan=self.plan)
+
+    def _invariant(self, variant: str) -> str:
+        """``variant``, or with ``batch_invariant`` the one that serves in its place."""
+        return _INVARIANT_IN_PLACE.get(variant, variant) if self.batch_invariant else variant
 
     def _table_names(self) -> tuple[str, ...]:
         return tuple(ALLREDUCE_ALGORITHMS)  # the variant follows the all-reduce table
@@ -149,8 +167,8 @@ class FusedAllReduceAddRMSNorm(CollectiveBase):
         if self.selection is not None:
             algo = next(a for hi, a in self.selection if nbytes <= hi)
         else:
-            algo = _FROM_TABLE[self.table.lookup(self.op, self.world, DTYPE_NAMES[dtype], nbytes,
-                                                         self._defaults).algo]
+            algo = self._invariant(_FROM_TABLE[self.table.lookup(self.op, self.world, DTYPE_NAMES[dtype], nbytes,
+                                                                 self._defaults).algo])
         if algo not in self._algos or nbytes > self._algos[algo].capacity:
             algo = self._first_serving(nbytes)
         return algo

@@ -62,8 +62,11 @@ class FusedAlgorithm(Algorithm):
             warps = 8 if tile >= 4096 else 4
         if polled is not None:
             warps = max(1, min(warps, polled // 32))
-        return {"WORLD": self.world, "CH": chunks, "BLOCK_C": block, "GEMMA": gemma, "FP8": fp8, "ENGINE": engine,
+        meta = {"WORLD": self.world, "CH": chunks, "BLOCK_C": block, "GEMMA": gemma, "FP8": fp8, "ENGINE": engine,
                 "num_warps": warps}
+        if self.plan.tree:  # only the variants that serve batch-invariant rows take it (``rows.py``)
+            meta["TREE"] = True
+        return meta
 
     @staticmethod
     def _block(cw: int) -> int:

@@ -44,7 +44,7 @@ def lamport_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
                                          bases, rank, timeout, diag_addr, epochs_off, buf_off, slot_bytes, xch_off,
                                          hdr_off, sig, WORLD: tl.constexpr, CH: tl.constexpr, BLOCK_C: tl.constexpr,
                                          GEMMA: tl.constexpr, FP8: tl.constexpr, ENGINE: tl.constexpr = False,
-                                         TRIES: tl.constexpr = LAMPORT_TRIES):
+                                         TRIES: tl.constexpr = LAMPORT_TRIES, TREE: tl.constexpr = False):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
@@ -83,7 +83,7 @@ def lamport_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out
             ok = same
             if same:
                 resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask, ENGINE)
-                rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
+                rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH, TREE)
                 store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, inv_scale, GEMMA, FP8, ENGINE)
     epoch_commit(epoch_ptr, e)
 
@@ -116,7 +116,7 @@ class FusedLamport(FusedAlgorithm):
                out: torch.Tensor, scale: torch.Tensor, *, gemma: bool, fp8: bool, eps: float,
                engine: bool = False, sig: int | None = None) -> None:
         t, h = x.shape
-        ch, cw = self.plan.chunks(t, h, self.grid) if t < LAMPORT_WHOLE_ROWS_FROM else (1, round_up(h, 16))
+        ch, cw = self.plan.chunks(t, h, self.grid) if t < LAMPORT_WHOLE_ROWS_FROM else (1, self.plan.chunk_width(h, 1))
         block = self._block(cw)
         c = self.channel
         # two 16-byte vectors per thread: cheap polls

@@ -39,7 +39,8 @@ def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr,
                                     bases, rank, timeout, diag_addr, epochs_off, buf_off, slot_words, xch_off,
                                     row_words, cww, hdr_off, sig,
                                     WORLD: tl.constexpr, CH: tl.constexpr, BLOCK_C: tl.constexpr,
-                                    GEMMA: tl.constexpr, FP8: tl.constexpr, ENGINE: tl.constexpr = False):
+                                    GEMMA: tl.constexpr, FP8: tl.constexpr, ENGINE: tl.constexpr = False,
+                                    TREE: tl.constexpr = False):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
@@ -78,7 +79,7 @@ def ll_allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr,
             ok = same
             if same:
                 resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask, ENGINE)
-                rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
+                rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH, TREE)
                 store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, inv_scale, GEMMA, FP8, ENGINE)
     epoch_commit(epoch_ptr, e)
 

@@ -26,7 +26,7 @@ __all__ = ["FusedOneShot", "allreduce_add_rmsnorm_kernel"]
 def allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, scale_ptr, T, H, CW, eps,
                                  bases, rank, timeout, diag_addr, flags_off, epochs_off, buf_off, slot_bytes, xch_off,
                                  sig, WORLD: tl.constexpr, CH: tl.constexpr, BLOCK_C: tl.constexpr, GEMMA: tl.constexpr,
-                                 FP8: tl.constexpr, ENGINE: tl.constexpr = False):
+                                 FP8: tl.constexpr, ENGINE: tl.constexpr = False, TREE: tl.constexpr = False):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
@@ -52,7 +52,7 @@ def allreduce_add_rmsnorm_kernel(x_ptr, res_ptr, res_out_ptr, w_ptr, out_ptr, sc
             acc += tl.load(heap_ptr(bases, s, stage_off, DTYPE) + row * H + cols, mask=cmask,
                            other=0.0).to(tl.float32)
         resid = add_residual(acc, res, res_out_ptr, row, H, cols, cmask, ENGINE)
-        rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH)
+        rstd = row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH, TREE)
         store_norm(resid, rstd, row, H, cols, cmask, w, out_ptr, inv_scale, GEMMA, FP8, ENGINE)
     epoch_commit(epoch_ptr, e)
 

@@ -23,6 +23,18 @@ is 1 and no program waits for another.
 Every variant loads a chunk's residual and weight before it waits for the peers' data, so those
 two local reads overlap the wait instead of following it.
 
+**Batch-invariant rows** (``RowPlan.tree``, the deterministic mode). ``tl.sum``'s order follows the
+block's layout and the chunk count follows the token count, so an ordinary row's fp32 sum of squares,
+and so its ``rstd``, can change with the batch it sits in or the variant that serves it. With
+``tree`` a row of ``H`` columns is a padded range of ``P = pow2_at_least(H)`` columns (zeros past
+``H``), cut into ``CH`` chunks of ``P / CH`` columns (``CH`` a power of two), each summed as a
+pairwise tree (``kernels.pairwise_sum``) and the chunks' sums added as a pairwise tree in chunk
+order: always the pairwise tree of the padded row, whatever ``CH``, the block layout or the variant.
+``rstd = 1 / sqrt(sum / H + eps)`` then uses correctly rounded division and square root, so the
+whole row is a function of its inputs alone, which a host computes the same way
+(``tests/collectives/test_determinism.py``). The variants that sum a chunk in several blocks or in
+non-power-of-two groups (the two-shots) do not serve this mode.
+
 """
 
 from __future__ import annotations
@@ -32,7 +44,7 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from ...kernels import heap_ptr, ll8_poll_sum_f32, ll8_store, round_to
+from ...kernels import heap_ptr, ll8_poll_sum_f32, ll8_store, pairwise_sum, pow2_at_least, round_to
 from ...units import cdiv, round_up
 
 __all__ = ["LL2_MAX_CHUNKS", "MAX_CHUNKS", "RowPlan", "add_residual", "block_cols", "chunk_cols", "load_chunk",
@@ -49,7 +61,8 @@ class RowPlan:
     """What the fused variants are sized for and how they cut rows into chunks.
 
     ``programs``: every variant's grid (the LL variant's is at most 32); ``max_chunks``: the most
-    chunks per row (1 where programs run one after another, i.e. in the CPU world)."""
+    chunks per row (1 where programs run one after another, i.e. in the CPU world); ``tree``: rows
+    summed as pairwise trees over power-of-two chunks (module docstring, "Batch-invariant rows")."""
 
     world: int
     max_tokens: int
@@ -57,6 +70,7 @@ class RowPlan:
     programs: int
     max_chunks: int
     cuda: bool
+    tree: bool = False
 
     def rows_for(self, nbytes: int) -> int:
         """Rows of ``max_hidden`` 16-bit columns a message of ``nbytes`` holds (at most ``max_tokens``)."""
@@ -75,7 +89,14 @@ class RowPlan:
         ch = 1
         while ch < self.max_chunks and tokens * ch * 2 <= grid and hidden // (2 * ch) >= 512:
             ch *= 2
-        return ch, round_up(cdiv(hidden, ch), 16)
+        return ch, self.chunk_width(hidden, ch)
+
+    def chunk_width(self, hidden: int, ch: int) -> int:
+        """Columns per chunk of rows of ``hidden`` cut into ``ch`` chunks: a multiple of 16, or with
+        ``tree`` the padded row's ``pow2_at_least(hidden) / ch``."""
+        if self.tree:
+            return max(pow2_at_least(hidden) // ch, 1)
+        return round_up(cdiv(hidden, ch), 16)
 
     def ll2_shapes(self, hidden: int) -> list[tuple[int, int]]:
         """Every ``(NQ, CW)`` the LL two-shot may use for rows of ``hidden`` columns."""
@@ -144,16 +165,22 @@ def add_residual(acc, res, res_out_ptr, row, H, cols, cmask, ENGINE: tl.constexp
 
 
 @triton.jit
-def row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH: tl.constexpr):
+def row_rstd(resid, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH: tl.constexpr,
+             TREE: tl.constexpr = False):
     """``1 / sqrt(mean(row^2) + eps)`` for the whole row, given this chunk's rounded residual
-    (``row_rstd_from_partial`` of its sum of squares)."""
+    (``row_rstd_from_partial`` of its sum of squares; with ``TREE`` the chunk is the whole block, its
+    sum a pairwise tree: module docstring, "Batch-invariant rows")."""
     v = resid.to(tl.float32)
-    return row_rstd_from_partial(tl.sum(v * v, axis=0), row, c, H, eps, bases, rank, xch_off, e, timeout, diag,
-                                 CH)
+    if TREE:
+        part = pairwise_sum(v * v)
+    else:
+        part = tl.sum(v * v, axis=0)
+    return row_rstd_from_partial(part, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH, TREE)
 
 
 @triton.jit
-def row_rstd_from_partial(part, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH: tl.constexpr):
+def row_rstd_from_partial(part, row, c, H, eps, bases, rank, xch_off, e, timeout, diag, CH: tl.constexpr,
+                          TREE: tl.constexpr = False):
     """``1 / sqrt(mean(row^2) + eps)`` for the whole row, given ``part``, chunk ``c``'s fp32 sum of
     squares of its rounded residual.
 
@@ -171,7 +198,10 @@ def row_rstd_from_partial(part, row, c, H, eps, bases, rank, xch_off, e, timeout
         slots = heap_ptr(bases, rank, xch_off, tl.uint64) + row * CH
         ll8_store(slots + c, part.to(tl.uint32, bitcast=True), e)
         k = tl.arange(0, CH)
-        total = ll8_poll_sum_f32(slots + k, k < CH, e, rank, row, rank, timeout, diag)
+        total = ll8_poll_sum_f32(slots + k, k < CH, e, rank, row, rank, timeout, diag, TREE)
+    if TREE:  # correctly rounded: a host computes the same bits
+        one = tl.full([], 1.0, tl.float32)
+        return tl.math.div_rn(one, tl.math.sqrt_rn(tl.math.div_rn(total, tl.cast(H, tl.float32)) + eps))
     return 1.0 / tl.sqrt(total / H + eps)
 
 

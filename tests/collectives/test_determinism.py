@@ -229,6 +229,7 @@ def _reference_job(ctx, hidden: int, programs: int | None, max_chunks: int | Non
     """Random batches through every batch-invariant variant; per call the inputs every rank passed
     (the same seeds everywhere), and this rank's outputs."""
     from tritoncomm.collectives.fused_norm import INVARIANT_ALGOS, FusedAllReduceAddRMSNorm
+    from tritoncomm.collectives.fused_norm.local import invariant_add_rms_norm
 
     comm = make_comm(ctx, heap_bytes=64 << 20)
     fused = FusedAllReduceAddRMSNorm(comm, max_tokens=max(BATCHES), max_hidden=hidden, algos=INVARIANT_ALGOS,
@@ -247,6 +248,13 @@ def _reference_job(ctx, hidden: int, programs: int | None, max_chunks: int | Non
                 res_d = res.clone().to(ctx.device)  # updated in place
                 fused(xs[ctx.rank].to(ctx.device), res_d, weight.to(ctx.device), gemma=gemma, out=out)
                 seen.append(((algo, batch, str(dtype)), xs, res, weight, gemma, out.cpu(), res_d.cpu()))
+                if rounding == "engine" and algo == fused.algorithms[0]:  # the local path of the same rows
+                    summed = xs[0].float()
+                    for x in xs[1:]:
+                        summed = summed + x.float()
+                    lo, lres = invariant_add_rms_norm(summed.to(dtype).to(ctx.device), res.clone().to(ctx.device),
+                                                      weight.to(ctx.device), 1e-5, gemma=gemma)
+                    seen.append((("local", batch, str(dtype)), xs, res, weight, gemma, lo.cpu(), lres.cpu()))
     fused.close()
     comm.close()
     return seen
@@ -258,8 +266,11 @@ def _reference_job(ctx, hidden: int, programs: int | None, max_chunks: int | Non
 def test_batch_invariant_fused_norm_matches_the_host_tree(worlds, world, hidden, programs, max_chunks, rounding):
     """Every row of every call, in every batch-invariant variant, bf16 and fp16, with and without
     Gemma's weight, equals the host's computation of the same grouping bit for bit (``invariant_reference``):
-    the rows are a function of their inputs alone, in both worlds. 5120 columns pad to 8192."""
+    the rows are a function of their inputs alone, in both worlds. 5120 columns pad to 8192. With the
+    engine's rounding, so does the local add + RMSNorm of the same rows already summed
+    (``fused_norm.local``, the engines' path past the fused kernel's size)."""
     for rank, seen in enumerate(worlds(world).run(_reference_job, hidden, programs, max_chunks, rounding)):
+        assert any(key[0] == "local" for key, *_ in seen) == (rounding == "engine")
         for key, xs, res, weight, gemma, out, new_res in seen:
             want_out, want_res = invariant_reference(xs, res, weight, 1e-5, gemma, rounding)
             assert torch.equal(new_res.view(torch.int16), want_res.view(torch.int16)), ("residual", rank, key)

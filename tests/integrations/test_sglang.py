@@ -67,7 +67,8 @@ _LOADS = {
     "off": ({"TRITONCOMM_ENABLE": ""}, False, False, "installed, inactive"),
     "on": ({}, True, True, "serving SGLang's custom all-reduce slot"),
     "no-fusion": ({"TRITONCOMM_FUSION": "0"}, True, False, "TRITONCOMM_FUSION=0"),
-    "deterministic": ({"SGLANG_ENABLE_DETERMINISTIC_INFERENCE": "1"}, True, False, "deterministic inference"),
+    "deterministic": ({"SGLANG_ENABLE_DETERMINISTIC_INFERENCE": "1"}, True, True,
+                      "deterministic inference: batch-invariant rows"),
 }
 loads = started_runs(_LOAD, {case: v[0] for case, v in _LOADS.items()}, "test_plugin_through_sglang_loader",
                      "loads")

@@ -42,3 +42,39 @@ def test_a_rows_bits_follow_not_the_batch_in_sglangs_deterministic_mode(sdet):
         first = bits[(1, 0)]
         for key, b in bits.items():
             assert torch.equal(b, first), key
+
+
+def _fused_rows(ctx):
+    """SGLang's ``flashinfer_allreduce_residual_rmsnorm`` (hooked by the plugin) with a row in batches of
+    1, 3 and 64: the row's norm and new residual bits per (batch, position), and the fused op's mode."""
+    import sglang.srt.layers.flashinfer_comm_fusion as fc
+
+    tp = _tp()
+    h = 64
+    row = torch.randn(h, generator=torch.Generator().manual_seed(21 + ctx.rank)).to(torch.bfloat16)
+    res_row = torch.randn(h, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    w = torch.randn(h, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16).to(ctx.device)
+    bits = {}
+    for batch in (1, 3, 64):
+        for at in sorted({0, batch - 1}):
+            g = torch.Generator().manual_seed(batch + ctx.rank)
+            x = (torch.randn(batch, h, generator=g) * 4).to(torch.bfloat16)
+            res = torch.randn(batch, h, generator=torch.Generator().manual_seed(batch)).to(torch.bfloat16)
+            x[at], res[at] = row, res_row
+            norm, new_res = fc.flashinfer_allreduce_residual_rmsnorm(
+                input_tensor=x.to(ctx.device), residual=res.to(ctx.device), weight=w, eps=1e-6, max_token_num=8)
+            bits[(batch, at)] = None if norm is None else (norm[at].view(torch.int16).cpu().clone(),
+                                                           new_res[at].view(torch.int16).cpu().clone())
+    return tp.ca_comm.fused.batch_invariant, bits
+
+
+def test_a_rows_bits_follow_not_the_batch_through_sglangs_fused_norm_in_deterministic_mode(sdet):
+    """In deterministic inference the plugin serves SGLang's fused all-reduce + add-RMSNorm entry with
+    batch-invariant rows: the row's norm and new residual have the same bits alone and in batches of 3 and
+    64 (the fused op set up again for the larger batch)."""
+    for invariant, bits in sdet.run(_fused_rows):
+        assert invariant
+        assert all(b is not None for b in bits.values()), "SGLang's fused entry was not served"
+        first = bits[(1, 0)]
+        for key, (norm, res) in bits.items():
+            assert torch.equal(res, first[1]) and torch.equal(norm, first[0]), key

@@ -99,7 +99,7 @@ except (ImportError, AttributeError):
 _LOADS = {
     "off": ({"TRITONCOMM_ENABLE": ""}, False, False, "installed, inactive"),
     "on": ({}, True, True, "serving vLLM's custom all-reduce slot"),
-    "batch-invariant": ({"VLLM_BATCH_INVARIANT": "1"}, True, False, "slot in batch-invariant mode (TP all-reduce at "
+    "batch-invariant": ({"VLLM_BATCH_INVARIANT": "1"}, True, True, "slot in batch-invariant mode (TP all-reduce at "
                         "every size"),
     "no-fusion": ({"TRITONCOMM_FUSION": "0"}, True, False, "TRITONCOMM_FUSION=0"),
     "agrs": ({}, True, True, "data-parallel all-gather + reduce-scatter served"),

@@ -30,7 +30,7 @@ from torch.distributed import ProcessGroup
 
 from ..channels import Communicator
 from ..collectives import AllGather, AllReduce, FusedAllReduceAddRMSNorm, ReduceScatter
-from ..collectives.fused_norm import MAX_HIDDEN
+from ..collectives.fused_norm import MAX_HIDDEN, invariant_add_rms_norm
 from ..collectives.validation import SUPPORTED_DTYPES
 from ..config import CommConfig
 from ..errors import InvalidInputError
@@ -79,14 +79,20 @@ class CustomAllReduceSlot:
             own fallbacks past ``max_size`` do not sum in a fixed order), inputs larger than the
             all-reduce's capacity in pieces of it. Each element's sum is the same fp32 sum over ranks
             0..W-1 with one rounding whatever the algorithm, the size or the piece, so a row's bits
-            follow neither the batch it sits in nor where the pieces fall.
+            follow neither the batch it sits in nor where the pieces fall. The fused add + RMSNorm
+            then serves batch-invariant rows too (``invariant_norm``).
+        invariant_norm: the fused add + RMSNorm's rows batch-invariant (``FusedAllReduceAddRMSNorm``'s
+            ``batch_invariant``), at every token count (``invariant_add_rms_norm``); default
+            ``batch_invariant``.
     """
 
     def __init__(self, group: ProcessGroup, device: int | str | torch.device, *, max_size: int,
                  max_all_gather_size: int, max_reduce_scatter_size: int, register_graph_buffers: bool = True,
-                 config: CommConfig | None = None, batch_invariant: bool = False) -> None:
+                 config: CommConfig | None = None, batch_invariant: bool = False,
+                 invariant_norm: bool | None = None) -> None:
         self._IS_CAPTURING = False
         self.batch_invariant = batch_invariant
+        self.invariant_norm = batch_invariant if invariant_norm is None else invariant_norm
         self._register = register_graph_buffers
         self.disabled = True
         self.fully_connected = False
@@ -211,7 +217,7 @@ class CustomAllReduceSlot:
             f.close()
             self.fused = None
         self.fused = FusedAllReduceAddRMSNorm(self.comm, max_tokens, hidden, rounding="engine",
-                                              name="engine.fused_norm")
+                                              batch_invariant=self.invariant_norm, name="engine.fused_norm")
         return True
 
     def should_fused_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -236,6 +242,28 @@ class CustomAllReduceSlot:
             raise InvalidInputError("fused all-reduce + RMSNorm is not set up (call setup_fused_norm)")
         out = self.fused(x, residual, weight, fp8_scale=fp8_scale, residual_out=residual_out, eps=eps)
         return out, residual_out
+
+    def should_invariant_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
+        """With ``invariant_norm``, whether ``invariant_add_rms_norm`` serves these: what
+        ``should_fused_norm`` takes, at any token count."""
+        return (self.invariant_norm and self.fused is not None and not self.disabled and x.dim() == 2
+                and x.dtype in _NORM_DTYPES and x.shape[0] > 0 and x.shape[1] <= self.fused.max_hidden
+                and residual.shape == x.shape and residual.dtype == x.dtype and weight.shape == (x.shape[1],)
+                and x.is_contiguous() and residual.is_contiguous() and weight.is_contiguous()
+                and x.device == self.device == residual.device == weight.device)
+
+    def invariant_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                               fp8_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``fused_add_rms_norm`` at any token count with ``invariant_norm``, with the same bits
+        per row: the fused kernel where it serves the batch, else the all-reduce (any size, in pieces)
+        and ``fused_norm.local``'s add + RMSNorm, which groups the row alike. Check
+        ``should_invariant_norm`` first."""
+        if self.should_fused_norm(x, residual, weight):
+            return self.fused_add_rms_norm(x, residual, weight, eps, fp8_scale=fp8_scale)
+        if self._warming_up():
+            dtype = torch.float8_e4m3fn if fp8_scale is not None else x.dtype
+            return torch.empty_like(x, dtype=dtype), torch.empty_like(residual)
+        return invariant_add_rms_norm(self.all_reduce(x), residual, weight, eps, fp8_scale=fp8_scale)
 
     def close(self) -> None:
         """Release everything. Collective."""

@@ -20,7 +20,9 @@ registers, when ``TRITONCOMM_ENABLE=1``, three hooks with SGLang's ``HookRegistr
   the slot declines take SGLang's remaining path, not FlashInfer's;
 * on ``flashinfer_allreduce_residual_rmsnorm`` (unless ``TRITONCOMM_FUSION=0``): where the fusion
   group's ``ca_comm`` is tritoncomm's, tritoncomm's fused all-reduce + add + RMSNorm serves it, or
-  declines with ``(None, None)`` for shapes it does not serve; elsewhere FlashInfer's runs.
+  declines with ``(None, None)`` for shapes it does not serve; elsewhere FlashInfer's runs. In
+  deterministic inference (``SGLANG_ENABLE_DETERMINISTIC_INFERENCE``) its rows are batch-invariant, at
+  every token count (past the fused op's size: the all-reduce, then ``invariant_add_rms_norm``).
 
 All are AROUND hooks (a REPLACE that keeps the original at hand), so SGLang's own code serves
 whatever tritoncomm does not. Written against SGLang 0.5.23, whose own code the tests run.
@@ -75,11 +77,11 @@ def plugin() -> None:
     HookRegistry.register(DISPATCH_TARGET, _dispatch, HookType.AROUND)
     HookRegistry.register(FI_FIRST_TARGET, _flashinfer_steps_aside, HookType.AROUND)
     fused = "fused add-RMSNorm off (TRITONCOMM_FUSION=0)"
-    if _deterministic():
-        fused = "fused add-RMSNorm SGLang's own (deterministic inference: not yet batch-invariant on GPUs)"
-    elif fusion_enabled():
+    if fusion_enabled():
         HookRegistry.register(FUSED_NORM_TARGET, _fused_norm, HookType.AROUND)
         fused = "fused all-reduce + add-RMSNorm served"
+        if _deterministic():
+            fused += " (deterministic inference: batch-invariant rows at every token count)"
     log.info("tritoncomm: serving SGLang's custom all-reduce slot (TP all-reduce, graph capture); %s", fused)
 
 
@@ -90,7 +92,7 @@ class SGLangCustomAllreduce(CustomAllReduceSlot):
     def __init__(self, group: ProcessGroup, device: int | str | torch.device, max_size: int = 8192 * 1024, *,
                  config: CommConfig | None = None) -> None:
         super().__init__(group, device, max_size=max_size, max_all_gather_size=0, max_reduce_scatter_size=0,
-                         config=config)
+                         config=config, invariant_norm=_deterministic())
 
 
 def _dispatch(original: Callable[..., Any], group: ProcessGroup, device: torch.device) -> Callable[..., Any]:
@@ -148,8 +150,13 @@ def _fused_norm(original: Callable[..., Any], input_tensor: torch.Tensor, residu
     if f is None or f.max_hidden < hidden or f.max_tokens < input_tensor.shape[0]:
         capturing = input_tensor.is_cuda and torch.cuda.is_current_stream_capturing()
         tokens = min(max(max_token_num, input_tensor.shape[0]), max(1, FUSED_RESERVE_BYTES // (2 * hidden)))
-        if capturing or not ca.setup_fused_norm(tokens, hidden):
+        if capturing:  # no set-up inside a capture; a set-up op may still serve the rows batch-invariantly
+            if f is None or f.max_hidden < hidden:
+                return None, None
+        elif not ca.setup_fused_norm(tokens, hidden):
             return None, None
-    if not ca.should_fused_norm(input_tensor, residual, weight):
-        return None, None
-    return ca.fused_add_rms_norm(input_tensor, residual, weight, eps)
+    if ca.should_fused_norm(input_tensor, residual, weight):
+        return ca.fused_add_rms_norm(input_tensor, residual, weight, eps)
+    if ca.should_invariant_norm(input_tensor, residual, weight):  # deterministic inference, past the fused size
+        return ca.invariant_add_rms_norm(input_tensor, residual, weight, eps)
+    return None, None

@@ -14,9 +14,10 @@ in every vLLM process) puts ``TritonCommCustomAllreduce`` in the place of vLLM's
 ``TRITONCOMM_ENABLE=1``, so vLLM's own gates decide where it serves; whatever it declines takes vLLM's
 own path. In batch-invariant mode (``VLLM_BATCH_INVARIANT=1``) vLLM asks its custom all-reduce at every
 size, relying on its fixed order: the slot then serves every size (``CustomAllReduceSlot``'s
-``batch_invariant``), and the parts below stay vLLM's. With
-compilation it also installs ``vllm_fusion.TritonCommFusionPass``, which rewrites all-reduce +
-RMSNorm (+ static FP8 quant) into one tritoncomm kernel (``TRITONCOMM_FUSION=0`` leaves it out).
+``batch_invariant``), the fusion pass below serves batch-invariant rows at every size, and the MoE
+parts stay vLLM's. With compilation it also installs ``vllm_fusion.TritonCommFusionPass``, which
+rewrites all-reduce + RMSNorm (+ static FP8 quant) into one tritoncomm kernel (``TRITONCOMM_FUSION=0``
+leaves it out).
 With ``TRITONCOMM_MOE=1`` it also has vLLM build tritoncomm's MoE prepare/finalize in data + expert
 parallel deployments (``vllm_moe.install``).
 
@@ -67,13 +68,14 @@ def plugin() -> None:
     else:
         if not getattr(vllm_fi.FlashInferAllReduce, "yields_to_tritoncomm", False):
             vllm_fi.FlashInferAllReduce = yielding_flashinfer_class(vllm_fi.FlashInferAllReduce)
-    if invariant:  # what is not yet batch-invariant on GPUs stays vLLM's (docs/engines.md)
-        log.info("tritoncomm: serving vLLM's custom all-reduce slot in batch-invariant mode (TP all-reduce at every "
-                 "size, sequence-parallel all-gather and reduce-scatter, graph capture); fused all-reduce + RMSNorm, "
-                 "data-parallel all-gather + reduce-scatter and expert-parallel all-to-all vLLM's own")
-        return
     fusion = _part("vllm_fusion", fusion_enabled(), f"fused all-reduce + RMSNorm off ({FUSION_ENV}=0)",
                    "fused all-reduce + RMSNorm off: vLLM's pass manager does not import")
+    if invariant:  # what is not batch-invariant stays vLLM's (docs/engines.md, "Deterministic modes")
+        log.info("tritoncomm: serving vLLM's custom all-reduce slot in batch-invariant mode (TP all-reduce at every "
+                 "size, sequence-parallel all-gather and reduce-scatter, graph capture); %s (batch-invariant rows, "
+                 "where vLLM compiles); data-parallel all-gather + reduce-scatter and expert-parallel all-to-all "
+                 "vLLM's own", fusion)
+        return
     agrs = _part("vllm_agrs", agrs_enabled(), f"data-parallel all-gather + reduce-scatter off ({AGRS_ENV}=0)",
                  "data-parallel all-gather + reduce-scatter vLLM's own")
     moe = _part("vllm_moe", moe_enabled(), f"expert-parallel all-to-all vLLM's own (set {MOE_ENV}=1 for tritoncomm's)",

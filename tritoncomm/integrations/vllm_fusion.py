@@ -79,6 +79,9 @@ def fused_add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch
     if isinstance(ca, CustomAllReduceSlot) and ca.should_fused_norm(x2, r2, weight):
         out, res = ca.fused_add_rms_norm(x2, r2, weight, eps, fp8_scale=scale)
         return out.view(x.shape), res.view(x.shape)
+    if isinstance(ca, CustomAllReduceSlot) and ca.should_invariant_norm(x2, r2, weight):  # batch-invariant mode
+        out, res = ca.invariant_add_rms_norm(x2, r2, weight, eps, fp8_scale=scale)
+        return out.view(x.shape), res.view(x.shape)
     return _unfused(coord, x, residual, weight, eps, scale)
 
 

@@ -7,11 +7,11 @@ off: the layer then runs the all-reduce, the residual add and the RMSNorm one af
 size and token count, in CUDA graphs (CPU world: eagerly, not speed), the slowest rank's median:
 
 * all-reduce: tritoncomm (the table's pick, what either mode's slot runs) and NCCL;
-* add + RMSNorm after the all-reduce (``hidden``, bf16): tritoncomm's fused op; the engines'
-  deterministic unfused path with tritoncomm's all-reduce (``all-reduce, then add, then
-  F.rms_norm``: torch's norm standing in for the engine's own); the same with NCCL. The fused op is
-  not batch-invariant on GPUs yet (``docs/engines.md``, "Deterministic modes"): its column measures
-  what it will cost once it is.
+* add + RMSNorm after the all-reduce (``hidden``, bf16): tritoncomm's fused op as the normal mode
+  runs it and with batch-invariant rows (``batch_invariant=True``, the engines' rounding: what the
+  plugins serve in these modes); the engines' deterministic unfused path with tritoncomm's all-reduce
+  (``all-reduce, then add, then F.rms_norm``: torch's norm standing in for the engine's own); the
+  same with NCCL.
 
 Every row is checked first: tritoncomm's all-reduce against NCCL's, the fused op against the unfused
 path (tolerance), and each result the same on every rank.
@@ -51,6 +51,8 @@ def deterministic_rank(ctx: RankContext, sizes: list[int] | None = None,
     comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=6 * most + (64 << 20)))
     ar = AllReduce(comm, max_bytes=most)
     norm = FusedAllReduceAddRMSNorm(comm, max_tokens=max(tokens), max_hidden=hidden)
+    inv = FusedAllReduceAddRMSNorm(comm, max_tokens=max(tokens), max_hidden=hidden, rounding="engine",
+                                   batch_invariant=True, name="bench.invariant")
     dev = ctx.device
 
     def timed(fn) -> float:
@@ -78,11 +80,13 @@ def deterministic_rank(ctx: RankContext, sizes: list[int] | None = None,
             torch.bfloat16)
         res, out, summed = res0.clone(), torch.empty_like(x), torch.empty_like(x)
         y = norm(x, res, w, out=out).clone()
+        y_i = inv(x, res0.clone(), w).clone()
         res_u = res0.clone()
         ar(x, out=summed)
         res_u.add_(summed)
         y_u = F.rms_norm(res_u, (hidden,), w, 1e-6)
-        ok = bool(torch.allclose(y.float(), y_u.float(), rtol=3e-2, atol=3e-2)) and same_on_all_ranks(ctx, y)
+        ok = all(bool(torch.allclose(a.float(), y_u.float(), rtol=3e-2, atol=3e-2)) and same_on_all_ranks(ctx, a)
+                 for a in (y, y_i))
 
         def unfused(x=x, res=res, summed=summed) -> None:
             ar(x, out=summed)
@@ -97,9 +101,12 @@ def deterministic_rank(ctx: RankContext, sizes: list[int] | None = None,
             F.rms_norm(res, (hidden,), w, 1e-6)
 
         v = max_over_ranks(ctx, {"f": timed(lambda x=x, res=res, out=out: norm(x, res, w, out=out)),
+                                 "i": timed(lambda x=x, res=res, out=out: inv(x, res, w, out=out)),
                                  "u": timed(unfused), "n": timed(nccl)})
         norm_rows.append({"tokens": t, "hidden": hidden, "variant": norm.select(t, hidden), "fused_us": v["f"],
+                          "invariant_variant": inv.select(t, hidden), "invariant_us": v["i"],
                           "unfused_tritoncomm_us": v["u"], "unfused_nccl_us": v["n"], "correct": all_true(ctx, ok)})
+    inv.close()
     norm.close()
     ar.close()
     comm.close()
@@ -122,10 +129,12 @@ def format_deterministic(rep: dict[str, Any]) -> str:
         lines.append(f"{format_bytes(r['bytes']):>9} {r['algo']:>15} {'yes' if r['correct'] else 'NO':>3} "
                      f"{fmt(r['tritoncomm_us'], '10.1f')} {fmt(r['nccl_us'])} "
                      f"{r['nccl_us'] / r['tritoncomm_us']:6.2f}")
-    lines.append(f"{'tokens':>9} {'variant':>15} {'ok':>3} {'fused':>10} {'AR+add+norm':>11} {'NCCL+add+norm':>13} "
-                 f"{'x':>6}")
+    lines.append(f"{'tokens':>9} {'variant':>15} {'ok':>3} {'fused':>10} {'invariant':>10} {'AR+add+norm':>11} "
+                 f"{'NCCL+add+norm':>13} {'xAR':>6} {'xNCCL':>6}")
     for r in rep["norm_rows"]:
+        inv = r.get("invariant_us")
         lines.append(f"{r['tokens']:>9} {r['variant']:>15} {'yes' if r['correct'] else 'NO':>3} "
-                     f"{fmt(r['fused_us'], '10.1f')} {fmt(r['unfused_tritoncomm_us'], '11.1f')} "
-                     f"{fmt(r['unfused_nccl_us'], '13.1f')} {r['unfused_tritoncomm_us'] / r['fused_us']:6.2f}")
+                     f"{fmt(r['fused_us'], '10.1f')} {fmt(inv, '10.1f')} {fmt(r['unfused_tritoncomm_us'], '11.1f')} "
+                     f"{fmt(r['unfused_nccl_us'], '13.1f')} {r['unfused_tritoncomm_us'] / (inv or r['fused_us']):6.2f} "
+                     f"{r['unfused_nccl_us'] / (inv or r['fused_us']):6.2f}")
     return "\n".join(lines)

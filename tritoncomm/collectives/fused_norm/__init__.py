@@ -25,12 +25,13 @@ from ..validation import DTYPE_NAMES, check_input, overlap
 from .lamport import LAMPORT_FUSED_PROGRAMS, FusedLamport
 from .ll import FusedLL
 from .ll_twoshot import FusedLLTwoShot
+from .local import invariant_add_rms_norm
 from .oneshot import FusedOneShot
 from .rows import MAX_CHUNKS, RowPlan
 from .twoshot import FusedTwoShot
 
 __all__ = ["FUSED_ALGORITHMS", "FUSED_ALGOS", "INVARIANT_ALGOS", "MAX_HIDDEN", "DEFAULT_PICKS", "ROUNDINGS",
-           "FusedAllReduceAddRMSNorm", "RowPlan"]
+           "FusedAllReduceAddRMSNorm", "RowPlan", "invariant_add_rms_norm"]
 
 #: Largest hidden size served.
 MAX_HIDDEN = 16384

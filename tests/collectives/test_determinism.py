@@ -1,12 +1,13 @@
 """Batch invariance: a row's output bits do not depend on how many other rows share the call or on which
 algorithm sums it (every algorithm sums in fp32 over ranks 0..W-1 in that order and rounds once).
 
-The fused norm's sum of squares is grouped by its launch shape: in the CPU world every variant and
-chunking groups alike; on GPUs wider blocks (``tl.sum`` over a whole block, its tree set by the layout)
-and the chunk count make a row's fp32 ``rstd`` follow the token count, so there the test is expected to
-fail until the grouping is fixed (issue 74). The bf16 output of an ordinary row hides most of that (the
-test passed on GPUs before it had probes): the row under test carries probe columns whose outputs
-change with every fp32 ulp of ``rstd`` near its value (``_probe_row``)."""
+The fused norm's sum of squares is grouped by its launch shape in the normal mode: in the CPU world every
+variant and chunking groups alike; on GPUs wider blocks (``tl.sum`` over a whole block, its tree set by the
+layout) and the chunk count make a row's fp32 ``rstd`` follow the token count, so there that test is
+expected to fail. With ``batch_invariant=True`` the grouping is the padded row's pairwise tree
+(``fused_norm.rows``), the same in both worlds and equal to a host computation (``invariant_reference``).
+The bf16 output of an ordinary row hides most of that: the row under test carries probe columns whose
+outputs change with every fp32 ulp of ``rstd`` near its value (``_probe_row``)."""
 
 from __future__ import annotations
 

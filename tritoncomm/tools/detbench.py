@@ -48,7 +48,7 @@ def deterministic_rank(ctx: RankContext, sizes: list[int] | None = None,
     sizes, tokens = sizes or d_sizes, tokens or d_tokens
     mode = "graph" if ctx.backend == "cuda" else "eager"
     most = max(max(sizes), max(tokens) * hidden * 2)
-    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=6 * most + (64 << 20)))
+    comm = Communicator(ctx.cpu_group, config=CommConfig(heap_bytes=10 * most + (64 << 20)))  # two fused ops
     ar = AllReduce(comm, max_bytes=most)
     norm = FusedAllReduceAddRMSNorm(comm, max_tokens=max(tokens), max_hidden=hidden)
     inv = FusedAllReduceAddRMSNorm(comm, max_tokens=max(tokens), max_hidden=hidden, rounding="engine",

@@ -58,7 +58,7 @@ _INVARIANT_IN_PLACE = MappingProxyType({"twoshot": "oneshot", "ll_twoshot": "ll"
 #: variant)``, the last serving everything larger. Used on GPUs; elsewhere, and for other world sizes,
 #: the all-reduce table's choice for the same bytes.
 DEFAULT_PICKS: dict[int, list[tuple[int, str]]] = {
-    2: [(16 << 20, "lamport"), (32 << 20, "oneshot"), (NO_LIMIT, "twoshot")],
+    2: [(16 << 10, "ll"), (16 << 20, "lamport"), (32 << 20, "oneshot"), (NO_LIMIT, "twoshot")],
     4: [(16 << 10, "ll"), (512 << 10, "lamport"), (NO_LIMIT, "twoshot")],
 }
 

@@ -277,3 +277,42 @@ def test_batch_invariant_fused_norm_matches_the_host_tree(worlds, world, hidden,
             assert torch.equal(new_res.view(torch.int16), want_res.view(torch.int16)), ("residual", rank, key)
             bad = (out.view(torch.int16) != want_out.view(torch.int16)).nonzero().tolist()
             assert not bad, ("output", rank, key, bad[:8])
+
+
+def _fp8_job(ctx, rounding: str, hidden: int, programs: int | None, max_chunks: int | None):
+    """The batch-invariant fused norm with FP8 out: the row under test's FP8 bytes per (variant, batch,
+    position)."""
+    from tritoncomm.collectives.fused_norm import INVARIANT_ALGOS, FusedAllReduceAddRMSNorm
+
+    comm = make_comm(ctx, heap_bytes=64 << 20)
+    fused = FusedAllReduceAddRMSNorm(comm, max_tokens=max(BATCHES), max_hidden=hidden, algos=INVARIANT_ALGOS,
+                                     programs=programs, max_chunks=max_chunks, rounding=rounding,
+                                     batch_invariant=True)
+    row = (torch.randn(hidden, generator=torch.Generator().manual_seed(8 + ctx.rank)) * 2).to(torch.bfloat16)
+    res_row = torch.randn(hidden, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    weight = torch.rand(hidden, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16).to(ctx.device)
+    scale = torch.tensor([0.02], device=ctx.device)
+    seen = {}
+    for algo in fused.algorithms:
+        for batch in BATCHES:
+            for at in sorted({0, batch - 1}):
+                x = (torch.randn(batch, hidden, generator=torch.Generator().manual_seed(batch + ctx.rank)) * 4).to(
+                    torch.bfloat16)
+                res = torch.randn(batch, hidden, generator=torch.Generator().manual_seed(batch)).to(torch.bfloat16)
+                x[at], res[at] = row, res_row
+                out = fused(x.to(ctx.device), res.to(ctx.device), weight, fp8_scale=scale, algo=algo)
+                seen[(algo, batch, at)] = out[at].cpu().view(torch.uint8).clone()
+    fused.close()
+    comm.close()
+    return seen
+
+
+@pytest.mark.parametrize("rounding", ["fused", "engine"])
+@pytest.mark.parametrize("hidden,programs,max_chunks", [(HIDDEN, None, None), (2048, 8, 4)])
+def test_batch_invariant_fused_norm_fp8_rows_follow_neither_the_batch_nor_the_variant(worlds, hidden, programs,
+                                                                                      max_chunks, rounding):
+    """FP8 out, both roundings: the row's FP8 bytes are the same in every batch, position and variant."""
+    for rank, seen in enumerate(worlds(2).run(_fp8_job, rounding, hidden, programs, max_chunks)):
+        first_key = next(iter(seen))
+        for key, b in seen.items():
+            assert torch.equal(b, seen[first_key]), (rank, key, first_key)

@@ -271,12 +271,12 @@ def test_changing_matched_calls_are_never_taken_for_mismatches(worlds, world):
         assert bad == []
 
 
-def _moe_mismatched(ctx, case: str, max_tokens: int, mode: str) -> tuple[str, str, str]:
+def _moe_mismatched(ctx, case: str, max_tokens: int, mode: str) -> tuple[str, str, str, list[int]]:
     """MoE dispatch and combine without debug mode, with rank 0's call differing from the others':
     ``bound``, another ``tokens_bound`` (every rank within it); ``over``, a peer with more tokens than
     rank 0's bound; ``path``, rank 0 without a bound (an instance's whole size: its two-kernel path)
     against a small one (the one-kernel path). What the pair of calls raised on this rank (or
-    "returned"), the message, and the path this rank took."""
+    "returned"), the message, the path this rank took and its experts' counts after."""
     comm = make_comm(ctx, timeout_s=8.0)
     moe = tc.MoEAllToAll(comm, max_tokens=max_tokens, hidden=64, num_experts=2 * ctx.world, top_k=2, mode=mode)
     n = {"bound": 3 + ctx.rank, "over": 4 if ctx.rank == 0 else 6, "path": 3}[case]
@@ -286,6 +286,7 @@ def _moe_mismatched(ctx, case: str, max_tokens: int, mode: str) -> tuple[str, st
     ids = torch.rand(n, 2 * ctx.world, generator=g).topk(2).indices.to(ctx.device)
     w = torch.rand(n, 2, generator=g).to(ctx.device)
     path = moe.dispatch_path(bound)[0]
+    moe.memory.counts.fill_(-5)  # poisoned: a call that finds another call leaves every count 0
     try:
         _, _, h = moe.dispatch(x, ids, w, tokens_bound=bound)
         moe.combine(moe.expert_buffer(), h)
@@ -293,9 +294,10 @@ def _moe_mismatched(ctx, case: str, max_tokens: int, mode: str) -> tuple[str, st
         said, text = "returned", ""
     except TritonCommError as e:
         said, text = type(e).__name__, str(e)
+    counts = moe.memory.counts.cpu().tolist()
     moe.close()
     comm.close()
-    return said, text, path
+    return said, text, path, counts
 
 
 @pytest.mark.parametrize(("world", "case", "max_tokens", "mode"), [
@@ -310,9 +312,10 @@ def test_mismatched_moe_calls_raise_on_every_rank(worlds, world, case, max_token
     results = worlds(world).run(_moe_mismatched, case, max_tokens, mode)
     said = [r[0] for r in results]
     assert all(s in ("CollectiveMismatchError", "CommTimeoutError") for s in said), results
-    if case == "bound":  # every rank names both calls, the one with the larger bound too
+    if case == "bound":  # every rank names both calls, the one with the larger bound too, and keeps no row
         assert all(s == "CollectiveMismatchError" for s in said), results
-        assert all("moe_dispatch bf16 x 7" in t and "moe_dispatch bf16 x 8" in t for _, t, _ in results), results
+        assert all("moe_dispatch bf16 x 7" in t and "moe_dispatch bf16 x 8" in t for _, t, _, _ in results), results
+        assert all(c == [0] * len(c) for *_, c in results), results
     if case == "path":
         assert results[0][2] != results[1][2], results  # the two ranks took different paths
 
@@ -329,7 +332,7 @@ TWO_KERNEL_PATHS = {"send-gather": dict(one_kernel=False),
 def _moe_two_kernel_mismatched(ctx, kind: str) -> tuple[str, bool, str]:
     """A two-kernel dispatch path (``TWO_KERNEL_PATHS``) with another token bound on rank 0: what the
     call raised, whether the poisoned expert buffer stayed poisoned (every token goes to the next
-    rank's experts: no own rows here, all from a peer), and the path."""
+    rank's experts: no own rows here, all from a peer) with every count 0, and the path."""
     from tritoncomm.collectives.moe import SHAPES
 
     comm = make_comm(ctx, timeout_s=8.0)
@@ -343,13 +346,14 @@ def _moe_two_kernel_mismatched(ctx, kind: str) -> tuple[str, bool, str]:
     bound = 8 if ctx.rank == 0 else 7
     experts = moe.buffers()["experts"]
     experts.view(torch.uint8).fill_(0x7F)
+    moe.memory.counts.fill_(-5)  # poisoned: a mismatched call leaves every count 0
     try:
         moe.dispatch(x, ids, w, tokens_bound=bound)
         comm.synchronize()
         said = "returned"
     except TritonCommError as e:
         said = type(e).__name__
-    untouched = bool((experts.view(torch.uint8) == 0x7F).all())
+    untouched = bool((experts.view(torch.uint8) == 0x7F).all()) and bool((moe.memory.counts == 0).all())
     path = moe.dispatch_path(bound)[0]
     moe.close()
     comm.close()

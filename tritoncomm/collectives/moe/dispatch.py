@@ -90,7 +90,7 @@ from ...kernels import (
 )
 from ...kernels.launcher import Launcher
 from ...kernels.memory import address_ptr
-from .gather import finish_counts, lay_out_items, lay_out_peers
+from .gather import finish_counts, lay_out_items, lay_out_peers, no_counts
 from .header import size_of, store_header
 from .route import (
     ROUTED_STAGES,
@@ -260,6 +260,8 @@ def moe_send_kernel(x_ptr, x_stride, ids_ptr, ids_s0, ids_s1, w_ptr, w_s0, w_s1,
                 finish_counts(counts_ptr, bad_ptr, bad_host_addr, totals, capacity, rank, 0, LOCAL, BLOCK_X)
                 ws = tl.arange(0, BLOCK_W)
                 store_header(header_ptr, tl.load(ntab + ws, mask=ws < WORLD, other=0), half, BLOCK_W)
+        elif pid == 0:
+            no_counts(counts_ptr, header_ptr, half, LOCAL, BLOCK_X, BLOCK_W)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 6)
     epoch_commit(epoch_ptr, e)

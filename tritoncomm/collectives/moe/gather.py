@@ -49,7 +49,17 @@ from .place import place_item, place_packets, place_pair
 from .route import row_slots, rows_per_load, rows_sum, slot_loads, slot_sums
 from .shares import column_shares, first_half, pick
 
-__all__ = ["finish_counts", "launch_gather", "lay_out_items", "lay_out_peers", "moe_gather_kernel"]
+__all__ = ["finish_counts", "launch_gather", "lay_out_items", "lay_out_peers", "moe_gather_kernel", "no_counts"]
+
+
+@triton.jit
+def no_counts(counts_ptr, header_ptr, half, LOCAL: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Program 0 of a dispatch whose call check found a different call: every local expert's count 0
+    (no row of the expert buffer is the call's, though this rank's own rows may have been laid out)
+    and a header of no tokens, so that the combine after it moves nothing and waits for nobody."""
+    xs = tl.arange(0, BLOCK_X)
+    tl.store(counts_ptr + xs, tl.zeros([BLOCK_X], tl.int32), mask=xs < LOCAL)
+    store_header(header_ptr, tl.zeros([BLOCK_W], tl.int32), half, BLOCK_W)
 
 
 @triton.jit

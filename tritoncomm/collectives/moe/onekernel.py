@@ -99,7 +99,7 @@ from ...kernels import (
 from ...kernels.launcher import Launcher
 from ...kernels.memory import address_ptr
 from .check import header_look, headers_match
-from .gather import finish_counts
+from .gather import finish_counts, no_counts
 from .header import size_of, store_header
 from .place import place_item, place_packets
 from .route import copy_slots, expert_ids
@@ -312,6 +312,8 @@ def moe_dispatch_one_kernel(out_ptr, sc_out_ptr, x_ptr, x_stride, ids_ptr, ids_s
         finish_counts(counts_ptr, bad_ptr, bad_host_addr, earlier, capacity, rank, tl.sum(bad.to(tl.int32)), LOCAL,
                       BLOCK_X)
         store_header(header_ptr, sizes, half, BLOCK_W)
+    if (pid == 0) & (ok == 0):
+        no_counts(counts_ptr, header_ptr, half, LOCAL, BLOCK_X, BLOCK_W)
     epoch_commit_slots(epoch_ptr, e, epoch_slots)
     if TRACE:
         stamp(trace_ptr, pid * _STAGES + 5)

@@ -453,7 +453,7 @@ def _moe_build(kernel: str, options: dict, overrides: dict[str, int]):
                "max_tokens": "i32", "num_experts": "i32", **COMMON,
                **dict.fromkeys(("flags_off", "epochs_off", "send_epochs_off", "ids_off", "ids_half", "ntab_off",
                                 "ntab_half", "hist_off", "hist_half"), "i64"),
-               "hist_blocks": "i32", "trace_ptr": "*i64"}
+               "hist_blocks": "i32", "trace_ptr": "*i64", "sig": "i64"}
         fn, cx = route.moe_route_kernel, {"WORLD": 2, "TOP_K": 8, "BLOCK_E": 64, "BLOCK_X": 256, "SUPER": 16,
                                           "TRACE": kernel == "route-traced"}
     elif kernel == "gather":

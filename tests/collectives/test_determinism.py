@@ -316,3 +316,75 @@ def test_batch_invariant_fused_norm_fp8_rows_follow_neither_the_batch_nor_the_va
         first_key = next(iter(seen))
         for key, b in seen.items():
             assert torch.equal(b, seen[first_key]), (rank, key, first_key)
+
+
+def _timing_job(ctx, timing: str):
+    """The batch-invariant fused norm (hidden 2048, cut into up to 4 chunks on GPUs) with ``timing``:
+    ``straggle``, every rank late by a different time before each call; ``graph``, each (variant, batch)
+    captured once in a CUDA graph and replayed with fresh data copied into its inputs. Per call: the
+    inputs every rank passed and this rank's outputs, as ``_reference_job``."""
+    import time
+
+    from tritoncomm.collectives.fused_norm import INVARIANT_ALGOS, FusedAllReduceAddRMSNorm
+
+    from ..helpers import warm_up_for_capture
+
+    hidden = 2048
+    comm = make_comm(ctx, heap_bytes=64 << 20)
+    fused = FusedAllReduceAddRMSNorm(comm, max_tokens=max(BATCHES), max_hidden=hidden, algos=INVARIANT_ALGOS,
+                                     programs=8, max_chunks=4, rounding="engine", batch_invariant=True, eps=1e-5)
+    weight = (torch.rand(hidden, generator=torch.Generator().manual_seed(3)) - 0.5).to(torch.bfloat16)
+    wd = weight.to(ctx.device)
+    seen = []
+    for algo in fused.algorithms:
+        for batch in BATCHES:
+            def inputs(rep: int, batch: int = batch) -> tuple[list[torch.Tensor], torch.Tensor]:
+                xs = [(torch.randn(batch, hidden, generator=torch.Generator().manual_seed(1000 * rep + 10 * batch + r))
+                       * 2).to(torch.bfloat16) for r in range(ctx.world)]
+                res = torch.randn(batch, hidden, generator=torch.Generator().manual_seed(77 * rep + batch)).to(
+                    torch.bfloat16)
+                return xs, res
+
+            xs, res = inputs(0)
+            x_d, res_d = xs[ctx.rank].to(ctx.device), res.clone().to(ctx.device)
+            out = torch.full((batch, hidden), float("nan"), dtype=torch.bfloat16, device=ctx.device)
+            if timing == "graph":
+                warm_up_for_capture(lambda x=x_d, r=res_d, o=out, a=algo: fused(x, r.clone(), wd, out=o, algo=a))
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    fused(x_d, res_d, wd, out=out, algo=algo)
+                for rep in (1, 2):  # fresh data in the captured inputs
+                    xs, res = inputs(rep)
+                    x_d.copy_(xs[ctx.rank])
+                    res_d.copy_(res)
+                    out.fill_(float("nan"))
+                    graph.replay()
+                    seen.append(((algo, batch, rep), xs, res, weight, False, out.cpu().clone(), res_d.cpu().clone()))
+                torch.cuda.synchronize()
+                del graph
+            else:
+                for rep in (1, 2):
+                    xs, res = inputs(rep)
+                    x_d, res_d = xs[ctx.rank].to(ctx.device), res.clone().to(ctx.device)
+                    out.fill_(float("nan"))
+                    late = (ctx.rank + rep + batch) % (ctx.world + 1)  # a different rank late each time
+                    if ctx.device.type == "cuda":
+                        torch.cuda._sleep(late * 2_000_000)  # this rank's stream falls behind
+                    else:
+                        time.sleep(0.01 * late)
+                    fused(x_d, res_d, wd, out=out, algo=algo)
+                    seen.append(((algo, batch, rep), xs, res, weight, False, out.cpu().clone(), res_d.cpu().clone()))
+    fused.close()
+    comm.close()
+    return seen
+
+
+@pytest.mark.parametrize("timing", ["straggle", pytest.param("graph", marks=pytest.mark.gpu)])
+def test_batch_invariant_fused_norm_rows_keep_their_bits_with_stragglers_and_in_graphs(worlds, timing):
+    """Late ranks, and CUDA-graph replays with fresh data, change no bit: every row equals the host's
+    computation of the same grouping (``invariant_reference``)."""
+    for rank, seen in enumerate(worlds(2).run(_timing_job, timing)):
+        for key, xs, res, weight, gemma, out, new_res in seen:
+            want_out, want_res = invariant_reference(xs, res, weight, 1e-5, gemma, "engine")
+            assert torch.equal(new_res.view(torch.int16), want_res.view(torch.int16)), ("residual", rank, key)
+            assert torch.equal(out.view(torch.int16), want_out.view(torch.int16)), ("output", rank, key)

@@ -64,10 +64,11 @@ per-program copies stay for small calls: the count costs every program an atomic
 with the barrier it travels in the barrier (``kernels.barrier``); with packets each program first
 stores it as a header word into every peer's header table, row ``(half, pid)``, slot of its rank
 (``kernels.lamport``, "Headers"), and program ``pid`` polls its row after the copies, compares and
-puts it back at rest. A program that finds a difference records it and lays out nothing from the
-peers (its own rows, laid out before, stay). So a rank whose bound differs, which reads all it needs
-of a peer's copy, still raises; a rank whose bound is larger waits for copy entries the peer never
-sends and raises ``CommTimeoutError``.
+puts it back at rest; the copies and the headers are polled in the same looks
+(``lamport_poll_checked``), so a differing header also ends a wait for copy entries the peer never
+sends (a rank whose bound is larger). A program that finds a difference records it and lays out
+nothing from the peers (its own rows, laid out before, stay), and program 0 then sets every local
+expert's count to 0 and leaves a header of no tokens (``gather.no_counts``): no row is the call's.
 
 Why two halves are enough without the barrier: program ``pid`` of every rank polls a copy from
 program ``pid`` of every peer in every call, and a rank sends its copies only after its previous

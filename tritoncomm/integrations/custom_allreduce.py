@@ -220,14 +220,18 @@ class CustomAllReduceSlot:
                                               batch_invariant=self.invariant_norm, name="engine.fused_norm")
         return True
 
-    def should_fused_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
-        """Whether ``fused_add_rms_norm`` serves these (2-D, contiguous, bf16/fp16, within the set-up size)."""
+    def _norm_serves(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, max_tokens: int) -> bool:
+        """2-D, contiguous, bf16/fp16, at most ``max_tokens`` rows and the set-up hidden size."""
         f = self.fused
         return (f is not None and not self.disabled and x.dim() == 2 and x.dtype in _NORM_DTYPES
-                and 0 < x.shape[0] <= f.max_tokens and x.shape[1] <= f.max_hidden
+                and 0 < x.shape[0] <= max_tokens and x.shape[1] <= f.max_hidden
                 and residual.shape == x.shape and residual.dtype == x.dtype and weight.shape == (x.shape[1],)
                 and x.is_contiguous() and residual.is_contiguous() and weight.is_contiguous()
                 and x.device == self.device == residual.device == weight.device)
+
+    def should_fused_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether ``fused_add_rms_norm`` serves these (2-D, contiguous, bf16/fp16, within the set-up size)."""
+        return self.fused is not None and self._norm_serves(x, residual, weight, self.fused.max_tokens)
 
     def fused_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
                            fp8_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -246,11 +250,7 @@ class CustomAllReduceSlot:
     def should_invariant_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
         """With ``invariant_norm``, whether ``invariant_add_rms_norm`` serves these: what
         ``should_fused_norm`` takes, at any token count."""
-        return (self.invariant_norm and self.fused is not None and not self.disabled and x.dim() == 2
-                and x.dtype in _NORM_DTYPES and x.shape[0] > 0 and x.shape[1] <= self.fused.max_hidden
-                and residual.shape == x.shape and residual.dtype == x.dtype and weight.shape == (x.shape[1],)
-                and x.is_contiguous() and residual.is_contiguous() and weight.is_contiguous()
-                and x.device == self.device == residual.device == weight.device)
+        return self.invariant_norm and self._norm_serves(x, residual, weight, NO_LIMIT)
 
     def invariant_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
                                fp8_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

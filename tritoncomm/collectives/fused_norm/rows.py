@@ -93,9 +93,10 @@ class RowPlan:
 
     def chunk_width(self, hidden: int, ch: int) -> int:
         """Columns per chunk of rows of ``hidden`` cut into ``ch`` chunks: a multiple of 16, or with
-        ``tree`` the padded row's ``pow2_at_least(hidden) / ch``."""
+        ``tree`` the padded row's ``pow2_at_least(hidden) / ch``, at least 16 (a wider padding adds only
+        zeros to the tree: the same sum)."""
         if self.tree:
-            return max(pow2_at_least(hidden) // ch, 1)
+            return max(pow2_at_least(hidden) // ch, 16)
         return round_up(cdiv(hidden, ch), 16)
 
     def ll2_shapes(self, hidden: int) -> list[tuple[int, int]]:

@@ -6,6 +6,7 @@ rank decides alike (the decisions depend only on arguments every rank shares), s
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import torch
 
@@ -40,7 +41,8 @@ def _at_least(what: str, v: object, lowest: int) -> None:
 
 @dataclass(frozen=True)
 class MoEPlan:
-    """An instance's set-up decisions (``plan_instance``), grouped as the module docstring says."""
+    """An instance's set-up decisions (``plan_instance``), grouped as the module docstring says. The
+    derived ones are computed once, at their first use (``cached_property``), so calls only read them."""
 
     # -- the problem
     world: int
@@ -60,129 +62,129 @@ class MoEPlan:
     #: owners are the callers, so the throughput mode would only add a pass
     throughput_from: int
 
-    @property
+    @cached_property
     def local_experts(self) -> int:
         return self.num_experts // self.world
 
-    @property
+    @cached_property
     def peers(self) -> int:
         """Peers' rows a receive buffer holds room for (1 at world 1)."""
         return max(self.world - 1, 1)
 
-    @property
+    @cached_property
     def wire(self) -> torch.dtype:
         """The dtype token rows travel in."""
         return torch.float8_e4m3fn if self.fp8 else self.dtype
 
-    @property
+    @cached_property
     def row_bytes(self) -> int:
         """Bytes per token row on the wire."""
         return self.hidden * (1 if self.fp8 else self.dtype.itemsize)
 
     # -- the dispatch paths this instance may take
-    @property
+    @cached_property
     def one(self) -> bool:
         """Every call dispatches in one kernel."""
         return self.shape.one_kernel and self.max_tokens * self.top_k <= self.shape.one_kernel_entries
 
-    @property
+    @cached_property
     def routed(self) -> bool:
         """Calls not in one kernel start with the route kernel (else the send and gather kernels)."""
         return not self.one and self.max_tokens * self.top_k > self.shape.route_above
 
-    @property
+    @cached_property
     def routed_packets(self) -> bool:
         """The routed calls' rows travel as packets too (``MoEShape.routed_packets``): the packet
         buffers then hold every row of a call, and the plain receive buffer is not needed."""
         return self.shape.packets and self.shape.routed_packets and self.routed
 
-    @property
+    @cached_property
     def packets(self) -> bool:
         """The instance has packet buffers (Lamport, at rest between calls)."""
         return (self.shape.one_kernel and self.shape.packets) or self.routed_packets
 
-    @property
+    @cached_property
     def packet_rows(self) -> int:
         """Rows per peer of the packet buffers."""
         if self.routed_packets:
             return self.max_tokens
         return min(self.max_tokens, self.shape.one_kernel_entries // self.top_k) if self.packets else 0
 
-    @property
+    @cached_property
     def plain(self) -> bool:
         """Some calls take the plain receive buffer."""
         return not ((self.one or self.routed_packets) and self.packets)
 
-    @property
+    @cached_property
     def direct(self) -> bool:
         """Some calls send their rows straight into the peers' expert slots (``direct_from_bytes``);
         the expert buffer is then in the heap."""
         return self.routed and not self.routed_packets and \
             self.shape.direct_from_bytes <= self.max_tokens * self.row_bytes
 
-    @property
+    @cached_property
     def interleave(self) -> bool:
         """Some calls interleave the routed send kernel's sends and layout (``interleave_from``)."""
         return self.routed and not self.routed_packets and self.shape.interleave_from <= self.max_tokens
 
-    @property
+    @cached_property
     def pairs(self) -> bool:
         """The paired layout's code, only where sources can give every program two rows."""
         return self.shape.paired_layout and self.max_tokens >= 2 * self.shape.programs
 
-    @property
+    @cached_property
     def route_barrier(self) -> bool:
         """The route kernel ends with a barrier of its own (``MoEShape.route_barrier``; routed packets
         need it)."""
         return self.shape.route_barrier or self.routed_packets
 
     # -- the routing tables (``route.py``, ``onekernel.py``)
-    @property
+    @cached_property
     def block_x(self) -> int:
         """The histograms' width (``BLOCK_X``)."""
         return max(pow2_at_least(self.num_experts), 4)
 
-    @property
+    @cached_property
     def hist_blocks(self) -> int:
         """Routing blocks of ``block_e`` entries per source."""
         return -(-self.max_tokens * self.top_k // self.shape.block_e)
 
-    @property
+    @cached_property
     def supers(self) -> int:
         return -(-self.hist_blocks // self.shape.super_blocks)
 
-    @property
+    @cached_property
     def block_n(self) -> int:
         """Entries of a one-kernel routing copy."""
         return min(pow2_at_least(self.max_tokens * self.top_k), self.shape.one_kernel_entries)
 
-    @property
+    @cached_property
     def held_block_n(self) -> int:
         """Entries of the routing that every send program holds on the send-gather path."""
         return pow2_at_least(self.max_tokens * self.top_k)
 
-    @property
+    @cached_property
     def header_programs(self) -> int:
         """Programs of the widest one-kernel launch (each has a call-check header per source)."""
         return max(self.shape.programs, self.decode_shape.programs if self.decode_shape is not None else 0)
 
     # -- the combine
-    @property
+    @cached_property
     def has_partials(self) -> bool:
         """Some calls take the throughput mode's partials buffer."""
         return self.throughput_from <= self.world * self.max_tokens
 
-    @property
+    @cached_property
     def lamport_rows(self) -> int:
         """The latency mode's Lamport buffer: rows per peer (tokens of a call below the switch)."""
         return min(self.max_tokens, self.throughput_from - 1) if self.world > 1 else 0
 
-    @property
+    @cached_property
     def combine_interleave(self) -> bool:
         """Some calls interleave the throughput combine (``combine_interleave_from``)."""
         return self.world > 1 and self.shape.combine_interleave_from <= self.max_tokens
 
-    @property
+    @cached_property
     def combine_chunks(self) -> int:
         """The throughput combine's chunks without its barrier (``combine_chunks``), 0: none."""
         return self.shape.combine_chunks if self.world > 1 else 0

@@ -67,8 +67,9 @@ the data's per-element indicators before their reduction so that any thread's mi
 CTA barrier inside (threads may leave at different looks); after a failure elsewhere or its own
 timeout it returns 0. ``lamport_poll_checked(ptrs, mask, hdr, keep, sig, ...)``: a peer's data and
 header in the same looks (a header waited for on its own adds a load's latency to the call), leaving
-early on a header that differs from ``sig``. ``lamport_header_reset(ptr, keep)``: back to 0, by the reader, after a CTA
-barrier that follows every thread's last look.
+early on a header that differs from ``sig``; like ``lamport_poll``, it returns one more look of both
+where the data block is smaller than the program's threads. ``lamport_header_reset(ptr, keep)``: back
+to 0, by the reader, after a CTA barrier that follows every thread's last look.
 
 Reads of a buffer are only of data that this launch's writers stored; nothing else the writer did is
 published by it.
@@ -267,11 +268,14 @@ def lamport_poll_checked(ptrs, mask, hdr, keep, sig, peer, slot, rank, timeout, 
     the header written with a signature other than ``sig`` (then that row's values mean nothing: a
     different call's data may never come). Bounded as ``lamport_poll`` (kind 4, naming the lowest
     late peer and the lowest address still missing, a header's if only headers are); a header is 0
-    if the wait gave up, 1 where not ``keep``."""
+    if the wait gave up, 1 where not ``keep``. A data block smaller than the program's threads returns
+    the values and headers of one more look, as ``lamport_poll``: its reductions count one copy of an
+    element, and another thread's copy may still hold the sentinel."""
     v, miss = lamport_try(ptrs, mask)
     h, hm = lamport_header_try(hdr, keep)
     wrong = (hm == 0) & (h != sig) & keep
     missing = _total(tl.where(wrong, 0, miss + hm))
+    gave_up = tl.full([], 0, tl.int1)
     if missing > 0:
         t0 = clock_ns()
         spins = 0
@@ -292,7 +296,13 @@ def lamport_poll_checked(ptrs, mask, hdr, keep, sig, peer, slot, rank, timeout, 
                     record_timeout(diag, KIND_LAMPORT, rank, who, slot, addr, missing.to(tl.int64), spins)
                 if failed or expired:
                     missing = 0
-                    h = tl.where(keep, 0, h)
+                    gave_up = tl.full([], 1, tl.int1)
+    if not INTERPRET and ptrs.numel < program_threads():  # copied across threads: one copy was counted
+        tl.debug_barrier()  # after the look that was counted, whichever thread made it
+        v = tl.load(ptrs, mask=mask, other=0.0, volatile=True)
+        h = tl.load(hdr, mask=keep, other=1, volatile=True)
+    if gave_up:
+        h = tl.where(keep, 0, h)
     return v, h
 
 

@@ -282,13 +282,19 @@ def misc_section() -> str:
                           ratio(r["nccl_us"], r["tritoncomm_us"])] for r in d["rows"]]),
                   "The fused add-RMSNorm (hidden 8192) as the normal mode runs it and with batch-invariant rows "
                   "(what the plugins serve in these modes), against the unfused path (all-reduce, add, "
-                  "`F.rms_norm`); the ratios are the batch-invariant op's:",
+                  "`F.rms_norm`) and, where measured, the engines' own deterministic path (the all-reduce, then "
+                  "one add + RMSNorm kernel of one program per row: `fused_norm.local` standing in for the "
+                  "engine's), after tritoncomm's all-reduce and after vLLM's custom all-reduce; the ratios are "
+                  "the batch-invariant op's:",
                   table(["tokens", "variant", "fused", "batch-invariant", "unfused, tritoncomm all-reduce",
-                         "unfused, NCCL", "vs unfused (tritoncomm)", "vs unfused (NCCL)"],
+                         "unfused, NCCL", "engine path, tritoncomm all-reduce", "engine path, vLLM custom",
+                         "vs unfused (NCCL)", "vs engine path (tritoncomm)", "vs engine path (vLLM custom)"],
                         [[str(r["tokens"]), r["variant"], us(r["fused_us"], 2), us(r.get("invariant_us"), 2),
                           us(r["unfused_tritoncomm_us"], 2), us(r["unfused_nccl_us"], 2),
-                          ratio(r["unfused_tritoncomm_us"], r.get("invariant_us") or r["fused_us"]),
-                          ratio(r["unfused_nccl_us"], r.get("invariant_us") or r["fused_us"])]
+                          us(r.get("engine_tritoncomm_us"), 2), us(r.get("engine_vllm_ca_us"), 2),
+                          ratio(r["unfused_nccl_us"], r.get("invariant_us") or r["fused_us"]),
+                          ratio(r.get("engine_tritoncomm_us"), r.get("invariant_us") or r["fused_us"]),
+                          ratio(r.get("engine_vllm_ca_us"), r.get("invariant_us") or r["fused_us"])]
                          for r in d["norm_rows"]])]
     for w in (2, 4):
         d = load(f"zerocopy-h200-tp{w}.json")

@@ -123,4 +123,5 @@ def test_bench_deterministic_times_what_the_engines_deterministic_modes_run(tmp_
         assert r["correct"], r
     for r in rep["norm_rows"]:
         assert r["fused_us"] > 0 and r["unfused_tritoncomm_us"] > 0 and r["unfused_nccl_us"] > 0, r
+        assert r["engine_tritoncomm_us"] > 0 and r["engine_vllm_ca_us"] is None, r  # no peers in the CPU world
     assert rep["torch"] and rep["triton"]

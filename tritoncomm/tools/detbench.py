@@ -9,9 +9,13 @@ size and token count, in CUDA graphs (CPU world: eagerly, not speed), the slowes
 * all-reduce: tritoncomm (the table's pick, what either mode's slot runs) and NCCL;
 * add + RMSNorm after the all-reduce (``hidden``, bf16): tritoncomm's fused op as the normal mode
   runs it and with batch-invariant rows (``batch_invariant=True``, the engines' rounding: what the
-  plugins serve in these modes); the engines' deterministic unfused path with tritoncomm's all-reduce
-  (``all-reduce, then add, then F.rms_norm``: torch's norm standing in for the engine's own); the
-  same with NCCL.
+  plugins serve in these modes); the unfused path with tritoncomm's all-reduce and with NCCL's
+  (``all-reduce, then add, then F.rms_norm``: three or more kernels); and the engines' own
+  deterministic path, two kernels: the all-reduce, then one add + RMSNorm kernel of one program per
+  row (vLLM's batch-invariant mode calls its ``fused_add_rms_norm``), here
+  ``fused_norm.local.invariant_add_rms_norm`` standing in for the engine's compiled one, after
+  tritoncomm's all-reduce and (GPUs, where ``../shared/peers`` is installed) after vLLM's custom
+  all-reduce (FlashInfer's port, ``tools.peers``): what vLLM runs in that mode without tritoncomm.
 
 Every row is checked first: tritoncomm's all-reduce against NCCL's, the fused op against the unfused
 path (tolerance), and each result the same on every rank.
@@ -28,9 +32,11 @@ import torch.nn.functional as F
 
 from ..channels import Communicator
 from ..collectives import AllReduce, FusedAllReduceAddRMSNorm
+from ..collectives.fused_norm.local import invariant_add_rms_norm
 from ..config import CommConfig
 from ..launch import RankContext
 from ..units import format_bytes
+from .peers import VllmCustomAllReduce
 from .report import all_true, fmt, max_over_ranks, same_on_all_ranks
 from .timing import time_per_call_us
 
@@ -54,9 +60,10 @@ def deterministic_rank(ctx: RankContext, sizes: list[int] | None = None,
     inv = FusedAllReduceAddRMSNorm(comm, max_tokens=max(tokens), max_hidden=hidden, rounding="engine",
                                    batch_invariant=True, name="bench.invariant")
     dev = ctx.device
+    vca = VllmCustomAllReduce(ctx, max(tokens) * hidden * 2) if ctx.backend == "cuda" else None
 
-    def timed(fn) -> float:
-        return time_per_call_us(fn, dev, ctx.barrier, mode=mode)
+    def timed(fn, after_capture=None) -> float:
+        return time_per_call_us(fn, dev, ctx.barrier, mode=mode, after_capture=after_capture)
 
     rows = []
     for nbytes in sizes:
@@ -100,12 +107,35 @@ def deterministic_rank(ctx: RankContext, sizes: list[int] | None = None,
             res.add_(b)
             F.rms_norm(res, (hidden,), w, 1e-6)
 
-        v = max_over_ranks(ctx, {"f": timed(lambda x=x, res=res, out=out: norm(x, res, w, out=out)),
-                                 "i": timed(lambda x=x, res=res, out=out: inv(x, res, w, out=out)),
-                                 "u": timed(unfused), "n": timed(nccl)})
+        res_e, res_e_out, out_e = res0.clone(), torch.empty_like(x), torch.empty_like(x)
+
+        def engine(x=x, summed=summed, res=res_e, out=out_e, res_out=res_e_out) -> None:  # the engines' two kernels
+            ar(x, out=summed)
+            invariant_add_rms_norm(summed, res, w, 1e-6, out=out, residual_out=res_out)
+
+        engine()
+        ok = ok and torch.equal(out_e, y_i) and torch.equal(res_e_out, res_u)  # the batch-invariant bits
+        times = {"f": timed(lambda x=x, res=res, out=out: norm(x, res, w, out=out)),
+                 "i": timed(lambda x=x, res=res, out=out: inv(x, res, w, out=out)),
+                 "u": timed(unfused), "n": timed(nccl), "e": timed(engine)}
+        if vca is not None and vca.why_not is None:
+            ca_out = torch.empty_like(x)
+            ca_run = vca.allreduce(x, ca_out)
+
+            def engine_ca(ca_run=ca_run, ca_out=ca_out, res=res_e, out=out_e, res_out=res_e_out) -> None:
+                ca_run()  # vLLM's custom all-reduce, then the norm
+                invariant_add_rms_norm(ca_out, res, w, 1e-6, out=out, residual_out=res_out)
+
+            engine_ca()
+            ok = ok and torch.equal(ca_out, summed)  # both sum in rank order at two ranks
+            times["c"] = timed(engine_ca, vca.register_graph)
+        v = max_over_ranks(ctx, times)
         norm_rows.append({"tokens": t, "hidden": hidden, "variant": norm.select(t, hidden), "fused_us": v["f"],
                           "invariant_variant": inv.select(t, hidden), "invariant_us": v["i"],
-                          "unfused_tritoncomm_us": v["u"], "unfused_nccl_us": v["n"], "correct": all_true(ctx, ok)})
+                          "unfused_tritoncomm_us": v["u"], "unfused_nccl_us": v["n"], "engine_tritoncomm_us": v["e"],
+                          "engine_vllm_ca_us": v.get("c"), "correct": all_true(ctx, ok)})
+    if vca is not None:
+        vca.close()
     inv.close()
     norm.close()
     ar.close()
@@ -115,6 +145,7 @@ def deterministic_rank(ctx: RankContext, sizes: list[int] | None = None,
     import triton
 
     return {"op": "deterministic", "world": ctx.world, "date": datetime.date.today().isoformat(),
+            "vllm_ca": None if vca is None else vca.why_not or "flashinfer.comm.vllm_ar",
             "device": torch.cuda.get_device_name(dev) if ctx.backend == "cuda" else "CPU world",
             "torch": torch.__version__, "triton": triton.__version__,
             "method": f"per call; {mode} mode: 32 calls{' in a CUDA graph' if mode == 'graph' else ''}, median of 20 "
@@ -129,12 +160,16 @@ def format_deterministic(rep: dict[str, Any]) -> str:
         lines.append(f"{format_bytes(r['bytes']):>9} {r['algo']:>15} {'yes' if r['correct'] else 'NO':>3} "
                      f"{fmt(r['tritoncomm_us'], '10.1f')} {fmt(r['nccl_us'])} "
                      f"{r['nccl_us'] / r['tritoncomm_us']:6.2f}")
-    lines.append(f"{'tokens':>9} {'variant':>15} {'ok':>3} {'fused':>10} {'invariant':>10} {'AR+add+norm':>11} "
-                 f"{'NCCL+add+norm':>13} {'xAR':>6} {'xNCCL':>6}")
+    lines.append(f"{'tokens':>9} {'variant':>15} {'ok':>3} {'fused':>8} {'invariant':>9} {'AR+add+norm':>11} "
+                 f"{'NCCL+add+norm':>13} {'AR+norm1':>8} {'vLLM-CA+norm1':>13} {'xAR':>5} {'xNCCL':>5} "
+                 f"{'xnorm1':>6} {'xvLLM':>5}")
     for r in rep["norm_rows"]:
-        inv = r.get("invariant_us")
+        inv = r.get("invariant_us") or r["fused_us"]
+        eng, ca = r.get("engine_tritoncomm_us"), r.get("engine_vllm_ca_us")
         lines.append(f"{r['tokens']:>9} {r['variant']:>15} {'yes' if r['correct'] else 'NO':>3} "
-                     f"{fmt(r['fused_us'], '10.1f')} {fmt(inv, '10.1f')} {fmt(r['unfused_tritoncomm_us'], '11.1f')} "
-                     f"{fmt(r['unfused_nccl_us'], '13.1f')} {r['unfused_tritoncomm_us'] / (inv or r['fused_us']):6.2f} "
-                     f"{r['unfused_nccl_us'] / (inv or r['fused_us']):6.2f}")
+                     f"{fmt(r['fused_us'], '8.1f')} {fmt(r.get('invariant_us'), '9.1f')} "
+                     f"{fmt(r['unfused_tritoncomm_us'], '11.1f')} {fmt(r['unfused_nccl_us'], '13.1f')} "
+                     f"{fmt(eng, '8.1f')} {fmt(ca, '13.1f')} {r['unfused_tritoncomm_us'] / inv:5.2f} "
+                     f"{r['unfused_nccl_us'] / inv:5.2f} {fmt(eng and eng / inv, '6.2f')} "
+                     f"{fmt(ca and ca / inv, '5.2f')}")
     return "\n".join(lines)

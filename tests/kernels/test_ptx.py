@@ -12,7 +12,7 @@ import pytest
 import triton
 import triton.language as tl
 
-from tritoncomm.kernels import interpreting, lamport_poll, pow2_at_least, signal
+from tritoncomm.kernels import interpreting, lamport_poll, lamport_poll_checked, pow2_at_least, signal
 
 pytestmark = pytest.mark.skipif(interpreting(), reason="PTX checks need compiled (not interpreted) kernels")
 
@@ -643,6 +643,37 @@ def test_a_poll_reloads_only_a_block_copied_across_threads():
     looks = {b: len(re.findall(r"\bld\.volatile\.global", compile_ptx(_poll_kernel, sig, {"BLOCK": b}, {"buf", "out"})))
              for b in (4, 128, 512)}
     assert looks[4] == looks[128] + 1 and looks[128] == looks[512], looks
+
+
+@triton.jit
+def _checked_poll_kernel(buf, hdr, out, heads, sig, rank, timeout, diag_addr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    rows = tl.arange(0, ROWS)[:, None]
+    offs = rows * COLS + tl.arange(0, COLS)[None, :]
+    diag = diag_addr.to(tl.int64).to(tl.pointer_type(tl.int64))
+    v, h = lamport_poll_checked(buf + offs, offs >= 0, hdr + rows, rows >= 0, sig, rows, 0, rank, timeout, diag)
+    tl.store(out + offs, v)
+    tl.store(heads + rows, h)
+
+
+def _looks_after_the_last_barrier(ptx: str) -> Counter:
+    """The volatile loads between the kernel's last ``bar.sync`` and the first store after it."""
+    tail = ptx[ptx.rindex("bar.sync"):]
+    tail = tail[:tail.index("st.global")]
+    return Counter(re.findall(r"ld\.volatile\.global(?:\.v\d)?\.(b\d+)", tail))
+
+
+def test_a_checked_poll_reloads_only_a_block_copied_across_threads():
+    """``lamport_poll_checked`` likewise: a ``[2, 32]`` block on 4 warps (the one-kernel MoE dispatch's
+    routing copies at decode: fewer elements than threads, each held by two of them) takes one more
+    look at the data (32-bit here) and at the headers (16-bit here, apart from the diag word's loads)
+    after a CTA barrier that follows the count; a ``[2, 256]`` block takes none. Without it a thread
+    whose copy was not counted used a sentinel as data (wrong counts and rows on GPUs)."""
+    sig = {"buf": "*i32", "hdr": "*i16", "out": "*i32", "heads": "*i16", "sig": "i64", "rank": "i32",
+           "timeout": "i64", "diag_addr": "i64"}
+    looks = {c: _looks_after_the_last_barrier(compile_ptx(_checked_poll_kernel, sig, {"ROWS": 2, "COLS": c},
+                                                          {"buf", "out"}, 4))
+             for c in (32, 256)}
+    assert looks[32]["b32"] >= 1 and looks[32]["b16"] >= 1 and not looks[256], looks
 
 
 def _sglang_patches(monkeypatch) -> None:

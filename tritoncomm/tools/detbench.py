@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from ..channels import Communicator
 from ..collectives import AllReduce, FusedAllReduceAddRMSNorm
-from ..collectives.fused_norm.local import invariant_add_rms_norm
+from ..collectives.fused_norm import invariant_add_rms_norm
 from ..config import CommConfig
 from ..launch import RankContext
 from ..units import format_bytes

@@ -10,6 +10,18 @@ source scripts/python.sh
 TORCH=${TORCH:-2.14.1}
 TRITON=${TRITON:-3.8.0}
 pipi() { "$PY" -m pip install -q --disable-pip-version-check "$@"; }
+NEED_GB=${NEED_GB:-8}  # a CUDA build of torch: about 5.5 GB installed, plus pip's unpacked copy while it installs
+need_disk() {  # exit 1, saying where, when a folder's file system has less than NEED_GB free
+  local dir free
+  for dir in "$@"; do
+    free=$(df -Pk "$dir" | awk 'NR == 2 {print int($4 / 1048576)}')
+    if [ "$free" -lt "$NEED_GB" ]; then
+      echo "setup.sh: $dir has $free GB free; torch's CUDA build needs about $NEED_GB GB there. Free space, or" \
+        "set PYTHON to a Python with torch 2.11+ and Triton 3.6+ already installed" >&2
+      exit 1
+    fi
+  done
+}
 supported() {  # exit 0 when the torch and Triton in $PY are recent enough (a newer Triton launches through its own path)
   "$PY" - <<'PYEOF' 2>/dev/null
 import sys
@@ -27,6 +39,7 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   else
     echo "setup.sh: no CPU wheel of torch $TORCH here or on PyTorch's CPU index; installing the package index's" \
       "torch $TORCH (CUDA build, several GB)" >&2
+    need_disk "$("$PY" -c 'import sys; print(sys.prefix)')" "${TMPDIR:-/tmp}"
     pipi "torch==$TORCH"
   fi
 fi

@@ -18,7 +18,7 @@ for phase in ${PHASES:-tests bench variants}; do
   case $phase in
     tests)
       TRITONCOMM_TEST_BACKEND=cuda TRITONCOMM_TEST_WORLDS=$EP timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q \
-        -p no:cacheprovider tests/collectives/test_moe.py tests/integrations/test_ep.py 2>&1 \
+        -p no:cacheprovider tests/collectives/test_moe*.py tests/integrations/test_ep.py 2>&1 \
         | tee "$OUT/gpu-moe-tests.log" | tail -15 || rc=1 ;;
     bench)
       timeout ${BENCH_TIMEOUT:-560} python3 -m tritoncomm bench --op moe --world "$EP" ${TOKENS:+--tokens $TOKENS} \

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 import tritoncomm as tc
+from tritoncomm.collectives import Choice, SelectionTable
 
 
 def only_worlds() -> tuple[int, ...]:
@@ -78,3 +79,26 @@ def warm_up_for_capture(fn) -> None:
         fn()
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
+
+
+def small_table(world: int) -> SelectionTable:
+    """Boundaries at 2, 4, 6, 12 and 16 KiB, so short tests cross every algorithm (the LL two-shot
+    first: the smallest sizes leave some ranks' shards empty)."""
+    rows = {}
+    for dtype in ("bf16", "fp16", "fp32"):
+        rows[("allreduce", world, dtype)] = [(2048, Choice("ll_twoshot", 2, 256, 1)), (4096, Choice("ll", 2, 256, 1)),
+                                             (6144, Choice("lamport", 2, 512, 1)),
+                                             (12288, Choice("lamport_twoshot", 2, 256, 1)),
+                                             (16384, Choice("oneshot", 2, 512, 1)),
+                                             (1 << 40, Choice("twoshot", 2, 512, 1))]
+    return SelectionTable(rows, "test")
+
+
+def bit_mismatches(ctx, got: torch.Tensor, want: torch.Tensor, tag: tuple) -> list:
+    """``tag`` + what is wrong: ``got`` differs from ``want`` in any bit, or ranks hold different bits."""
+    bad = []
+    if not torch.equal(got.view(torch.int16).cpu(), want.view(torch.int16).cpu()):
+        bad.append((*tag, "differs from the reference run"))
+    if not same_on_all_ranks(ctx, got):
+        bad.append((*tag, "ranks differ"))
+    return bad

@@ -20,7 +20,7 @@ from tritoncomm.collectives import MoEAllToAll
 from tritoncomm.collectives.moe import default_shape
 from tritoncomm.config import CommConfig
 from tritoncomm.launch import LocalWorld
-from tritoncomm.tools.moebench import MOE_SHAPES, _capacity
+from tritoncomm.tools.moebench import MOE_SHAPES, bench_capacity
 
 
 def _step(moe: MoEAllToAll, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> None:
@@ -41,7 +41,7 @@ def _rank(ctx, shape: str, tokens: list[int], mode: str, max_tokens: int | None,
         if per_sm:
             launch = replace(launch, programs=sms * per_sm)
         moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
-                          capacity=_capacity(ctx.world, m, experts, k), mode=mode, shape=launch, fp8_dispatch=fp8)
+                          capacity=bench_capacity(ctx.world, m, experts, k), mode=mode, shape=launch, fp8_dispatch=fp8)
         x = torch.randn(t, hidden, device=ctx.device).to(torch.bfloat16)
         ids = torch.rand(t, experts, device=ctx.device).topk(k).indices
         w = torch.rand(t, k, device=ctx.device)

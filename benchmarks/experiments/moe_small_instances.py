@@ -20,7 +20,7 @@ from tritoncomm.collectives import MoEAllToAll
 from tritoncomm.collectives.moe import default_shape
 from tritoncomm.config import CommConfig
 from tritoncomm.launch import LocalWorld
-from tritoncomm.tools.moebench import MOE_SHAPES, _capacity
+from tritoncomm.tools.moebench import MOE_SHAPES, bench_capacity
 from tritoncomm.tools.timing import time_per_call_us
 
 NEVER = 1 << 31
@@ -34,7 +34,7 @@ def job(ctx, t, label, mode, pdl, m, packets):
     ids = torch.rand(t, experts, device=ctx.device, generator=gen).topk(k).indices
     w = torch.rand(t, k, device=ctx.device, generator=gen)
     common = dict(max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
-                  capacity=_capacity(ctx.world, m, experts, k))
+                  capacity=bench_capacity(ctx.world, m, experts, k))
     sh = default_shape("cuda", 1 if label != "prefill" else NEVER, sms, hidden=hidden)
     sh = replace(sh, pdl=pdl, packets=packets)
     moe = MoEAllToAll(comm, **common, mode="throughput" if label == "throughput" else "latency", shape=sh)

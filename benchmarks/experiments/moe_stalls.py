@@ -37,7 +37,7 @@ from tritoncomm.collectives import MoEAllToAll
 from tritoncomm.collectives.moe import default_shape
 from tritoncomm.config import CommConfig
 from tritoncomm.launch import LocalWorld
-from tritoncomm.tools.moebench import MOE_SHAPES, _capacity, tc_agrs
+from tritoncomm.tools.moebench import MOE_SHAPES, bench_capacity, tc_agrs
 
 CALLS = 32
 SLOW_US = 1000.0  # a sample this slow per call is a stall, not noise
@@ -96,7 +96,7 @@ def _case(ctx, comm: Communicator, shape: str, tokens: int, case: str, trace: bo
                 field, value = change.split("=")
                 sh = replace(sh, **{field: int(value)})
         moe = MoEAllToAll(comm, max_tokens=t, hidden=hidden, num_experts=experts, top_k=k,
-                          capacity=_capacity(ctx.world, t, experts, k), shape=sh)
+                          capacity=bench_capacity(ctx.world, t, experts, k), shape=sh)
         def ours() -> None:
             _, _, h = moe.dispatch(x, ids, w)
             if not alone:

@@ -30,7 +30,7 @@ from tritoncomm.collectives.moe import default_shape
 from tritoncomm.config import CommConfig
 from tritoncomm.kernels import LAMPORT_SENTINEL16
 from tritoncomm.launch import LocalWorld
-from tritoncomm.tools.moebench import MOE_SHAPES, _capacity
+from tritoncomm.tools.moebench import MOE_SHAPES, bench_capacity
 
 REST = LAMPORT_SENTINEL16 - (1 << 16)  # the at-rest half as int16
 
@@ -112,7 +112,7 @@ def job(ctx, m, pdl, calls, synced, default_stream, inline, graph, replays):
     w = torch.rand(m, k, device=ctx.device, generator=gen)
     sh = replace(default_shape(comm.backend, 1, sms), pdl=pdl)
     moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
-                      capacity=_capacity(ctx.world, m, experts, k), mode="latency", shape=sh)
+                      capacity=bench_capacity(ctx.world, m, experts, k), mode="latency", shape=sh)
     lines = [f"rank {ctx.rank} ids {ids.tolist()} owners {(ids // moe.local_experts).tolist()}; heap offsets "
              + ", ".join(f"{n} {comm.heap_offset(t)}" for n, t in _buffers(moe).items())]
     views = dict(_buffers(moe))

@@ -37,7 +37,7 @@ from tritoncomm.collectives import MoEAllToAll
 from tritoncomm.collectives.moe import default_shape
 from tritoncomm.config import CommConfig
 from tritoncomm.launch import LocalWorld
-from tritoncomm.tools.moebench import MOE_SHAPES, _capacity
+from tritoncomm.tools.moebench import MOE_SHAPES, bench_capacity
 from tritoncomm.tools.timing import time_per_call_us
 
 DISPATCH = ("started", "copies sent", "rows sent", "copy read", "laid out", "done")
@@ -76,7 +76,7 @@ def _rank(ctx, shape: str, tokens: list[int], fp8: bool, senders: int, pushers: 
                         push_programs=pushers)
         decode = {"decode_shape": small} if bound and small.programs <= sh.programs and small != sh else {}
         moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
-                          capacity=_capacity(ctx.world, m, experts, k), fp8_dispatch=fp8, shape=sh, **decode)
+                          capacity=bench_capacity(ctx.world, m, experts, k), fp8_dispatch=fp8, shape=sh, **decode)
         dispatch_trace, combine_trace, routed_trace = moe.trace_stages()
         path, launched = moe.dispatch_path(t if bound else None)
 

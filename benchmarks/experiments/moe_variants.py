@@ -44,7 +44,7 @@ from tritoncomm.collectives import MoEAllToAll
 from tritoncomm.collectives.moe import PREFILL_FROM, MoEShape, default_shape
 from tritoncomm.config import CommConfig
 from tritoncomm.launch import LocalWorld
-from tritoncomm.tools.moebench import MOE_SHAPES, _capacity
+from tritoncomm.tools.moebench import MOE_SHAPES, bench_capacity
 from tritoncomm.tools.timing import time_per_call_us
 
 
@@ -96,7 +96,7 @@ def _build(comm: Communicator, variant: str, m: int, hidden: int, experts: int, 
             return None
         extra[name] = value if name == "mode" else int(value)
     moe = MoEAllToAll(comm, max_tokens=m, hidden=hidden, num_experts=experts, top_k=k,
-                      capacity=_capacity(world, m, experts, k), shape=shape, fp8_dispatch=fp8, **extra)
+                      capacity=bench_capacity(world, m, experts, k), shape=shape, fp8_dispatch=fp8, **extra)
     if "no-regcap" in changes:
         moe.algorithms["one-kernel"].opts.pop("maxnreg", None)  # shared by every launch; before the first
     return moe

@@ -10,9 +10,9 @@ import torch
 
 import tritoncomm as tc
 from tritoncomm.channels import Channel, HeapAllocator
-from tritoncomm.channels.shm import SHM_PREFIX
 
 from ..helpers import make_comm
+from .lifecycle import lifecycle_job
 
 
 def test_allocations_are_aligned_and_disjoint():
@@ -59,47 +59,8 @@ def test_same_sequence_gives_same_offsets():
     assert run() == run()
 
 
-def _segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith(SHM_PREFIX)} if os.path.isdir("/dev/shm") else set()
-
-
-def _job_lifecycle(ctx, rounds):
-    import threading
-
-    def fds() -> int:
-        return len(os.listdir("/proc/self/fd"))
-
-    def free_device_memory() -> int:
-        if ctx.backend != "cuda":
-            return 0
-        torch.cuda.synchronize()
-        return torch.cuda.mem_get_info(ctx.device)[0]
-
-    names = []
-
-    def one_round(i: int) -> None:
-        comm = make_comm(ctx, heap_bytes=64 << 20)
-        names.append(getattr(comm.heap.memory, "name", ""))
-        assert not (_segments() & set(names)), "segment left in /dev/shm after set-up"
-        ch = Channel(comm, f"c{i}", programs=2, barrier_slots=2, buffer_bytes=4096)
-        view = comm.heap.view(ch.buffer)
-        view.fill_(i % 256)
-        assert int(view[17]) == i % 256
-        del view
-        ch.close()
-        assert comm.heap.allocator.used_bytes == 0
-        comm.close()
-
-    one_round(0)  # first use may start driver threads or caches; measure after it
-    before = (_segments(), fds(), threading.active_count(), free_device_memory())
-    for i in range(1, rounds + 1):
-        one_round(i)
-    after = (_segments(), fds(), threading.active_count(), free_device_memory())
-    return before, after
-
-
 def test_create_and_destroy_leaks_nothing(worlds):
-    for before, after in worlds(2).run(_job_lifecycle, 20):
+    for before, after in worlds(2).run(lifecycle_job, 20):
         assert after[0] <= before[0], "shared-memory segments leaked"
         assert after[1] <= before[1], f"file descriptors leaked: {before[1]} -> {after[1]}"
         assert after[2] <= before[2], "threads leaked"

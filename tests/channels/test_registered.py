@@ -12,9 +12,16 @@ import torch.distributed as dist
 
 import tritoncomm as tc
 
-from ..collectives.test_allreduce import _bit_mismatches
 from ..conftest import BACKEND
-from ..helpers import check_close, make_comm, reference_sum, same_on_all_ranks, warm_up_for_capture, world_sizes
+from ..helpers import (
+    bit_mismatches,
+    check_close,
+    make_comm,
+    reference_sum,
+    same_on_all_ranks,
+    warm_up_for_capture,
+    world_sizes,
+)
 
 
 def _registrable(ctx, comm, n: int) -> torch.Tensor:
@@ -61,8 +68,8 @@ def _job_registered(ctx, sizes):
             x.copy_(data)
             ar(x, out=x, algo="twoshot")  # in place
             comm.synchronize()
-            bad += _bit_mismatches(ctx, o, staged, (n, call, "registered"))
-            bad += _bit_mismatches(ctx, x, staged, (n, call, "registered in place"))
+            bad += bit_mismatches(ctx, o, staged, (n, call, "registered"))
+            bad += bit_mismatches(ctx, x, staged, (n, call, "registered in place"))
         check_close(staged, reference_sum(ctx, data), torch.bfloat16)
     ar.close()
     comm.close()
@@ -241,7 +248,7 @@ def _job_allgather_direct(ctx, shards):
             o.fill_(float("nan"))
             ag(x, o, direct=True)
             comm.synchronize()
-            bad += _bit_mismatches(ctx, o, staged, (m, call, "direct"))
+            bad += bit_mismatches(ctx, o, staged, (m, call, "direct"))
             o.add_(1)  # the next call's peers must not store before this rank is done with the tensor
         ag.DIRECT_FROM, ag.DIRECT_MIN_BYTES = {}, 0  # the size rule picks the direct form for this tensor
         rows = []
@@ -250,7 +257,7 @@ def _job_allgather_direct(ctx, shards):
         o.fill_(float("nan"))
         ag(x, o)
         comm.synchronize()
-        bad += _bit_mismatches(ctx, o, staged, (m, "by size"))
+        bad += bit_mismatches(ctx, o, staged, (m, "by size"))
         if len(rows) != 1 or not rows[0]:
             bad.append(("by size: no registered row looked up", rows))
         del ag.DIRECT_FROM, ag.DIRECT_MIN_BYTES, comm.peer_row

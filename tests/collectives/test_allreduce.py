@@ -10,23 +10,20 @@ import tritoncomm as tc
 from tritoncomm.collectives import Choice, SelectionTable
 
 from ..conftest import BACKEND
-from ..helpers import check_close, dealt, make_comm, reference_sum, same_on_all_ranks, warm_up_for_capture, world_sizes
+from ..helpers import (
+    bit_mismatches,
+    check_close,
+    dealt,
+    make_comm,
+    reference_sum,
+    same_on_all_ranks,
+    small_table,
+    warm_up_for_capture,
+    world_sizes,
+)
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 ALGOS = list(tc.collectives.ALGORITHMS)
-
-
-def small_table(world: int) -> SelectionTable:
-    """Boundaries at 2, 4, 6, 12 and 16 KiB, so short tests cross every algorithm (the LL two-shot
-    first: the smallest sizes leave some ranks' shards empty)."""
-    rows = {}
-    for dtype in ("bf16", "fp16", "fp32"):
-        rows[("allreduce", world, dtype)] = [(2048, Choice("ll_twoshot", 2, 256, 1)), (4096, Choice("ll", 2, 256, 1)),
-                                             (6144, Choice("lamport", 2, 512, 1)),
-                                             (12288, Choice("lamport_twoshot", 2, 256, 1)),
-                                             (16384, Choice("oneshot", 2, 512, 1)),
-                                             (1 << 40, Choice("twoshot", 2, 512, 1))]
-    return SelectionTable(rows, "test")
 
 
 def _job_sizes(ctx, algo, dtype, sizes, inplace, programs=None):
@@ -422,16 +419,6 @@ def test_widest_barrier_grid_twoshot_matches_torch_distributed(worlds, world, bl
         assert all(same for _, same in rows)
 
 
-def _bit_mismatches(ctx, got: torch.Tensor, want: torch.Tensor, tag: tuple) -> list:
-    """``tag`` + what is wrong: ``got`` differs from ``want`` in any bit, or ranks hold different bits."""
-    bad = []
-    if not torch.equal(got.view(torch.int16).cpu(), want.view(torch.int16).cpu()):
-        bad.append((*tag, "differs from the reference run"))
-    if not same_on_all_ranks(ctx, got):
-        bad.append((*tag, "ranks differ"))
-    return bad
-
-
 def _job_symmetric_tensors(ctx, sizes):
     """Inputs and outputs made by ``comm.empty``: with a symmetric output the two-shot writes peers'
     outputs in place of its all-gather buffer; a symmetric input is pushed like a regular one. The
@@ -456,7 +443,7 @@ def _job_symmetric_tensors(ctx, sizes):
                 out.fill_(float("nan"))
             ar(src, out=dst, algo="twoshot")
             comm.synchronize()
-            bad += _bit_mismatches(ctx, dst, staged, (n, mode))
+            bad += bit_mismatches(ctx, dst, staged, (n, mode))
         check_close(staged, reference_sum(ctx, data), torch.bfloat16)
     try:
         comm.free(torch.empty(4))
@@ -538,7 +525,7 @@ def _job_twoshot_rounds(ctx, sizes):
                 ar(x, out=x)  # a symmetric tensor in place (no copy-out)
                 comm.synchronize()
                 for what, t in (("staged", out), ("heap in place", x)):
-                    bad += _bit_mismatches(ctx, t, base, (n, rounds, call, what))
+                    bad += bit_mismatches(ctx, t, base, (n, rounds, call, what))
     comm.free(hx)
     ar.close()
     comm.close()

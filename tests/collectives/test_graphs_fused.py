@@ -11,7 +11,7 @@ from tritoncomm.integrations import TritonCommCustomAllreduce
 from tritoncomm.integrations.tp import LlamaDecoderLayer, TritonCommReducer
 
 from ..helpers import make_comm, reference_sum, same_on_all_ranks, warm_up_for_capture, world_sizes
-from ..integrations.test_tp import HEADS, KV, LAYERS, H, _weights
+from ..integrations.tpmodel import HEADS, KV, LAYERS, H, tp_weights
 
 pytestmark = pytest.mark.gpu
 
@@ -128,7 +128,7 @@ def test_vllm_adapter_graph_replay_fresh_data(worlds, world):
 def _job_decoder_graph(ctx, decode):
     comm = make_comm(ctx)
     red = TritonCommReducer(comm, max_tokens=64, hidden=H)
-    layers = [LlamaDecoderLayer({k: v.to(ctx.device) for k, v in _weights(i).items()}, HEADS, KV, red).to(ctx.device)
+    layers = [LlamaDecoderLayer({k: v.to(ctx.device) for k, v in tp_weights(i).items()}, HEADS, KV, red).to(ctx.device)
               for i in range(LAYERS)]
     x = torch.empty(2, 1 if decode else 5, H, dtype=torch.bfloat16, device=ctx.device)
     residual = torch.empty_like(x)

@@ -14,9 +14,9 @@ import torch
 import tritoncomm as tc
 from tritoncomm.launch import RankError
 
+from ..channels.lifecycle import lifecycle_job
 from ..conftest import BACKEND, new_world
-from ..helpers import make_comm, world_sizes
-from .test_allreduce import small_table
+from ..helpers import make_comm, small_table, world_sizes
 
 # --------------------------------------------------------------------------------------------
 # debug mode: mismatched calls raise on every rank, and the communicator stays usable
@@ -242,14 +242,8 @@ def test_killed_rank_turns_into_timeout_errors_on_the_others():
 # --------------------------------------------------------------------------------------------
 # lifecycle: 100 communicators created and destroyed
 
-def _job_lifecycle_100(ctx):
-    from ..channels.test_heap import _job_lifecycle
-
-    return _job_lifecycle(ctx, 100)
-
-
 def test_create_destroy_100_times_leaks_nothing(worlds):
-    for before, after in worlds(2).run(_job_lifecycle_100, timeout=900):
+    for before, after in worlds(2).run(lifecycle_job, 100, timeout=900):
         assert after[0] <= before[0] and after[1] <= before[1] and after[2] <= before[2]
         assert before[3] - after[3] < 32 << 20
 

@@ -50,6 +50,7 @@ from .rankchecks import (
     vllm_fusion,
     vllm_sequence_parallel,
 )
+from .vllm_moe_jobs import agrs_job, kernel_job, switch_job
 
 pytestmark = pytest.mark.skipif(BACKEND != "cuda", reason="GPU only (the CPU world runs test_vllm.py, test_sglang.py)")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -240,11 +241,9 @@ def test_vllm_fusion_pass_on_gpus(vg, quant, compiled):
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_vllm_modular_moe_kernel_on_gpus(vg, fp8):
     """vLLM's ``FusedMoEKernel`` with ``TritonCommPrepareAndFinalize`` and vLLM's batched experts on
-    GPUs, against the layer in one process (``test_vllm_moe._job``); vLLM's CUDA platform takes the
+    GPUs, against the layer in one process (``vllm_moe_jobs.kernel_job``); vLLM's CUDA platform takes the
     combine's own buffer for the experts' output there."""
-    from .test_vllm_moe import _job
-
-    for errs, refused, aliased in vg.run(_job, fp8):
+    for errs, refused, aliased in vg.run(kernel_job, fp8):
         assert max(errs) < (0.08 if fp8 else 0.02), errs
         assert refused and aliased
 
@@ -257,14 +256,12 @@ vep = _gpu_world(_stub_vllm_extension, "vep")  # its job builds vLLM's data + ex
 
 
 def test_vllm_chooses_tritoncomm_moe_on_gpus(vep):
-    """``TRITONCOMM_MOE=1`` on GPUs (``test_vllm_moe._switch_job``): in a data + expert parallel
+    """``TRITONCOMM_MOE=1`` on GPUs (``vllm_moe_jobs.switch_job``): in a data + expert parallel
     deployment vLLM's own selection picks batched experts (``BATCHED_TRITON``), its oracles build
     kernels on tritoncomm's prepare/finalize, two layers share an instance, outputs match the layer
     in one process (bf16, then FP8 blocks); vLLM's destroy closes the instances."""
-    from .test_vllm_moe import _switch_job
-
     for fp8 in (False, True):
-        for ours, built, shared, errs, others, left, picked, refused in vep.run(_switch_job, fp8):
+        for ours, built, shared, errs, others, left, picked, refused in vep.run(switch_job, fp8):
             assert ours and built and shared and picked == "BATCHED_TRITON" and all(refused), \
                 (ours, built, shared, picked, refused)
             assert max(errs) < (0.08 if fp8 else 0.02), errs
@@ -274,10 +271,8 @@ def test_vllm_chooses_tritoncomm_moe_on_gpus(vep):
 def test_vllm_default_all_gather_reduce_scatter_on_gpus(vep):
     """vLLM's default expert-parallel path (its all-gather + reduce-scatter manager) on GPUs: the
     data-parallel group's ``all_gatherv`` / ``reduce_scatterv`` served by tritoncomm, exactly
-    (``test_vllm_moe._agrs_job``)."""
-    from .test_vllm_moe import _agrs_job
-
-    for served, calls, ok, _ in vep.run(_agrs_job):
+    (``vllm_moe_jobs.agrs_job``)."""
+    for served, calls, ok, _ in vep.run(agrs_job):
         assert served and calls == [5, 5], calls  # four through vLLM, one past the bound
         assert all(all(o) for o in ok), ok
 

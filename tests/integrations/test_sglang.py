@@ -14,39 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from .enginesetup import sglang_tp, sglang_up
 from .enginetest import Spy, gathered, module_world, rank_order_sum, started_runs
 from .rankchecks import check_sglang_fused, sglang_fused
 
-_RANK_STATE: list = []  # inside a rank: what lives as long as the rank process
-
-
-def _up(ctx) -> None:
-    """Load plugins (SGLang's loader) and build SGLang's TP group, once per rank process."""
-    if _RANK_STATE:
-        return
-    import logging
-
-    from sglang.srt.distributed import parallel_state as ps
-    from sglang.srt.plugins import load_plugins
-    from sglang.srt.runtime_context import get_parallel
-
-    logging.basicConfig(level=logging.INFO)
-    load_plugins()
-    if torch.accelerator.current_accelerator() is not None and not torch.accelerator.is_available():
-        # a CUDA build of torch on a machine with no GPU: SGLang's stream helper asks torch's accelerator module
-        # (torch.cuda there); answer as a CPU build of torch does, whose accelerator module is torch.cpu
-        ps.get_current_device_stream_fast = torch.cpu.current_stream
-    tp = ps.init_model_parallel_group([list(range(ctx.world))], ctx.rank, "gloo", use_pynccl=False, group_name="tp")
-    get_parallel().override_permanently(tp_group=tp, attn_tp_group=tp, tp_size=ctx.world, attn_tp_size=ctx.world,
-                                        tp_rank=ctx.rank, attn_tp_rank=ctx.rank)
-    _RANK_STATE.append(tp)
-
-
-sw = module_world(_up, "sw")  # two ranks, the engine set up by ``_up``
-
-
-def _tp():
-    return _RANK_STATE[0]
+sw = module_world(sglang_up, "sw")  # two ranks, the engine set up by ``sglang_up``
 
 
 # -- the plugin, through SGLang's loader -------------------------------------------------------------
@@ -100,7 +72,7 @@ def _contract(ctx):
     called = ("should_custom_ar", "custom_all_reduce", "capture", "close", "register_graph_buffers")
     return (sig(CustomAllreduce.__init__), sig(SGLangCustomAllreduce.__init__),
             {n: (names(CustomAllreduce, n), names(SGLangCustomAllreduce, n)) for n in called},
-            type(_tp().ca_comm).__name__)
+            type(sglang_tp().ca_comm).__name__)
 
 
 def test_contract_is_sglangs(sw):
@@ -113,7 +85,7 @@ def test_contract_is_sglangs(sw):
 
 # -- TP all-reduce through SGLang's dispatch ----------------------------------------------------------
 def _all_reduce(ctx, dtype):
-    tp = _tp()
+    tp = sglang_tp()
     spy = Spy(tp.ca_comm, "custom_all_reduce")
     try:
         ok = []
@@ -141,7 +113,7 @@ def test_tp_all_reduce_served_and_exact(sw, dtype):
 def _flashinfer_first(ctx):
     import sglang.srt.layers.flashinfer_comm_fusion as fcf
 
-    tp = _tp()
+    tp = sglang_tp()
     x = torch.randn(4, 96).to(torch.bfloat16)
     big = torch.empty(1024, 4096, dtype=torch.bfloat16)  # 8 MB: at the slot's max_size, which it declines
     saved = fcf.can_use_flashinfer_allreduce, tp._fi_workspace_hint, tp.ca_comm
@@ -172,7 +144,7 @@ def test_flashinfer_all_reduce_steps_aside(sw):
 
 # -- graph capture: SGLang's graph_capture enters ours --------------------------------------------------
 def _graph_capture(ctx):
-    tp = _tp()
+    tp = sglang_tp()
     ca = tp.ca_comm
     before = ca._IS_CAPTURING
     with tp.graph_capture():

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import torch
 
+from .enginesetup import sglang_tp, sglang_up
 from .enginetest import Spy, module_world
-from .test_sglang import _tp, _up
 
-sdet = module_world(_up, "sdet", {"SGLANG_ENABLE_DETERMINISTIC_INFERENCE": "1"})
+sdet = module_world(sglang_up, "sdet", {"SGLANG_ENABLE_DETERMINISTIC_INFERENCE": "1"})
 
 HIDDEN = 256
 
 
 def _rows(ctx):
-    tp = _tp()
+    tp = sglang_tp()
     ca = tp.ca_comm
     spy = Spy(ca, "custom_all_reduce")
     row = torch.randn(HIDDEN, generator=torch.Generator().manual_seed(11 + ctx.rank)).to(torch.bfloat16)
@@ -49,7 +49,7 @@ def _fused_rows(ctx):
     1, 3 and 64: the row's norm and new residual bits per (batch, position), and the fused op's mode."""
     import sglang.srt.layers.flashinfer_comm_fusion as fc
 
-    tp = _tp()
+    tp = sglang_tp()
     h = 64
     row = torch.randn(h, generator=torch.Generator().manual_seed(21 + ctx.rank)).to(torch.bfloat16)
     res_row = torch.randn(h, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)

@@ -17,26 +17,12 @@ from tritoncomm.integrations.tp import (
 )
 
 from ..helpers import make_comm, same_on_all_ranks, world_sizes
-
-H, HEADS, KV, INTER, VOCAB, LAYERS, T = 64, 8, 4, 128, 96, 2, 5
+from .tpmodel import HEADS, KV, LAYERS, VOCAB, H, T, tp_weights
 
 
 def _kv(world: int) -> int:
     """KV heads for a world: 4 (GQA, 2 query heads per KV head) up to world 4; one per rank beyond."""
     return max(KV, world)
-
-
-def _weights(layer: int, kv: int = KV) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(100 + layer)
-    d = H // HEADS
-
-    def r(*shape, scale=None):
-        return (torch.randn(*shape, generator=g) * (scale or 1 / math.sqrt(shape[-1]))).to(torch.bfloat16)
-
-    return {"wq": r(HEADS * d, H), "wk": r(kv * d, H), "wv": r(kv * d, H), "wo": r(H, HEADS * d),
-            "gate": r(INTER, H), "up": r(INTER, H), "down": r(H, INTER),
-            "input_norm": (1 + 0.1 * torch.randn(H, generator=g)).to(torch.bfloat16),
-            "post_norm": (1 + 0.1 * torch.randn(H, generator=g)).to(torch.bfloat16)}
 
 
 def _reference(ids: torch.Tensor, emb: torch.Tensor, kv: int = KV) -> torch.Tensor:
@@ -46,7 +32,7 @@ def _reference(ids: torch.Tensor, emb: torch.Tensor, kv: int = KV) -> torch.Tens
     partial = x
     d = H // HEADS
     for layer in range(LAYERS):
-        w = _weights(layer, kv)
+        w = tp_weights(layer, kv)
         residual = residual + partial
         h = rms_norm(residual, w["input_norm"], 1e-6)
         b, t, _ = h.shape
@@ -77,7 +63,7 @@ def _job_decoder(ctx, which):
     emb_w = (torch.randn(VOCAB, H, generator=torch.Generator().manual_seed(7)) * 0.5).to(torch.bfloat16)
     embed = VocabParallelEmbedding(emb_w, reducer).to(ctx.device)
     kv = _kv(ctx.world)
-    layers = [LlamaDecoderLayer(_weights(i, kv), HEADS, kv, reducer).to(ctx.device) for i in range(LAYERS)]
+    layers = [LlamaDecoderLayer(tp_weights(i, kv), HEADS, kv, reducer).to(ctx.device) for i in range(LAYERS)]
     ids = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         residual = embed(ids.to(ctx.device))  # already summed over ranks: it starts the residual stream
@@ -113,7 +99,7 @@ def _decode_reference(x0: torch.Tensor, kv: int = KV) -> torch.Tensor:
     residual, partial = x0.clone(), torch.zeros_like(x0)
     d, rep = H // HEADS, HEADS // kv
     for layer in range(LAYERS):
-        w = _weights(layer, kv)
+        w = tp_weights(layer, kv)
         kc, vc = _caches(layer, kv)
         residual = residual + partial
         h = rms_norm(residual, w["input_norm"], 1e-6)
@@ -132,7 +118,7 @@ def _job_decode_step(ctx, which):
     comm = make_comm(ctx)
     reducer = TritonCommReducer(comm, max_tokens=64, hidden=H) if which == "tritoncomm" else TorchReducer(ctx.group)
     kv = _kv(ctx.world)
-    layers = [LlamaDecoderLayer(_weights(i, kv), HEADS, kv, reducer).to(ctx.device) for i in range(LAYERS)]
+    layers = [LlamaDecoderLayer(tp_weights(i, kv), HEADS, kv, reducer).to(ctx.device) for i in range(LAYERS)]
     kvl = kv // ctx.world
     caches = [tuple(c[:, ctx.rank * kvl:(ctx.rank + 1) * kvl].clone().to(ctx.device) for c in _caches(i, kv))
               for i in range(LAYERS)]

@@ -13,41 +13,12 @@ import inspect
 import pytest
 import torch
 
+from .enginesetup import vllm_up
 from .enginetest import Spy, gathered, module_world, rank_order_sum, started_runs
 from .rankchecks import check_vllm_fusion, check_vllm_sequence_parallel, vllm_fusion, vllm_sequence_parallel
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_RANK_STATE: list = []  # inside a rank: what lives as long as the rank process
-
-
-def _as_cuda_platform() -> None:
-    from vllm.platforms import current_platform
-
-    p = type(current_platform)
-    p.get_device_communicator_cls = classmethod(
-        lambda cls: "vllm.distributed.device_communicators.cuda_communicator.CudaCommunicator")
-    p.use_custom_op_collectives = classmethod(lambda cls: True)
-
-
-def _up(ctx) -> None:
-    """Load plugins (vLLM's loader) and build vLLM's groups, once per rank process."""
-    import vllm.distributed.parallel_state as ps
-    import vllm.plugins
-    from vllm.config import VllmConfig, set_current_vllm_config
-
-    if ps.model_parallel_is_initialized():
-        return
-    vllm.plugins.load_general_plugins()
-    _as_cuda_platform()
-    scope = set_current_vllm_config(VllmConfig())
-    scope.__enter__()  # for the life of the rank, as in a vLLM worker
-    _RANK_STATE.append(scope)
-    ps.init_distributed_environment(world_size=ctx.world, rank=ctx.rank, local_rank=ctx.rank, backend="gloo",
-                                    distributed_init_method=None)
-    ps.initialize_model_parallel(tensor_model_parallel_size=ctx.world)
-
-
-vw = module_world(_up, "vw")  # two ranks, the engine set up by ``_up``
+vw = module_world(vllm_up, "vw")  # two ranks, the engine set up by ``vllm_up``
 
 
 def _ca():

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
+from .enginesetup import vllm_up
 from .enginetest import Spy, module_world
-from .test_vllm import _up
 
-vbi = module_world(_up, "vbi", {"VLLM_BATCH_INVARIANT": "1"})
+vbi = module_world(vllm_up, "vbi", {"VLLM_BATCH_INVARIANT": "1"})
 
 HIDDEN = 256
 

@@ -617,11 +617,11 @@ def test_a_timeout_record_needs_no_barrier_and_a_reset_one():
     """A poll of a block smaller than the program's threads runs warp by warp: its timeout record
     has no CTA barrier (any one thread claims and fills it), and ``lamport_reset`` adds exactly one,
     which ``SYNC=False`` leaves out."""
-    from .test_lamport import _lagging_reader_kernel
+    from .lagging import lagging_reader_kernel
 
     sig = {"buf": "*fp32", "out": "*fp32", "rank": "i32", "timeout": "i64", "diag_addr": "i64", "prompt": "i32",
            "lag_ns": "i32", "write_at_ns": "i32"}
-    counts = {sync: compile_ptx(_lagging_reader_kernel, sig, {"SYNC": sync, "BLOCK": 4}, {"buf", "out"}).count(
+    counts = {sync: compile_ptx(lagging_reader_kernel, sig, {"SYNC": sync, "BLOCK": 4}, {"buf", "out"}).count(
         "bar.sync") for sync in (True, False)}
     assert counts == {True: 1, False: 0}, counts
 

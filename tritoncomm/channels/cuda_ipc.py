@@ -20,20 +20,21 @@ import torch
 from ..errors import PeerAccessError, TritonCommError
 from .bootstrap import Bootstrap
 
-__all__ = ["CudaIpcPeerMemory", "HostMappedWords", "cuda_check", "driver_check", "ipc_export", "ipc_open"]
+__all__ = ["CudaIpcPeerMemory", "HostMappedWords", "cuda_check", "driver_check", "ipc_export", "ipc_open", "runtime"]
 
 _HANDLE_BYTES = 64
 
 
-def _rt() -> Any:
-    from cuda.bindings import runtime
+def runtime() -> Any:
+    """cuda-python's CUDA runtime bindings (imported on first use: the CPU world has no cuda-python)."""
+    from cuda.bindings import runtime as rt
 
-    return runtime
+    return rt
 
 
 def cuda_check(result: Any, what: str) -> Any:
     """Unpack a cuda-python ``(err, *values)`` result, raising on error."""
-    rt = _rt()
+    rt = runtime()
     if isinstance(result, tuple):
         err, values = result[0], result[1:]
     else:
@@ -59,14 +60,14 @@ def driver_check(result: Any, what: str) -> Any:
 
 def ipc_export(ptr: int, what: str = "cudaIpcGetMemHandle") -> bytes:
     """The legacy IPC handle of the ``cudaMalloc`` allocation that starts at ``ptr``, as bytes."""
-    handle = cuda_check(_rt().cudaIpcGetMemHandle(ptr), what)
+    handle = cuda_check(runtime().cudaIpcGetMemHandle(ptr), what)
     return ctypes.string_at(handle.getPtr(), _HANDLE_BYTES)
 
 
 def ipc_open(raw: bytes, what: str) -> int:
     """Map a peer's allocation from its ``ipc_export`` bytes (lazy peer access); close it with
     ``cudaIpcCloseMemHandle``."""
-    rt = _rt()
+    rt = runtime()
     handle = rt.cudaIpcMemHandle_t()
     ctypes.memmove(handle.getPtr(), raw, _HANDLE_BYTES)
     return int(cuda_check(rt.cudaIpcOpenMemHandle(handle, rt.cudaIpcMemLazyEnablePeerAccess), what))
@@ -85,7 +86,7 @@ class CudaIpcPeerMemory:
     """``PeerMemory`` over CUDA IPC (collective construction and close)."""
 
     def __init__(self, nbytes: int, bootstrap: Bootstrap, device: torch.device) -> None:
-        rt = _rt()
+        rt = runtime()
         self.nbytes = nbytes
         self.bootstrap = bootstrap
         self.rank = bootstrap.rank
@@ -126,7 +127,7 @@ class CudaIpcPeerMemory:
         return torch.as_tensor(_CudaBytes(self.peer_addrs[peer] + offset, nbytes), device=self.device)
 
     def _release(self) -> None:
-        rt = _rt()
+        rt = runtime()
         for ptr in self._opened:
             rt.cudaIpcCloseMemHandle(ptr)
         self._opened = []
@@ -137,7 +138,7 @@ class CudaIpcPeerMemory:
     def close(self, barrier: Callable[[], None] | None = None) -> None:
         if self._own is None:
             return
-        rt = _rt()
+        rt = runtime()
         rt.cudaDeviceSynchronize()
         for ptr in self._opened:
             rt.cudaIpcCloseMemHandle(ptr)
@@ -156,7 +157,7 @@ class HostMappedWords:
         self.words = words
         self._cuda = cuda
         if cuda:
-            rt = _rt()
+            rt = runtime()
             flags = rt.cudaHostAllocMapped | rt.cudaHostAllocPortable
             self._host = int(cuda_check(rt.cudaHostAlloc(8 * words, flags), "cudaHostAlloc"))
             self.device_addr = int(cuda_check(rt.cudaHostGetDevicePointer(self._host, 0), "cudaHostGetDevicePointer"))
@@ -180,5 +181,5 @@ class HostMappedWords:
     def close(self) -> None:
         if self._cuda and self._host:
             self._array = None
-            cuda_check(_rt().cudaFreeHost(self._host), "cudaFreeHost")
+            cuda_check(runtime().cudaFreeHost(self._host), "cudaFreeHost")
         self._host = 0

@@ -21,9 +21,9 @@ class RankInfo:
 
 def rank_info(backend: str, device: torch.device) -> RankInfo:
     if backend == "cuda":
-        from .cuda_ipc import _rt, cuda_check
+        from .cuda_ipc import cuda_check, runtime
 
-        bus = cuda_check(_rt().cudaDeviceGetPCIBusId(32, device.index), "cudaDeviceGetPCIBusId")
+        bus = cuda_check(runtime().cudaDeviceGetPCIBusId(32, device.index), "cudaDeviceGetPCIBusId")
         bus_id = bus.decode().rstrip("\x00") if isinstance(bus, bytes) else str(bus)
         return RankInfo(socket.gethostname(), backend, bus_id)
     return RankInfo(socket.gethostname(), backend, "cpu")
@@ -49,9 +49,9 @@ def local_peer_access(backend: str, device: torch.device, infos: list[RankInfo],
             out.append(None if shared_gpus else f"shares GPU {me.device_id} (one GPU per rank; "
                        "CommConfig.shared_gpus allows it for correctness runs)")
         else:
-            from .cuda_ipc import _rt
+            from .cuda_ipc import runtime
 
-            rt = _rt()
+            rt = runtime()
             err, peer_index = rt.cudaDeviceGetByPCIBusId(info.device_id.encode())
             if err != rt.cudaError_t.cudaSuccess:
                 out.append(f"its GPU {info.device_id} is not visible here")

@@ -46,7 +46,7 @@ from ..launch import RankContext
 from .report import all_true, device_name, fmt, max_over_ranks
 from .timing import time_per_call_us
 
-__all__ = ["MOE_SHAPES", "format_moe", "moe_rank", "tc_agrs"]
+__all__ = ["MOE_SHAPES", "bench_capacity", "format_moe", "measure_us", "moe_rank", "tc_agrs"]
 
 #: name: (hidden, experts, top_k)
 MOE_SHAPES = {"deepseek-v3": (7168, 256, 8), "qwen3-moe": (4096, 128, 8), "tiny": (256, 16, 4)}
@@ -57,7 +57,7 @@ DEFAULTS = {"cuda": (("deepseek-v3", "qwen3-moe"), (1, 8, 128, 256, 384, 512, 10
             "cpu": (("tiny",), (1, 8, 32))}
 
 
-def _capacity(world: int, tokens: int, experts: int, k: int) -> int:
+def bench_capacity(world: int, tokens: int, experts: int, k: int) -> int:
     """Slots per expert that random routing does not overflow (mean + 10 sd + 16), at most every token."""
     mean = world * tokens * k / experts
     return min(world * tokens, math.ceil(mean + 10 * math.sqrt(mean) + 16))
@@ -159,7 +159,7 @@ def _check_a2a(ctx: RankContext, a2a: _A2A, x: torch.Tensor, ids: torch.Tensor, 
 SLOW_REPLAY = 10.0
 
 
-def _measure(ctx: RankContext, fn, mode: str, samples: list[float] | None = None) -> float:
+def measure_us(ctx: RankContext, fn, mode: str, samples: list[float] | None = None) -> float:
     """``fn``'s time per call (``time_per_call_us``); a few calls only in the CPU world."""
     few = {} if ctx.backend == "cuda" else {"replays": 2, "warmup": 1, "calls": 2}  # the CPU world times nothing real
     return time_per_call_us(fn, ctx.device, ctx.barrier, mode=mode, samples_out=samples, **few)
@@ -170,7 +170,7 @@ def _time_and_slow(ctx: RankContext, fn, mode: str) -> tuple[float | None, int]:
     over ``SLOW_REPLAY`` times that median."""
     samples: list[float] = []
     try:
-        us = _measure(ctx, fn, mode, samples)
+        us = measure_us(ctx, fn, mode, samples)
     except (RuntimeError, ValueError, NotImplementedError):  # a backend without the collective
         return None, 0
     return us, sum(x > SLOW_REPLAY * us for x in samples)
@@ -191,7 +191,7 @@ def _case(ctx: RankContext, comm: Communicator, shape: str, t: int, engine: MoEA
     x = torch.randn(t, hidden, device=ctx.device, generator=gen).to(torch.bfloat16)
     ids = torch.rand(t, experts, device=ctx.device, generator=gen).topk(k).indices
     w = torch.rand(t, k, device=ctx.device, generator=gen)
-    cap = _capacity(ctx.world, t, experts, k)
+    cap = bench_capacity(ctx.world, t, experts, k)
     times: dict[str, float | None] = {}
     ok = True
     for fp8, mode in ((False, "auto"), (True, "auto"), (False, "latency"), (False, "throughput")):
@@ -307,7 +307,7 @@ def moe_rank(ctx: RankContext, shapes: list[str] | None = None, tokens: list[int
         hidden, experts, k = MOE_SHAPES[shape]
         most = max(tokens)
         engine = MoEAllToAll(comm, max_tokens=most, hidden=hidden, num_experts=experts, top_k=k,
-                             capacity=_capacity(ctx.world, most, experts, k))
+                             capacity=bench_capacity(ctx.world, most, experts, k))
         for t in tokens:
             rows += _case(ctx, comm, shape, t, engine)
             if ctx.rank == 0:  # progress, so that a run cut short shows how far it got

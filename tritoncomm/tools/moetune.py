@@ -33,7 +33,7 @@ from ..collectives.moe import NEVER, default_shape
 from ..collectives.selection import SelectionTable, read_table
 from ..config import CommConfig
 from ..launch import RankContext
-from .moebench import DEFAULTS, MOE_SHAPES, _capacity, _measure
+from .moebench import DEFAULTS, MOE_SHAPES, bench_capacity, measure_us
 from .report import device_name, max_over_ranks
 
 __all__ = ["NEVER", "moe_tune_rank", "options", "switch_point", "table_switches"]
@@ -59,7 +59,7 @@ def _time(ctx: RankContext, moe: MoEAllToAll, x: torch.Tensor, ids: torch.Tensor
         _, _, h = moe.dispatch(x, ids, w)
         moe.combine(moe.expert_buffer(), h)
 
-    return _measure(ctx, step, "graph" if ctx.backend == "cuda" else "eager")
+    return measure_us(ctx, step, "graph" if ctx.backend == "cuda" else "eager")
 
 
 def _tune_shape(ctx: RankContext, comm: Communicator, shape: str, tokens: list[int]) -> dict[str, Any]:
@@ -73,7 +73,7 @@ def _tune_shape(ctx: RankContext, comm: Communicator, shape: str, tokens: list[i
         ids = torch.rand(t, experts, device=ctx.device, generator=gen).topk(k).indices
         w = torch.rand(t, k, device=ctx.device, generator=gen)
         common = dict(max_tokens=t, hidden=hidden, num_experts=experts, top_k=k,
-                      capacity=_capacity(ctx.world, t, experts, k))
+                      capacity=bench_capacity(ctx.world, t, experts, k))
         # the device table's switches, as an instance given no shape takes them
         switches = read_table(ctx.backend, device_name(ctx)).switches_for("moe", ctx.world)
         launch = {"decode": default_shape(ctx.backend, 1, sms, world=ctx.world, switches=switches),

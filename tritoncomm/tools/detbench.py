@@ -18,7 +18,9 @@ size and token count, in CUDA graphs (CPU world: eagerly, not speed), the slowes
   all-reduce (FlashInfer's port, ``tools.peers``): what vLLM runs in that mode without tritoncomm.
 
 Every row is checked first: tritoncomm's all-reduce against NCCL's, the fused op against the unfused
-path (tolerance), and each result the same on every rank.
+path (tolerance), the engine path's output against the batch-invariant op's bits, vLLM's custom
+all-reduce against tritoncomm's (the same bits at two ranks, where the order of two addends cannot
+matter; tolerance at more), and each result the same on every rank.
 """
 
 from __future__ import annotations
@@ -127,7 +129,10 @@ def deterministic_rank(ctx: RankContext, sizes: list[int] | None = None,
                 invariant_add_rms_norm(ca_out, res, w, 1e-6, out=out, residual_out=res_out)
 
             engine_ca()
-            ok = ok and torch.equal(ca_out, summed)  # both sum in rank order at two ranks
+            if ctx.world == 2:  # two addends: any order gives the same bits
+                ok = ok and torch.equal(ca_out, summed)
+            else:  # vLLM's custom all-reduce sums more ranks in an order of its own
+                ok = ok and bool(torch.allclose(ca_out.float(), summed.float(), rtol=2e-2, atol=2e-2))
             times["c"] = timed(engine_ca, vca.register_graph)
         v = max_over_ranks(ctx, times)
         norm_rows.append({"tokens": t, "hidden": hidden, "variant": norm.select(t, hidden), "fused_us": v["f"],
